@@ -1,0 +1,300 @@
+//! The aggregator state machine: merges its children's offers and offers upward in turn.
+//!
+//! # Contract
+//! Implements [`Machine`]; see [`crate::machine`] for the polling order and time rules.
+//!
+//! # State (all soft)
+//! Per topic, a [`Window`] of what its children offered (each child within its credit) and an
+//! [`OfferSet`] over the same entries that keeps the parent holding the most urgent ones
+//! within the credit the parent granted. The frontier it reports upward is the lower of its own
+//! most urgent unoffered entry and its children's frontiers, so the root can tell whether its
+//! best entry is the best of the whole tree.
+//!
+//! `Reserve`, `Confirm` and `Release` from the parent are routed to the child leading to the
+//! named leaf; `Reserved` and `Confirmed` from children go to the parent unchanged. A reserved
+//! entry leaves the window and the offered set as the `Reserve` passes, which returns credit
+//! both below and above.
+
+use crate::config::Settings;
+use crate::downstream::{Downstream, PeerKindTag, Topic};
+use crate::id::LeafId;
+use crate::machine::{ConnId, Link, Machine, NodeStats, Transmit};
+use crate::offer::OfferSet;
+use crate::time::Time;
+use crate::upstream::Upstream;
+use crate::wire::{
+    Confirm, Confirmed, ErrorCode, Offer, Release, Reserve, ReserveDenied, ReserveOutcome,
+    Reserved, Role, Wire,
+};
+use std::collections::{HashMap, HashSet, VecDeque};
+
+/// How an aggregator is set up.
+#[derive(Clone, Debug)]
+pub struct AggregatorConfig {
+    /// The aggregator's name in the topology.
+    pub name: String,
+    /// Bounds and timings.
+    pub settings: Settings,
+    /// Every leaf below this aggregator, per the topology.
+    pub subtree: Vec<LeafId>,
+}
+
+/// See the module doc.
+pub struct Aggregator {
+    upstream: Upstream,
+    children: Downstream,
+    offers: HashMap<Topic, OfferSet>,
+    dirty: HashSet<Topic>,
+    transmits: VecDeque<Transmit>,
+    closes: VecDeque<(ConnId, String)>,
+    violations: u64,
+}
+
+impl Aggregator {
+    /// Creates an aggregator with no children connected.
+    pub fn new(config: AggregatorConfig) -> Aggregator {
+        let upstream = Upstream::new(
+            config.name.clone(),
+            Role::Aggregator,
+            config.subtree.clone(),
+        );
+        let children = Downstream::new(
+            config.name,
+            Role::Aggregator,
+            config.settings,
+            config.subtree,
+        );
+        Aggregator {
+            upstream,
+            children,
+            offers: HashMap::new(),
+            dirty: HashSet::new(),
+            transmits: VecDeque::new(),
+            closes: VecDeque::new(),
+            violations: 0,
+        }
+    }
+
+    fn send(&mut self, conn: ConnId, msg: Wire) {
+        self.transmits.push_back(Transmit { conn, msg });
+    }
+
+    fn handle_offer(&mut self, child: ConnId, offer: Offer) {
+        let credits = self.children.credits();
+        let topic = self.children.topic(&offer.topic);
+        let window = self
+            .children
+            .windows
+            .get_mut(&topic)
+            .expect("created above");
+        let delta = window.apply(child, &offer, credits);
+        let offers = self.offers.entry(topic.clone()).or_default();
+        for key in &delta.removed {
+            offers.remove(key);
+        }
+        for (key, size) in delta.added {
+            offers.insert(key, size);
+        }
+        if delta.refused > 0 {
+            self.violations += 1;
+        }
+        self.dirty.insert(topic);
+    }
+
+    fn handle_reserve(&mut self, reserve: Reserve) {
+        if let Some((topic, _)) = self.children.windows.get_key_value(reserve.topic.as_str()) {
+            let topic = topic.clone();
+            let window = self.children.windows.get_mut(&topic).expect("present");
+            for item in &reserve.items {
+                if window.take(&item.key).is_some()
+                    && let Some(offers) = self.offers.get_mut(&topic)
+                {
+                    offers.take(&item.key);
+                }
+            }
+            self.dirty.insert(topic);
+        }
+        match self.children.route(reserve.leaf) {
+            Ok(child) => self.send(child, Wire::Reserve(reserve)),
+            Err(_) => {
+                let items = reserve
+                    .items
+                    .iter()
+                    .map(|item| ReserveOutcome {
+                        reservation: item.reservation,
+                        key: item.key,
+                        result: Err(ReserveDenied::Unavailable),
+                    })
+                    .collect();
+                self.to_parent(Wire::Reserved(Reserved { items }));
+            }
+        }
+    }
+
+    fn handle_confirm(&mut self, confirm: Confirm) {
+        match self.children.route(confirm.leaf) {
+            Ok(child) => self.send(child, Wire::Confirm(confirm)),
+            Err(error) => {
+                let results = vec![Err(error); confirm.receipts.len()];
+                self.to_parent(Wire::Confirmed(Confirmed {
+                    tag: confirm.tag,
+                    results,
+                }));
+            }
+        }
+    }
+
+    fn handle_release(&mut self, release: Release) {
+        // A release that cannot be routed is dropped: the lease then simply expires.
+        if let Ok(child) = self.children.route(release.leaf) {
+            self.send(child, Wire::Release(release));
+        }
+    }
+
+    fn to_parent(&mut self, msg: Wire) {
+        // Answers for a parent session that ended are dropped: the root that asked is gone,
+        // and the leases they carry expire at their leaves.
+        if let Some(parent) = self.upstream.session() {
+            self.send(parent, msg);
+        }
+    }
+
+    fn flush_offers(&mut self) {
+        let credits = self.upstream.credits();
+        let session = self.upstream.session();
+        for topic in std::mem::take(&mut self.dirty) {
+            let Some(offers) = self.offers.get_mut(&topic) else {
+                continue;
+            };
+            let window = self.children.windows.get(&topic);
+            if let Some(parent) = session {
+                offers.rebalance(credits);
+                let below = window.and_then(|window| window.min_frontier());
+                let frontier = match (offers.best_unoffered(), below) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                if let Some(offer) = offers.poll(&topic, frontier) {
+                    self.transmits.push_back(Transmit {
+                        conn: parent,
+                        msg: Wire::Offer(offer),
+                    });
+                }
+            }
+            if offers.is_idle() && window.is_none_or(|window| window.is_idle()) {
+                self.offers.remove(&topic);
+                self.children.windows.remove(&topic);
+            }
+        }
+    }
+
+    fn reject_unexpected(&mut self, conn: ConnId, msg: &Wire) {
+        self.violations += 1;
+        let text = format!("aggregator does not accept {} messages here", msg.name());
+        self.send(conn, Wire::error(None, ErrorCode::UnexpectedMessage, text));
+    }
+}
+
+impl Machine for Aggregator {
+    fn handle_connected(&mut self, _now: Time, conn: ConnId, link: Link) {
+        match link {
+            Link::Parent => {
+                let hello = self.upstream.connected(conn);
+                self.transmits.push_back(hello);
+            }
+            Link::Incoming => {
+                self.children
+                    .peers
+                    .insert(conn, crate::downstream::Peer::Pending);
+            }
+        }
+    }
+
+    fn handle_disconnected(&mut self, _now: Time, conn: ConnId) {
+        if self.upstream.disconnected(conn) {
+            for offers in self.offers.values_mut() {
+                offers.reset();
+            }
+            return;
+        }
+        if let Some(removed) = self.children.disconnect(conn) {
+            for (topic, keys) in removed {
+                if let Some(offers) = self.offers.get_mut(&topic) {
+                    for key in &keys {
+                        offers.remove(key);
+                    }
+                }
+                self.dirty.insert(topic);
+            }
+            // The child's frontiers left with it.
+            self.dirty.extend(self.offers.keys().cloned());
+            self.flush_offers();
+        }
+    }
+
+    fn handle_message(&mut self, _now: Time, conn: ConnId, msg: Wire) {
+        if self.upstream.is(conn) {
+            match msg {
+                Wire::Welcome(welcome) => {
+                    if self.upstream.welcomed(conn, &welcome) {
+                        self.dirty.extend(self.offers.keys().cloned());
+                    }
+                }
+                Wire::Reserve(reserve) => self.handle_reserve(reserve),
+                Wire::Confirm(confirm) => self.handle_confirm(confirm),
+                Wire::Release(release) => self.handle_release(release),
+                Wire::Error(_) => self.violations += 1,
+                other => self.reject_unexpected(conn, &other),
+            }
+        } else if self.children.is_child(conn) {
+            match msg {
+                Wire::Offer(offer) => self.handle_offer(conn, offer),
+                Wire::Reserved(reserved) => self.to_parent(Wire::Reserved(reserved)),
+                Wire::Confirmed(confirmed) => self.to_parent(Wire::Confirmed(confirmed)),
+                other => self.reject_unexpected(conn, &other),
+            }
+        } else {
+            match msg {
+                Wire::Hello(hello) => {
+                    let outcome = self.children.hello(conn, hello, &[PeerKindTag::Node]);
+                    self.send(conn, outcome.reply);
+                    if outcome.close {
+                        self.closes.push_back((conn, "handshake refused".into()));
+                    }
+                    if let Some(old) = outcome.superseded {
+                        self.handle_disconnected(_now, old);
+                        self.closes
+                            .push_back((old, "superseded by a new session".into()));
+                    }
+                }
+                other => self.reject_unexpected(conn, &other),
+            }
+        }
+        self.flush_offers();
+    }
+
+    fn handle_timeout(&mut self, _now: Time) {}
+
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    fn poll_close(&mut self) -> Option<(ConnId, String)> {
+        self.closes.pop_front()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        None
+    }
+
+    fn stats(&self) -> NodeStats {
+        NodeStats {
+            window_entries: self.children.window_entries() as u64,
+            offered: self.offers.values().map(|o| o.offered_len() as u64).sum(),
+            children: self.children.children() as u64,
+            parent_connected: self.upstream.session().is_some(),
+            violations: self.violations,
+            ..NodeStats::default()
+        }
+    }
+}

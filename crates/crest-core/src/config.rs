@@ -1,0 +1,250 @@
+//! Settings: every bound of crest, named, with its default.
+//!
+//! A topology file sets cluster-wide values in `[settings]` and per-node overrides in a node's
+//! `settings` table; anything unset takes the default below. Relations between defaults are
+//! checked at compile time; [`Settings::validate`] checks the same relations for loaded values.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Largest payload of one message, in bytes (256 KiB).
+pub const PAYLOAD_BYTES_MAX_DEFAULT: u32 = 256 * 1024;
+/// Largest frame on any stream, in bytes (16 MiB).
+pub const FRAME_BYTES_MAX_DEFAULT: u32 = 16 * 1024 * 1024;
+/// Largest number of messages in one push batch.
+pub const PUSH_BATCH_MESSAGES_MAX_DEFAULT: u32 = 4096;
+/// Largest total payload of one push batch, in bytes (4 MiB).
+pub const PUSH_BATCH_BYTES_MAX_DEFAULT: u32 = 4 * 1024 * 1024;
+/// Largest number of messages returned by one pop.
+pub const POP_MESSAGES_MAX_DEFAULT: u32 = 1000;
+/// Room in a frame for everything that is not payload (headers, keys, metadata).
+pub const FRAME_OVERHEAD_BYTES: u32 = 1024 * 1024;
+
+// The largest push batch, and the largest reply to a full pop of maximal payloads, must fit in
+// one frame; otherwise a valid request could never be sent or answered.
+const _: () =
+    assert!(PUSH_BATCH_BYTES_MAX_DEFAULT + FRAME_OVERHEAD_BYTES <= FRAME_BYTES_MAX_DEFAULT);
+const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT <= PUSH_BATCH_BYTES_MAX_DEFAULT);
+
+/// All tunable bounds and timings of a node. Field names carry their unit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Largest payload of one message, in bytes.
+    pub payload_bytes_max: u32,
+    /// Largest frame accepted or sent on any stream, in bytes.
+    pub frame_bytes_max: u32,
+    /// Largest number of messages in one push batch.
+    pub push_batch_messages_max: u32,
+    /// Largest total payload bytes in one push batch.
+    pub push_batch_bytes_max: u32,
+    /// Longest topic name, in bytes.
+    pub topic_bytes_max: u32,
+    /// Most metadata entries on one message.
+    pub metadata_entries_max: u32,
+    /// Most metadata bytes (keys plus values) on one message.
+    pub metadata_bytes_max: u32,
+    /// Most distinct topics a leaf holds at once; pushes to further topics are rejected.
+    pub topics_max: u32,
+    /// Entries per topic a parent lets each child hold in its window (the credit).
+    pub credits_per_topic: u32,
+    /// Most messages a leaf holds (all states); pushes beyond it are rejected as full.
+    pub leaf_messages_max: u64,
+    /// Most push batches a leaf has waiting for storage at once.
+    pub leaf_pending_batches_max: u32,
+    /// Default visibility timeout of a delivery, in milliseconds.
+    pub lease_timeout_ms: u64,
+    /// Largest visibility timeout a pop may ask for, in milliseconds.
+    pub lease_timeout_max_ms: u64,
+    /// Most messages one pop may ask for.
+    pub pop_messages_max: u32,
+    /// Longest a pop may wait for a message (long-poll), in milliseconds.
+    pub pop_wait_max_ms: u64,
+    /// How long the root holds a pop whose best candidate may still be beaten by an entry a
+    /// child has not offered yet (its window from that child is being refilled), before it
+    /// serves the best entry it holds anyway, in milliseconds.
+    pub pop_order_wait_ms: u64,
+    /// Most pops the root holds waiting (long-poll and refills) at once.
+    pub root_pending_pops_max: u32,
+    /// Most acknowledgement requests the root has waiting on leaves at once.
+    pub root_pending_requests_max: u32,
+    /// Frames read from one connection but not yet handled by the node (bounds the mailbox).
+    pub connection_inflight_frames_max: u32,
+    /// Frames queued for writing on one connection; a peer that lets it fill is disconnected.
+    pub connection_send_queue_max: u32,
+    /// Most concurrent incoming connections of a node.
+    pub connections_max: u32,
+    /// A connection with no traffic for this long is closed, in milliseconds.
+    pub idle_timeout_ms: u64,
+    /// Keep-alive interval on every connection, in milliseconds.
+    pub keep_alive_ms: u64,
+    /// First delay before reconnecting to a parent, in milliseconds (doubles per failure).
+    pub reconnect_backoff_initial_ms: u64,
+    /// Longest delay between reconnect attempts, in milliseconds.
+    pub reconnect_backoff_max_ms: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            payload_bytes_max: PAYLOAD_BYTES_MAX_DEFAULT,
+            frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
+            push_batch_messages_max: PUSH_BATCH_MESSAGES_MAX_DEFAULT,
+            push_batch_bytes_max: PUSH_BATCH_BYTES_MAX_DEFAULT,
+            topic_bytes_max: 128,
+            metadata_entries_max: 32,
+            metadata_bytes_max: 4096,
+            topics_max: 1024,
+            credits_per_topic: 64,
+            leaf_messages_max: 10_000_000,
+            leaf_pending_batches_max: 1024,
+            lease_timeout_ms: 30_000,
+            lease_timeout_max_ms: 12 * 3600 * 1000,
+            pop_messages_max: POP_MESSAGES_MAX_DEFAULT,
+            pop_wait_max_ms: 20_000,
+            pop_order_wait_ms: 50,
+            root_pending_pops_max: 10_000,
+            root_pending_requests_max: 10_000,
+            connection_inflight_frames_max: 64,
+            connection_send_queue_max: 4096,
+            connections_max: 1024,
+            idle_timeout_ms: 10_000,
+            keep_alive_ms: 1_000,
+            reconnect_backoff_initial_ms: 50,
+            reconnect_backoff_max_ms: 2_000,
+        }
+    }
+}
+
+/// A setting that is out of range or inconsistent with another.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid setting {name}: {problem}")]
+pub struct SettingsError {
+    /// The setting's name.
+    pub name: &'static str,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl Settings {
+    /// Checks ranges and the relations between settings.
+    ///
+    /// # Errors
+    /// The first setting found out of range, named, with the rule it breaks.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
+        let positive: [(&'static str, u64); 14] = [
+            ("payload_bytes_max", self.payload_bytes_max.into()),
+            (
+                "push_batch_messages_max",
+                self.push_batch_messages_max.into(),
+            ),
+            ("topic_bytes_max", self.topic_bytes_max.into()),
+            ("topics_max", self.topics_max.into()),
+            ("credits_per_topic", self.credits_per_topic.into()),
+            ("leaf_messages_max", self.leaf_messages_max),
+            (
+                "leaf_pending_batches_max",
+                self.leaf_pending_batches_max.into(),
+            ),
+            ("lease_timeout_ms", self.lease_timeout_ms),
+            ("pop_messages_max", self.pop_messages_max.into()),
+            ("root_pending_pops_max", self.root_pending_pops_max.into()),
+            (
+                "root_pending_requests_max",
+                self.root_pending_requests_max.into(),
+            ),
+            (
+                "connection_inflight_frames_max",
+                self.connection_inflight_frames_max.into(),
+            ),
+            (
+                "connection_send_queue_max",
+                self.connection_send_queue_max.into(),
+            ),
+            ("connections_max", self.connections_max.into()),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return fail(name, "must be at least 1".into());
+            }
+        }
+        if self.payload_bytes_max > self.push_batch_bytes_max {
+            return fail(
+                "payload_bytes_max",
+                format!(
+                    "{} exceeds push_batch_bytes_max {}",
+                    self.payload_bytes_max, self.push_batch_bytes_max
+                ),
+            );
+        }
+        if u64::from(self.push_batch_bytes_max) + u64::from(FRAME_OVERHEAD_BYTES)
+            > u64::from(self.frame_bytes_max)
+        {
+            return fail(
+                "frame_bytes_max",
+                format!(
+                    "{} leaves no room for a push batch of push_batch_bytes_max {} plus {} bytes of headers",
+                    self.frame_bytes_max, self.push_batch_bytes_max, FRAME_OVERHEAD_BYTES
+                ),
+            );
+        }
+        if self.lease_timeout_ms > self.lease_timeout_max_ms {
+            return fail(
+                "lease_timeout_ms",
+                format!(
+                    "{} exceeds lease_timeout_max_ms {}",
+                    self.lease_timeout_ms, self.lease_timeout_max_ms
+                ),
+            );
+        }
+        if self.keep_alive_ms == 0 || self.keep_alive_ms >= self.idle_timeout_ms {
+            return fail(
+                "keep_alive_ms",
+                format!(
+                    "{} must be above 0 and below idle_timeout_ms {}",
+                    self.keep_alive_ms, self.idle_timeout_ms
+                ),
+            );
+        }
+        if self.reconnect_backoff_initial_ms == 0
+            || self.reconnect_backoff_initial_ms > self.reconnect_backoff_max_ms
+        {
+            return fail(
+                "reconnect_backoff_initial_ms",
+                "must be above 0 and at most reconnect_backoff_max_ms".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The default visibility timeout.
+    pub fn lease_timeout(&self) -> Duration {
+        Duration::from_millis(self.lease_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Settings::default().validate().unwrap();
+    }
+
+    #[test]
+    fn inconsistent_settings_are_named() {
+        let settings = Settings {
+            frame_bytes_max: 1024,
+            ..Settings::default()
+        };
+        let error = settings.validate().unwrap_err();
+        assert_eq!(error.name, "frame_bytes_max");
+        let settings = Settings {
+            credits_per_topic: 0,
+            ..Settings::default()
+        };
+        assert_eq!(settings.validate().unwrap_err().name, "credits_per_topic");
+    }
+}

@@ -1,0 +1,242 @@
+//! The children side of a parent node (aggregator or root): handshakes, routing, windows.
+//!
+//! It accepts `Hello`s, answers `Welcome`, keeps the route from each leaf id to the child
+//! connection that leads to it, and keeps one [`Window`] per topic. A child that connects again
+//! under the same name supersedes its old session: everything the old one offered is dropped
+//! and the old connection is closed (its process probably restarted before the old connection
+//! timed out).
+
+use crate::config::Settings;
+use crate::id::LeafId;
+use crate::machine::ConnId;
+use crate::window::Window;
+use crate::wire::{
+    ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, ReceiptError, Role, Welcome, Wire,
+};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// Interned topic name.
+pub(crate) type Topic = Arc<str>;
+
+/// What a connection turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Peer {
+    /// No `Hello` yet.
+    Pending,
+    /// A child node.
+    Child { name: String, leaves: Vec<LeafId> },
+    /// A producer.
+    Producer,
+    /// A consumer.
+    Consumer,
+}
+
+/// The result of a `Hello`.
+pub(crate) struct HelloOutcome {
+    /// The answer to send on the connection.
+    pub(crate) reply: Wire,
+    /// Whether the connection must be closed after the answer.
+    pub(crate) close: bool,
+    /// An older session of the same child that this one supersedes.
+    pub(crate) superseded: Option<ConnId>,
+}
+
+/// See the module doc.
+pub(crate) struct Downstream {
+    name: String,
+    role: Role,
+    settings: Settings,
+    /// Leaves below this node according to the topology: receipts naming others are refused.
+    subtree: HashSet<LeafId>,
+    pub(crate) peers: HashMap<ConnId, Peer>,
+    children_by_name: HashMap<String, ConnId>,
+    routes: HashMap<LeafId, ConnId>,
+    pub(crate) windows: HashMap<Topic, Window>,
+}
+
+impl Downstream {
+    pub(crate) fn new(name: String, role: Role, settings: Settings, subtree: Vec<LeafId>) -> Self {
+        Downstream {
+            name,
+            role,
+            settings,
+            subtree: subtree.into_iter().collect(),
+            peers: HashMap::new(),
+            children_by_name: HashMap::new(),
+            routes: HashMap::new(),
+            windows: HashMap::new(),
+        }
+    }
+
+    /// Handles a `Hello`. `accepts` says which client kinds this role serves.
+    pub(crate) fn hello(
+        &mut self,
+        conn: ConnId,
+        hello: Hello,
+        accepts: &[PeerKindTag],
+    ) -> HelloOutcome {
+        let refuse = |code, message: String| HelloOutcome {
+            reply: Wire::error(None, code, message),
+            close: true,
+            superseded: None,
+        };
+        if hello.protocol != PROTOCOL_VERSION {
+            return refuse(
+                ErrorCode::UnsupportedProtocol,
+                format!(
+                    "protocol {} is not supported; this node speaks {PROTOCOL_VERSION}",
+                    hello.protocol
+                ),
+            );
+        }
+        if self.peers.get(&conn) != Some(&Peer::Pending) {
+            return refuse(
+                ErrorCode::UnexpectedMessage,
+                "second Hello on one connection".into(),
+            );
+        }
+        let tag = PeerKindTag::of(&hello.peer);
+        if !accepts.contains(&tag) {
+            return refuse(
+                ErrorCode::UnexpectedMessage,
+                format!(
+                    "{} {:?} does not accept {tag:?} connections",
+                    self.role, self.name
+                ),
+            );
+        }
+        let mut superseded = None;
+        let credits = match hello.peer {
+            PeerKind::Node { name, leaves, .. } => {
+                if let Some(unknown) = leaves.iter().find(|leaf| !self.subtree.contains(leaf)) {
+                    return refuse(
+                        ErrorCode::InvalidArgument,
+                        format!(
+                            "child {name:?} claims leaf {unknown}, which is not below {:?}",
+                            self.name
+                        ),
+                    );
+                }
+                superseded = self.children_by_name.insert(name.clone(), conn);
+                for leaf in &leaves {
+                    self.routes.insert(*leaf, conn);
+                }
+                self.peers.insert(conn, Peer::Child { name, leaves });
+                self.settings.credits_per_topic
+            }
+            PeerKind::Producer => {
+                self.peers.insert(conn, Peer::Producer);
+                0
+            }
+            PeerKind::Consumer => {
+                self.peers.insert(conn, Peer::Consumer);
+                0
+            }
+        };
+        let reply = Wire::Welcome(Welcome {
+            node: self.name.clone(),
+            role: self.role,
+            credits_per_topic: credits,
+            payload_bytes_max: self.settings.payload_bytes_max,
+            frame_bytes_max: self.settings.frame_bytes_max,
+        });
+        HelloOutcome {
+            reply,
+            close: false,
+            superseded,
+        }
+    }
+
+    /// Forgets a connection. For a child, drops its routes and window entries and returns the
+    /// removed keys per topic.
+    pub(crate) fn disconnect(
+        &mut self,
+        conn: ConnId,
+    ) -> Option<Vec<(Topic, Vec<crate::key::Key>)>> {
+        let Peer::Child { name, leaves } = self.peers.remove(&conn)? else {
+            return None;
+        };
+        if self.children_by_name.get(&name) == Some(&conn) {
+            self.children_by_name.remove(&name);
+        }
+        for leaf in leaves {
+            if self.routes.get(&leaf) == Some(&conn) {
+                self.routes.remove(&leaf);
+            }
+        }
+        let mut removed = Vec::new();
+        for (topic, window) in &mut self.windows {
+            let keys = window.remove_child(conn);
+            if !keys.is_empty() {
+                removed.push((topic.clone(), keys));
+            }
+        }
+        Some(removed)
+    }
+
+    /// The child connection that leads to `leaf`.
+    pub(crate) fn route(&self, leaf: LeafId) -> Result<ConnId, ReceiptError> {
+        if !self.subtree.contains(&leaf) {
+            return Err(ReceiptError::UnknownLeaf);
+        }
+        self.routes
+            .get(&leaf)
+            .copied()
+            .ok_or(ReceiptError::Unavailable)
+    }
+
+    /// Whether `conn` is a connected child.
+    pub(crate) fn is_child(&self, conn: ConnId) -> bool {
+        matches!(self.peers.get(&conn), Some(Peer::Child { .. }))
+    }
+
+    /// The interned topic for `name`, creating its window.
+    pub(crate) fn topic(&mut self, name: &str) -> Topic {
+        if let Some((topic, _)) = self.windows.get_key_value(name) {
+            return topic.clone();
+        }
+        let topic: Topic = Arc::from(name);
+        self.windows.insert(topic.clone(), Window::default());
+        topic
+    }
+
+    /// Number of connected children.
+    pub(crate) fn children(&self) -> usize {
+        self.peers
+            .values()
+            .filter(|peer| matches!(peer, Peer::Child { .. }))
+            .count()
+    }
+
+    /// Entries held in all windows.
+    pub(crate) fn window_entries(&self) -> usize {
+        self.windows.values().map(Window::len).sum()
+    }
+
+    /// The credit granted to each child per topic.
+    pub(crate) fn credits(&self) -> u32 {
+        self.settings.credits_per_topic
+    }
+}
+
+/// The kind of a peer, without its details.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum PeerKindTag {
+    /// A child node.
+    Node,
+    /// A producer.
+    Producer,
+    /// A consumer.
+    Consumer,
+}
+
+impl PeerKindTag {
+    fn of(peer: &PeerKind) -> PeerKindTag {
+        match peer {
+            PeerKind::Node { .. } => PeerKindTag::Node,
+            PeerKind::Producer => PeerKindTag::Producer,
+            PeerKind::Consumer => PeerKindTag::Consumer,
+        }
+    }
+}

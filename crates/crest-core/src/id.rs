@@ -1,0 +1,154 @@
+//! Message and leaf identifiers.
+//!
+//! A [`MessageId`] is one `u64`: the upper 16 bits are the [`LeafId`] of the leaf that accepted
+//! the message and owns it; the lower 48 bits are that leaf's sequence number. Any node can
+//! therefore route a reserve, confirm or release for a message to its owning leaf without a
+//! lookup table of messages, only a table of which child leads to which leaf.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Identifies a leaf in the topology (`1..=65535`; 0 is reserved and never valid).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
+pub struct LeafId(pub u16);
+
+impl fmt::Display for LeafId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Globally unique message id; encodes the owning leaf (see the module doc).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct MessageId(pub u64);
+
+/// Number of bits of a [`MessageId`] that hold the leaf's sequence number.
+pub const MESSAGE_SEQ_BITS: u32 = 48;
+/// The largest sequence number a leaf may assign.
+pub const MESSAGE_SEQ_MAX: u64 = (1 << MESSAGE_SEQ_BITS) - 1;
+
+impl MessageId {
+    /// Composes an id from the owning leaf and its sequence number.
+    ///
+    /// # Panics
+    /// If `seq` exceeds [`MESSAGE_SEQ_MAX`]: leaves stop accepting pushes before that.
+    pub fn new(leaf: LeafId, seq: u64) -> MessageId {
+        assert!(
+            seq <= MESSAGE_SEQ_MAX,
+            "message sequence {seq} out of range"
+        );
+        MessageId((u64::from(leaf.0) << MESSAGE_SEQ_BITS) | seq)
+    }
+
+    /// The leaf that owns this message.
+    pub fn leaf(self) -> LeafId {
+        LeafId((self.0 >> MESSAGE_SEQ_BITS) as u16)
+    }
+
+    /// The owning leaf's sequence number.
+    pub fn seq(self) -> u64 {
+        self.0 & MESSAGE_SEQ_MAX
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.leaf().0, self.seq())
+    }
+}
+
+impl fmt::Debug for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// Why a textual message id or receipt could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} {text:?}: expected {expected}")]
+pub struct ParseIdError {
+    /// What was being parsed ("message id" or "receipt").
+    pub what: &'static str,
+    /// The text that was rejected.
+    pub text: String,
+    /// The accepted form.
+    pub expected: &'static str,
+}
+
+impl FromStr for MessageId {
+    type Err = ParseIdError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let error = || ParseIdError {
+            what: "message id",
+            text: text.to_string(),
+            expected: "LEAF.SEQ, e.g. 3.1024",
+        };
+        let (leaf, seq) = text.split_once('.').ok_or_else(error)?;
+        let leaf: u16 = leaf.parse().map_err(|_| error())?;
+        let seq: u64 = seq.parse().map_err(|_| error())?;
+        if leaf == 0 || seq > MESSAGE_SEQ_MAX {
+            return Err(error());
+        }
+        Ok(MessageId::new(LeafId(leaf), seq))
+    }
+}
+
+/// A receipt handle: proof of one delivery, needed to ack, nack or extend it.
+///
+/// The token is the lease token the owning leaf minted when it granted the lease; a receipt whose
+/// token no longer matches the leaf's live lease is stale and is rejected.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub struct Receipt {
+    /// The delivered message.
+    pub id: MessageId,
+    /// The lease token of this delivery.
+    pub token: u64,
+}
+
+impl fmt::Display for Receipt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{:016x}", self.id, self.token)
+    }
+}
+
+impl FromStr for Receipt {
+    type Err = ParseIdError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let error = || ParseIdError {
+            what: "receipt",
+            text: text.to_string(),
+            expected: "LEAF.SEQ:TOKEN (token in hex), as printed by `crest pop`",
+        };
+        let (id, token) = text.split_once(':').ok_or_else(error)?;
+        let id: MessageId = id.parse().map_err(|_| error())?;
+        let token = u64::from_str_radix(token, 16).map_err(|_| error())?;
+        Ok(Receipt { id, token })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_round_trips_through_parts_and_text() {
+        let id = MessageId::new(LeafId(7), 123_456_789);
+        assert_eq!(id.leaf(), LeafId(7));
+        assert_eq!(id.seq(), 123_456_789);
+        assert_eq!(id.to_string().parse::<MessageId>().unwrap(), id);
+        let receipt = Receipt {
+            id,
+            token: 0xdead_beef,
+        };
+        assert_eq!(receipt.to_string().parse::<Receipt>().unwrap(), receipt);
+    }
+
+    #[test]
+    fn bad_text_is_rejected_with_the_expected_form() {
+        let error = "nonsense".parse::<Receipt>().unwrap_err();
+        assert!(error.to_string().contains("LEAF.SEQ:TOKEN"), "{error}");
+        assert!("0.5".parse::<MessageId>().is_err(), "leaf 0 is reserved");
+        assert!("1.x".parse::<MessageId>().is_err());
+    }
+}

@@ -1,0 +1,37 @@
+//! Sans-IO core of crest, a distributed priority queue built as an aggregation tree.
+//!
+//! Nothing here performs I/O, reads a clock, spawns a task or uses a global random source:
+//! callers pass `now` into every input and drain outputs by polling (see [`machine`]). The same
+//! state machines run in production nodes (`crest-node`) and under virtual time in tests.
+//!
+//! # Layout
+//! - [`key`]: the priority key, the total order of ready messages;
+//! - [`id`]: message ids (which encode the owning leaf) and receipt handles;
+//! - [`time`]: the `Time` the caller passes in;
+//! - [`config`]: every bound, named, with defaults;
+//! - [`wire`]: protocol messages and their framing;
+//! - [`topology`]: the topology file (TOML) and what each node derives from it;
+//! - [`machine`]: the driver contract shared by the three roles;
+//! - [`leaf`], [`aggregator`], [`root`]: the state machines.
+
+pub mod aggregator;
+pub mod config;
+mod downstream;
+pub mod id;
+pub mod key;
+pub mod leaf;
+pub mod machine;
+mod offer;
+pub mod root;
+#[cfg(test)]
+mod tests;
+pub mod time;
+pub mod topology;
+mod upstream;
+mod window;
+pub mod wire;
+
+pub use id::{LeafId, MessageId, Receipt};
+pub use key::{Key, tier};
+pub use machine::{ConnId, Link, Machine, NodeStats, StorageDone, StorageOp, Transmit};
+pub use time::Time;

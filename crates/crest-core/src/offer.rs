@@ -1,0 +1,253 @@
+//! The offered set of one topic: what a child (leaf or aggregator) lets its parent hold.
+//!
+//! A child keeps its candidates (available messages at a leaf, window entries at an
+//! aggregator) split in two: `offered`, held by the parent, and `unoffered`. The rule is that
+//! `offered` is always the `credits` most urgent candidates:
+//! - it fills up to `credits` with the most urgent unoffered candidates;
+//! - when an unoffered candidate is strictly more urgent than the least urgent offered one,
+//!   the two swap: the worst is retracted and the better one offered. Credits therefore never
+//!   let a less urgent entry block a more urgent one (DESIGN.md, bubble-up).
+//!
+//! Changes accumulate as a diff (adds and retracts that cancel each other out) until the
+//! owner polls them into an [`Offer`]. The parent holds exactly the union of the adds minus
+//! the retracts it received, minus what it took itself (by reserving); both sides apply the
+//! same operations in stream order, so their views converge and the parent never holds more
+//! than `credits` entries of this child.
+
+use crate::key::Key;
+use crate::wire::{Offer, OfferEntry};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Pending {
+    Add(u32),
+    Retract,
+}
+
+/// See the module doc.
+#[derive(Debug, Default)]
+pub(crate) struct OfferSet {
+    /// Candidates the parent holds, with payload sizes.
+    offered: BTreeMap<Key, u32>,
+    /// Candidates the parent does not hold.
+    unoffered: BTreeMap<Key, u32>,
+    /// Changes not yet sent.
+    pending: BTreeMap<Key, Pending>,
+    /// The frontier last sent this session (`None`: nothing sent yet).
+    sent_frontier: Option<Option<Key>>,
+}
+
+impl OfferSet {
+    /// Adds a candidate (not offered until the next [`OfferSet::rebalance`]).
+    pub(crate) fn insert(&mut self, key: Key, size: u32) {
+        let previous = self.unoffered.insert(key, size);
+        debug_assert!(
+            previous.is_none() && !self.offered.contains_key(&key),
+            "{key:?} twice"
+        );
+    }
+
+    /// Removes a candidate the child itself gave up; retracts it if the parent holds it.
+    /// Returns whether it was a candidate.
+    pub(crate) fn remove(&mut self, key: &Key) -> bool {
+        if self.unoffered.remove(key).is_some() {
+            return true;
+        }
+        if self.offered.remove(key).is_some() {
+            self.note(*key, Pending::Retract);
+            return true;
+        }
+        false
+    }
+
+    /// Removes a candidate the parent took (reserved): no retract is needed.
+    /// Returns whether it was a candidate.
+    pub(crate) fn take(&mut self, key: &Key) -> bool {
+        if self.offered.remove(key).is_some() {
+            // The parent took it, so it had it: any pending change of it is moot.
+            self.pending.remove(key);
+            return true;
+        }
+        self.unoffered.remove(key).is_some()
+    }
+
+    /// Restores the rule of the module doc for `credits` (0 when there is no parent session).
+    pub(crate) fn rebalance(&mut self, credits: u32) {
+        let credits = credits as usize;
+        while self.offered.len() > credits {
+            let (key, size) = self.offered.pop_last().expect("non-empty");
+            self.unoffered.insert(key, size);
+            self.note(key, Pending::Retract);
+        }
+        while self.offered.len() < credits {
+            let Some((key, size)) = self.unoffered.pop_first() else {
+                break;
+            };
+            self.offered.insert(key, size);
+            self.note(key, Pending::Add(size));
+        }
+        // Swap while the best unoffered beats the worst offered; at most `credits` swaps.
+        loop {
+            let (Some((&best, _)), Some((&worst, _))) = (
+                self.unoffered.first_key_value(),
+                self.offered.last_key_value(),
+            ) else {
+                break;
+            };
+            if best >= worst {
+                break;
+            }
+            let best_size = self.unoffered.remove(&best).expect("present");
+            let worst_size = self.offered.remove(&worst).expect("present");
+            self.offered.insert(best, best_size);
+            self.unoffered.insert(worst, worst_size);
+            self.note(worst, Pending::Retract);
+            self.note(best, Pending::Add(best_size));
+        }
+    }
+
+    fn note(&mut self, key: Key, op: Pending) {
+        match (self.pending.get(&key), op) {
+            // An add and a retract of one key in one diff cancel out.
+            (Some(Pending::Add(_)), Pending::Retract)
+            | (Some(Pending::Retract), Pending::Add(_)) => {
+                self.pending.remove(&key);
+            }
+            _ => {
+                self.pending.insert(key, op);
+            }
+        }
+    }
+
+    /// The most urgent candidate the parent does not hold.
+    pub(crate) fn best_unoffered(&self) -> Option<Key> {
+        self.unoffered.first_key_value().map(|(key, _)| *key)
+    }
+
+    /// Takes the pending diff as an [`Offer`] for `topic`, if there is anything to send.
+    /// `frontier` is the child's whole frontier (see [`Offer::frontier`]).
+    pub(crate) fn poll(&mut self, topic: &str, frontier: Option<Key>) -> Option<Offer> {
+        if self.pending.is_empty() && self.sent_frontier == Some(frontier) {
+            return None;
+        }
+        let mut adds = Vec::new();
+        let mut retracts = Vec::new();
+        for (key, op) in std::mem::take(&mut self.pending) {
+            match op {
+                Pending::Add(size) => adds.push(OfferEntry { key, size }),
+                Pending::Retract => retracts.push(key),
+            }
+        }
+        self.sent_frontier = Some(frontier);
+        Some(Offer {
+            topic: topic.to_string(),
+            adds,
+            retracts,
+            frontier,
+        })
+    }
+
+    /// The parent session ended: nothing is held by a parent any more.
+    pub(crate) fn reset(&mut self) {
+        let offered = std::mem::take(&mut self.offered);
+        self.unoffered.extend(offered);
+        self.pending.clear();
+        self.sent_frontier = None;
+    }
+
+    /// Number of candidates, offered or not.
+    pub(crate) fn len(&self) -> usize {
+        self.offered.len() + self.unoffered.len()
+    }
+
+    /// Number of candidates the parent holds.
+    pub(crate) fn offered_len(&self) -> usize {
+        self.offered.len()
+    }
+
+    /// Whether nothing is a candidate and nothing is left to send.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.len() == 0
+            && self.pending.is_empty()
+            && matches!(self.sent_frontier, None | Some(None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::MessageId;
+    use crate::time::Time;
+
+    fn key(priority: u32, id: u64) -> Key {
+        Key {
+            priority,
+            ready_at: Time(0),
+            id: MessageId(id),
+        }
+    }
+
+    #[test]
+    fn offers_the_most_urgent_within_credits_and_swaps_in_better_entries() {
+        let mut set = OfferSet::default();
+        for id in 1..=5 {
+            set.insert(key(5, id), 10);
+        }
+        set.rebalance(3);
+        let offer = set.poll("t", set.best_unoffered()).unwrap();
+        let added: Vec<u64> = offer.adds.iter().map(|e| e.key.id.0).collect();
+        assert_eq!(added, vec![1, 2, 3]);
+        assert_eq!(offer.frontier, Some(key(5, 4)));
+
+        // A more urgent arrival displaces the least urgent offered entry.
+        set.insert(key(0, 9), 10);
+        set.rebalance(3);
+        let offer = set.poll("t", set.best_unoffered()).unwrap();
+        assert_eq!(
+            offer.adds.iter().map(|e| e.key).collect::<Vec<_>>(),
+            vec![key(0, 9)]
+        );
+        assert_eq!(offer.retracts, vec![key(5, 3)]);
+        assert_eq!(set.offered_len(), 3);
+    }
+
+    #[test]
+    fn add_then_retract_in_one_diff_cancels() {
+        let mut set = OfferSet::default();
+        set.insert(key(1, 1), 1);
+        set.rebalance(1);
+        assert!(set.remove(&key(1, 1)));
+        let offer = set.poll("t", None).unwrap();
+        assert!(offer.adds.is_empty() && offer.retracts.is_empty());
+        assert!(set.poll("t", None).is_none(), "nothing new to say");
+    }
+
+    #[test]
+    fn taken_entries_free_credit_without_a_retract() {
+        let mut set = OfferSet::default();
+        for id in 1..=3 {
+            set.insert(key(1, id), 1);
+        }
+        set.rebalance(2);
+        set.poll("t", set.best_unoffered());
+        assert!(set.take(&key(1, 1)));
+        set.rebalance(2);
+        let offer = set.poll("t", set.best_unoffered()).unwrap();
+        assert!(offer.retracts.is_empty());
+        assert_eq!(offer.adds[0].key, key(1, 3));
+        assert_eq!(offer.frontier, None);
+    }
+
+    #[test]
+    fn reset_makes_everything_unoffered_and_reoffers_on_the_next_session() {
+        let mut set = OfferSet::default();
+        set.insert(key(1, 1), 1);
+        set.rebalance(4);
+        set.poll("t", None);
+        set.reset();
+        assert_eq!(set.offered_len(), 0);
+        set.rebalance(4);
+        let offer = set.poll("t", None).unwrap();
+        assert_eq!(offer.adds.len(), 1);
+    }
+}

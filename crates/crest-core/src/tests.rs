@@ -1,0 +1,661 @@
+//! State-machine tests of the whole tree with no network: a harness connects machines by
+//! in-memory, ordered links, completes storage at once, and moves a virtual clock.
+
+use crate::aggregator::{Aggregator, AggregatorConfig};
+use crate::config::Settings;
+use crate::id::{LeafId, MessageId, Receipt};
+use crate::leaf::{Leaf, LeafConfig};
+use crate::machine::{ConnId, Link, Machine, StorageDone};
+use crate::root::{Root, RootConfig};
+use crate::time::Time;
+use crate::wire::*;
+use bytes::Bytes;
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Owner {
+    Node(usize),
+    Client,
+}
+
+/// Machines joined by ordered in-memory links, driven under virtual time.
+struct Harness {
+    now: Time,
+    nodes: Vec<Box<dyn Machine>>,
+    /// Each connection end: who owns it and the other end.
+    ends: HashMap<ConnId, (Owner, ConnId)>,
+    queue: VecDeque<(ConnId, Wire)>,
+    inbox: HashMap<ConnId, VecDeque<Wire>>,
+    next_conn: ConnId,
+    next_request: u64,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        Harness {
+            now: Time::from_millis(1_000_000),
+            nodes: Vec::new(),
+            ends: HashMap::new(),
+            queue: VecDeque::new(),
+            inbox: HashMap::new(),
+            next_conn: 1,
+            next_request: 1,
+        }
+    }
+
+    fn add(&mut self, machine: Box<dyn Machine>) -> usize {
+        self.nodes.push(machine);
+        self.nodes.len() - 1
+    }
+
+    fn pair(&mut self, a: Owner, b: Owner) -> (ConnId, ConnId) {
+        let (x, y) = (self.next_conn, self.next_conn + 1);
+        self.next_conn += 2;
+        self.ends.insert(x, (a, y));
+        self.ends.insert(y, (b, x));
+        (x, y)
+    }
+
+    /// Connects `child` to `parent` as a tree link; returns the child's end.
+    fn link(&mut self, child: usize, parent: usize) -> ConnId {
+        let (c, p) = self.pair(Owner::Node(child), Owner::Node(parent));
+        self.nodes[parent].handle_connected(self.now, p, Link::Incoming);
+        self.nodes[child].handle_connected(self.now, c, Link::Parent);
+        self.run();
+        c
+    }
+
+    /// Connects a client that says `peer` in its Hello; returns the client's end.
+    fn client(&mut self, node: usize, peer: PeerKind) -> ConnId {
+        let (c, n) = self.pair(Owner::Client, Owner::Node(node));
+        self.inbox.insert(c, VecDeque::new());
+        self.nodes[node].handle_connected(self.now, n, Link::Incoming);
+        self.send(
+            c,
+            Wire::Hello(Hello {
+                protocol: PROTOCOL_VERSION,
+                peer,
+            }),
+        );
+        let reply = self.recv(c);
+        assert!(matches!(reply, Wire::Welcome(_)), "{reply:?}");
+        c
+    }
+
+    fn send(&mut self, from: ConnId, msg: Wire) {
+        let (_, to) = self.ends[&from];
+        self.queue.push_back((to, msg));
+        self.run();
+    }
+
+    fn recv(&mut self, client: ConnId) -> Wire {
+        self.inbox
+            .get_mut(&client)
+            .unwrap()
+            .pop_front()
+            .expect("a message for the client")
+    }
+
+    fn try_recv(&mut self, client: ConnId) -> Option<Wire> {
+        self.inbox.get_mut(&client).unwrap().pop_front()
+    }
+
+    /// Tears down a connection: both ends see it go.
+    fn disconnect(&mut self, end: ConnId) {
+        let Some((owner, other)) = self.ends.remove(&end) else {
+            return;
+        };
+        let (other_owner, _) = self.ends.remove(&other).unwrap();
+        self.queue.retain(|(to, _)| *to != end && *to != other);
+        for (owner, conn) in [(owner, end), (other_owner, other)] {
+            if let Owner::Node(index) = owner {
+                self.nodes[index].handle_disconnected(self.now, conn);
+            }
+        }
+        self.run();
+    }
+
+    /// Delivers everything in flight, in order, until the tree is quiet (bounded).
+    fn run(&mut self) {
+        for _ in 0..1_000_000 {
+            for index in 0..self.nodes.len() {
+                self.drain(index);
+            }
+            let Some((to, msg)) = self.queue.pop_front() else {
+                return;
+            };
+            match self.ends.get(&to) {
+                Some((Owner::Node(index), _)) => {
+                    self.nodes[*index].handle_message(self.now, to, msg)
+                }
+                Some((Owner::Client, _)) => self.inbox.get_mut(&to).unwrap().push_back(msg),
+                None => {} // The connection is gone: in-flight data is lost.
+            }
+        }
+        panic!("tree did not go quiet");
+    }
+
+    fn drain(&mut self, index: usize) {
+        loop {
+            let mut progressed = false;
+            while let Some(op) = self.nodes[index].poll_storage() {
+                progressed = true;
+                if let Some(token) = op.token {
+                    self.nodes[index].handle_storage_done(self.now, StorageDone { token });
+                }
+            }
+            while let Some(transmit) = self.nodes[index].poll_transmit() {
+                progressed = true;
+                if let Some((_, to)) = self.ends.get(&transmit.conn) {
+                    self.queue.push_back((*to, transmit.msg));
+                }
+            }
+            while let Some((conn, _reason)) = self.nodes[index].poll_close() {
+                progressed = true;
+                self.disconnect(conn);
+            }
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    fn advance(&mut self, by: Duration) {
+        let target = self.now + by;
+        loop {
+            let next = self
+                .nodes
+                .iter()
+                .filter_map(|n| n.poll_timeout())
+                .filter(|t| *t <= target)
+                .min();
+            let Some(at) = next else { break };
+            self.now = self.now.max(at);
+            for index in 0..self.nodes.len() {
+                if self.nodes[index]
+                    .poll_timeout()
+                    .is_some_and(|t| t <= self.now)
+                {
+                    self.nodes[index].handle_timeout(self.now);
+                }
+            }
+            self.run();
+        }
+        self.now = target;
+        self.run();
+    }
+
+    fn request(&mut self) -> u64 {
+        self.next_request += 1;
+        self.next_request
+    }
+
+    fn push(&mut self, producer: ConnId, topic: &str, priorities: &[u32]) -> Vec<MessageId> {
+        let request = self.request();
+        let messages = priorities
+            .iter()
+            .map(|&priority| PushMessage {
+                topic: topic.into(),
+                priority,
+                metadata: vec![],
+                payload: Bytes::from(format!("p{priority}")),
+            })
+            .collect();
+        self.send(producer, Wire::Push(Push { request, messages }));
+        match self.recv(producer) {
+            Wire::PushAck(ack) => {
+                assert_eq!(ack.request, request);
+                ack.ids
+            }
+            other => panic!("push failed: {other:?}"),
+        }
+    }
+
+    fn pop(&mut self, consumer: ConnId, topic: &str, max: u32) -> Vec<Delivery> {
+        let request = self.request();
+        let pop = Pop {
+            request,
+            topic: topic.into(),
+            max,
+            wait_ms: 0,
+            lease_ms: None,
+        };
+        self.send(consumer, Wire::Pop(pop));
+        match self.recv(consumer) {
+            Wire::PopReply(reply) => reply.deliveries,
+            other => panic!("pop failed: {other:?}"),
+        }
+    }
+
+    fn ack(&mut self, consumer: ConnId, receipts: Vec<Receipt>) -> Vec<Result<(), ReceiptError>> {
+        let request = self.request();
+        self.send(consumer, Wire::Ack(Ack { request, receipts }));
+        match self.recv(consumer) {
+            Wire::AckReply(reply) => reply.results,
+            other => panic!("ack failed: {other:?}"),
+        }
+    }
+}
+
+fn settings(credits: u32) -> Settings {
+    Settings {
+        credits_per_topic: credits,
+        ..Settings::default()
+    }
+}
+
+fn leaf(id: u16, credits: u32) -> Box<dyn Machine> {
+    Box::new(Leaf::new(LeafConfig {
+        name: format!("leaf-{id}"),
+        id: LeafId(id),
+        settings: settings(credits),
+        seed: u64::from(id),
+        first_seq: 1,
+    }))
+}
+
+/// A root, two aggregators, four leaves (ids 1..=4): the shape of `topology/local.toml`.
+struct Tree {
+    h: Harness,
+    root: usize,
+    aggs: [usize; 2],
+    leaves: [usize; 4],
+    producers: [ConnId; 4],
+    consumer: ConnId,
+}
+
+fn tree(credits: u32) -> Tree {
+    let mut h = Harness::new();
+    let all: Vec<LeafId> = (1..=4).map(LeafId).collect();
+    let root = h.add(Box::new(Root::new(RootConfig {
+        name: "root".into(),
+        settings: settings(credits),
+        subtree: all.clone(),
+    })));
+    let aggs = [0, 1].map(|i| {
+        h.add(Box::new(Aggregator::new(AggregatorConfig {
+            name: format!("agg-{i}"),
+            settings: settings(credits),
+            subtree: all[i * 2..i * 2 + 2].to_vec(),
+        })))
+    });
+    let leaves = [1u16, 2, 3, 4].map(|id| h.add(leaf(id, credits)));
+    for agg in aggs {
+        h.link(agg, root);
+    }
+    for (i, leaf) in leaves.iter().enumerate() {
+        h.link(*leaf, aggs[i / 2]);
+    }
+    let producers = leaves.map(|leaf| h.client(leaf, PeerKind::Producer));
+    let consumer = h.client(root, PeerKind::Consumer);
+    Tree {
+        h,
+        root,
+        aggs,
+        leaves,
+        producers,
+        consumer,
+    }
+}
+
+/// A small deterministic generator for test data.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, bound: u32) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % u64::from(bound)) as u32
+    }
+}
+
+#[test]
+fn push_pop_ack_across_the_tree_in_key_order_with_zero_rank_error() {
+    // Goal: pushes spread over four leaves come out of the root in exact global key order.
+    // Method: random priorities, small credits so windows refill constantly, pops of one.
+    let mut t = tree(3);
+    let mut rng = Lcg(7);
+    let mut pushed = Vec::new();
+    for round in 0..20 {
+        let producer = t.producers[round % 4];
+        let priorities: Vec<u32> = (0..5).map(|_| rng.next(10)).collect();
+        let ids = t.h.push(producer, "jobs", &priorities);
+        pushed.extend(ids.into_iter().zip(priorities));
+    }
+    let mut popped = Vec::new();
+    loop {
+        let deliveries = t.h.pop(t.consumer, "jobs", 1);
+        let Some(delivery) = deliveries.into_iter().next() else {
+            break;
+        };
+        let results = t.h.ack(t.consumer, vec![delivery.receipt()]);
+        assert_eq!(results, vec![Ok(())]);
+        popped.push(delivery);
+    }
+    assert_eq!(popped.len(), pushed.len(), "every message delivered once");
+    // Expected order: priority, then arrival (ready_at is the same virtual instant, so id).
+    let mut expected = pushed.clone();
+    expected.sort_by_key(|(id, priority)| (*priority, *id));
+    let got: Vec<(MessageId, u32)> = popped.iter().map(|d| (d.id, d.priority)).collect();
+    assert_eq!(got, expected);
+    for leaf in t.leaves {
+        assert_eq!(
+            t.h.nodes[leaf].stats().messages,
+            0,
+            "acked messages are deleted"
+        );
+    }
+}
+
+#[test]
+fn batch_pops_are_sorted_and_never_exceed_max() {
+    let mut t = tree(4);
+    for (i, producer) in t.producers.into_iter().enumerate() {
+        t.h.push(producer, "jobs", &[9, 1 + i as u32, 5]);
+    }
+    let first = t.h.pop(t.consumer, "jobs", 5);
+    assert_eq!(first.len(), 5);
+    let priorities: Vec<u32> = first.iter().map(|d| d.priority).collect();
+    assert_eq!(priorities, vec![1, 2, 3, 4, 5]);
+    let rest = t.h.pop(t.consumer, "jobs", 100);
+    assert_eq!(rest.len(), 7);
+    assert!(rest.windows(2).all(|w| w[0].priority <= w[1].priority));
+}
+
+#[test]
+fn an_urgent_message_pushed_later_to_another_leaf_overtakes_full_windows() {
+    // Goal: credits never block a more urgent entry (swap). Method: fill every window with
+    // priority-5 entries, push one priority-0 entry to another leaf, pop once.
+    let mut t = tree(2);
+    for producer in &t.producers[..3] {
+        t.h.push(*producer, "jobs", &[5; 10]);
+    }
+    let urgent = t.h.push(t.producers[3], "jobs", &[9, 9, 9, 0]);
+    let popped = t.h.pop(t.consumer, "jobs", 1);
+    assert_eq!(popped[0].id, urgent[3]);
+    for agg in t.aggs {
+        assert!(
+            t.h.nodes[agg].stats().window_entries <= 2 * 2,
+            "credits bound the window"
+        );
+    }
+    assert!(t.h.nodes[t.root].stats().window_entries <= 2 * 2);
+}
+
+#[test]
+fn windows_above_the_leaves_stay_within_credits_whatever_the_depth() {
+    let mut t = tree(5);
+    for producer in t.producers {
+        for _ in 0..10 {
+            t.h.push(producer, "deep", &[3; 100]);
+        }
+    }
+    assert_eq!(t.h.nodes[t.leaves[0]].stats().messages, 1000);
+    for agg in t.aggs {
+        assert!(t.h.nodes[agg].stats().window_entries <= 2 * 5);
+    }
+    assert!(t.h.nodes[t.root].stats().window_entries <= 2 * 5);
+}
+
+#[test]
+fn an_expired_lease_redelivers_and_the_late_ack_is_stale() {
+    let mut t = tree(4);
+    t.h.push(t.producers[0], "jobs", &[1]);
+    let request = t.h.request();
+    let pop = Pop {
+        request,
+        topic: "jobs".into(),
+        max: 1,
+        wait_ms: 0,
+        lease_ms: Some(100),
+    };
+    t.h.send(t.consumer, Wire::Pop(pop));
+    let Wire::PopReply(first) = t.h.recv(t.consumer) else {
+        panic!()
+    };
+    let first = first.deliveries[0].clone();
+    assert_eq!(first.attempt, 1);
+    assert!(
+        t.h.pop(t.consumer, "jobs", 1).is_empty(),
+        "leased: not delivered twice"
+    );
+    t.h.advance(Duration::from_millis(150));
+    let second = t.h.pop(t.consumer, "jobs", 1);
+    assert_eq!(second[0].id, first.id);
+    assert_eq!(second[0].attempt, 2);
+    assert_eq!(
+        t.h.ack(t.consumer, vec![first.receipt()]),
+        vec![Err(ReceiptError::Stale)]
+    );
+    assert_eq!(t.h.ack(t.consumer, vec![second[0].receipt()]), vec![Ok(())]);
+    assert_eq!(
+        t.h.ack(t.consumer, vec![second[0].receipt()]),
+        vec![Err(ReceiptError::UnknownMessage)]
+    );
+}
+
+#[test]
+fn bad_receipts_get_typed_errors_and_good_ones_in_the_same_ack_succeed() {
+    let mut t = tree(4);
+    t.h.push(t.producers[2], "jobs", &[1]);
+    let delivery = t.h.pop(t.consumer, "jobs", 1).remove(0);
+    let forged = Receipt {
+        id: delivery.id,
+        token: delivery.token ^ 1,
+    };
+    let unknown_leaf = Receipt {
+        id: MessageId::new(LeafId(77), 1),
+        token: 1,
+    };
+    let results =
+        t.h.ack(t.consumer, vec![forged, unknown_leaf, delivery.receipt()]);
+    assert_eq!(
+        results,
+        vec![
+            Err(ReceiptError::Stale),
+            Err(ReceiptError::UnknownLeaf),
+            Ok(())
+        ]
+    );
+}
+
+#[test]
+fn invalid_requests_are_refused_with_a_named_problem() {
+    let mut t = tree(4);
+    let request = t.h.request();
+    let too_big = PushMessage {
+        topic: "jobs".into(),
+        priority: 1,
+        metadata: vec![],
+        payload: Bytes::from(vec![
+            0u8;
+            Settings::default().payload_bytes_max as usize + 1
+        ]),
+    };
+    t.h.send(
+        t.producers[0],
+        Wire::Push(Push {
+            request,
+            messages: vec![too_big],
+        }),
+    );
+    let Wire::Error(error) = t.h.recv(t.producers[0]) else {
+        panic!()
+    };
+    assert_eq!(
+        (error.request, error.code),
+        (Some(request), ErrorCode::PayloadTooLarge)
+    );
+    assert!(error.message.contains("message 0"), "{}", error.message);
+
+    let pop = Pop {
+        request: 5,
+        topic: "jobs".into(),
+        max: 0,
+        wait_ms: 0,
+        lease_ms: None,
+    };
+    t.h.send(t.consumer, Wire::Pop(pop));
+    let Wire::Error(error) = t.h.recv(t.consumer) else {
+        panic!()
+    };
+    assert_eq!(error.code, ErrorCode::InvalidArgument);
+    assert!(error.message.contains("max 0"), "{}", error.message);
+
+    let pop = Pop {
+        request: 6,
+        topic: "bad topic".into(),
+        max: 1,
+        wait_ms: 0,
+        lease_ms: None,
+    };
+    t.h.send(t.consumer, Wire::Pop(pop));
+    let Wire::Error(error) = t.h.recv(t.consumer) else {
+        panic!()
+    };
+    assert!(error.message.contains("whitespace"), "{}", error.message);
+
+    // A producer may not pop, and the connection keeps working afterwards.
+    let pop = Pop {
+        request: 7,
+        topic: "jobs".into(),
+        max: 1,
+        wait_ms: 0,
+        lease_ms: None,
+    };
+    t.h.send(t.producers[0], Wire::Pop(pop));
+    let Wire::Error(error) = t.h.recv(t.producers[0]) else {
+        panic!()
+    };
+    assert_eq!(
+        (error.request, error.code),
+        (Some(7), ErrorCode::UnexpectedMessage)
+    );
+    assert_eq!(t.h.push(t.producers[0], "jobs", &[1]).len(), 1);
+}
+
+#[test]
+fn a_restarted_root_gets_everything_offered_again() {
+    // Goal: the root's window is soft state. Method: pop some, replace the root with a fresh
+    // one (both aggregators reconnect), then pop the rest: nothing is lost, order holds.
+    let mut t = tree(3);
+    for producer in t.producers {
+        t.h.push(producer, "jobs", &[4, 2, 8, 6]);
+    }
+    let first = t.h.pop(t.consumer, "jobs", 2);
+    t.h.ack(t.consumer, first.iter().map(Delivery::receipt).collect());
+
+    let agg_ends: Vec<ConnId> =
+        t.h.ends
+            .iter()
+            .filter(|(_, (owner, _))| t.aggs.iter().any(|a| *owner == Owner::Node(*a)))
+            .filter(|(_, (_, other))| t.h.ends[other].0 == Owner::Node(t.root))
+            .map(|(end, _)| *end)
+            .collect();
+    for end in agg_ends {
+        t.h.disconnect(end);
+    }
+    t.h.disconnect(t.consumer);
+    let all: Vec<LeafId> = (1..=4).map(LeafId).collect();
+    let root = t.h.add(Box::new(Root::new(RootConfig {
+        name: "root".into(),
+        settings: settings(3),
+        subtree: all,
+    })));
+    for agg in t.aggs {
+        t.h.link(agg, root);
+    }
+    let consumer = t.h.client(root, PeerKind::Consumer);
+    let mut rest = Vec::new();
+    loop {
+        let batch = t.h.pop(consumer, "jobs", 1);
+        if batch.is_empty() {
+            break;
+        }
+        t.h.ack(consumer, batch.iter().map(Delivery::receipt).collect());
+        rest.extend(batch);
+    }
+    assert_eq!(first.len() + rest.len(), 16);
+    assert!(rest.windows(2).all(|w| w[0].priority <= w[1].priority));
+}
+
+#[test]
+fn a_long_poll_is_answered_when_a_message_arrives_and_times_out_empty_otherwise() {
+    let mut t = tree(4);
+    let pop = Pop {
+        request: 1,
+        topic: "jobs".into(),
+        max: 1,
+        wait_ms: 5_000,
+        lease_ms: None,
+    };
+    t.h.send(t.consumer, Wire::Pop(pop));
+    assert!(t.h.try_recv(t.consumer).is_none(), "waits");
+    t.h.advance(Duration::from_millis(10));
+    let ids = t.h.push(t.producers[1], "jobs", &[3]);
+    let Wire::PopReply(reply) = t.h.recv(t.consumer) else {
+        panic!()
+    };
+    assert_eq!(reply.deliveries[0].id, ids[0]);
+
+    let pop = Pop {
+        request: 2,
+        topic: "jobs".into(),
+        max: 1,
+        wait_ms: 200,
+        lease_ms: None,
+    };
+    t.h.send(t.consumer, Wire::Pop(pop));
+    t.h.advance(Duration::from_millis(199));
+    assert!(t.h.try_recv(t.consumer).is_none());
+    t.h.advance(Duration::from_millis(2));
+    let Wire::PopReply(reply) = t.h.recv(t.consumer) else {
+        panic!()
+    };
+    assert!(reply.deliveries.is_empty());
+}
+
+#[test]
+fn a_consumer_that_vanishes_with_a_pending_reserve_loses_nothing() {
+    // The root releases grants nobody waits for, so the message is available at once.
+    let mut t = tree(4);
+    let ids = t.h.push(t.producers[0], "jobs", &[1]);
+    let consumer = t.consumer;
+    // Pop but cut the consumer before the tree is quiet: queue the pop, disconnect at once.
+    let (_, to) = t.h.ends[&consumer];
+    t.h.queue.push_back((
+        to,
+        Wire::Pop(Pop {
+            request: 1,
+            topic: "jobs".into(),
+            max: 1,
+            wait_ms: 0,
+            lease_ms: None,
+        }),
+    ));
+    // Deliver only the pop (the root sends Reserve), then drop the consumer.
+    let (to, msg) = t.h.queue.pop_front().unwrap();
+    t.h.nodes[t.root].handle_message(t.h.now, to, msg);
+    t.h.disconnect(consumer);
+    let other = t.h.client(t.root, PeerKind::Consumer);
+    let popped = t.h.pop(other, "jobs", 1);
+    assert_eq!(popped[0].id, ids[0]);
+    assert_eq!(
+        popped[0].attempt, 2,
+        "the abandoned lease was released, not waited out"
+    );
+}
+
+#[test]
+fn topics_are_ordered_independently() {
+    let mut t = tree(2);
+    t.h.push(t.producers[0], "a", &[5, 1]);
+    t.h.push(t.producers[1], "b", &[0]);
+    let a = t.h.pop(t.consumer, "a", 10);
+    assert_eq!(a.iter().map(|d| d.priority).collect::<Vec<_>>(), vec![1, 5]);
+    assert!(a.iter().all(|d| d.topic == "a"));
+    assert_eq!(t.h.pop(t.consumer, "b", 10).len(), 1);
+    assert!(t.h.pop(t.consumer, "c", 10).is_empty());
+}

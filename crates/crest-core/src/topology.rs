@@ -1,0 +1,359 @@
+//! The topology file: every node of a tree, its role, addresses, parent and settings.
+//!
+//! ```toml
+//! [settings]                 # cluster-wide settings (see `config::Settings`); optional
+//! credits_per_topic = 64
+//!
+//! [tls]                      # optional: certificate files made by `crest certs`
+//! ca = "certs/ca.pem"        # paths relative to the topology file
+//! cert_dir = "certs"         # node NAME uses cert_dir/NAME.pem and cert_dir/NAME.key
+//!
+//! [[node]]
+//! name = "root"
+//! role = "root"              # root | aggregator | leaf
+//! listen = "127.0.0.1:7400"  # where the node binds (UDP)
+//! address = "10.0.0.1:7400"  # where others reach it; defaults to `listen`
+//!
+//! [[node]]
+//! name = "leaf-1"
+//! role = "leaf"
+//! id = 1                     # leaf id, 1..=65535, unique; defaults to its rank among leaves
+//! listen = "127.0.0.1:7411"
+//! parent = "root"
+//! settings = { lease_timeout_ms = 60000 }   # per-node overrides
+//! ```
+//!
+//! Parsing checks the shape of the tree: one root without a parent, every other node's parent
+//! exists and is not a leaf, no cycles, unique names, addresses and leaf ids, and valid
+//! settings for every node. Errors name the node and the field.
+
+use crate::config::Settings;
+use crate::id::LeafId;
+use crate::wire::Role;
+use serde::Deserialize;
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// A topology that could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyError {
+    /// The file is not valid TOML of the expected shape.
+    #[error("topology is not valid: {0}")]
+    Syntax(String),
+    /// The tree described is not valid; the message names the node and the problem.
+    #[error("topology node {node:?}: {problem}")]
+    Node {
+        /// The node concerned.
+        node: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The tree as a whole is not valid.
+    #[error("topology: {0}")]
+    Tree(String),
+}
+
+/// Certificate files of a cluster (made by `crest certs`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    /// The cluster CA certificate (PEM), relative to the topology file.
+    pub ca: PathBuf,
+    /// Directory of node certificates `NAME.pem` and keys `NAME.key`.
+    pub cert_dir: PathBuf,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTopology {
+    #[serde(default)]
+    settings: toml::Table,
+    tls: Option<TlsFiles>,
+    #[serde(default)]
+    node: Vec<RawNode>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNode {
+    name: String,
+    role: String,
+    listen: String,
+    address: Option<String>,
+    parent: Option<String>,
+    id: Option<u16>,
+    #[serde(default)]
+    settings: toml::Table,
+}
+
+/// One node of the topology.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeSpec {
+    /// Unique name.
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+    /// Where it binds.
+    pub listen: SocketAddr,
+    /// Where others reach it (`host:port`).
+    pub address: String,
+    /// Its parent's name (`None` for the root).
+    pub parent: Option<String>,
+    /// Its leaf id (leaves only).
+    pub leaf_id: Option<LeafId>,
+    /// Its settings: defaults, then `[settings]`, then its own overrides.
+    pub settings: Settings,
+}
+
+/// A parsed, validated topology.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Topology {
+    /// All nodes, in file order.
+    pub nodes: Vec<NodeSpec>,
+    /// Certificate files, if the cluster uses its own CA.
+    pub tls: Option<TlsFiles>,
+}
+
+impl Topology {
+    /// Parses and validates a topology.
+    ///
+    /// # Errors
+    /// A [`TopologyError`] naming the node and the problem.
+    pub fn parse(text: &str) -> Result<Topology, TopologyError> {
+        let raw: RawTopology =
+            toml::from_str(text).map_err(|e| TopologyError::Syntax(e.to_string()))?;
+        let mut nodes = Vec::with_capacity(raw.node.len());
+        let mut next_leaf = 1u16;
+        for node in raw.node {
+            let fail = |problem: String| TopologyError::Node {
+                node: node.name.clone(),
+                problem,
+            };
+            let role = match node.role.as_str() {
+                "root" => Role::Root,
+                "aggregator" => Role::Aggregator,
+                "leaf" => Role::Leaf,
+                other => {
+                    return Err(fail(format!(
+                        "role {other:?} is not root, aggregator or leaf"
+                    )));
+                }
+            };
+            let listen: SocketAddr = node
+                .listen
+                .parse()
+                .map_err(|e| fail(format!("listen {:?}: {e}", node.listen)))?;
+            let mut table = raw.settings.clone();
+            table.extend(node.settings.clone());
+            let settings: Settings = table
+                .try_into()
+                .map_err(|e: toml::de::Error| fail(format!("settings: {}", e.message())))?;
+            settings.validate().map_err(|e| fail(e.to_string()))?;
+            let leaf_id = match (role, node.id) {
+                (Role::Leaf, Some(0)) => {
+                    return Err(fail("leaf id 0 is reserved; use 1..=65535".into()));
+                }
+                (Role::Leaf, Some(id)) => Some(LeafId(id)),
+                (Role::Leaf, None) => Some(LeafId(next_leaf)),
+                (_, Some(_)) => return Err(fail("only leaves have an id".into())),
+                (_, None) => None,
+            };
+            if role == Role::Leaf {
+                next_leaf = next_leaf.saturating_add(1);
+            }
+            nodes.push(NodeSpec {
+                address: node.address.clone().unwrap_or_else(|| node.listen.clone()),
+                name: node.name,
+                role,
+                listen,
+                parent: node.parent,
+                leaf_id,
+                settings,
+            });
+        }
+        let topology = Topology {
+            nodes,
+            tls: raw.tls,
+        };
+        topology.check_tree()?;
+        Ok(topology)
+    }
+
+    fn check_tree(&self) -> Result<(), TopologyError> {
+        let roots: Vec<&NodeSpec> = self.nodes.iter().filter(|n| n.role == Role::Root).collect();
+        if roots.len() != 1 {
+            return Err(TopologyError::Tree(format!(
+                "needs exactly one root, found {}",
+                roots.len()
+            )));
+        }
+        if !self.nodes.iter().any(|n| n.role == Role::Leaf) {
+            return Err(TopologyError::Tree("needs at least one leaf".into()));
+        }
+        let mut names = HashSet::new();
+        let mut listens = HashSet::new();
+        let mut leaf_ids = HashSet::new();
+        for node in &self.nodes {
+            let fail = |problem: String| TopologyError::Node {
+                node: node.name.clone(),
+                problem,
+            };
+            if node.name.is_empty()
+                || node
+                    .name
+                    .chars()
+                    .any(|c| c.is_whitespace() || c.is_control())
+            {
+                return Err(fail("name must be non-empty, without whitespace".into()));
+            }
+            if !names.insert(node.name.as_str()) {
+                return Err(fail("name used twice".into()));
+            }
+            if !listens.insert((node.address.as_str(), node.listen)) {
+                return Err(fail(format!("address {} used twice", node.address)));
+            }
+            if let Some(id) = node.leaf_id
+                && !leaf_ids.insert(id)
+            {
+                return Err(fail(format!("leaf id {id} used twice")));
+            }
+            match (&node.parent, node.role) {
+                (Some(_), Role::Root) => return Err(fail("the root has no parent".into())),
+                (None, Role::Root) => {}
+                (None, _) => return Err(fail("needs a parent".into())),
+                (Some(parent), _) => match self.node(parent) {
+                    None => return Err(fail(format!("parent {parent:?} is not in the topology"))),
+                    Some(p) if p.role == Role::Leaf => {
+                        return Err(fail(format!("parent {parent:?} is a leaf")));
+                    }
+                    Some(_) => {}
+                },
+            }
+        }
+        for node in &self.nodes {
+            // Every chain of parents must reach the root within as many steps as there are nodes.
+            let mut current = node;
+            for _ in 0..=self.nodes.len() {
+                match &current.parent {
+                    None => break,
+                    Some(parent) => current = self.node(parent).expect("checked above"),
+                }
+            }
+            if current.role != Role::Root {
+                return Err(TopologyError::Node {
+                    node: node.name.clone(),
+                    problem: "its chain of parents forms a cycle".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The node named `name`.
+    pub fn node(&self, name: &str) -> Option<&NodeSpec> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// The root.
+    pub fn root(&self) -> &NodeSpec {
+        self.nodes
+            .iter()
+            .find(|n| n.role == Role::Root)
+            .expect("validated: one root")
+    }
+
+    /// All leaves, in file order.
+    pub fn leaves(&self) -> impl Iterator<Item = &NodeSpec> {
+        self.nodes.iter().filter(|n| n.role == Role::Leaf)
+    }
+
+    /// Ids of every leaf at or below `name`.
+    pub fn subtree_leaves(&self, name: &str) -> Vec<LeafId> {
+        let mut children: HashMap<&str, Vec<&NodeSpec>> = HashMap::new();
+        for node in &self.nodes {
+            if let Some(parent) = &node.parent {
+                children.entry(parent.as_str()).or_default().push(node);
+            }
+        }
+        let mut leaves = Vec::new();
+        let mut stack: Vec<&NodeSpec> = self.node(name).into_iter().collect();
+        while let Some(node) = stack.pop() {
+            leaves.extend(node.leaf_id);
+            stack.extend(children.get(node.name.as_str()).into_iter().flatten());
+        }
+        leaves.sort();
+        leaves
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMALL: &str = r#"
+        [settings]
+        credits_per_topic = 8
+        [[node]]
+        name = "root"
+        role = "root"
+        listen = "127.0.0.1:7400"
+        [[node]]
+        name = "agg"
+        role = "aggregator"
+        listen = "127.0.0.1:7401"
+        parent = "root"
+        [[node]]
+        name = "a"
+        role = "leaf"
+        listen = "127.0.0.1:7411"
+        parent = "agg"
+        settings = { credits_per_topic = 4 }
+        [[node]]
+        name = "b"
+        role = "leaf"
+        id = 9
+        listen = "127.0.0.1:7412"
+        parent = "root"
+    "#;
+
+    #[test]
+    fn parses_roles_ids_settings_and_subtrees() {
+        let topology = Topology::parse(SMALL).unwrap();
+        assert_eq!(topology.root().name, "root");
+        let a = topology.node("a").unwrap();
+        assert_eq!(a.leaf_id, Some(LeafId(1)));
+        assert_eq!(a.settings.credits_per_topic, 4, "node override wins");
+        assert_eq!(topology.node("agg").unwrap().settings.credits_per_topic, 8);
+        assert_eq!(topology.subtree_leaves("root"), vec![LeafId(1), LeafId(9)]);
+        assert_eq!(topology.subtree_leaves("agg"), vec![LeafId(1)]);
+    }
+
+    #[test]
+    fn errors_name_the_node_and_the_problem() {
+        let bad_parent = SMALL.replace("parent = \"agg\"", "parent = \"b\"");
+        let error = Topology::parse(&bad_parent).unwrap_err().to_string();
+        assert!(
+            error.contains("\"a\"") && error.contains("is a leaf"),
+            "{error}"
+        );
+
+        let bad_setting = SMALL.replace("credits_per_topic = 8", "credits_per_topic = 0");
+        let error = Topology::parse(&bad_setting).unwrap_err().to_string();
+        assert!(error.contains("credits_per_topic"), "{error}");
+
+        let unknown = SMALL.replace("credits_per_topic = 8", "no_such_setting = 1");
+        assert!(
+            Topology::parse(&unknown)
+                .unwrap_err()
+                .to_string()
+                .contains("no_such_setting")
+        );
+
+        let cycle = SMALL.replace(
+            "parent = \"root\"\n        [[node]]\n        name = \"a\"",
+            "parent = \"a\"\n        [[node]]\n        name = \"a\"",
+        );
+        assert!(Topology::parse(&cycle).is_err());
+    }
+}

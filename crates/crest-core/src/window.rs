@@ -1,0 +1,140 @@
+//! The window of one topic at a parent (aggregator or root): the entries its children offered.
+//!
+//! Each entry remembers the child it came from. Each child's latest frontier is kept too: a
+//! lower bound on every entry of the topic in that child's subtree that the parent does not
+//! hold. An entry more urgent than every child's frontier is *certain*: no entry anywhere below
+//! can beat it. The root serves certain entries at once and gives a child whose window is
+//! being refilled a short, bounded time before it serves an uncertain one.
+
+use crate::key::Key;
+use crate::machine::ConnId;
+use crate::wire::Offer;
+use std::collections::{BTreeMap, HashMap};
+
+/// Where an entry came from and how big its payload is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slot {
+    /// The child connection that offered it.
+    pub(crate) child: ConnId,
+    /// Payload size in bytes.
+    pub(crate) size: u32,
+}
+
+#[derive(Debug, Default)]
+struct ChildView {
+    /// Entries of this child in the window.
+    held: u32,
+    /// The child's latest frontier.
+    frontier: Option<Key>,
+}
+
+/// What applying an offer changed.
+#[derive(Debug, Default)]
+pub(crate) struct WindowDelta {
+    /// Entries removed by retracts.
+    pub(crate) removed: Vec<Key>,
+    /// Entries added, with sizes.
+    pub(crate) added: Vec<(Key, u32)>,
+    /// Adds refused because the child was over its credit (a protocol violation).
+    pub(crate) refused: usize,
+}
+
+/// See the module doc.
+#[derive(Debug, Default)]
+pub(crate) struct Window {
+    entries: BTreeMap<Key, Slot>,
+    children: HashMap<ConnId, ChildView>,
+}
+
+impl Window {
+    /// Applies a child's offer: retracts first, then adds within `credits`, then the frontier.
+    pub(crate) fn apply(&mut self, child: ConnId, offer: &Offer, credits: u32) -> WindowDelta {
+        let mut delta = WindowDelta::default();
+        let view = self.children.entry(child).or_default();
+        for key in &offer.retracts {
+            // A retract of an entry the parent already took (reserved) finds nothing: fine.
+            if self
+                .entries
+                .get(key)
+                .is_some_and(|slot| slot.child == child)
+            {
+                self.entries.remove(key);
+                view.held -= 1;
+                delta.removed.push(*key);
+            }
+        }
+        for entry in &offer.adds {
+            if view.held >= credits || self.entries.contains_key(&entry.key) {
+                delta.refused += 1;
+                continue;
+            }
+            self.entries.insert(
+                entry.key,
+                Slot {
+                    child,
+                    size: entry.size,
+                },
+            );
+            view.held += 1;
+            delta.added.push((entry.key, entry.size));
+        }
+        view.frontier = offer.frontier;
+        delta
+    }
+
+    /// Removes an entry (the parent reserved it); returns where it came from.
+    pub(crate) fn take(&mut self, key: &Key) -> Option<Slot> {
+        let slot = self.entries.remove(key)?;
+        if let Some(view) = self.children.get_mut(&slot.child) {
+            view.held -= 1;
+        }
+        Some(slot)
+    }
+
+    /// Drops everything a child offered (its session ended); returns the removed keys.
+    pub(crate) fn remove_child(&mut self, child: ConnId) -> Vec<Key> {
+        if self.children.remove(&child).is_none() {
+            return Vec::new();
+        }
+        let removed: Vec<Key> = self
+            .entries
+            .iter()
+            .filter(|(_, slot)| slot.child == child)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in &removed {
+            self.entries.remove(key);
+        }
+        removed
+    }
+
+    /// The lowest frontier of all children (`None`: no child has anything unoffered).
+    pub(crate) fn min_frontier(&self) -> Option<Key> {
+        self.children
+            .values()
+            .filter_map(|view| view.frontier)
+            .min()
+    }
+
+    /// Whether `key` is more urgent than everything not in the window.
+    pub(crate) fn is_certain(&self, key: &Key) -> bool {
+        self.min_frontier().is_none_or(|frontier| *key < frontier)
+    }
+
+    /// The most urgent entry.
+    pub(crate) fn first(&self) -> Option<(Key, Slot)> {
+        self.entries
+            .first_key_value()
+            .map(|(key, slot)| (*key, *slot))
+    }
+
+    /// Number of entries held.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the window holds nothing and knows of nothing below.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.entries.is_empty() && self.min_frontier().is_none()
+    }
+}

@@ -1,0 +1,671 @@
+//! The wire protocol: every message exchanged between nodes and clients, and its framing.
+//!
+//! # Framing
+//! Every message travels in one frame:
+//!
+//! ```text
+//! +----------------+----------------+--------------------------------+
+//! | length: u32 BE | crc32: u32 BE  | body: `length` bytes           |
+//! +----------------+----------------+--------------------------------+
+//! ```
+//!
+//! `length` counts the body only; `crc32` (crc32fast, IEEE) covers the body only. The body is
+//! one [`Wire`] value encoded with rmp-serde (MessagePack, structs as arrays). A frame whose
+//! length exceeds the receiver's `frame_bytes_max` is skipped and answered with
+//! [`ErrorCode::FrameTooLarge`]; a body that fails its checksum or does not decode is answered
+//! with [`ErrorCode::ChecksumMismatch`] or [`ErrorCode::MalformedFrame`]. The stream and the
+//! connection stay open in every case, because the length prefix still delimits the frame.
+//!
+//! # Streams
+//! Every connection carries two long-lived bidirectional streams opened by the connecting side:
+//! the control stream (first byte [`STREAM_CONTROL`]) for the handshake and errors without a
+//! request, and the data stream (first byte [`STREAM_DATA`]) for everything else, so that bulk
+//! traffic never delays the handshake. [`Wire::is_control`] says which stream a message takes.
+//!
+//! # Conversations
+//! - Handshake: the connecting side sends [`Hello`]; a node answers [`Welcome`] (a child then
+//!   starts offering) or an [`ErrorReply`].
+//! - Push: producer [`Push`] → leaf, answered by [`PushAck`] once the batch is durable.
+//! - Bubble-up: child [`Offer`] → parent, each a diff (adds, retracts) of the child's offered
+//!   set of one topic plus its frontier.
+//! - Pop: consumer [`Pop`] → root; root [`Reserve`] → … → leaf; leaf [`Reserved`] → … → root;
+//!   root [`PopReply`] → consumer.
+//! - Ack: consumer [`Ack`] → root; root [`Confirm`] → … → leaf; leaf [`Confirmed`] → … → root;
+//!   root [`AckReply`] → consumer. A root that cannot use a lease it was granted sends
+//!   [`Release`] down so the message becomes available at once.
+
+use crate::id::{LeafId, MessageId, Receipt};
+use crate::key::Key;
+use crate::time::Time;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Version of this protocol; a `Hello` with another version is refused.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Bytes of a frame header (length and checksum).
+pub const FRAME_HEADER_BYTES: usize = 8;
+/// First byte written on a control stream.
+pub const STREAM_CONTROL: u8 = 0xC0;
+/// First byte written on a data stream.
+pub const STREAM_DATA: u8 = 0xD0;
+
+/// The role of a node in the tree.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum Role {
+    /// Serves consumers; holds the global candidate window.
+    Root,
+    /// Merges its children's offers and offers upward.
+    Aggregator,
+    /// Accepts pushes and owns messages.
+    Leaf,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Root => "root",
+            Role::Aggregator => "aggregator",
+            Role::Leaf => "leaf",
+        })
+    }
+}
+
+/// Who is on the connecting side of a connection.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum PeerKind {
+    /// A child node of the tree.
+    Node {
+        /// The child's name in the topology.
+        name: String,
+        /// The child's role.
+        role: Role,
+        /// Every leaf in the child's subtree: the parent routes by these.
+        leaves: Vec<LeafId>,
+    },
+    /// A producer (pushes to a leaf).
+    Producer,
+    /// A consumer (pops from the root).
+    Consumer,
+}
+
+/// First message on a connection's control stream.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Hello {
+    /// Must equal [`PROTOCOL_VERSION`].
+    pub protocol: u16,
+    /// Who is connecting.
+    pub peer: PeerKind,
+}
+
+/// A node's answer to an accepted [`Hello`].
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Welcome {
+    /// The accepting node's name.
+    pub node: String,
+    /// The accepting node's role.
+    pub role: Role,
+    /// Entries per topic the child may hold in this parent's window (0 for clients).
+    pub credits_per_topic: u32,
+    /// Largest payload the node accepts, in bytes.
+    pub payload_bytes_max: u32,
+    /// Largest frame the node accepts, in bytes.
+    pub frame_bytes_max: u32,
+}
+
+/// What went wrong, as a stable code (the message gives details).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// A frame body did not decode as a message.
+    MalformedFrame,
+    /// A frame was longer than `frame_bytes_max`; it was skipped.
+    FrameTooLarge,
+    /// A frame body did not match its checksum.
+    ChecksumMismatch,
+    /// The `Hello` named another protocol version.
+    UnsupportedProtocol,
+    /// A message that this node does not accept here (wrong role, or before `Hello`).
+    UnexpectedMessage,
+    /// A request argument is out of range; the message names it.
+    InvalidArgument,
+    /// A payload exceeds `payload_bytes_max`.
+    PayloadTooLarge,
+    /// A batch exceeds `push_batch_messages_max` or `push_batch_bytes_max`.
+    BatchTooLarge,
+    /// The leaf already holds `topics_max` topics.
+    TopicLimit,
+    /// The leaf already holds `leaf_messages_max` messages.
+    QueueFull,
+    /// Too many requests are waiting at this node; retry later.
+    Overloaded,
+    /// A node needed for the request is not connected.
+    Unavailable,
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// An error answer. `request` names the request it answers, if any.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// The request this answers, when the error belongs to one.
+    pub request: Option<u64>,
+    /// Stable error code.
+    pub code: ErrorCode,
+    /// Human-readable details naming the problem.
+    pub message: String,
+}
+
+/// One entry of an offer: metadata only, the payload stays at the leaf.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct OfferEntry {
+    /// The entry's key (its id names the owning leaf).
+    pub key: Key,
+    /// Payload size in bytes, so the root can bound reply sizes.
+    pub size: u32,
+}
+
+/// A change to the set of entries a child offers its parent for one topic.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Offer {
+    /// The topic all entries belong to.
+    pub topic: String,
+    /// Entries the parent may now hold, sorted by key.
+    pub adds: Vec<OfferEntry>,
+    /// Entries the parent must drop (the child took them back).
+    pub retracts: Vec<Key>,
+    /// A lower bound on every entry of this topic in the child's subtree that the child has not
+    /// offered (`None`: there is none). Entries the parent holds that are more urgent than every
+    /// child's frontier are certainly the most urgent of the whole subtree.
+    pub frontier: Option<Key>,
+}
+
+/// One message the root wants leased.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ReserveItem {
+    /// The root's reservation number, echoed in the answer.
+    pub reservation: u64,
+    /// The entry to reserve.
+    pub key: Key,
+}
+
+/// Root → leaf (through aggregators): lease these messages of one leaf.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Reserve {
+    /// The leaf that owns every item.
+    pub leaf: LeafId,
+    /// The topic of every item.
+    pub topic: String,
+    /// Visibility timeout of the leases, in milliseconds.
+    pub lease_ms: u64,
+    /// What to reserve.
+    pub items: Vec<ReserveItem>,
+}
+
+/// Why a leaf refused to lease a message.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum ReserveDenied {
+    /// The message is already leased.
+    Leased,
+    /// The message no longer exists (acknowledged, expired or never existed).
+    Gone,
+    /// The leaf could not be reached.
+    Unavailable,
+}
+
+/// One delivered message, with everything the consumer needs.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Delivery {
+    /// The message id.
+    pub id: MessageId,
+    /// The lease token: `(id, token)` is the receipt handle.
+    pub token: u64,
+    /// The message's topic.
+    pub topic: String,
+    /// The message's priority.
+    pub priority: u32,
+    /// How many times the message has been leased, this delivery included.
+    pub attempt: u32,
+    /// When the leaf accepted the message.
+    pub enqueued_at: Time,
+    /// When this lease expires unless acknowledged or extended.
+    pub lease_deadline: Time,
+    /// The producer's metadata.
+    pub metadata: Vec<(String, String)>,
+    /// The payload.
+    pub payload: Bytes,
+}
+
+impl Delivery {
+    /// The receipt handle of this delivery.
+    pub fn receipt(&self) -> Receipt {
+        Receipt {
+            id: self.id,
+            token: self.token,
+        }
+    }
+}
+
+/// The outcome of one [`ReserveItem`].
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ReserveOutcome {
+    /// The reservation number from the request.
+    pub reservation: u64,
+    /// The entry that was asked for.
+    pub key: Key,
+    /// The delivery, or why not.
+    pub result: Result<Delivery, ReserveDenied>,
+}
+
+/// Leaf → root (through aggregators): outcomes of a [`Reserve`].
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Reserved {
+    /// One outcome per reserve item.
+    pub items: Vec<ReserveOutcome>,
+}
+
+/// Why an ack (or other receipt operation) was refused.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, thiserror::Error)]
+pub enum ReceiptError {
+    /// The receipt's lease is no longer live: it expired or the message was re-delivered.
+    #[error("stale receipt: the lease expired or the message was delivered again")]
+    Stale,
+    /// The message does not exist at its leaf (already acknowledged, or never existed).
+    #[error("unknown message: already acknowledged or never existed")]
+    UnknownMessage,
+    /// The receipt names a leaf that is not in this tree.
+    #[error("unknown leaf: the receipt names a leaf that is not in this tree")]
+    UnknownLeaf,
+    /// The owning leaf is not reachable now; retry.
+    #[error("owning leaf unavailable; retry")]
+    Unavailable,
+}
+
+/// Root → leaf (through aggregators): delete these leased messages of one leaf.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Confirm {
+    /// The root's tag, echoed in the answer.
+    pub tag: u64,
+    /// The leaf that owns every receipt.
+    pub leaf: LeafId,
+    /// The receipts to confirm.
+    pub receipts: Vec<Receipt>,
+}
+
+/// Leaf → root (through aggregators): outcomes of a [`Confirm`], in order.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Confirmed {
+    /// The tag from the request.
+    pub tag: u64,
+    /// One result per receipt.
+    pub results: Vec<Result<(), ReceiptError>>,
+}
+
+/// Root → leaf (through aggregators): end these leases now; the messages become available.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Release {
+    /// The leaf that owns every receipt.
+    pub leaf: LeafId,
+    /// The leases to end.
+    pub receipts: Vec<Receipt>,
+}
+
+/// One message a producer pushes.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct PushMessage {
+    /// The topic (queue) within the tree.
+    pub topic: String,
+    /// Lower is more urgent.
+    pub priority: u32,
+    /// Producer metadata.
+    pub metadata: Vec<(String, String)>,
+    /// The payload.
+    pub payload: Bytes,
+}
+
+/// Producer → leaf: a batch of messages, accepted or rejected as a whole.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Push {
+    /// The producer's request number.
+    pub request: u64,
+    /// The messages.
+    pub messages: Vec<PushMessage>,
+}
+
+/// Leaf → producer: the batch is durable; ids in batch order.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct PushAck {
+    /// The request this answers.
+    pub request: u64,
+    /// One id per message, in order.
+    pub ids: Vec<MessageId>,
+}
+
+/// Consumer → root: pop up to `max` messages of a topic.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Pop {
+    /// The consumer's request number.
+    pub request: u64,
+    /// The topic.
+    pub topic: String,
+    /// Most messages to return (at least 1).
+    pub max: u32,
+    /// How long to wait for a first message, in milliseconds (0: answer at once).
+    pub wait_ms: u64,
+    /// Visibility timeout for these deliveries (`None`: the default), in milliseconds.
+    pub lease_ms: Option<u64>,
+}
+
+/// Root → consumer: the deliveries of a pop (empty if none was ready in time).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct PopReply {
+    /// The request this answers.
+    pub request: u64,
+    /// Deliveries, most urgent first.
+    pub deliveries: Vec<Delivery>,
+}
+
+/// Consumer → root: acknowledge (delete) delivered messages.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Ack {
+    /// The consumer's request number.
+    pub request: u64,
+    /// The receipts of the deliveries.
+    pub receipts: Vec<Receipt>,
+}
+
+/// Root → consumer: one result per acknowledged receipt, in order.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct AckReply {
+    /// The request this answers.
+    pub request: u64,
+    /// One result per receipt.
+    pub results: Vec<Result<(), ReceiptError>>,
+}
+
+/// Every message of the protocol.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+#[allow(missing_docs)] // Each variant wraps the struct of the same name, documented above.
+pub enum Wire {
+    Hello(Hello),
+    Welcome(Welcome),
+    Error(ErrorReply),
+    Offer(Offer),
+    Reserve(Reserve),
+    Reserved(Reserved),
+    Confirm(Confirm),
+    Confirmed(Confirmed),
+    Release(Release),
+    Push(Push),
+    PushAck(PushAck),
+    Pop(Pop),
+    PopReply(PopReply),
+    Ack(Ack),
+    AckReply(AckReply),
+}
+
+impl Wire {
+    /// Whether this message travels on the control stream (else on the data stream).
+    pub fn is_control(&self) -> bool {
+        matches!(
+            self,
+            Wire::Hello(_) | Wire::Welcome(_) | Wire::Error(ErrorReply { request: None, .. })
+        )
+    }
+
+    /// A short name for logs and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Wire::Hello(_) => "Hello",
+            Wire::Welcome(_) => "Welcome",
+            Wire::Error(_) => "Error",
+            Wire::Offer(_) => "Offer",
+            Wire::Reserve(_) => "Reserve",
+            Wire::Reserved(_) => "Reserved",
+            Wire::Confirm(_) => "Confirm",
+            Wire::Confirmed(_) => "Confirmed",
+            Wire::Release(_) => "Release",
+            Wire::Push(_) => "Push",
+            Wire::PushAck(_) => "PushAck",
+            Wire::Pop(_) => "Pop",
+            Wire::PopReply(_) => "PopReply",
+            Wire::Ack(_) => "Ack",
+            Wire::AckReply(_) => "AckReply",
+        }
+    }
+
+    /// Builds an error reply.
+    pub fn error(request: Option<u64>, code: ErrorCode, message: impl Into<String>) -> Wire {
+        Wire::Error(ErrorReply {
+            request,
+            code,
+            message: message.into(),
+        })
+    }
+}
+
+/// A frame that could not be encoded or decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// The frame is longer than the receiver (or sender) allows.
+    #[error("frame of {len} bytes exceeds the maximum of {max} bytes")]
+    TooLarge {
+        /// The frame body's length.
+        len: u64,
+        /// The maximum allowed.
+        max: u32,
+    },
+    /// The body does not match its checksum.
+    #[error("frame checksum mismatch: header says {expected:08x}, body has {actual:08x}")]
+    Checksum {
+        /// The checksum in the header.
+        expected: u32,
+        /// The checksum of the body received.
+        actual: u32,
+    },
+    /// The body is not a valid message.
+    #[error("malformed frame body: {0}")]
+    Malformed(String),
+    /// The message could not be encoded (a bug, reported rather than panicking).
+    #[error("could not encode message: {0}")]
+    Encode(String),
+}
+
+impl FrameError {
+    /// The error code sent to the peer for this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            FrameError::TooLarge { .. } => ErrorCode::FrameTooLarge,
+            FrameError::Checksum { .. } => ErrorCode::ChecksumMismatch,
+            FrameError::Malformed(_) | FrameError::Encode(_) => ErrorCode::MalformedFrame,
+        }
+    }
+}
+
+/// A parsed frame header.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct FrameHeader {
+    /// Body length in bytes.
+    pub len: u32,
+    /// crc32 of the body.
+    pub crc: u32,
+}
+
+impl FrameHeader {
+    /// Parses the 8 header bytes.
+    pub fn parse(bytes: [u8; FRAME_HEADER_BYTES]) -> FrameHeader {
+        let len = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        let crc = u32::from_be_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+        FrameHeader { len, crc }
+    }
+
+    /// Checks the length against the receiver's maximum.
+    ///
+    /// # Errors
+    /// [`FrameError::TooLarge`] when the body is longer than `max`.
+    pub fn check_len(&self, max: u32) -> Result<(), FrameError> {
+        if self.len > max {
+            return Err(FrameError::TooLarge {
+                len: self.len.into(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Verifies and decodes a body that this header announced.
+    ///
+    /// # Errors
+    /// [`FrameError::Checksum`] or [`FrameError::Malformed`].
+    pub fn decode_body(&self, body: &[u8]) -> Result<Wire, FrameError> {
+        debug_assert_eq!(body.len(), self.len as usize);
+        let actual = crc32fast::hash(body);
+        if actual != self.crc {
+            return Err(FrameError::Checksum {
+                expected: self.crc,
+                actual,
+            });
+        }
+        rmp_serde::from_slice(body).map_err(|error| FrameError::Malformed(error.to_string()))
+    }
+}
+
+/// Appends one frame holding `msg` to `out`.
+///
+/// # Errors
+/// [`FrameError::TooLarge`] if the body would exceed `max` (nothing is appended), or
+/// [`FrameError::Encode`].
+pub fn encode_frame(msg: &Wire, max: u32, out: &mut Vec<u8>) -> Result<(), FrameError> {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; FRAME_HEADER_BYTES]);
+    if let Err(error) = rmp_serde::encode::write(out, msg) {
+        out.truncate(start);
+        return Err(FrameError::Encode(error.to_string()));
+    }
+    let body_len = out.len() - start - FRAME_HEADER_BYTES;
+    if body_len > max as usize {
+        out.truncate(start);
+        return Err(FrameError::TooLarge {
+            len: body_len as u64,
+            max,
+        });
+    }
+    let crc = crc32fast::hash(&out[start + FRAME_HEADER_BYTES..]);
+    out[start..start + 4].copy_from_slice(&(body_len as u32).to_be_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+    Ok(())
+}
+
+/// Decodes the first frame of `buf`, for callers that hold bytes in memory.
+///
+/// Returns `Ok(None)` when `buf` does not yet hold a whole frame (the normal "incomplete" case),
+/// or the message and the number of bytes it used.
+///
+/// # Errors
+/// As [`FrameHeader::check_len`] and [`FrameHeader::decode_body`]. After an error other than
+/// `TooLarge`, the caller may skip `FRAME_HEADER_BYTES + len` bytes and go on.
+pub fn decode_frame(buf: &[u8], max: u32) -> Result<Option<(Wire, usize)>, FrameError> {
+    let Some(header_bytes) = buf.get(..FRAME_HEADER_BYTES) else {
+        return Ok(None);
+    };
+    let header = FrameHeader::parse(header_bytes.try_into().expect("slice of header length"));
+    header.check_len(max)?;
+    let end = FRAME_HEADER_BYTES + header.len as usize;
+    let Some(body) = buf.get(FRAME_HEADER_BYTES..end) else {
+        return Ok(None);
+    };
+    Ok(Some((header.decode_body(body)?, end)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample_push(payload: Vec<u8>, priority: u32) -> Wire {
+        Wire::Push(Push {
+            request: 7,
+            messages: vec![PushMessage {
+                topic: "jobs".into(),
+                priority,
+                metadata: vec![("k".into(), "v".into())],
+                payload: Bytes::from(payload),
+            }],
+        })
+    }
+
+    #[test]
+    fn payload_bytes_are_encoded_as_msgpack_bin_not_an_integer_array() {
+        let payload = vec![0xAAu8; 1000];
+        let mut out = Vec::new();
+        encode_frame(&sample_push(payload, 1), 1 << 20, &mut out).unwrap();
+        // A bin encoding costs ~1 byte per payload byte; an array of integers ~2 (0xAA > 127).
+        assert!(
+            out.len() < 1100,
+            "frame of {} bytes for a 1000-byte payload",
+            out.len()
+        );
+    }
+
+    #[test]
+    fn corrupt_frames_are_typed_errors() {
+        let mut out = Vec::new();
+        encode_frame(&sample_push(vec![1, 2, 3], 1), 1 << 20, &mut out).unwrap();
+        let mut flipped = out.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 0x40;
+        assert!(matches!(
+            decode_frame(&flipped, 1 << 20),
+            Err(FrameError::Checksum { .. })
+        ));
+        assert!(matches!(
+            decode_frame(&out, 4),
+            Err(FrameError::TooLarge { max: 4, .. })
+        ));
+        assert_eq!(decode_frame(&out[..out.len() - 1], 1 << 20), Ok(None));
+
+        let garbage = b"not msgpack at all";
+        let mut frame = (garbage.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&crc32fast::hash(garbage).to_be_bytes());
+        frame.extend_from_slice(garbage);
+        let error = decode_frame(&frame, 1 << 20).unwrap_err();
+        assert_eq!(error.code(), ErrorCode::MalformedFrame);
+    }
+
+    #[test]
+    fn encoding_refuses_frames_over_the_maximum() {
+        let mut out = vec![9u8];
+        let error = encode_frame(&sample_push(vec![0; 4096], 1), 1024, &mut out).unwrap_err();
+        assert!(matches!(error, FrameError::TooLarge { max: 1024, .. }));
+        assert_eq!(out, vec![9u8], "nothing appended on error");
+    }
+
+    proptest! {
+        #[test]
+        fn frames_round_trip(
+            payload in proptest::collection::vec(any::<u8>(), 0..512),
+            priority in any::<u32>(),
+            request in any::<u64>(),
+        ) {
+            let messages = [
+                sample_push(payload.clone(), priority),
+                Wire::Pop(Pop { request, topic: "t".into(), max: 3, wait_ms: 5, lease_ms: Some(9) }),
+                Wire::error(Some(request), ErrorCode::InvalidArgument, "max must be at least 1"),
+            ];
+            let mut out = Vec::new();
+            for msg in &messages {
+                encode_frame(msg, 1 << 20, &mut out).unwrap();
+            }
+            let mut offset = 0;
+            for msg in &messages {
+                let (decoded, used) = decode_frame(&out[offset..], 1 << 20).unwrap().unwrap();
+                prop_assert_eq!(&decoded, msg);
+                offset += used;
+            }
+            prop_assert_eq!(offset, out.len());
+        }
+    }
+}
