@@ -210,7 +210,8 @@ impl Topology {
             if !names.insert(node.name.as_str()) {
                 return Err(fail("name used twice".into()));
             }
-            if !listens.insert((node.address.as_str(), node.listen)) {
+            // Port 0 means "any free port" (tests); such nodes cannot clash.
+            if node.listen.port() != 0 && !listens.insert((node.address.as_str(), node.listen)) {
                 return Err(fail(format!("address {} used twice", node.address)));
             }
             if let Some(id) = node.leaf_id
@@ -248,6 +249,17 @@ impl Topology {
             }
         }
         Ok(())
+    }
+
+    /// The same tree with every node listening on an ephemeral loopback port (port 0), so that
+    /// several trees can run side by side (tests). `LocalTree` fills in the bound addresses.
+    pub fn with_ephemeral_ports(&self) -> Topology {
+        let mut topology = self.clone();
+        for node in &mut topology.nodes {
+            node.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+            node.address = node.listen.to_string();
+        }
+        topology
     }
 
     /// The node named `name`.

@@ -1,1 +1,386 @@
-//! placeholder
+//! crest nodes: ractor actors that drive the core state machines over QUIC.
+//!
+//! # Layout
+//! - [`actor`](crate::actor): the node actor, a thin driver of one [`Machine`];
+//! - `net`: accept loop, parent link with reconnect and backoff, frame readers;
+//! - `storage`: where a leaf's log records go;
+//! - this module: [`start_node`], [`NodeHandle`], and [`LocalTree`] (a whole topology in one
+//!   process).
+//!
+//! # Shutdown
+//! One [`CancellationToken`] per node fans out to every task; [`NodeHandle::shutdown`] cancels
+//! it, closes the endpoint (peers see the connections end at once), stops the actor and waits
+//! for it.
+
+mod actor;
+mod net;
+mod storage;
+
+use actor::{NodeActor, NodeArgs, NodeMsg};
+use crest_core::aggregator::{Aggregator, AggregatorConfig};
+use crest_core::leaf::{Leaf, LeafConfig};
+use crest_core::machine::{Machine, NodeStats};
+use crest_core::root::{Root, RootConfig};
+use crest_core::topology::{NodeSpec, Topology};
+use crest_core::wire::Role;
+use crest_transport::tls::{CertificateAuthority, CertifiedKey};
+use net::NetContext;
+use ractor::{Actor, ActorRef};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+
+pub use crest_core::machine::NodeStats as Stats;
+
+/// What can stop a node from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The node is not in the topology.
+    #[error("node {0:?} is not in the topology")]
+    UnknownNode(String),
+    /// Transport setup failed (TLS material, binding the address).
+    #[error(transparent)]
+    Transport(#[from] crest_transport::TransportError),
+    /// Reading certificate files failed.
+    #[error("reading {path}: {error}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        error: std::io::Error,
+    },
+    /// The actor could not be spawned or queried.
+    #[error("actor: {0}")]
+    Actor(String),
+}
+
+/// TLS material of one node: its certificate and the CA it trusts for its parent.
+#[derive(Clone, Debug)]
+pub struct NodeTls {
+    /// The node's certificate and key.
+    pub node: CertifiedKey,
+    /// The cluster CA (PEM).
+    pub ca_pem: String,
+}
+
+impl NodeTls {
+    /// Loads `NAME.pem`/`NAME.key` and the CA named by the topology's `[tls]` section, with
+    /// paths relative to `base` (the topology file's directory).
+    ///
+    /// # Errors
+    /// [`NodeError::Io`] naming the file that could not be read.
+    pub fn from_files(
+        topology: &Topology,
+        name: &str,
+        base: &Path,
+    ) -> Result<Option<NodeTls>, NodeError> {
+        let Some(files) = &topology.tls else {
+            return Ok(None);
+        };
+        let read = |path: std::path::PathBuf| {
+            let path = base.join(path);
+            std::fs::read_to_string(&path).map_err(|error| NodeError::Io {
+                path: path.display().to_string(),
+                error,
+            })
+        };
+        Ok(Some(NodeTls {
+            node: CertifiedKey {
+                cert_pem: read(files.cert_dir.join(format!("{name}.pem")))?,
+                key_pem: read(files.cert_dir.join(format!("{name}.key")))?,
+            },
+            ca_pem: read(files.ca.clone())?,
+        }))
+    }
+
+    /// Issues a certificate for `spec` from `ca` (local mode: ephemeral certificates).
+    ///
+    /// # Errors
+    /// [`NodeError::Transport`] if issuing fails.
+    pub fn issue(ca: &CertificateAuthority, spec: &NodeSpec) -> Result<NodeTls, NodeError> {
+        let host = spec
+            .address
+            .rsplit_once(':')
+            .map_or(spec.address.as_str(), |(host, _)| host);
+        let hosts = vec![
+            host.trim_matches(['[', ']']).to_string(),
+            spec.listen.ip().to_string(),
+        ];
+        Ok(NodeTls {
+            node: ca.issue(&spec.name, &hosts)?,
+            ca_pem: ca.cert_pem().to_string(),
+        })
+    }
+}
+
+/// A running node.
+pub struct NodeHandle {
+    name: String,
+    role: Role,
+    local_addr: SocketAddr,
+    actor: ActorRef<NodeMsg>,
+    actor_task: tokio::task::JoinHandle<()>,
+    endpoint: quinn::Endpoint,
+    shutdown: CancellationToken,
+}
+
+impl NodeHandle {
+    /// The node's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The node's role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The address the node is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The node's counters.
+    ///
+    /// # Errors
+    /// [`NodeError::Actor`] if the actor does not answer within 5 seconds.
+    pub async fn stats(&self) -> Result<NodeStats, NodeError> {
+        ractor::call_t!(self.actor, NodeMsg::Stats, 5_000)
+            .map_err(|e| NodeError::Actor(e.to_string()))
+    }
+
+    /// Stops the node: closes its connections, stops its tasks and actor, and waits for them.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        self.endpoint.close(0u32.into(), b"shutdown");
+        self.actor.stop(Some("shutdown".into()));
+        let _ = self.actor_task.await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await;
+    }
+}
+
+fn now_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Builds the state machine for a node of the topology.
+fn machine_for(topology: &Topology, spec: &NodeSpec) -> Box<dyn Machine> {
+    let subtree = topology.subtree_leaves(&spec.name);
+    match spec.role {
+        Role::Root => Box::new(Root::new(RootConfig {
+            name: spec.name.clone(),
+            settings: spec.settings.clone(),
+            subtree,
+        })),
+        Role::Aggregator => Box::new(Aggregator::new(AggregatorConfig {
+            name: spec.name.clone(),
+            settings: spec.settings.clone(),
+            subtree,
+        })),
+        Role::Leaf => Box::new(Leaf::new(LeafConfig {
+            name: spec.name.clone(),
+            id: spec.leaf_id.expect("validated: leaves have ids"),
+            settings: spec.settings.clone(),
+            seed: rand::random(),
+            // With the memory store nothing survives a restart; starting sequence numbers at
+            // the clock keeps ids of a restarted leaf distinct from its earlier ones.
+            first_seq: now_millis(),
+        })),
+    }
+}
+
+/// Starts node `name` of `topology`: binds its address, spawns its actor, accepts connections
+/// and (except the root) keeps a session with its parent.
+///
+/// # Errors
+/// [`NodeError`] if the node is unknown, the TLS material is invalid or the address is taken.
+pub async fn start_node(
+    topology: &Topology,
+    name: &str,
+    tls: &NodeTls,
+) -> Result<NodeHandle, NodeError> {
+    let spec = topology
+        .node(name)
+        .ok_or_else(|| NodeError::UnknownNode(name.to_string()))?;
+    let server = crest_transport::server_config(&tls.node, &spec.settings)?;
+    let client = crest_transport::client_config(&tls.ca_pem, &spec.settings)?;
+    let endpoint = crest_transport::node_endpoint(spec.listen, server, client)?;
+    let local_addr = endpoint
+        .local_addr()
+        .map_err(|e| NodeError::Actor(e.to_string()))?;
+    let args = NodeArgs {
+        machine: machine_for(topology, spec),
+        storage: Box::new(storage::MemoryStore),
+    };
+    let (actor, actor_task) = Actor::spawn(None, NodeActor, args)
+        .await
+        .map_err(|e| NodeError::Actor(e.to_string()))?;
+    let shutdown = CancellationToken::new();
+    let ctx = NetContext {
+        actor: actor.clone(),
+        settings: spec.settings.clone(),
+        next_conn: Arc::new(AtomicU64::new(1)),
+        shutdown: shutdown.clone(),
+    };
+    tokio::spawn(net::accept_loop(ctx.clone(), endpoint.clone()));
+    if let Some(parent) = &spec.parent {
+        let address = topology.node(parent).expect("validated").address.clone();
+        tokio::spawn(net::parent_loop(ctx, endpoint.clone(), address));
+    }
+    tracing::info!(node = name, role = %spec.role, %local_addr, "node started");
+    Ok(NodeHandle {
+        name: name.to_string(),
+        role: spec.role,
+        local_addr,
+        actor,
+        actor_task,
+        endpoint,
+        shutdown,
+    })
+}
+
+/// A whole topology running in this process over loopback QUIC.
+pub struct LocalTree {
+    /// The running nodes, in topology order.
+    pub nodes: Vec<NodeHandle>,
+    /// The CA that signed every node (clients trust it).
+    pub ca_pem: String,
+    /// The topology as running: ephemeral ports replaced by the bound addresses.
+    pub topology: Topology,
+    /// The CA that signs the nodes' certificates (kept to restart nodes).
+    ca: CertificateAuthority,
+}
+
+impl LocalTree {
+    /// Starts every node of `topology` with ephemeral certificates from a fresh CA.
+    ///
+    /// # Errors
+    /// [`NodeError`] from the first node that fails to start (the others are stopped).
+    pub async fn start(topology: &Topology) -> Result<LocalTree, NodeError> {
+        let ca = CertificateAuthority::generate()?;
+        // Parents start before their children, so that a node listening on port 0 (tests)
+        // is bound, and its real address known, before anyone dials it.
+        let mut topology = topology.clone();
+        let mut order: Vec<String> = vec![topology.root().name.clone()];
+        let mut index = 0;
+        while index < order.len() {
+            let parent = order[index].clone();
+            order.extend(
+                topology
+                    .nodes
+                    .iter()
+                    .filter(|n| n.parent.as_deref() == Some(&parent))
+                    .map(|n| n.name.clone()),
+            );
+            index += 1;
+        }
+        let mut nodes = Vec::new();
+        for name in order {
+            let spec = topology.node(&name).expect("from the topology").clone();
+            let started =
+                async { start_node(&topology, &name, &NodeTls::issue(&ca, &spec)?).await };
+            match started.await {
+                Ok(node) => {
+                    if spec.listen.port() == 0 {
+                        let address = node.local_addr().to_string();
+                        let entry = topology
+                            .nodes
+                            .iter_mut()
+                            .find(|n| n.name == name)
+                            .expect("present");
+                        entry.address = address;
+                        entry.listen = node.local_addr();
+                    }
+                    nodes.push(node);
+                }
+                Err(error) => {
+                    for node in nodes {
+                        node.shutdown().await;
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        Ok(LocalTree {
+            nodes,
+            ca_pem: ca.cert_pem().to_string(),
+            topology,
+            ca,
+        })
+    }
+
+    /// The node named `name`.
+    pub fn node(&self, name: &str) -> Option<&NodeHandle> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// Waits until every non-root node has a parent session, or the timeout passes.
+    /// Returns whether the tree is connected.
+    pub async fn wait_connected(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let mut connected = true;
+            for node in &self.nodes {
+                if node.role != Role::Root && !node.stats().await.is_ok_and(|s| s.parent_connected)
+                {
+                    connected = false;
+                }
+            }
+            if connected {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Stops one node (its peers see its connections close).
+    pub async fn stop_node(&mut self, name: &str) {
+        if let Some(index) = self.nodes.iter().position(|n| n.name == name) {
+            self.nodes.remove(index).shutdown().await;
+        }
+    }
+
+    /// Stops a node if it runs and starts it again on the same address, with fresh state (all
+    /// state above the leaves is soft; a leaf restarts empty until it has a durable log).
+    ///
+    /// # Errors
+    /// [`NodeError`] if it cannot start.
+    pub async fn restart_node(&mut self, name: &str) -> Result<(), NodeError> {
+        self.stop_node(name).await;
+        let spec = self
+            .topology
+            .node(name)
+            .ok_or_else(|| NodeError::UnknownNode(name.to_string()))?;
+        let tls = NodeTls::issue(&self.ca, spec)?;
+        // The old socket may take a moment to be released.
+        let mut attempts = 0;
+        let node = loop {
+            match start_node(&self.topology, name, &tls).await {
+                Ok(node) => break node,
+                Err(NodeError::Transport(error)) if attempts < 50 => {
+                    tracing::debug!(%error, "rebinding");
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(error) => return Err(error),
+            }
+        };
+        self.nodes.push(node);
+        Ok(())
+    }
+
+    /// Stops every node.
+    pub async fn shutdown(self) {
+        for node in self.nodes {
+            node.shutdown().await;
+        }
+    }
+}

@@ -1,1 +1,20 @@
-//! placeholder
+//! crest: a distributed priority queue built as a hierarchical aggregation tree over QUIC.
+//!
+//! This facade re-exports the workspace crates and embeds the default local topology; the
+//! `crest` binary (`main.rs`) is the command-line front end.
+//!
+//! - [`core`]: sans-IO core (keys, wire protocol, topology, state machines);
+//! - [`node`]: running nodes (`start_node`, `LocalTree`);
+//! - [`sdk`]: `Producer` and `Consumer`.
+
+pub use crest_core as core;
+pub use crest_node as node;
+pub use crest_sdk as sdk;
+pub use crest_transport as transport;
+
+/// The embedded default topology (`topology/local.toml`): root, two aggregators, four leaves.
+pub const DEFAULT_TOPOLOGY: &str = include_str!("../../../topology/local.toml");
+
+/// Where `crest local` writes the CA certificate of its ephemeral cluster, and where client
+/// commands look for it by default.
+pub const LOCAL_CA_PATH: &str = ".crest/local/ca.pem";

@@ -1,0 +1,232 @@
+//! The node actor: a thin driver around one core state machine.
+//!
+//! It turns mailbox messages into `handle_*` calls, then drains the machine's outputs in the
+//! order [`crest_core::machine`] prescribes: storage first, then transmits (handed to the
+//! connection's writer task), then closes; finally it re-arms its one timer from
+//! `poll_timeout`. No handler awaits disk or network, so the mailbox never stalls.
+//!
+//! # Bounded mailbox
+//! ractor mailboxes are unbounded, so every producer of messages is bounded instead: each
+//! connection's readers hold one permit of a per-connection semaphore
+//! (`connection_inflight_frames_max`) per frame until the actor has handled it; connection
+//! events are bounded by `connections_max`; there is at most one pending timer message per
+//! deadline.
+
+use crate::storage::Storage;
+use crest_core::machine::{ConnId, Link, Machine, NodeStats};
+use crest_core::time::Time;
+use crest_core::wire::Wire;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::task::JoinHandle;
+
+/// The sending side of a connection, as the actor holds it.
+pub(crate) struct ConnHandle {
+    pub(crate) control: mpsc::Sender<Wire>,
+    pub(crate) data: mpsc::Sender<Wire>,
+    pub(crate) connection: quinn::Connection,
+}
+
+/// Messages of the node actor.
+pub(crate) enum NodeMsg {
+    /// A connection is ready (its writers exist; its readers start after this message).
+    Connected {
+        conn: ConnId,
+        link: Link,
+        handle: ConnHandle,
+    },
+    /// A connection is gone.
+    Disconnected { conn: ConnId },
+    /// A message arrived; the permit returns to the connection's reader when handled.
+    Frame {
+        conn: ConnId,
+        msg: Wire,
+        permit: OwnedSemaphorePermit,
+    },
+    /// The machine's timer may be due.
+    Tick,
+    /// Report counters.
+    Stats(RpcReplyPort<NodeStats>),
+}
+
+/// Read-only configuration of the actor (mutable state lives in [`NodeState`]).
+pub(crate) struct NodeActor;
+
+/// What the actor starts with.
+pub(crate) struct NodeArgs {
+    pub(crate) machine: Box<dyn Machine>,
+    pub(crate) storage: Box<dyn Storage>,
+}
+
+/// The actor's state: the machine and the handles it drives.
+pub(crate) struct NodeState {
+    machine: Box<dyn Machine>,
+    storage: Box<dyn Storage>,
+    conns: HashMap<ConnId, ConnHandle>,
+    /// The armed timer: its deadline and the task that will send `Tick`.
+    timer: Option<(Time, JoinHandle<()>)>,
+    /// Last time handed to the machine: time never goes backwards.
+    last_now: Time,
+}
+
+impl NodeState {
+    fn now(&mut self) -> Time {
+        let micros = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        self.last_now = self.last_now.max(Time(micros));
+        self.last_now
+    }
+
+    /// Drains every output of the machine until it has nothing more to say.
+    fn drive(&mut self, myself: &ActorRef<NodeMsg>) {
+        loop {
+            let mut progressed = false;
+            while let Some(op) = self.machine.poll_storage() {
+                progressed = true;
+                if let Some(done) = self.storage.submit(op) {
+                    let now = self.now();
+                    self.machine.handle_storage_done(now, done);
+                }
+            }
+            while let Some(transmit) = self.machine.poll_transmit() {
+                progressed = true;
+                self.transmit(transmit.conn, transmit.msg);
+            }
+            while let Some((conn, reason)) = self.machine.poll_close() {
+                progressed = true;
+                self.close(conn, &reason);
+            }
+            if !progressed {
+                break;
+            }
+        }
+        self.arm_timer(myself);
+    }
+
+    fn transmit(&mut self, conn: ConnId, msg: Wire) {
+        let Some(handle) = self.conns.get(&conn) else {
+            return;
+        };
+        let queue = if msg.is_control() {
+            &handle.control
+        } else {
+            &handle.data
+        };
+        match queue.try_send(msg) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                // The peer does not read fast enough to drain a bounded queue: cut it loose
+                // rather than buffer without bound. Its session resets and resynchronises.
+                tracing::warn!(conn, "send queue full (connection_send_queue_max); closing");
+                self.close(conn, "send queue full");
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    fn close(&mut self, conn: ConnId, reason: &str) {
+        if let Some(handle) = self.conns.get(&conn) {
+            handle.connection.close(1u32.into(), reason.as_bytes());
+        }
+    }
+
+    fn arm_timer(&mut self, myself: &ActorRef<NodeMsg>) {
+        let Some(deadline) = self.machine.poll_timeout() else {
+            return;
+        };
+        if let Some((armed, task)) = &self.timer {
+            if *armed <= deadline && !task.is_finished() {
+                return;
+            }
+            task.abort();
+        }
+        let delay = Duration::from_micros(deadline.0.saturating_sub(self.now().0));
+        let actor = myself.clone();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = actor.send_message(NodeMsg::Tick);
+        });
+        self.timer = Some((deadline, task));
+    }
+}
+
+impl Actor for NodeActor {
+    type Msg = NodeMsg;
+    type State = NodeState;
+    type Arguments = NodeArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<NodeMsg>,
+        args: NodeArgs,
+    ) -> Result<NodeState, ActorProcessingErr> {
+        Ok(NodeState {
+            machine: args.machine,
+            storage: args.storage,
+            conns: HashMap::new(),
+            timer: None,
+            last_now: Time::ZERO,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<NodeMsg>,
+        message: NodeMsg,
+        state: &mut NodeState,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = state.now();
+        match message {
+            NodeMsg::Connected { conn, link, handle } => {
+                state.conns.insert(conn, handle);
+                state.machine.handle_connected(now, conn, link);
+            }
+            NodeMsg::Disconnected { conn } => {
+                if state.conns.remove(&conn).is_some() {
+                    state.machine.handle_disconnected(now, conn);
+                }
+            }
+            NodeMsg::Frame { conn, msg, permit } => {
+                if state.conns.contains_key(&conn) {
+                    state.machine.handle_message(now, conn, msg);
+                }
+                drop(permit);
+            }
+            NodeMsg::Tick => {
+                if state
+                    .timer
+                    .as_ref()
+                    .is_some_and(|(deadline, _)| *deadline <= now)
+                {
+                    state.timer = None;
+                }
+                if state
+                    .machine
+                    .poll_timeout()
+                    .is_some_and(|deadline| deadline <= now)
+                {
+                    state.machine.handle_timeout(now);
+                }
+            }
+            NodeMsg::Stats(reply) => {
+                let _ = reply.send(state.machine.stats());
+            }
+        }
+        state.drive(&myself);
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<NodeMsg>,
+        state: &mut NodeState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some((_, task)) = state.timer.take() {
+            task.abort();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,201 @@
+//! Connection tasks: the accept loop, the parent link, and per-connection readers.
+//!
+//! Every connection gets two writer tasks (control, data; see `crest_transport::stream`), two
+//! reader tasks that forward frames to the actor under the connection's permits, and a watcher
+//! that reports `Disconnected` when the connection ends for any reason. A reader answers a bad
+//! frame itself with an error on the control stream, naming the problem, and reads on.
+
+use crate::actor::{ConnHandle, NodeMsg};
+use crest_core::config::Settings;
+use crest_core::machine::{ConnId, Link};
+use crest_core::wire::Wire;
+use crest_transport::stream::{
+    FrameReader, ReadEvent, StreamPair, accept_streams, open_streams, spawn_writer,
+};
+use ractor::ActorRef;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+/// How long a new connection may take to open its two streams.
+const STREAM_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Shared by the connection tasks of one node.
+#[derive(Clone)]
+pub(crate) struct NetContext {
+    pub(crate) actor: ActorRef<NodeMsg>,
+    pub(crate) settings: Settings,
+    pub(crate) next_conn: Arc<AtomicU64>,
+    pub(crate) shutdown: CancellationToken,
+}
+
+impl NetContext {
+    /// Registers a connection with the actor and starts its readers and watcher.
+    fn attach(&self, connection: quinn::Connection, streams: StreamPair, link: Link) -> ConnId {
+        let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let max = self.settings.frame_bytes_max;
+        let capacity = self.settings.connection_send_queue_max as usize;
+        let control = spawn_writer(streams.control.0, max, capacity);
+        let data = spawn_writer(streams.data.0, max, capacity);
+        let handle = ConnHandle {
+            control: control.clone(),
+            data,
+            connection: connection.clone(),
+        };
+        if self
+            .actor
+            .send_message(NodeMsg::Connected { conn, link, handle })
+            .is_err()
+        {
+            connection.close(0u32.into(), b"node stopping");
+            return conn;
+        }
+        let permits = Arc::new(Semaphore::new(
+            self.settings.connection_inflight_frames_max as usize,
+        ));
+        for recv in [streams.control.1, streams.data.1] {
+            let reader = FrameReader::new(recv, max);
+            tokio::spawn(read_frames(
+                self.actor.clone(),
+                conn,
+                reader,
+                permits.clone(),
+                control.clone(),
+                connection.clone(),
+            ));
+        }
+        let actor = self.actor.clone();
+        tokio::spawn(async move {
+            let reason = connection.closed().await;
+            tracing::debug!(conn, %reason, "connection closed");
+            let _ = actor.send_message(NodeMsg::Disconnected { conn });
+        });
+        conn
+    }
+}
+
+async fn read_frames(
+    actor: ActorRef<NodeMsg>,
+    conn: ConnId,
+    mut reader: FrameReader,
+    permits: Arc<Semaphore>,
+    control: mpsc::Sender<Wire>,
+    connection: quinn::Connection,
+) {
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        match reader.next().await {
+            Ok(Some(ReadEvent::Frame(msg))) => {
+                if actor
+                    .send_message(NodeMsg::Frame { conn, msg, permit })
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Ok(Some(ReadEvent::Bad(error))) => {
+                tracing::warn!(conn, %error, "bad frame skipped");
+                let reply = Wire::error(None, error.code(), error.to_string());
+                // Best effort: a peer that floods bad frames and never reads loses the answers.
+                let _ = control.try_send(reply);
+            }
+            Ok(None) => return,
+            Err(error) => {
+                tracing::debug!(conn, %error, "stream ended");
+                connection.close(2u32.into(), b"stream error");
+                return;
+            }
+        }
+    }
+}
+
+/// Accepts connections until shutdown, at most `connections_max` at once.
+pub(crate) async fn accept_loop(ctx: NetContext, endpoint: quinn::Endpoint) {
+    let limit = Arc::new(Semaphore::new(ctx.settings.connections_max as usize));
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => incoming,
+            () = ctx.shutdown.cancelled() => return,
+        };
+        let Some(incoming) = incoming else { return };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            tracing::warn!("connections_max reached; refusing a connection");
+            incoming.refuse();
+            continue;
+        };
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let setup = async {
+                let connection = incoming.await.map_err(|e| e.to_string())?;
+                let streams = accept_streams(&connection)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>((connection, streams))
+            };
+            match tokio::time::timeout(STREAM_SETUP_TIMEOUT, setup).await {
+                Ok(Ok((connection, streams))) => {
+                    ctx.attach(connection.clone(), streams, Link::Incoming);
+                    connection.closed().await;
+                }
+                Ok(Err(error)) => tracing::debug!(%error, "incoming connection failed"),
+                Err(_) => tracing::debug!("incoming connection did not open its streams in time"),
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Keeps a session with the parent at `address`: connect, serve until the connection ends,
+/// back off (doubling, bounded by the settings), reconnect; until shutdown.
+pub(crate) async fn parent_loop(ctx: NetContext, endpoint: quinn::Endpoint, address: String) {
+    let initial = Duration::from_millis(ctx.settings.reconnect_backoff_initial_ms);
+    let max = Duration::from_millis(ctx.settings.reconnect_backoff_max_ms);
+    let mut backoff = initial;
+    loop {
+        let attempt = async {
+            let addr = resolve(&address).await?;
+            let connection = crest_transport::connect(&endpoint, addr)
+                .await
+                .map_err(|e| e.to_string())?;
+            let streams = open_streams(&connection).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((connection, streams))
+        };
+        let result = tokio::select! {
+            result = attempt => result,
+            () = ctx.shutdown.cancelled() => return,
+        };
+        match result {
+            Ok((connection, streams)) => {
+                tracing::info!(parent = %address, "connected to parent");
+                backoff = initial;
+                ctx.attach(connection.clone(), streams, Link::Parent);
+                tokio::select! {
+                    reason = connection.closed() => tracing::warn!(parent = %address, %reason, "parent connection lost"),
+                    () = ctx.shutdown.cancelled() => return,
+                }
+            }
+            Err(error) => tracing::debug!(parent = %address, %error, "cannot reach parent"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = ctx.shutdown.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(max);
+    }
+}
+
+/// Resolves `host:port` to one socket address.
+pub(crate) async fn resolve(address: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(addr) = address.parse() {
+        return Ok(addr);
+    }
+    tokio::net::lookup_host(address)
+        .await
+        .map_err(|e| format!("resolve {address}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("resolve {address}: no address"))
+}

@@ -1,0 +1,228 @@
+//! One client connection: handshake, request numbering, and the task that routes answers.
+//!
+//! Requests go out on the data stream; every answer names its request, so many requests can be
+//! in flight on one connection at once (at most `requests_in_flight_max`). When the connection
+//! ends, every waiting request fails with [`ClientError::Disconnected`].
+
+use crate::ClientError;
+use crest_core::config::Settings;
+use crest_core::wire::{ErrorReply, Hello, PROTOCOL_VERSION, PeerKind, Welcome, Wire};
+use crest_transport::stream::{FrameReader, ReadEvent, open_streams, spawn_writer};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+type Waiters = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Wire>>>>>;
+
+/// How long the handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// See the module doc.
+pub(crate) struct Link {
+    data: mpsc::Sender<Wire>,
+    waiters: Waiters,
+    next_request: AtomicU64,
+    in_flight: Arc<Semaphore>,
+    connection: quinn::Connection,
+    welcome: Welcome,
+    _endpoint: quinn::Endpoint,
+}
+
+impl Link {
+    /// Connects to `address`, says who we are, and waits for the node's `Welcome`.
+    pub(crate) async fn connect(
+        address: &str,
+        peer: PeerKind,
+        ca_pem: &str,
+        settings: &Settings,
+        requests_in_flight_max: usize,
+    ) -> Result<Link, ClientError> {
+        let addr = resolve(address).await?;
+        let client = crest_transport::client_config(ca_pem, settings)?;
+        let endpoint = crest_transport::client_endpoint(addr, client)?;
+        let connection = crest_transport::connect(&endpoint, addr).await?;
+        let streams = open_streams(&connection).await?;
+        let max = settings.frame_bytes_max;
+        let capacity = settings.connection_send_queue_max as usize;
+        let control = spawn_writer(streams.control.0, max, capacity);
+        let data = spawn_writer(streams.data.0, max, capacity);
+        let hello = Wire::Hello(Hello {
+            protocol: PROTOCOL_VERSION,
+            peer,
+        });
+        control
+            .send(hello)
+            .await
+            .map_err(|_| ClientError::Disconnected("control stream closed".into()))?;
+        let mut control_reader = FrameReader::new(streams.control.1, max);
+        let welcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, control_reader.next())
+            .await
+            .map_err(|_| ClientError::Timeout("handshake".into()))?;
+        let welcome = match welcome? {
+            Some(ReadEvent::Frame(Wire::Welcome(welcome))) => welcome,
+            Some(ReadEvent::Frame(Wire::Error(ErrorReply { code, message, .. }))) => {
+                return Err(ClientError::Rejected { code, message });
+            }
+            other => {
+                return Err(ClientError::Protocol(format!(
+                    "expected Welcome, got {other:?}"
+                )));
+            }
+        };
+        let waiters: Waiters = Arc::new(Mutex::new(Some(HashMap::new())));
+        tokio::spawn(route_answers(
+            FrameReader::new(streams.data.1, max),
+            waiters.clone(),
+            connection.clone(),
+        ));
+        tokio::spawn(watch_control(control_reader, control, connection.clone()));
+        Ok(Link {
+            data,
+            waiters,
+            next_request: AtomicU64::new(1),
+            in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
+            connection,
+            welcome,
+            _endpoint: endpoint,
+        })
+    }
+
+    /// The node's `Welcome` (its limits).
+    pub(crate) fn welcome(&self) -> &Welcome {
+        &self.welcome
+    }
+
+    /// Whether the connection has ended.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.connection.close_reason().is_some()
+    }
+
+    /// Sends the request built for a fresh request number and waits for its answer.
+    /// An `Error` answer becomes [`ClientError::Rejected`].
+    pub(crate) async fn request(
+        &self,
+        build: impl FnOnce(u64) -> Wire,
+        timeout: Duration,
+    ) -> Result<Wire, ClientError> {
+        let _permit = self
+            .in_flight
+            .acquire()
+            .await
+            .map_err(|_| ClientError::Closed)?;
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut waiters = self.waiters.lock().expect("waiters lock");
+            let Some(waiters) = waiters.as_mut() else {
+                return Err(self.disconnected());
+            };
+            waiters.insert(request, tx);
+        }
+        if self.data.send(build(request)).await.is_err() {
+            self.forget(request);
+            return Err(self.disconnected());
+        }
+        let answer = match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => return Err(self.disconnected()),
+            Err(_) => {
+                self.forget(request);
+                return Err(ClientError::Timeout(format!(
+                    "no answer within {timeout:?}"
+                )));
+            }
+        };
+        match answer {
+            Wire::Error(ErrorReply { code, message, .. }) => {
+                Err(ClientError::Rejected { code, message })
+            }
+            answer => Ok(answer),
+        }
+    }
+
+    fn forget(&self, request: u64) {
+        if let Some(waiters) = self.waiters.lock().expect("waiters lock").as_mut() {
+            waiters.remove(&request);
+        }
+    }
+
+    fn disconnected(&self) -> ClientError {
+        let reason = self
+            .connection
+            .close_reason()
+            .map_or_else(|| "connection closed".into(), |r| r.to_string());
+        ClientError::Disconnected(reason)
+    }
+
+    /// Closes the connection.
+    pub(crate) fn close(&self) {
+        self.connection.close(0u32.into(), b"client closed");
+    }
+}
+
+fn request_of(msg: &Wire) -> Option<u64> {
+    match msg {
+        Wire::PushAck(ack) => Some(ack.request),
+        Wire::PopReply(reply) => Some(reply.request),
+        Wire::AckReply(reply) => Some(reply.request),
+        Wire::Error(error) => error.request,
+        _ => None,
+    }
+}
+
+async fn route_answers(mut reader: FrameReader, waiters: Waiters, connection: quinn::Connection) {
+    loop {
+        match reader.next().await {
+            Ok(Some(ReadEvent::Frame(msg))) => {
+                let Some(request) = request_of(&msg) else {
+                    tracing::warn!(message = msg.name(), "unexpected message from node");
+                    continue;
+                };
+                let waiter = waiters
+                    .lock()
+                    .expect("waiters lock")
+                    .as_mut()
+                    .and_then(|w| w.remove(&request));
+                if let Some(waiter) = waiter {
+                    let _ = waiter.send(msg);
+                }
+            }
+            Ok(Some(ReadEvent::Bad(error))) => tracing::warn!(%error, "bad frame from node"),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    connection.close(0u32.into(), b"data stream ended");
+    // Dropping every waiter wakes its request with "disconnected".
+    waiters.lock().expect("waiters lock").take();
+}
+
+async fn watch_control(
+    mut reader: FrameReader,
+    _keep_open: mpsc::Sender<Wire>,
+    connection: quinn::Connection,
+) {
+    while let Ok(Some(event)) = reader.next().await {
+        match event {
+            ReadEvent::Frame(Wire::Error(error)) => {
+                tracing::warn!(code = %error.code, message = %error.message, "node reported an error")
+            }
+            other => tracing::debug!(?other, "control message"),
+        }
+    }
+    let _ = connection;
+}
+
+/// Resolves `host:port`.
+pub(crate) async fn resolve(address: &str) -> Result<SocketAddr, ClientError> {
+    if let Ok(addr) = address.parse() {
+        return Ok(addr);
+    }
+    tokio::net::lookup_host(address)
+        .await
+        .map_err(|e| ClientError::Connect(format!("resolve {address}: {e}")))?
+        .next()
+        .ok_or_else(|| ClientError::Connect(format!("resolve {address}: no address")))
+}

@@ -1,0 +1,514 @@
+//! End-to-end tests of a whole tree over real QUIC sockets on loopback.
+//!
+//! Each test runs `topology/local.toml` (root, two aggregators, four leaves) in this process
+//! with ephemeral ports, and talks to it through the SDK, or through raw framed streams where
+//! it needs to send what the SDK never would.
+
+use bytes::Bytes;
+use crest::core::topology::Topology;
+use crest::core::wire::{
+    ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Wire, encode_frame,
+};
+use crest::node::LocalTree;
+use crest::sdk::{
+    ClientError, ClientTls, Consumer, ConsumerConfig, Delivery, LeafId, MessageId, Producer,
+    ProducerConfig, Receipt, ReceiptError,
+};
+use crest::transport::stream::{FrameReader, ReadEvent, open_streams};
+use std::collections::HashSet;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+async fn start_tree() -> LocalTree {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
+    let topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
+    let tree = LocalTree::start(&topology).await.unwrap();
+    assert!(tree.wait_connected(WAIT).await, "tree connects");
+    tree
+}
+
+fn tls(tree: &LocalTree) -> ClientTls {
+    ClientTls {
+        ca_pem: tree.ca_pem.clone(),
+    }
+}
+
+/// One producer per leaf, so pushes land on known leaves.
+async fn producers(tree: &LocalTree) -> Vec<Producer> {
+    let mut producers = Vec::new();
+    for leaf in tree.topology.leaves() {
+        let config = ProducerConfig::new(vec![leaf.address.clone()], tls(tree));
+        producers.push(Producer::connect(config).await.unwrap());
+    }
+    producers
+}
+
+async fn consumer(tree: &LocalTree) -> Consumer {
+    Consumer::connect(ConsumerConfig::from_topology(&tree.topology, tls(tree)))
+        .await
+        .unwrap()
+}
+
+/// A small deterministic generator for test data.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, bound: u32) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % u64::from(bound)) as u32
+    }
+}
+
+/// Pushes `per_leaf` messages of random priority through every leaf, concurrently.
+async fn push_everywhere(
+    producers: &[Producer],
+    per_leaf: usize,
+    seed: u64,
+) -> Vec<(MessageId, u32)> {
+    let mut rng = Lcg(seed);
+    let mut handles = Vec::new();
+    for round in 0..per_leaf {
+        for producer in producers {
+            let priority = rng.next(10);
+            let message = crest::sdk::Message::new("jobs", format!("m{round}")).priority(priority);
+            handles.push((producer.send(message).await.unwrap(), priority));
+        }
+    }
+    let mut pushed = Vec::new();
+    for (handle, priority) in handles {
+        pushed.push((handle.acked().await.unwrap(), priority));
+    }
+    pushed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_message_is_delivered_once_in_key_order_across_leaves() {
+    // Goal: exactly-once delivery of acked pops, and zero rank error once the tree is quiet.
+    // Method: 4 producers × 300 messages of random priority, then pop one at a time and ack.
+    let tree = start_tree().await;
+    let producers = producers(&tree).await;
+    let pushed = push_everywhere(&producers, 300, 11).await;
+    let leaves: HashSet<LeafId> = pushed.iter().map(|(id, _)| id.leaf()).collect();
+    assert_eq!(leaves.len(), 4, "messages live on every leaf");
+
+    let consumer = consumer(&tree).await;
+    let mut popped: Vec<Delivery> = Vec::new();
+    loop {
+        let batch = consumer.pop("jobs", 1, Duration::ZERO).await.unwrap();
+        let Some(delivery) = batch.into_iter().next() else {
+            break;
+        };
+        consumer.ack(&delivery.receipt()).await.unwrap();
+        popped.push(delivery);
+    }
+    let ids: HashSet<MessageId> = popped.iter().map(|d| d.id).collect();
+    assert_eq!(ids.len(), popped.len(), "no duplicates");
+    assert_eq!(ids, pushed.iter().map(|(id, _)| *id).collect(), "none lost");
+    let keys: Vec<(u32, u64, MessageId)> = popped
+        .iter()
+        .map(|d| (d.priority, d.enqueued_at.0, d.id))
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    let inversions = keys.iter().zip(&sorted).filter(|(a, b)| a != b).count();
+    assert_eq!(
+        inversions, 0,
+        "pop sequence is in key order (priority, ready time, id)"
+    );
+    for node in &tree.nodes {
+        let stats = node.stats().await.unwrap();
+        assert_eq!(
+            stats.messages,
+            0,
+            "{} holds nothing after the acks",
+            node.name()
+        );
+    }
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_pops_deliver_everything_exactly_once() {
+    let tree = start_tree().await;
+    let producers = producers(&tree).await;
+    let pushed = push_everywhere(&producers, 500, 5).await;
+    let consumer = consumer(&tree).await;
+    let mut seen = HashSet::new();
+    loop {
+        let batch = consumer.pop("jobs", 64, Duration::ZERO).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        assert!(batch.len() <= 64);
+        assert!(
+            batch.windows(2).all(|w| w[0].priority <= w[1].priority),
+            "a batch is sorted"
+        );
+        let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
+        assert!(
+            consumer
+                .ack_many(&receipts)
+                .await
+                .unwrap()
+                .iter()
+                .all(Result::is_ok)
+        );
+        for delivery in batch {
+            assert!(seen.insert(delivery.id), "{} delivered twice", delivery.id);
+        }
+    }
+    assert_eq!(seen.len(), pushed.len());
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_urgent_message_on_another_leaf_is_popped_first() {
+    let tree = start_tree().await;
+    let producers = producers(&tree).await;
+    for producer in &producers[..3] {
+        for _ in 0..200 {
+            producer
+                .send(crest::sdk::Message::new("jobs", "bulk").priority(5))
+                .await
+                .unwrap();
+        }
+        producer.push("jobs", 5, "last bulk").await.unwrap();
+    }
+    let consumer = consumer(&tree).await;
+    let first = consumer.pop("jobs", 1, Duration::ZERO).await.unwrap();
+    assert_eq!(first[0].priority, 5);
+    let urgent = producers[3].push("jobs", 0, "urgent").await.unwrap();
+    let next = consumer
+        .pop("jobs", 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        next[0].id, urgent,
+        "the urgent message overtakes 600 queued ones"
+    );
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_receipts_and_invalid_arguments_get_typed_errors() {
+    let tree = start_tree().await;
+    let producers = producers(&tree).await;
+    producers[1].push("jobs", 1, "x").await.unwrap();
+    let consumer = consumer(&tree).await;
+    let delivery = consumer.pop("jobs", 1, WAIT).await.unwrap().remove(0);
+
+    let forged = Receipt {
+        id: delivery.id,
+        token: delivery.token.wrapping_add(1),
+    };
+    let error = consumer.ack(&forged).await.unwrap_err();
+    assert!(
+        matches!(error, ClientError::Receipt(ReceiptError::Stale)),
+        "{error}"
+    );
+    let elsewhere = Receipt {
+        id: MessageId::new(LeafId(999), 1),
+        token: 1,
+    };
+    let error = consumer.ack(&elsewhere).await.unwrap_err();
+    assert!(
+        matches!(error, ClientError::Receipt(ReceiptError::UnknownLeaf)),
+        "{error}"
+    );
+    consumer.ack(&delivery.receipt()).await.unwrap();
+    let error = consumer.ack(&delivery.receipt()).await.unwrap_err();
+    assert!(
+        matches!(error, ClientError::Receipt(ReceiptError::UnknownMessage)),
+        "{error}"
+    );
+
+    let error = consumer.pop("jobs", 0, Duration::ZERO).await.unwrap_err();
+    assert!(
+        matches!(&error, ClientError::Rejected { code: ErrorCode::InvalidArgument, message } if message.contains("max 0")),
+        "{error}"
+    );
+    let error = consumer
+        .pop("jobs", 1, Duration::from_secs(3600))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, ClientError::Rejected { message, .. } if message.contains("pop_wait_max_ms")),
+        "{error}"
+    );
+
+    let huge = vec![0u8; 256 * 1024 + 1];
+    let error = producers[0].push("jobs", 1, huge).await.unwrap_err();
+    assert!(
+        matches!(&error, ClientError::InvalidArgument(m) if m.contains("payload_bytes_max")),
+        "{error}"
+    );
+    let error = producers[0].push("no spaces", 1, "x").await.unwrap_err();
+    assert!(
+        matches!(
+            &error,
+            ClientError::Rejected {
+                code: ErrorCode::InvalidArgument,
+                ..
+            }
+        ),
+        "{error}"
+    );
+
+    // The connections survived every refusal.
+    producers[0].push("jobs", 2, "still fine").await.unwrap();
+    assert_eq!(consumer.pop("jobs", 1, WAIT).await.unwrap().len(), 1);
+    tree.shutdown().await;
+}
+
+/// Writes raw bytes on a raw crest connection's data stream and reads what comes back.
+struct RawClient {
+    _endpoint: quinn::Endpoint,
+    control_send: quinn::SendStream,
+    data_send: quinn::SendStream,
+    control: FrameReader,
+    data: FrameReader,
+}
+
+impl RawClient {
+    async fn connect(tree: &LocalTree, address: &str, peer: PeerKind) -> RawClient {
+        let settings = crest::core::config::Settings::default();
+        let client = crest::transport::client_config(&tree.ca_pem, &settings).unwrap();
+        let addr = address.parse().unwrap();
+        let endpoint = crest::transport::client_endpoint(addr, client).unwrap();
+        let connection = crest::transport::connect(&endpoint, addr).await.unwrap();
+        let streams = open_streams(&connection).await.unwrap();
+        let max = settings.frame_bytes_max;
+        let mut raw = RawClient {
+            _endpoint: endpoint,
+            control_send: streams.control.0,
+            data_send: streams.data.0,
+            control: FrameReader::new(streams.control.1, max),
+            data: FrameReader::new(streams.data.1, max),
+        };
+        let mut hello = Vec::new();
+        encode_frame(
+            &Wire::Hello(Hello {
+                protocol: PROTOCOL_VERSION,
+                peer,
+            }),
+            max,
+            &mut hello,
+        )
+        .unwrap();
+        raw.control_send.write_all(&hello).await.unwrap();
+        assert!(matches!(raw.next_control().await, Wire::Welcome(_)));
+        raw
+    }
+
+    async fn next_control(&mut self) -> Wire {
+        match tokio::time::timeout(WAIT, self.control.next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Some(ReadEvent::Frame(msg)) => msg,
+            other => panic!("expected a frame, got {other:?}"),
+        }
+    }
+
+    async fn next_data(&mut self) -> Wire {
+        match tokio::time::timeout(WAIT, self.data.next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Some(ReadEvent::Frame(msg)) => msg,
+            other => panic!("expected a frame, got {other:?}"),
+        }
+    }
+
+    async fn expect_error(&mut self, code: ErrorCode) -> String {
+        match self.next_control().await {
+            Wire::Error(error) if error.code == code => error.message,
+            other => panic!("expected {code:?}, got {other:?}"),
+        }
+    }
+}
+
+fn raw_frame(body: &[u8], crc: u32) -> Vec<u8> {
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&crc.to_be_bytes());
+    frame.extend_from_slice(body);
+    frame
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_oversized_frames_are_answered_and_the_connection_survives() {
+    let tree = start_tree().await;
+    let leaf = tree.topology.leaves().next().unwrap().address.clone();
+    let mut raw = RawClient::connect(&tree, &leaf, PeerKind::Producer).await;
+
+    let garbage = b"\xc1 this is not msgpack";
+    raw.data_send
+        .write_all(&raw_frame(garbage, crc32fast::hash(garbage)))
+        .await
+        .unwrap();
+    let message = raw.expect_error(ErrorCode::MalformedFrame).await;
+    assert!(message.contains("malformed"), "{message}");
+
+    raw.data_send
+        .write_all(&raw_frame(b"abcd", 0xdead_beef))
+        .await
+        .unwrap();
+    raw.expect_error(ErrorCode::ChecksumMismatch).await;
+
+    let max = crest::core::config::Settings::default().frame_bytes_max as usize;
+    let oversized = vec![7u8; max + 1];
+    raw.data_send
+        .write_all(&raw_frame(&oversized, 0))
+        .await
+        .unwrap();
+    let message = raw.expect_error(ErrorCode::FrameTooLarge).await;
+    assert!(message.contains(&max.to_string()), "{message}");
+
+    // A payload over the leaf's limit in a well-formed frame is refused by name.
+    let too_big = PushMessage {
+        topic: "jobs".into(),
+        priority: 1,
+        metadata: vec![],
+        payload: Bytes::from(vec![1u8; 256 * 1024 + 1]),
+    };
+    let mut frame = Vec::new();
+    encode_frame(
+        &Wire::Push(Push {
+            request: 1,
+            messages: vec![too_big],
+        }),
+        max as u32,
+        &mut frame,
+    )
+    .unwrap();
+    raw.data_send.write_all(&frame).await.unwrap();
+    match raw.next_data().await {
+        Wire::Error(error) => assert_eq!(
+            (error.request, error.code),
+            (Some(1), ErrorCode::PayloadTooLarge)
+        ),
+        other => panic!("{other:?}"),
+    }
+
+    // The same connection still serves a valid push.
+    let ok = PushMessage {
+        topic: "jobs".into(),
+        priority: 1,
+        metadata: vec![],
+        payload: Bytes::from_static(b"ok"),
+    };
+    let mut frame = Vec::new();
+    encode_frame(
+        &Wire::Push(Push {
+            request: 2,
+            messages: vec![ok],
+        }),
+        max as u32,
+        &mut frame,
+    )
+    .unwrap();
+    raw.data_send.write_all(&frame).await.unwrap();
+    assert!(
+        matches!(raw.next_data().await, Wire::PushAck(ack) if ack.request == 2 && ack.ids.len() == 1)
+    );
+
+    // And a consumer cannot push, a producer cannot pop: named, typed refusals.
+    let root = tree.topology.root().address.clone();
+    let mut raw_consumer = RawClient::connect(&tree, &root, PeerKind::Consumer).await;
+    let mut frame = Vec::new();
+    let pop = Pop {
+        request: 9,
+        topic: "jobs".into(),
+        max: 1,
+        wait_ms: 0,
+        lease_ms: Some(0),
+    };
+    encode_frame(&Wire::Pop(pop), max as u32, &mut frame).unwrap();
+    raw_consumer.data_send.write_all(&frame).await.unwrap();
+    match raw_consumer.next_data().await {
+        Wire::Error(error) => {
+            assert_eq!(error.code, ErrorCode::InvalidArgument);
+            assert!(
+                error.message.contains("visibility timeout"),
+                "{}",
+                error.message
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_root_loses_nothing_a_leaf_holds() {
+    // In-process variant: stop the root (its connections close), start a new root on the
+    // same address, and check every message is still delivered. The real-process variant with
+    // SIGKILL lives in tests/processes.rs.
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
+    let topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
+    let mut tree = LocalTree::start(&topology).await.unwrap();
+    assert!(tree.wait_connected(WAIT).await);
+    let producers = producers(&tree).await;
+    let pushed = push_everywhere(&producers, 100, 3).await;
+
+    let consumer_before = consumer(&tree).await;
+    let early = consumer_before.pop("jobs", 10, WAIT).await.unwrap();
+    let receipts: Vec<Receipt> = early.iter().map(Delivery::receipt).collect();
+    assert!(
+        consumer_before
+            .ack_many(&receipts)
+            .await
+            .unwrap()
+            .iter()
+            .all(Result::is_ok)
+    );
+
+    tree.stop_node("root").await;
+    assert!(
+        consumer_before
+            .pop("jobs", 1, Duration::ZERO)
+            .await
+            .is_err(),
+        "the old root is gone"
+    );
+    tree.restart_node("root").await.unwrap();
+    assert!(tree.wait_connected(WAIT).await);
+
+    let consumer_after = consumer(&tree).await;
+    let mut rest = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while rest.len() + early.len() < pushed.len() && tokio::time::Instant::now() < deadline {
+        let batch = consumer_after
+            .pop("jobs", 50, Duration::from_millis(200))
+            .await
+            .unwrap();
+        let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
+        if !receipts.is_empty() {
+            assert!(
+                consumer_after
+                    .ack_many(&receipts)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .all(Result::is_ok)
+            );
+        }
+        rest.extend(batch);
+    }
+    let mut ids: Vec<MessageId> = early.iter().chain(&rest).map(|d| d.id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        pushed.len(),
+        "every message delivered after the restart"
+    );
+    tree.shutdown().await;
+}
