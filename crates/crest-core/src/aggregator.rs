@@ -126,7 +126,7 @@ impl Aggregator {
                         result: Err(ReserveDenied::Unavailable),
                     })
                     .collect();
-                self.to_parent(Wire::Reserved(Reserved { items }));
+                self.send_up(Wire::Reserved(Reserved { items }));
             }
         }
     }
@@ -136,7 +136,7 @@ impl Aggregator {
             Ok(child) => self.send(child, Wire::Confirm(confirm)),
             Err(error) => {
                 let results = vec![Err(error); confirm.receipts.len()];
-                self.to_parent(Wire::Confirmed(Confirmed {
+                self.send_up(Wire::Confirmed(Confirmed {
                     tag: confirm.tag,
                     results,
                 }));
@@ -151,7 +151,7 @@ impl Aggregator {
         }
     }
 
-    fn to_parent(&mut self, msg: Wire) {
+    fn send_up(&mut self, msg: Wire) {
         // Answers for a parent session that ended are dropped: the root that asked is gone,
         // and the leases they carry expire at their leaves.
         if let Some(parent) = self.upstream.session() {
@@ -249,8 +249,8 @@ impl Machine for Aggregator {
         } else if self.children.is_child(conn) {
             match msg {
                 Wire::Offer(offer) => self.handle_offer(conn, offer),
-                Wire::Reserved(reserved) => self.to_parent(Wire::Reserved(reserved)),
-                Wire::Confirmed(confirmed) => self.to_parent(Wire::Confirmed(confirmed)),
+                Wire::Reserved(reserved) => self.send_up(Wire::Reserved(reserved)),
+                Wire::Confirmed(confirmed) => self.send_up(Wire::Confirmed(confirmed)),
                 other => self.reject_unexpected(conn, &other),
             }
         } else {

@@ -87,13 +87,10 @@ impl OfferSet {
             self.note(key, Pending::Add(size));
         }
         // Swap while the best unoffered beats the worst offered; at most `credits` swaps.
-        loop {
-            let (Some((&best, _)), Some((&worst, _))) = (
-                self.unoffered.first_key_value(),
-                self.offered.last_key_value(),
-            ) else {
-                break;
-            };
+        while let (Some((&best, _)), Some((&worst, _))) = (
+            self.unoffered.first_key_value(),
+            self.offered.last_key_value(),
+        ) {
             if best >= worst {
                 break;
             }

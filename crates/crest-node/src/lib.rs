@@ -158,7 +158,8 @@ impl NodeHandle {
         self.endpoint.close(0u32.into(), b"shutdown");
         self.actor.stop(Some("shutdown".into()));
         let _ = self.actor_task.await;
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await;
+        // Give close frames a moment to leave, without waiting out peers that are gone.
+        let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
     }
 }
 
@@ -377,10 +378,15 @@ impl LocalTree {
         Ok(())
     }
 
-    /// Stops every node.
+    /// Stops every node, all at once.
     pub async fn shutdown(self) {
-        for node in self.nodes {
-            node.shutdown().await;
+        let stopping: Vec<_> = self
+            .nodes
+            .into_iter()
+            .map(|node| tokio::spawn(node.shutdown()))
+            .collect();
+        for task in stopping {
+            let _ = task.await;
         }
     }
 }
