@@ -203,9 +203,7 @@ impl Machine for Aggregator {
                 self.transmits.push_back(hello);
             }
             Link::Incoming => {
-                self.children
-                    .peers
-                    .insert(conn, crate::downstream::Peer::Pending);
+                self.children.accept(conn);
             }
         }
     }

@@ -69,6 +69,11 @@ impl Downstream {
         }
     }
 
+    /// A connection arrived; it says who it is in its `Hello`.
+    pub(crate) fn accept(&mut self, conn: ConnId) {
+        self.peers.insert(conn, Peer::Pending);
+    }
+
     /// Handles a `Hello`. `accepts` says which client kinds this role serves.
     pub(crate) fn hello(
         &mut self,

@@ -600,9 +600,7 @@ impl Machine for Leaf {
                 self.transmits.push_back(hello);
             }
             Link::Incoming => {
-                self.clients
-                    .peers
-                    .insert(conn, crate::downstream::Peer::Pending);
+                self.clients.accept(conn);
             }
         }
     }

@@ -541,9 +541,7 @@ impl Machine for Root {
                     .push_back((conn, "the root has no parent".into()));
             }
             Link::Incoming => {
-                self.children
-                    .peers
-                    .insert(conn, crate::downstream::Peer::Pending);
+                self.children.accept(conn);
             }
         }
     }
