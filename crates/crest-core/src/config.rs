@@ -26,6 +26,18 @@ const _: () =
     assert!(PUSH_BATCH_BYTES_MAX_DEFAULT + FRAME_OVERHEAD_BYTES <= FRAME_BYTES_MAX_DEFAULT);
 const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT <= PUSH_BATCH_BYTES_MAX_DEFAULT);
 
+/// When a leaf acknowledges a push batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// After the batch is written and `fdatasync`ed (the default): survives machine crashes.
+    #[default]
+    Fsync,
+    /// After the batch is written to the file, before it is synced: survives a crash of the
+    /// process, loses the last moments on a crash of the machine. Opt-in, for throughput.
+    Buffered,
+}
+
 /// All tunable bounds and timings of a node. Field names carry their unit.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -80,6 +92,14 @@ pub struct Settings {
     pub keep_alive_ms: u64,
     /// First delay before reconnecting to a parent, in milliseconds (doubles per failure).
     pub reconnect_backoff_initial_ms: u64,
+    /// When a leaf acknowledges pushes (leaves with a data directory).
+    pub durability: Durability,
+    /// A log segment is sealed and a new one started past this size, in bytes.
+    pub wal_segment_bytes_max: u64,
+    /// Storage operations queued for the log writer at most.
+    pub wal_queue_ops_max: u32,
+    /// Bytes the log writer gathers into one write (one group commit) at most.
+    pub wal_write_batch_bytes_max: u32,
     /// Longest delay between reconnect attempts, in milliseconds.
     pub reconnect_backoff_max_ms: u64,
 }
@@ -111,6 +131,10 @@ impl Default for Settings {
             idle_timeout_ms: 10_000,
             keep_alive_ms: 1_000,
             reconnect_backoff_initial_ms: 50,
+            durability: Durability::Fsync,
+            wal_segment_bytes_max: 64 * 1024 * 1024,
+            wal_queue_ops_max: 65_536,
+            wal_write_batch_bytes_max: 8 * 1024 * 1024,
             reconnect_backoff_max_ms: 2_000,
         }
     }
@@ -133,7 +157,13 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 14] = [
+        let positive: [(&'static str, u64); 17] = [
+            ("wal_segment_bytes_max", self.wal_segment_bytes_max),
+            ("wal_queue_ops_max", self.wal_queue_ops_max.into()),
+            (
+                "wal_write_batch_bytes_max",
+                self.wal_write_batch_bytes_max.into(),
+            ),
             ("payload_bytes_max", self.payload_bytes_max.into()),
             (
                 "push_batch_messages_max",

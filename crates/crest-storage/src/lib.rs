@@ -1,0 +1,39 @@
+//! crest leaf storage: a segmented write-ahead log with group commit and crash recovery.
+//!
+//! # Layout
+//! - [`format`]: segment and record format (written out in its doc), and the recovery scan
+//!   over bytes;
+//! - [`wal`]: the log on disk: [`wal::open`] recovers, [`wal::Wal::start`] runs the
+//!   group-commit writer.
+
+pub mod format;
+pub mod wal;
+
+/// What can go wrong with storage.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StorageError {
+    /// An I/O operation failed.
+    #[error("{path}: {error}")]
+    Io {
+        /// The file or directory.
+        path: String,
+        /// The error.
+        error: String,
+    },
+    /// A record in the middle of the log is bad: recovery stops rather than guess.
+    #[error(
+        "{file}: corrupt log record at offset {offset}: {detail} (start with recovery mode \
+         `truncate-corrupt` to cut the log there, discarding what follows)"
+    )]
+    Corruption {
+        /// The segment file.
+        file: String,
+        /// Offset of the bad record.
+        offset: u64,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The writer has stopped.
+    #[error("the log writer has stopped")]
+    Closed,
+}

@@ -1,0 +1,355 @@
+//! The write-ahead log on disk: recovery at open, then a group-commit writer thread.
+//!
+//! # Group commit
+//! One thread owns the active segment. It takes every operation waiting in its queue (up to
+//! `write_batch_bytes_max`), writes them with one `write`, then — in [`Durability::Fsync`] mode
+//! — one `fdatasync`, and only then reports them complete: every push batch in the group is
+//! acknowledged by the same sync. In [`Durability::Buffered`] mode completion is reported after
+//! the write (a process crash loses nothing, a machine crash loses the last moments).
+//!
+//! # Failures
+//! A failed write (disk full, I/O error) is cut back from the file and reported as failed for
+//! every operation of its group; nothing of it is acknowledged and the writer goes on. A failed
+//! `fdatasync` is fatal: the process aborts, because after it the kernel may have dropped the
+//! dirty pages and the state of the file is unknown; recovery on restart decides what
+//! survived. The writer never retries a sync.
+//!
+//! # Recovery
+//! [`open`] scans every segment in order. A bad record at the very end of the last segment is
+//! a torn tail: the file is cut back to the last valid record, synced, and the log opens. Any
+//! other bad record fails with [`StorageError::Corruption`] naming the file and offset, unless
+//! [`RecoveryMode::TruncateCorrupt`] explicitly says to cut the log there (discarding
+//! everything after it).
+
+use crate::StorageError;
+use crate::format::{
+    SEGMENT_HEADER_BYTES, encode_record, parse_segment_name, scan_segment, segment_header,
+    segment_name,
+};
+use crest_core::config::Durability;
+use crest_core::leaf::LogRecord;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+
+/// What recovery does about a bad record that is not a torn tail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RecoveryMode {
+    /// Cut back a torn tail of the last segment; fail on anything else (the default).
+    #[default]
+    TolerateTornTail,
+    /// Cut the log at the first bad record, wherever it is, discarding all that follows.
+    /// Explicit data loss: for an operator who would rather start than keep the node down.
+    TruncateCorrupt,
+}
+
+/// How a log is opened.
+#[derive(Clone, Debug)]
+pub struct WalOptions {
+    /// The log's directory (created if missing).
+    pub dir: PathBuf,
+    /// A segment is sealed and a new one started past this size.
+    pub segment_bytes_max: u64,
+    /// Largest record body.
+    pub record_bytes_max: u32,
+    /// When completion is reported.
+    pub durability: Durability,
+    /// What to do about corruption.
+    pub recovery: RecoveryMode,
+    /// Operations queued for the writer at most.
+    pub queue_ops_max: usize,
+    /// Bytes the writer gathers into one write at most.
+    pub write_batch_bytes_max: usize,
+}
+
+/// What recovery found.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Every storage operation in the log, in order.
+    pub operations: Vec<Vec<LogRecord>>,
+    /// Segment files read.
+    pub segments: usize,
+    /// Bytes cut from a torn tail, or discarded by `TruncateCorrupt`, with where.
+    pub truncated: Vec<String>,
+}
+
+/// The completion of one operation that carried a token.
+pub type Completion = (u64, Result<(), String>);
+
+/// The log, recovered and ready to start writing.
+pub struct Wal {
+    options: WalOptions,
+    seq: u64,
+    file: File,
+    len: u64,
+}
+
+fn io_error(path: &Path, error: std::io::Error) -> StorageError {
+    StorageError::Io {
+        path: path.display().to_string(),
+        error: error.to_string(),
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error(dir, e))
+}
+
+fn segments(dir: &Path) -> Result<Vec<u64>, StorageError> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
+        let entry = entry.map_err(|e| io_error(dir, e))?;
+        if let Some(seq) = entry.file_name().to_str().and_then(parse_segment_name) {
+            found.push(seq);
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
+/// Opens (creating if needed) and recovers the log in `options.dir`.
+///
+/// # Errors
+/// [`StorageError::Corruption`] naming the file and offset of a bad record that is not a torn
+/// tail (see [`RecoveryMode`]); [`StorageError::Io`] for any I/O failure.
+pub fn open(options: WalOptions) -> Result<(Wal, Recovered), StorageError> {
+    let dir = options.dir.clone();
+    std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
+    let mut recovered = Recovered::default();
+    let mut seqs = segments(&dir)?;
+    let mut index = 0;
+    while index < seqs.len() {
+        let seq = seqs[index];
+        let path = dir.join(segment_name(seq));
+        let bytes = std::fs::read(&path).map_err(|e| io_error(&path, e))?;
+        let scan = scan_segment(&bytes, seq, options.record_bytes_max);
+        recovered.segments += 1;
+        recovered.operations.extend(scan.operations);
+        if let Some(stop) = scan.stop {
+            let last = index + 1 == seqs.len();
+            let torn = last && stop.reaches_end;
+            if !torn && options.recovery != RecoveryMode::TruncateCorrupt {
+                return Err(StorageError::Corruption {
+                    file: path.display().to_string(),
+                    offset: stop.offset,
+                    detail: stop.bad.to_string(),
+                });
+            }
+            let what = if torn {
+                "torn tail"
+            } else {
+                "corruption (TruncateCorrupt)"
+            };
+            recovered.truncated.push(format!(
+                "{}: cut {} bytes at offset {} ({what}: {})",
+                path.display(),
+                bytes.len() as u64 - scan.valid_len,
+                stop.offset,
+                stop.bad
+            ));
+            if scan.valid_len < SEGMENT_HEADER_BYTES as u64 {
+                std::fs::remove_file(&path).map_err(|e| io_error(&path, e))?;
+            } else {
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| io_error(&path, e))?;
+                file.set_len(scan.valid_len)
+                    .map_err(|e| io_error(&path, e))?;
+                file.sync_all().map_err(|e| io_error(&path, e))?;
+            }
+            for later in seqs.drain(index + 1..) {
+                let later_path = dir.join(segment_name(later));
+                recovered.truncated.push(format!(
+                    "{}: removed (after corruption)",
+                    later_path.display()
+                ));
+                std::fs::remove_file(&later_path).map_err(|e| io_error(&later_path, e))?;
+            }
+            sync_dir(&dir)?;
+            if scan.valid_len < SEGMENT_HEADER_BYTES as u64 {
+                seqs.truncate(index);
+            }
+        }
+        index += 1;
+    }
+    let wal = match seqs.last() {
+        Some(&seq) => {
+            let path = dir.join(segment_name(seq));
+            let file = OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map_err(|e| io_error(&path, e))?;
+            let len = file.metadata().map_err(|e| io_error(&path, e))?.len();
+            Wal {
+                options,
+                seq,
+                file,
+                len,
+            }
+        }
+        None => {
+            let (file, len) = create_segment(&dir, 1)?;
+            Wal {
+                options,
+                seq: 1,
+                file,
+                len,
+            }
+        }
+    };
+    Ok((wal, recovered))
+}
+
+fn create_segment(dir: &Path, seq: u64) -> Result<(File, u64), StorageError> {
+    let path = dir.join(segment_name(seq));
+    let mut file = OpenOptions::new()
+        .append(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| io_error(&path, e))?;
+    file.write_all(&segment_header(seq))
+        .map_err(|e| io_error(&path, e))?;
+    file.sync_all().map_err(|e| io_error(&path, e))?;
+    sync_dir(dir)?;
+    Ok((file, SEGMENT_HEADER_BYTES as u64))
+}
+
+struct Job {
+    records: Vec<LogRecord>,
+    token: Option<u64>,
+}
+
+/// Submits operations to the writer thread.
+#[derive(Clone)]
+pub struct WalHandle {
+    tx: mpsc::SyncSender<Job>,
+}
+
+impl WalHandle {
+    /// Queues an operation. Waits while the queue is full (`queue_ops_max`): records must not
+    /// be dropped, so a leaf whose disk cannot keep up slows down instead.
+    ///
+    /// # Errors
+    /// [`StorageError::Closed`] if the writer has stopped.
+    pub fn submit(&self, records: Vec<LogRecord>, token: Option<u64>) -> Result<(), StorageError> {
+        self.tx
+            .send(Job { records, token })
+            .map_err(|_| StorageError::Closed)
+    }
+}
+
+impl Wal {
+    /// Starts the writer thread; `on_complete` receives the completions of each group.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`] if the thread cannot be spawned.
+    pub fn start(
+        self,
+        on_complete: impl FnMut(Vec<Completion>) + Send + 'static,
+    ) -> Result<WalHandle, StorageError> {
+        let (tx, rx) = mpsc::sync_channel(self.options.queue_ops_max);
+        let dir = self.options.dir.clone();
+        std::thread::Builder::new()
+            .name("crest-wal".into())
+            .spawn(move || self.run(rx, on_complete))
+            .map_err(|e| io_error(&dir, e))?;
+        Ok(WalHandle { tx })
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<Job>, mut on_complete: impl FnMut(Vec<Completion>)) {
+        let mut buf = Vec::with_capacity(1 << 20);
+        while let Ok(first) = rx.recv() {
+            let mut jobs = vec![first];
+            let mut estimate = 0usize;
+            while estimate < self.options.write_batch_bytes_max {
+                match rx.try_recv() {
+                    Ok(job) => {
+                        estimate += job.records.len() * 64;
+                        jobs.push(job);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let completions = self.write_group(&jobs, &mut buf);
+            if !completions.is_empty() {
+                on_complete(completions);
+            }
+        }
+    }
+
+    /// Encodes, writes and (in fsync mode) syncs one group; returns its completions.
+    fn write_group(&mut self, jobs: &[Job], buf: &mut Vec<u8>) -> Vec<Completion> {
+        let max = self.options.record_bytes_max;
+        let encode = |seq: u64, buf: &mut Vec<u8>| {
+            buf.clear();
+            let mut failed = Vec::new();
+            for (index, job) in jobs.iter().enumerate() {
+                if let Err(error) = encode_record(seq, &job.records, max, buf) {
+                    failed.push((index, error));
+                }
+            }
+            failed
+        };
+        let mut failed: Vec<(usize, String)> = encode(self.seq, buf);
+        let header = SEGMENT_HEADER_BYTES as u64;
+        if self.len > header && self.len + buf.len() as u64 > self.options.segment_bytes_max {
+            if let Err(error) = self.rotate() {
+                return fail_all(jobs, &error.to_string());
+            }
+            failed = encode(self.seq, buf);
+        }
+        let path = self.options.dir.join(segment_name(self.seq));
+        if let Err(error) = self.file.write_all(buf) {
+            // Cut back whatever part of the group reached the file: none of it is acknowledged,
+            // and recovery must not find half of it.
+            let _ = self.file.set_len(self.len);
+            tracing::error!(path = %path.display(), %error, "log write failed; the group is refused");
+            return fail_all(
+                jobs,
+                &format!("log write to {} failed: {error}", path.display()),
+            );
+        }
+        if self.options.durability == Durability::Fsync
+            && let Err(error) = self.file.sync_data()
+        {
+            tracing::error!(path = %path.display(), %error, "fdatasync failed: stopping the process");
+            eprintln!(
+                "crest: fdatasync of {} failed: {error}; aborting (recovery decides what survived)",
+                path.display()
+            );
+            std::process::abort();
+        }
+        self.len += buf.len() as u64;
+        jobs.iter()
+            .enumerate()
+            .filter_map(|(index, job)| {
+                let token = job.token?;
+                let result = match failed.iter().find(|(i, _)| *i == index) {
+                    Some((_, error)) => Err(error.clone()),
+                    None => Ok(()),
+                };
+                Some((token, result))
+            })
+            .collect()
+    }
+
+    fn rotate(&mut self) -> Result<(), StorageError> {
+        let path = self.options.dir.join(segment_name(self.seq));
+        self.file.sync_data().map_err(|e| io_error(&path, e))?;
+        let (file, len) = create_segment(&self.options.dir, self.seq + 1)?;
+        self.seq += 1;
+        self.file = file;
+        self.len = len;
+        Ok(())
+    }
+}
+
+fn fail_all(jobs: &[Job], error: &str) -> Vec<Completion> {
+    jobs.iter()
+        .filter_map(|job| job.token.map(|token| (token, Err(error.to_string()))))
+        .collect()
+}
