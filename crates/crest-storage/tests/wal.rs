@@ -6,7 +6,7 @@ use crest_core::leaf::LogRecord;
 use crest_storage::StorageError;
 use crest_storage::format::{SEGMENT_HEADER_BYTES, segment_name};
 use crest_storage::wal::{Completion, RecoveryMode, WalOptions, open};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -19,9 +19,9 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-fn options(dir: &PathBuf) -> WalOptions {
+fn options(dir: &Path) -> WalOptions {
     WalOptions {
-        dir: dir.clone(),
+        dir: dir.to_path_buf(),
         segment_bytes_max: 64 * 1024 * 1024,
         record_bytes_max: 1 << 20,
         durability: Durability::Fsync,
