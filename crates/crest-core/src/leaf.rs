@@ -176,6 +176,77 @@ impl Leaf {
         }
     }
 
+    /// Rebuilds a leaf from its log: every storage operation it ever emitted, in order.
+    ///
+    /// Messages come back available; those that were leased at the crash keep their attempt
+    /// counts (their leases are gone with the root that held them). Sequence numbers continue
+    /// above both the highest recovered and `config.first_seq`.
+    pub fn recover(
+        config: LeafConfig,
+        operations: impl IntoIterator<Item = Vec<LogRecord>>,
+    ) -> Leaf {
+        let mut leaf = Leaf::new(config);
+        let mut seq_max = 0;
+        for record in operations.into_iter().flatten() {
+            match record {
+                LogRecord::Enqueue {
+                    id,
+                    topic,
+                    priority,
+                    ready_at,
+                    enqueued_at,
+                    metadata,
+                    payload,
+                } => {
+                    seq_max = seq_max.max(id.seq());
+                    if leaf.messages.contains_key(&id) {
+                        continue;
+                    }
+                    let topic = leaf.topic(&topic);
+                    leaf.topics.get_mut(&topic).expect("created").messages += 1;
+                    let key = Key {
+                        priority,
+                        ready_at,
+                        id,
+                    };
+                    let stored = Stored {
+                        topic,
+                        key,
+                        enqueued_at,
+                        metadata,
+                        payload,
+                        attempt: 0,
+                        lease: None,
+                    };
+                    leaf.messages.insert(id, stored);
+                }
+                LogRecord::Lease { id, attempt, .. } => {
+                    if let Some(stored) = leaf.messages.get_mut(&id) {
+                        stored.attempt = stored.attempt.max(attempt);
+                    }
+                }
+                LogRecord::Delete { id } => {
+                    if let Some(stored) = leaf.messages.remove(&id) {
+                        leaf.topics
+                            .get_mut(&stored.topic)
+                            .expect("topic of a message")
+                            .messages -= 1;
+                    }
+                }
+                LogRecord::Release { .. } => {}
+            }
+        }
+        let ids: Vec<MessageId> = leaf.messages.keys().copied().collect();
+        for id in ids {
+            leaf.make_available(id);
+        }
+        leaf.topics.retain(|_, topic| topic.messages > 0);
+        leaf.dirty.clear();
+        leaf.dirty.extend(leaf.topics.keys().cloned());
+        leaf.next_seq = leaf.next_seq.max(seq_max + 1).min(MESSAGE_SEQ_MAX);
+        leaf
+    }
+
     /// This leaf's id.
     pub fn id(&self) -> LeafId {
         self.config.id
@@ -685,6 +756,26 @@ impl Machine for Leaf {
                 ids,
             }),
         );
+        self.flush_offers();
+    }
+
+    fn handle_storage_failed(&mut self, _now: Time, token: u64, reason: &str) {
+        let Some(batch) = self.pending.remove(&token) else {
+            return;
+        };
+        self.pending_messages -= batch.messages.len() as u64;
+        let topics: HashSet<Topic> = batch
+            .messages
+            .iter()
+            .map(|(_, m)| m.topic.clone())
+            .collect();
+        let text =
+            format!("the leaf could not store the batch ({reason}); nothing of it was accepted");
+        self.send(
+            batch.conn,
+            Wire::error(Some(batch.request), ErrorCode::StorageFailed, text),
+        );
+        self.dirty.extend(topics);
         self.flush_offers();
     }
 

@@ -67,6 +67,8 @@ pub trait Machine: Send {
     fn handle_timeout(&mut self, now: Time);
     /// A storage operation finished durably.
     fn handle_storage_done(&mut self, _now: Time, _done: StorageDone) {}
+    /// A storage operation with a token failed: nothing of it is stored.
+    fn handle_storage_failed(&mut self, _now: Time, _token: u64, _reason: &str) {}
     /// The next storage operation to perform.
     fn poll_storage(&mut self) -> Option<StorageOp> {
         None

@@ -140,6 +140,8 @@ pub enum ErrorCode {
     Overloaded,
     /// A node needed for the request is not connected.
     Unavailable,
+    /// The leaf could not store the batch (disk full, I/O error); nothing of it was accepted.
+    StorageFailed,
 }
 
 impl fmt::Display for ErrorCode {
