@@ -140,14 +140,32 @@ where
     }
 }
 
-/// Pops and acks until `expected` distinct messages were seen in total, or 30 s pass.
+/// Pops and acks until at least `count` distinct messages were seen in total, or 30 s pass.
+async fn take(consumer: &Consumer, seen: &mut HashSet<MessageId>, count: usize) {
+    pop_and_ack(consumer, seen, count, false).await
+}
+
+/// Pops and acks until at least `expected` distinct messages were seen in total and a pop
+/// comes back empty, or 30 s pass.
 async fn drain(consumer: &Consumer, seen: &mut HashSet<MessageId>, expected: usize) {
+    pop_and_ack(consumer, seen, expected, true).await
+}
+
+async fn pop_and_ack(
+    consumer: &Consumer,
+    seen: &mut HashSet<MessageId>,
+    expected: usize,
+    until_empty: bool,
+) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while seen.len() < expected && tokio::time::Instant::now() < deadline {
+    while tokio::time::Instant::now() < deadline && (until_empty || seen.len() < expected) {
         let batch = match consumer.pop("jobs", 32, Duration::from_millis(500)).await {
             Ok(batch) => batch,
             Err(error) => panic!("pop failed: {error}"),
         };
+        if batch.is_empty() && seen.len() >= expected {
+            break;
+        }
         let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
         if !receipts.is_empty() {
             let results = consumer.ack_many(&receipts).await.unwrap();
@@ -199,13 +217,17 @@ async fn killing_the_root_or_an_aggregator_loses_nothing_the_leaves_hold() {
     // Take some before the crash; they are acknowledged and must never come back.
     let consumer = cluster.consumer().await;
     let mut seen = HashSet::new();
-    drain(&consumer, &mut seen, 100).await;
-    assert!(seen.len() >= 100);
+    take(&consumer, &mut seen, 100).await;
+    assert!(
+        (100..400).contains(&seen.len()),
+        "{} taken before the crash",
+        seen.len()
+    );
 
     cluster.kill("root");
     cluster.launch("root");
     let consumer = cluster.consumer().await;
-    drain(&consumer, &mut seen, 250).await;
+    take(&consumer, &mut seen, 250).await;
     assert!(
         seen.len() >= 250,
         "delivery resumed after the root restart: {} seen",
@@ -221,6 +243,101 @@ async fn killing_the_root_or_an_aggregator_loses_nothing_the_leaves_hold() {
     assert_eq!(
         seen, all,
         "every message delivered exactly once across both restarts"
+    );
+    assert_logs_clean(&cluster.dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaf_killed_again_and_again_loses_no_acknowledged_message() {
+    // Goal: invariant 1 (fsync mode): an acknowledged push survives any crash of its leaf.
+    // Method: one producer pushes to leaf-1 without pause, recording every acknowledged id;
+    // leaf-1 is killed with SIGKILL at random moments five times and restarted each time;
+    // then everything is popped. Unacknowledged messages may or may not appear; nothing is
+    // leased during the crashes, so nothing may appear twice.
+    let seed: u64 = rand::random();
+    eprintln!("kill schedule seed: {seed}");
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
+    let mut cluster = Cluster::start("leafcrash");
+    let leaf = cluster.topology.node("leaf-1").unwrap().address.clone();
+    let tls = cluster.tls();
+    let producer = retry(|| {
+        let mut config = ProducerConfig::new(vec![leaf.clone()], tls.clone());
+        config.ack_timeout = Duration::from_secs(1);
+        Producer::connect(config)
+    })
+    .await;
+    let producer = std::sync::Arc::new(producer);
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<MessageId>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pusher = {
+        let (producer, acked, stop) = (producer.clone(), acked.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut failures = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut handles = Vec::new();
+                for i in 0..64 {
+                    let message =
+                        crest::sdk::Message::new("jobs", format!("crash {i}")).priority(i % 5);
+                    handles.push(producer.send(message).await.unwrap());
+                }
+                for handle in handles {
+                    match handle.acked().await {
+                        Ok(id) => acked.lock().unwrap().push(id),
+                        Err(_) => failures += 1,
+                    }
+                }
+                if failures > 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            failures
+        })
+    };
+    // Each kill comes after the current incarnation has acknowledged at least 100 pushes, at a
+    // random moment within the stream of pushes, so every kill interrupts live traffic.
+    let progress = |acked: &std::sync::Mutex<Vec<MessageId>>| acked.lock().unwrap().len();
+    for round in 0..5 {
+        let base = progress(&acked);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while progress(&acked) < base + 100 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "incarnation {round} took no pushes"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let pause = rand::Rng::random_range(&mut rng, 0..80);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        cluster.kill("leaf-1");
+        cluster.launch("leaf-1");
+    }
+    // Let the last incarnation take some acknowledged pushes too.
+    let before = acked.lock().unwrap().len();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while acked.lock().unwrap().len() < before + 200 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let failures = pusher.await.unwrap();
+    let acked: HashSet<MessageId> = acked.lock().unwrap().iter().copied().collect();
+    eprintln!(
+        "{} pushes acknowledged, {failures} failed around the crashes",
+        acked.len()
+    );
+    assert!(
+        acked.len() > before,
+        "the restarted leaf accepts pushes again"
+    );
+
+    let consumer = cluster.consumer().await;
+    let mut seen = HashSet::new();
+    drain(&consumer, &mut seen, acked.len()).await;
+    let lost: Vec<&MessageId> = acked.difference(&seen).collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged messages lost, e.g. {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
     );
     assert_logs_clean(&cluster.dir);
 }

@@ -20,6 +20,7 @@
 //! id = 1                     # leaf id, 1..=65535, unique; defaults to its rank among leaves
 //! listen = "127.0.0.1:7411"
 //! parent = "root"
+//! data_dir = "data/leaf-1"  # where a leaf keeps its log (default: data/NAME)
 //! settings = { lease_timeout_ms = 60000 }   # per-node overrides
 //! ```
 //!
@@ -83,6 +84,7 @@ struct RawNode {
     address: Option<String>,
     parent: Option<String>,
     id: Option<u16>,
+    data_dir: Option<PathBuf>,
     #[serde(default)]
     settings: toml::Table,
 }
@@ -102,6 +104,9 @@ pub struct NodeSpec {
     pub parent: Option<String>,
     /// Its leaf id (leaves only).
     pub leaf_id: Option<LeafId>,
+    /// Where a leaf keeps its log, relative to the topology file (`None`: the launcher's
+    /// default, `data/NAME`).
+    pub data_dir: Option<PathBuf>,
     /// Its settings: defaults, then `[settings]`, then its own overrides.
     pub settings: Settings,
 }
@@ -169,6 +174,7 @@ impl Topology {
                 listen,
                 parent: node.parent,
                 leaf_id,
+                data_dir: node.data_dir,
                 settings,
             });
         }

@@ -12,10 +12,11 @@
 //! events are bounded by `connections_max`; there is at most one pending timer message per
 //! deadline.
 
-use crate::storage::Storage;
+use crate::storage::{Storage, Submitted};
 use crest_core::machine::{ConnId, Link, Machine, NodeStats};
 use crest_core::time::Time;
 use crest_core::wire::Wire;
+use crest_storage::wal::Completion;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -47,6 +48,8 @@ pub(crate) enum NodeMsg {
     },
     /// The machine's timer may be due.
     Tick,
+    /// Storage operations finished (from the log writer).
+    Stored(Vec<Completion>),
     /// Report counters.
     Stats(RpcReplyPort<NodeStats>),
 }
@@ -86,9 +89,13 @@ impl NodeState {
             let mut progressed = false;
             while let Some(op) = self.machine.poll_storage() {
                 progressed = true;
-                if let Some(done) = self.storage.submit(op) {
-                    let now = self.now();
-                    self.machine.handle_storage_done(now, done);
+                let now = self.now();
+                match self.storage.submit(op) {
+                    Submitted::Done(done) => self.machine.handle_storage_done(now, done),
+                    Submitted::Failed { token, reason } => {
+                        self.machine.handle_storage_failed(now, token, &reason)
+                    }
+                    Submitted::Pending => {}
                 }
             }
             while let Some(transmit) = self.machine.poll_transmit() {
@@ -209,6 +216,16 @@ impl Actor for NodeActor {
                     .is_some_and(|deadline| deadline <= now)
                 {
                     state.machine.handle_timeout(now);
+                }
+            }
+            NodeMsg::Stored(completions) => {
+                for (token, result) in completions {
+                    match result {
+                        Ok(()) => state
+                            .machine
+                            .handle_storage_done(now, crest_core::machine::StorageDone { token }),
+                        Err(reason) => state.machine.handle_storage_failed(now, token, &reason),
+                    }
                 }
             }
             NodeMsg::Stats(reply) => {

@@ -23,12 +23,14 @@ use crest_core::machine::{Machine, NodeStats};
 use crest_core::root::{Root, RootConfig};
 use crest_core::topology::{NodeSpec, Topology};
 use crest_core::wire::Role;
+use crest_storage::wal::{RecoveryMode, WalOptions};
 use crest_transport::tls::{CertificateAuthority, CertifiedKey};
 use net::NetContext;
 use ractor::{Actor, ActorRef};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
@@ -55,6 +57,18 @@ pub enum NodeError {
     /// The actor could not be spawned or queried.
     #[error("actor: {0}")]
     Actor(String),
+    /// The leaf's log could not be opened or recovered.
+    #[error(transparent)]
+    Storage(#[from] crest_storage::StorageError),
+}
+
+/// How a node keeps its data.
+#[derive(Clone, Debug, Default)]
+pub struct StartOptions {
+    /// A leaf's log directory; `None` keeps its messages in memory only (lost on a crash).
+    pub data_dir: Option<PathBuf>,
+    /// What log recovery does about corruption that is not a torn tail.
+    pub recovery: RecoveryMode,
 }
 
 /// TLS material of one node: its certificate and the CA it trusts for its parent.
@@ -169,58 +183,112 @@ fn now_millis() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Builds the state machine for a node of the topology.
-fn machine_for(topology: &Topology, spec: &NodeSpec) -> Box<dyn Machine> {
+/// Builds the state machine for a node of the topology, recovering a leaf from its log when
+/// it has a data directory; returns the log, ready to start, too.
+fn machine_for(
+    topology: &Topology,
+    spec: &NodeSpec,
+    options: &StartOptions,
+) -> Result<(Box<dyn Machine>, Option<crest_storage::wal::Wal>), NodeError> {
     let subtree = topology.subtree_leaves(&spec.name);
-    match spec.role {
+    let settings = spec.settings.clone();
+    let machine: Box<dyn Machine> = match spec.role {
         Role::Root => Box::new(Root::new(RootConfig {
             name: spec.name.clone(),
-            settings: spec.settings.clone(),
+            settings,
             subtree,
         })),
         Role::Aggregator => Box::new(Aggregator::new(AggregatorConfig {
             name: spec.name.clone(),
-            settings: spec.settings.clone(),
+            settings,
             subtree,
         })),
-        Role::Leaf => Box::new(Leaf::new(LeafConfig {
-            name: spec.name.clone(),
-            id: spec.leaf_id.expect("validated: leaves have ids"),
-            settings: spec.settings.clone(),
-            seed: rand::random(),
-            // With the memory store nothing survives a restart; starting sequence numbers at
-            // the clock keeps ids of a restarted leaf distinct from its earlier ones.
-            first_seq: now_millis(),
-        })),
-    }
+        Role::Leaf => {
+            let config = LeafConfig {
+                name: spec.name.clone(),
+                id: spec.leaf_id.expect("validated: leaves have ids"),
+                settings: settings.clone(),
+                seed: rand::random(),
+                // Sequence numbers start at the clock (or above the recovered ones), so ids of a
+                // restarted leaf never repeat ids an older incarnation may have handed out.
+                first_seq: now_millis(),
+            };
+            let Some(dir) = &options.data_dir else {
+                return Ok((Box::new(Leaf::new(config)), None));
+            };
+            let wal_options = WalOptions {
+                dir: dir.clone(),
+                segment_bytes_max: settings.wal_segment_bytes_max,
+                record_bytes_max: settings.frame_bytes_max,
+                durability: settings.durability,
+                recovery: options.recovery,
+                queue_ops_max: settings.wal_queue_ops_max as usize,
+                write_batch_bytes_max: settings.wal_write_batch_bytes_max as usize,
+            };
+            let started = std::time::Instant::now();
+            let (wal, recovered) = crest_storage::wal::open(wal_options)?;
+            let operations = recovered.operations.len();
+            let leaf = Leaf::recover(config, recovered.operations);
+            for cut in &recovered.truncated {
+                tracing::warn!(node = %spec.name, "log recovery: {cut}");
+            }
+            tracing::info!(
+                node = %spec.name,
+                dir = %dir.display(),
+                segments = recovered.segments,
+                operations,
+                messages = leaf.stats().messages,
+                elapsed = ?started.elapsed(),
+                "leaf recovered from its log"
+            );
+            return Ok((Box::new(leaf), Some(wal)));
+        }
+    };
+    Ok((machine, None))
 }
 
-/// Starts node `name` of `topology`: binds its address, spawns its actor, accepts connections
-/// and (except the root) keeps a session with its parent.
+/// Starts node `name` of `topology`: recovers a leaf's log, binds its address, spawns its
+/// actor, accepts connections and (except the root) keeps a session with its parent.
 ///
 /// # Errors
-/// [`NodeError`] if the node is unknown, the TLS material is invalid or the address is taken.
+/// [`NodeError`] if the node is unknown, its log cannot be recovered, the TLS material is
+/// invalid or the address is taken.
 pub async fn start_node(
     topology: &Topology,
     name: &str,
     tls: &NodeTls,
+    options: &StartOptions,
 ) -> Result<NodeHandle, NodeError> {
     let spec = topology
         .node(name)
         .ok_or_else(|| NodeError::UnknownNode(name.to_string()))?;
     let server = crest_transport::server_config(&tls.node, &spec.settings)?;
     let client = crest_transport::client_config(&tls.ca_pem, &spec.settings)?;
+    let (machine, wal) = machine_for(topology, spec, options)?;
     let endpoint = crest_transport::node_endpoint(spec.listen, server, client)?;
     let local_addr = endpoint
         .local_addr()
         .map_err(|e| NodeError::Actor(e.to_string()))?;
-    let args = NodeArgs {
-        machine: machine_for(topology, spec),
-        storage: Box::new(storage::MemoryStore),
+    // The log writer reports completions to the actor, which exists only after the spawn; no
+    // operation can be submitted before the actor runs, so none can complete before this is set.
+    let actor_slot: Arc<OnceLock<ActorRef<NodeMsg>>> = Arc::new(OnceLock::new());
+    let storage: Box<dyn storage::Storage> = match wal {
+        Some(wal) => {
+            let slot = actor_slot.clone();
+            let handle = wal.start(move |done| {
+                if let Some(actor) = slot.get() {
+                    let _ = actor.send_message(NodeMsg::Stored(done));
+                }
+            })?;
+            Box::new(storage::WalStore { handle })
+        }
+        None => Box::new(storage::MemoryStore),
     };
+    let args = NodeArgs { machine, storage };
     let (actor, actor_task) = Actor::spawn(None, NodeActor, args)
         .await
         .map_err(|e| NodeError::Actor(e.to_string()))?;
+    let _ = actor_slot.set(actor.clone());
     let shutdown = CancellationToken::new();
     let ctx = NetContext {
         actor: actor.clone(),
@@ -255,6 +323,8 @@ pub struct LocalTree {
     pub topology: Topology,
     /// The CA that signs the nodes' certificates (kept to restart nodes).
     ca: CertificateAuthority,
+    /// Where leaves keep their logs (`DATA_ROOT/NAME`), if anywhere.
+    data_root: Option<PathBuf>,
 }
 
 impl LocalTree {
@@ -263,6 +333,19 @@ impl LocalTree {
     /// # Errors
     /// [`NodeError`] from the first node that fails to start (the others are stopped).
     pub async fn start(topology: &Topology) -> Result<LocalTree, NodeError> {
+        LocalTree::start_with(topology, None).await
+    }
+
+    /// Starts every node; leaves keep durable logs in `data_root/NAME` when it is given
+    /// (recovering what a previous run left there), in memory otherwise.
+    ///
+    /// # Errors
+    /// [`NodeError`] from the first node that fails to start (the others are stopped).
+    pub async fn start_with(
+        topology: &Topology,
+        data_root: Option<&Path>,
+    ) -> Result<LocalTree, NodeError> {
+        let data_root = data_root.map(Path::to_path_buf);
         let ca = CertificateAuthority::generate()?;
         // Parents start before their children, so that a node listening on port 0 (tests)
         // is bound, and its real address known, before anyone dials it.
@@ -283,8 +366,10 @@ impl LocalTree {
         let mut nodes = Vec::new();
         for name in order {
             let spec = topology.node(&name).expect("from the topology").clone();
-            let started =
-                async { start_node(&topology, &name, &NodeTls::issue(&ca, &spec)?).await };
+            let options = LocalTree::options(data_root.as_deref(), &name);
+            let started = async {
+                start_node(&topology, &name, &NodeTls::issue(&ca, &spec)?, &options).await
+            };
             match started.await {
                 Ok(node) => {
                     if spec.listen.port() == 0 {
@@ -312,7 +397,15 @@ impl LocalTree {
             ca_pem: ca.cert_pem().to_string(),
             topology,
             ca,
+            data_root,
         })
+    }
+
+    fn options(data_root: Option<&Path>, name: &str) -> StartOptions {
+        StartOptions {
+            data_dir: data_root.map(|root| root.join(name)),
+            recovery: RecoveryMode::default(),
+        }
     }
 
     /// The node named `name`.
@@ -349,8 +442,8 @@ impl LocalTree {
         }
     }
 
-    /// Stops a node if it runs and starts it again on the same address, with fresh state (all
-    /// state above the leaves is soft; a leaf restarts empty until it has a durable log).
+    /// Stops a node if it runs and starts it again on the same address. State above the leaves
+    /// is soft and starts fresh; a leaf recovers its log (or starts empty in memory mode).
     ///
     /// # Errors
     /// [`NodeError`] if it cannot start.
@@ -364,7 +457,8 @@ impl LocalTree {
         // The old socket may take a moment to be released.
         let mut attempts = 0;
         let node = loop {
-            match start_node(&self.topology, name, &tls).await {
+            let options = LocalTree::options(self.data_root.as_deref(), name);
+            match start_node(&self.topology, name, &tls, &options).await {
                 Ok(node) => break node,
                 Err(NodeError::Transport(error)) if attempts < 50 => {
                     tracing::debug!(%error, "rebinding");

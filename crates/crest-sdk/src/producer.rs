@@ -257,7 +257,15 @@ async fn run_lane(
         tokio::spawn(async move {
             let current = current_link(&link, &address, &config).await;
             let result = match current {
-                Ok(current) => send_batch(&current, &mut batch, config.ack_timeout).await,
+                Ok(current) => {
+                    let result = send_batch(&current, &mut batch, config.ack_timeout).await;
+                    if matches!(result, Err(ClientError::Timeout(_))) {
+                        // A leaf that does not answer in time is treated as gone (it may have
+                        // crashed without closing the connection): the next batch reconnects.
+                        current.close();
+                    }
+                    result
+                }
                 Err(error) => Err(error),
             };
             if let Err(error) = result {

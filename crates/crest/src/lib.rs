@@ -10,6 +10,7 @@
 pub use crest_core as core;
 pub use crest_node as node;
 pub use crest_sdk as sdk;
+pub use crest_storage as storage;
 pub use crest_transport as transport;
 
 /// The embedded default topology (`topology/local.toml`): root, two aggregators, four leaves.

@@ -4,11 +4,12 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use crest::core::topology::Topology;
 use crest::core::wire::Role;
-use crest::node::{LocalTree, NodeTls, start_node};
+use crest::node::{LocalTree, NodeTls, StartOptions, start_node};
 use crest::sdk::{
     ClientTls, Consumer, ConsumerConfig, Message, PopOptions, Producer, ProducerConfig, Receipt,
 };
 use crest::transport::tls::CertificateAuthority;
+use crest_storage::wal::RecoveryMode;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -33,6 +34,12 @@ enum Command {
         /// Where to write the CA certificate clients must trust.
         #[arg(long, default_value = crest::LOCAL_CA_PATH)]
         ca_out: PathBuf,
+        /// Where leaves keep their logs (DATA_DIR/NAME); a restart recovers them.
+        #[arg(long, default_value = ".crest/local/data")]
+        data_dir: PathBuf,
+        /// Keep messages in memory only (lost when the process stops).
+        #[arg(long)]
+        memory: bool,
     },
     /// Run one node of a topology (one command per host), with certificates from `crest certs`.
     Launch {
@@ -42,6 +49,15 @@ enum Command {
         /// The node to run.
         #[arg(long)]
         node: String,
+        /// A leaf's log directory; default: the node's `data_dir` in the topology, else
+        /// `data/NAME` beside the topology file.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// What log recovery does about a bad record that is not a torn tail: refuse to start
+        /// (`tolerate-torn-tail`, the default) or cut the log there, losing what follows
+        /// (`truncate-corrupt`).
+        #[arg(long, value_enum, default_value_t = Recovery::TolerateTornTail)]
+        recovery: Recovery,
     },
     /// Make a cluster CA (or reuse the one found) and a certificate for every node of a topology.
     Certs {
@@ -58,6 +74,24 @@ enum Command {
     Pop(PopArgs),
     /// Acknowledge deliveries by receipt.
     Ack(AckArgs),
+}
+
+/// Recovery modes, as the command line spells them.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Recovery {
+    /// Cut back a torn tail of the last segment; refuse anything else.
+    TolerateTornTail,
+    /// Cut the log at the first bad record, discarding what follows.
+    TruncateCorrupt,
+}
+
+impl From<Recovery> for RecoveryMode {
+    fn from(recovery: Recovery) -> RecoveryMode {
+        match recovery {
+            Recovery::TolerateTornTail => RecoveryMode::TolerateTornTail,
+            Recovery::TruncateCorrupt => RecoveryMode::TruncateCorrupt,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -179,13 +213,24 @@ fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Local { topology, ca_out } => {
+        Command::Local {
+            topology,
+            ca_out,
+            data_dir,
+            memory,
+        } => {
             init_tracing("info");
-            local(topology.as_deref(), &ca_out).await
+            let data_dir = (!memory).then_some(data_dir);
+            local(topology.as_deref(), &ca_out, data_dir.as_deref()).await
         }
-        Command::Launch { topology, node } => {
+        Command::Launch {
+            topology,
+            node,
+            data_dir,
+            recovery,
+        } => {
             init_tracing("info");
-            launch(&topology, &node).await
+            launch(&topology, &node, data_dir, recovery.into()).await
         }
         Command::Certs { topology, out } => certs(&topology, out),
         Command::Push(args) => {
@@ -203,9 +248,9 @@ async fn run(cli: Cli) -> Result<()> {
     }
 }
 
-async fn local(topology_path: Option<&Path>, ca_out: &Path) -> Result<()> {
+async fn local(topology_path: Option<&Path>, ca_out: &Path, data_dir: Option<&Path>) -> Result<()> {
     let topology = load_topology(topology_path)?;
-    let tree = LocalTree::start(&topology).await?;
+    let tree = LocalTree::start_with(&topology, data_dir).await?;
     if let Some(dir) = ca_out.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -244,6 +289,13 @@ async fn local(topology_path: Option<&Path>, ca_out: &Path) -> Result<()> {
     println!("producers push to the leaves: {}", leaves.join(", "));
     println!("consumers pop from the root:  {}", root.local_addr());
     println!("clients trust the CA in:      {}", ca_out.display());
+    match data_dir {
+        Some(dir) => println!(
+            "leaves keep their logs in:    {} (fsync before ack)",
+            dir.display()
+        ),
+        None => println!("leaves keep messages in memory only (--memory)"),
+    }
     println!(
         "try:  crest push --topic jobs --priority 1 hello   then   crest pop --topic jobs --ack"
     );
@@ -254,7 +306,12 @@ async fn local(topology_path: Option<&Path>, ca_out: &Path) -> Result<()> {
     Ok(())
 }
 
-async fn launch(topology_path: &Path, name: &str) -> Result<()> {
+async fn launch(
+    topology_path: &Path,
+    name: &str,
+    data_dir: Option<PathBuf>,
+    recovery: RecoveryMode,
+) -> Result<()> {
     let topology = load_topology(Some(topology_path))?;
     let tls =
         NodeTls::from_files(&topology, name, &base_dir(topology_path))?.with_context(|| {
@@ -264,7 +321,23 @@ async fn launch(topology_path: &Path, name: &str) -> Result<()> {
                 topology_path.display()
             )
         })?;
-    let node = start_node(&topology, name, &tls).await?;
+    let spec = topology
+        .node(name)
+        .with_context(|| format!("node {name:?} is not in the topology"))?;
+    let data_dir = match (data_dir, &spec.data_dir) {
+        (Some(dir), _) => dir,
+        (None, Some(dir)) => base_dir(topology_path).join(dir),
+        (None, None) => base_dir(topology_path).join("data").join(name),
+    };
+    let durable = spec.role == Role::Leaf;
+    let options = StartOptions {
+        data_dir: durable.then(|| data_dir.clone()),
+        recovery,
+    };
+    let node = start_node(&topology, name, &tls, &options).await?;
+    if durable {
+        println!("log directory: {}", data_dir.display());
+    }
     println!(
         "crest node {} ({}) listening on {}",
         node.name(),
