@@ -4,9 +4,11 @@
 //! - [`format`]: segment and record format (written out in its doc), and the recovery scan
 //!   over bytes;
 //! - [`wal`]: the log on disk: [`wal::open`] recovers, [`wal::Wal::start`] runs the
-//!   group-commit writer.
+//!   group-commit writer;
+//! - [`inspect`]: read-only verification of a log directory (`crest wal inspect`).
 
 pub mod format;
+pub mod inspect;
 pub mod wal;
 
 /// What can go wrong with storage.

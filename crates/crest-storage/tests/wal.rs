@@ -174,3 +174,50 @@ fn a_bad_segment_before_the_last_is_corruption_even_at_its_end() {
     assert!(matches!(error, StorageError::Corruption { .. }), "{error}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn inspect_counts_records_and_tells_a_torn_tail_from_corruption() {
+    let dir = temp_dir("inspect");
+    let small = WalOptions {
+        segment_bytes_max: 2048,
+        ..options(&dir)
+    };
+    write_with(small.clone(), 1, 120, true);
+    let report = crest_storage::inspect::inspect(&dir, 1 << 20).unwrap();
+    assert!(report.segments.len() > 1);
+    assert_eq!(report.entries[0], 120);
+    assert_eq!(report.live_messages, 120);
+    assert!(!report.is_fatal() && report.segments.iter().all(|s| s.problem.is_none()));
+
+    let last = dir.join(segment_name(report.segments.len() as u64));
+    let len = std::fs::metadata(&last).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&last)
+        .unwrap()
+        .set_len(len - 1)
+        .unwrap();
+    let report = crest_storage::inspect::inspect(&dir, 1 << 20).unwrap();
+    let problem = report.segments.last().unwrap().problem.clone().unwrap();
+    assert!(
+        problem.contains("torn tail") && !report.is_fatal(),
+        "{problem}"
+    );
+
+    let first = dir.join(segment_name(1));
+    let mut bytes = std::fs::read(&first).unwrap();
+    bytes[SEGMENT_HEADER_BYTES + 12] ^= 0x80;
+    std::fs::write(&first, bytes).unwrap();
+    let report = crest_storage::inspect::inspect(&dir, 1 << 20).unwrap();
+    assert!(report.is_fatal());
+    assert!(
+        report.segments[0]
+            .problem
+            .as_ref()
+            .unwrap()
+            .contains("offset 32"),
+        "{:?}",
+        report.segments[0]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -74,6 +74,21 @@ enum Command {
     Pop(PopArgs),
     /// Acknowledge deliveries by receipt.
     Ack(AckArgs),
+    /// Offline tools for a leaf's write-ahead log.
+    Wal {
+        #[command(subcommand)]
+        command: WalCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum WalCommand {
+    /// List segments and record counts, verify every checksum, say where corruption is.
+    /// Reads only; exits non-zero if recovery would refuse to start.
+    Inspect {
+        /// The leaf's log directory.
+        dir: PathBuf,
+    },
 }
 
 /// Recovery modes, as the command line spells them.
@@ -245,6 +260,9 @@ async fn run(cli: Cli) -> Result<()> {
             init_tracing("warn");
             ack(args).await
         }
+        Command::Wal {
+            command: WalCommand::Inspect { dir },
+        } => wal_inspect(&dir),
     }
 }
 
@@ -514,6 +532,34 @@ async fn ack(args: AckArgs) -> Result<()> {
             "{failed} of {} acknowledgements failed",
             args.receipts.len()
         );
+    }
+    Ok(())
+}
+
+fn wal_inspect(dir: &Path) -> Result<()> {
+    let max = crest::core::config::Settings::default().frame_bytes_max;
+    let report = crest::storage::inspect::inspect(dir, max)?;
+    if report.segments.is_empty() {
+        println!("{}: no log segments", dir.display());
+    }
+    for segment in &report.segments {
+        println!(
+            "{}  {:>12} bytes  {:>9} records  {}",
+            segment.name,
+            segment.bytes,
+            segment.records,
+            segment.problem.as_deref().unwrap_or("ok")
+        );
+    }
+    let [enqueue, lease, delete, release] = report.entries;
+    println!(
+        "{} segments; entries: {enqueue} enqueue, {lease} lease, {delete} delete, {release} release; \
+         {} messages live",
+        report.segments.len(),
+        report.live_messages
+    );
+    if report.is_fatal() {
+        bail!("the log is corrupt: recovery would refuse to start (see `crest launch --recovery`)");
     }
     Ok(())
 }
