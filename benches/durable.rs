@@ -1,0 +1,181 @@
+//! Durable-path benchmarks: WAL group-commit throughput, recovery speed, and durable pushes
+//! into one leaf over QUIC.
+//!
+//! Run: `cargo bench --bench durable` (release build; writes under the system temp dir).
+//! Each figure is the median of several runs; the machine is shared, so compare ratios.
+
+use bytes::Bytes;
+use crest::core::config::{Durability, Settings};
+use crest::core::id::{LeafId, MessageId};
+use crest::core::leaf::{Leaf, LeafConfig, LogRecord};
+use crest::core::time::Time;
+use crest::core::topology::Topology;
+use crest::node::LocalTree;
+use crest::sdk::{ClientTls, Message, Producer, ProducerConfig};
+use crest::storage::wal::{RecoveryMode, WalOptions, open};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const PAYLOAD_BYTES: usize = 100;
+const BATCH: u64 = 1024;
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    values[values.len() / 2]
+}
+
+fn options(dir: &Path, durability: Durability) -> WalOptions {
+    let settings = Settings::default();
+    WalOptions {
+        dir: dir.to_path_buf(),
+        segment_bytes_max: settings.wal_segment_bytes_max,
+        record_bytes_max: settings.frame_bytes_max,
+        durability,
+        recovery: RecoveryMode::TolerateTornTail,
+        queue_ops_max: settings.wal_queue_ops_max as usize,
+        write_batch_bytes_max: settings.wal_write_batch_bytes_max as usize,
+    }
+}
+
+fn batch(first: u64) -> Vec<LogRecord> {
+    let payload = Bytes::from(vec![7u8; PAYLOAD_BYTES]);
+    (first..first + BATCH)
+        .map(|seq| LogRecord::Enqueue {
+            id: MessageId::new(LeafId(1), seq),
+            topic: "bench".into(),
+            priority: (seq % 10) as u32,
+            ready_at: Time(seq),
+            enqueued_at: Time(seq),
+            metadata: vec![],
+            payload: payload.clone(),
+        })
+        .collect()
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("crest-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Appends `messages` in batches of 1024 (as push batches arrive), keeping up to 64 batches
+/// queued, and waits until all are reported durable. Returns messages per second.
+fn wal_append(dir: &Path, durability: Durability, messages: u64) -> f64 {
+    let (wal, _) = open(options(dir, durability)).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let handle = wal
+        .start(move |done| tx.send(done.len() as u64).unwrap())
+        .unwrap();
+    let batches: Vec<Vec<LogRecord>> = (0..messages / BATCH)
+        .map(|i| batch(1 + i * BATCH))
+        .collect();
+    let started = Instant::now();
+    let (mut sent, mut done) = (0u64, 0u64);
+    for records in batches {
+        while sent - done >= 64 {
+            done += rx.recv().unwrap();
+        }
+        handle.submit(records, Some(sent)).unwrap();
+        sent += 1;
+    }
+    while done < sent {
+        done += rx.recv().unwrap();
+    }
+    messages as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Recovers the log in `dir` and rebuilds a leaf from it. Returns messages per second.
+fn recovery(dir: &Path) -> (f64, u64) {
+    let started = Instant::now();
+    let (_, recovered) = open(options(dir, Durability::Fsync)).unwrap();
+    let config = LeafConfig {
+        name: "bench".into(),
+        id: LeafId(1),
+        settings: Settings::default(),
+        seed: 1,
+        first_seq: 1,
+    };
+    let leaf = Leaf::recover(config, recovered.operations);
+    let messages = crest::core::Machine::stats(&leaf).messages;
+    (messages as f64 / started.elapsed().as_secs_f64(), messages)
+}
+
+/// Pushes `messages` through one durable leaf over QUIC with the SDK; messages per second.
+async fn durable_push(messages: usize) -> f64 {
+    let text = include_str!("../topology/two-level.toml");
+    let topology = Topology::parse(text).unwrap().with_ephemeral_ports();
+    let dir = fresh_dir("push");
+    let tree = LocalTree::start_with(&topology, Some(&dir)).await.unwrap();
+    assert!(tree.wait_connected(Duration::from_secs(10)).await);
+    let leaf = tree.topology.leaves().next().unwrap().address.clone();
+    let producer = Producer::connect(ProducerConfig::new(
+        vec![leaf],
+        ClientTls {
+            ca_pem: tree.ca_pem.clone(),
+        },
+    ))
+    .await
+    .unwrap();
+    let payload = Bytes::from(vec![7u8; PAYLOAD_BYTES]);
+    let started = Instant::now();
+    let mut handles = std::collections::VecDeque::new();
+    for i in 0..messages {
+        let message = Message::new("bench", payload.clone()).priority((i % 10) as u32);
+        handles.push_back(producer.send(message).await.unwrap());
+        if handles.len() >= 32 * 1024 {
+            handles.pop_front().unwrap().acked().await.unwrap();
+        }
+    }
+    for handle in handles {
+        handle.acked().await.unwrap();
+    }
+    let rate = messages as f64 / started.elapsed().as_secs_f64();
+    tree.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    rate
+}
+
+fn main() {
+    let runs = 3;
+    let messages = 1_048_576u64;
+    let mb = |rate: f64| rate * PAYLOAD_BYTES as f64 / 1e6;
+    for durability in [Durability::Fsync, Durability::Buffered] {
+        let mut rates = Vec::new();
+        for _ in 0..runs {
+            let dir = fresh_dir("wal");
+            rates.push(wal_append(&dir, durability, messages));
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let rate = median(rates);
+        println!(
+            "wal append ({durability:?}, batches of {BATCH} x {PAYLOAD_BYTES} B): {:.0} msgs/s, {:.0} MB/s payload",
+            rate,
+            mb(rate)
+        );
+    }
+    let dir = fresh_dir("recovery");
+    wal_append(&dir, Durability::Buffered, messages);
+    let mut rates = Vec::new();
+    let mut recovered = 0;
+    for _ in 0..runs {
+        let (rate, count) = recovery(&dir);
+        rates.push(rate);
+        recovered = count;
+    }
+    println!(
+        "recovery (scan + rebuild leaf) of {recovered} messages: {:.0} msgs/s",
+        median(rates)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut rates = Vec::new();
+    for _ in 0..runs {
+        rates.push(runtime.block_on(durable_push(200_000)));
+    }
+    println!(
+        "durable push into one leaf over QUIC (SDK, fsync): {:.0} msgs/s",
+        median(rates)
+    );
+}
