@@ -12,7 +12,7 @@ use crest::core::time::Time;
 use crest::core::topology::Topology;
 use crest::node::LocalTree;
 use crest::sdk::{ClientTls, Message, Producer, ProducerConfig};
-use crest::storage::wal::{RecoveryMode, WalOptions, open};
+use crest::storage::wal::{WalOptions, open};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -26,15 +26,9 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 fn options(dir: &Path, durability: Durability) -> WalOptions {
-    let settings = Settings::default();
     WalOptions {
-        dir: dir.to_path_buf(),
-        segment_bytes_max: settings.wal_segment_bytes_max,
-        record_bytes_max: settings.frame_bytes_max,
         durability,
-        recovery: RecoveryMode::TolerateTornTail,
-        queue_ops_max: settings.wal_queue_ops_max as usize,
-        write_batch_bytes_max: settings.wal_write_batch_bytes_max as usize,
+        ..WalOptions::new(dir.to_path_buf(), &Settings::default())
     }
 }
 

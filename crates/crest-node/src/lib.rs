@@ -217,13 +217,8 @@ fn machine_for(
                 return Ok((Box::new(Leaf::new(config)), None));
             };
             let wal_options = WalOptions {
-                dir: dir.clone(),
-                segment_bytes_max: settings.wal_segment_bytes_max,
-                record_bytes_max: settings.frame_bytes_max,
-                durability: settings.durability,
                 recovery: options.recovery,
-                queue_ops_max: settings.wal_queue_ops_max as usize,
-                write_batch_bytes_max: settings.wal_write_batch_bytes_max as usize,
+                ..WalOptions::new(dir.clone(), &settings)
             };
             let started = std::time::Instant::now();
             let (wal, recovered) = crest_storage::wal::open(wal_options)?;

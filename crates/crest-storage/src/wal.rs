@@ -26,7 +26,7 @@ use crate::format::{
     SEGMENT_HEADER_BYTES, encode_record, parse_segment_name, scan_segment, segment_header,
     segment_name,
 };
-use crest_core::config::Durability;
+use crest_core::config::{Durability, Settings};
 use crest_core::leaf::LogRecord;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -42,6 +42,52 @@ pub enum RecoveryMode {
     /// Cut the log at the first bad record, wherever it is, discarding all that follows.
     /// Explicit data loss: for an operator who would rather start than keep the node down.
     TruncateCorrupt,
+}
+
+/// The file operations the writer performs on the active segment. Production uses
+/// [`std::fs::File`]; tests wrap it to inject faults (a full disk, a failing sync, writes lost
+/// because they were never synced) without global failpoints.
+pub trait SegmentFile: Send {
+    /// Appends all of `buf`.
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()>;
+    /// Makes everything written so far durable (`fdatasync`).
+    fn sync_data(&mut self) -> std::io::Result<()>;
+    /// Cuts the file back to `len` bytes.
+    fn set_len(&mut self, len: u64) -> std::io::Result<()>;
+}
+
+impl SegmentFile for File {
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        Write::write_all(self, buf)
+    }
+    fn sync_data(&mut self) -> std::io::Result<()> {
+        File::sync_data(self)
+    }
+    fn set_len(&mut self, len: u64) -> std::io::Result<()> {
+        File::set_len(self, len)
+    }
+}
+
+/// Turns each opened segment file into the [`SegmentFile`] the writer uses (fault injection).
+#[derive(Clone)]
+pub struct FileWrapper(pub std::sync::Arc<dyn Fn(File) -> Box<dyn SegmentFile> + Send + Sync>);
+
+impl std::fmt::Debug for FileWrapper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FileWrapper")
+    }
+}
+
+/// What the writer does when `fdatasync` fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SyncFailure {
+    /// Abort the process (the default, and the only safe choice in production: the kernel may
+    /// have dropped the dirty pages, so nothing about the file can be trusted until recovery).
+    #[default]
+    Abort,
+    /// Fail the group and stop the writer: every later operation fails too. For tests that
+    /// check the node stops acknowledging.
+    StopWriter,
 }
 
 /// How a log is opened.
@@ -61,6 +107,27 @@ pub struct WalOptions {
     pub queue_ops_max: usize,
     /// Bytes the writer gathers into one write at most.
     pub write_batch_bytes_max: usize,
+    /// What to do when a sync fails.
+    pub sync_failure: SyncFailure,
+    /// Wraps segment files (fault injection); `None` writes to the files directly.
+    pub file_wrapper: Option<FileWrapper>,
+}
+
+impl WalOptions {
+    /// Options for a log in `dir` from a node's settings; abort on a failed sync, no wrapper.
+    pub fn new(dir: PathBuf, settings: &Settings) -> WalOptions {
+        WalOptions {
+            dir,
+            segment_bytes_max: settings.wal_segment_bytes_max,
+            record_bytes_max: settings.frame_bytes_max,
+            durability: settings.durability,
+            recovery: RecoveryMode::default(),
+            queue_ops_max: settings.wal_queue_ops_max as usize,
+            write_batch_bytes_max: settings.wal_write_batch_bytes_max as usize,
+            sync_failure: SyncFailure::Abort,
+            file_wrapper: None,
+        }
+    }
 }
 
 /// What recovery found.
@@ -81,8 +148,10 @@ pub type Completion = (u64, Result<(), String>);
 pub struct Wal {
     options: WalOptions,
     seq: u64,
-    file: File,
+    file: Box<dyn SegmentFile>,
     len: u64,
+    /// Set after a failed sync in `SyncFailure::StopWriter` mode.
+    stopped: bool,
 }
 
 fn io_error(path: &Path, error: std::io::Error) -> StorageError {
@@ -184,24 +253,35 @@ pub fn open(options: WalOptions) -> Result<(Wal, Recovered), StorageError> {
                 .open(&path)
                 .map_err(|e| io_error(&path, e))?;
             let len = file.metadata().map_err(|e| io_error(&path, e))?.len();
+            let file = wrap(&options, file);
             Wal {
                 options,
                 seq,
                 file,
                 len,
+                stopped: false,
             }
         }
         None => {
             let (file, len) = create_segment(&dir, 1)?;
+            let file = wrap(&options, file);
             Wal {
                 options,
                 seq: 1,
                 file,
                 len,
+                stopped: false,
             }
         }
     };
     Ok((wal, recovered))
+}
+
+fn wrap(options: &WalOptions, file: File) -> Box<dyn SegmentFile> {
+    match &options.file_wrapper {
+        Some(wrapper) => (wrapper.0)(file),
+        None => Box::new(file),
+    }
 }
 
 fn create_segment(dir: &Path, seq: u64) -> Result<(File, u64), StorageError> {
@@ -211,8 +291,7 @@ fn create_segment(dir: &Path, seq: u64) -> Result<(File, u64), StorageError> {
         .create_new(true)
         .open(&path)
         .map_err(|e| io_error(&path, e))?;
-    file.write_all(&segment_header(seq))
-        .map_err(|e| io_error(&path, e))?;
+    Write::write_all(&mut file, &segment_header(seq)).map_err(|e| io_error(&path, e))?;
     file.sync_all().map_err(|e| io_error(&path, e))?;
     sync_dir(dir)?;
     Ok((file, SEGMENT_HEADER_BYTES as u64))
@@ -263,6 +342,9 @@ impl Wal {
     fn run(mut self, rx: mpsc::Receiver<Job>, mut on_complete: impl FnMut(Vec<Completion>)) {
         let mut buf = Vec::with_capacity(1 << 20);
         while let Ok(first) = rx.recv() {
+            if self.stopped {
+                break;
+            }
             let mut jobs = vec![first];
             let mut estimate = 0usize;
             while estimate < self.options.write_batch_bytes_max {
@@ -277,6 +359,10 @@ impl Wal {
             let completions = self.write_group(&jobs, &mut buf);
             if !completions.is_empty() {
                 on_complete(completions);
+            }
+            if self.stopped {
+                // Dropping the receiver makes every later submit fail with `Closed`.
+                break;
             }
         }
     }
@@ -314,14 +400,9 @@ impl Wal {
             );
         }
         if self.options.durability == Durability::Fsync
-            && let Err(error) = self.file.sync_data()
+            && let Err(error) = self.sync()
         {
-            tracing::error!(path = %path.display(), %error, "fdatasync failed: stopping the process");
-            eprintln!(
-                "crest: fdatasync of {} failed: {error}; aborting (recovery decides what survived)",
-                path.display()
-            );
-            std::process::abort();
+            return fail_all(jobs, &error);
         }
         self.len += buf.len() as u64;
         jobs.iter()
@@ -337,12 +418,32 @@ impl Wal {
             .collect()
     }
 
-    fn rotate(&mut self) -> Result<(), StorageError> {
+    /// Syncs the active segment; a failure applies [`SyncFailure`] (abort, or stop the writer).
+    fn sync(&mut self) -> Result<(), String> {
+        let Err(error) = self.file.sync_data() else {
+            return Ok(());
+        };
         let path = self.options.dir.join(segment_name(self.seq));
-        self.file.sync_data().map_err(|e| io_error(&path, e))?;
+        tracing::error!(path = %path.display(), %error, "fdatasync failed: the log stops");
+        if self.options.sync_failure == SyncFailure::Abort {
+            eprintln!(
+                "crest: fdatasync of {} failed: {error}; aborting (recovery decides what survived)",
+                path.display()
+            );
+            std::process::abort();
+        }
+        self.stopped = true;
+        Err(format!("fdatasync of {} failed: {error}", path.display()))
+    }
+
+    fn rotate(&mut self) -> Result<(), StorageError> {
+        self.sync().map_err(|error| StorageError::Io {
+            path: self.options.dir.display().to_string(),
+            error,
+        })?;
         let (file, len) = create_segment(&self.options.dir, self.seq + 1)?;
         self.seq += 1;
-        self.file = file;
+        self.file = wrap(&self.options, file);
         self.len = len;
         Ok(())
     }

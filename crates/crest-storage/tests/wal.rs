@@ -1,11 +1,13 @@
 //! The log on real files: group-committed writes, rotation, and recovery after damage.
 
-use crest_core::config::Durability;
+use crest_core::config::Settings;
 use crest_core::id::{LeafId, MessageId};
 use crest_core::leaf::LogRecord;
 use crest_storage::StorageError;
 use crest_storage::format::{SEGMENT_HEADER_BYTES, segment_name};
-use crest_storage::wal::{Completion, RecoveryMode, WalOptions, open};
+use crest_storage::wal::{
+    Completion, FileWrapper, RecoveryMode, SegmentFile, SyncFailure, WalHandle, WalOptions, open,
+};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -21,13 +23,8 @@ fn temp_dir(name: &str) -> PathBuf {
 
 fn options(dir: &Path) -> WalOptions {
     WalOptions {
-        dir: dir.to_path_buf(),
-        segment_bytes_max: 64 * 1024 * 1024,
         record_bytes_max: 1 << 20,
-        durability: Durability::Fsync,
-        recovery: RecoveryMode::TolerateTornTail,
-        queue_ops_max: 1024,
-        write_batch_bytes_max: 1 << 20,
+        ..WalOptions::new(dir.to_path_buf(), &Settings::default())
     }
 }
 
@@ -218,6 +215,180 @@ fn inspect_counts_records_and_tells_a_torn_tail_from_corruption() {
             .contains("offset 32"),
         "{:?}",
         report.segments[0]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Faults a [`FaultyFile`] injects, shared with the test.
+#[derive(Default)]
+struct Faults {
+    /// Bytes that still fit on the "disk"; a write past it fails with ENOSPC after writing
+    /// what fits (a partial write).
+    space: AtomicU64,
+    /// Syncs that still succeed; the next one fails with EIO and loses the unsynced bytes.
+    syncs_left: AtomicU64,
+}
+
+/// A segment file whose writes sit in a page cache of its own until a sync succeeds.
+struct FaultyFile {
+    file: std::fs::File,
+    unsynced: Vec<u8>,
+    faults: std::sync::Arc<Faults>,
+}
+
+impl SegmentFile for FaultyFile {
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        let space = self.faults.space.load(Ordering::SeqCst) as usize;
+        let fits = buf.len().min(space);
+        self.unsynced.extend_from_slice(&buf[..fits]);
+        self.faults.space.fetch_sub(fits as u64, Ordering::SeqCst);
+        if fits < buf.len() {
+            return Err(std::io::Error::from_raw_os_error(28));
+        }
+        Ok(())
+    }
+
+    fn sync_data(&mut self) -> std::io::Result<()> {
+        if self.faults.syncs_left.load(Ordering::SeqCst) == 0 {
+            self.unsynced.clear();
+            return Err(std::io::Error::from_raw_os_error(5));
+        }
+        self.faults.syncs_left.fetch_sub(1, Ordering::SeqCst);
+        std::io::Write::write_all(&mut self.file, &self.unsynced)?;
+        self.unsynced.clear();
+        self.file.sync_data()
+    }
+
+    fn set_len(&mut self, len: u64) -> std::io::Result<()> {
+        let synced = self.file.metadata()?.len();
+        let logical = synced + self.unsynced.len() as u64;
+        self.faults
+            .space
+            .fetch_add(logical.saturating_sub(len), Ordering::SeqCst);
+        if len >= synced {
+            self.unsynced.truncate((len - synced) as usize);
+            Ok(())
+        } else {
+            self.unsynced.clear();
+            self.file.set_len(len)
+        }
+    }
+}
+
+fn faulty(dir: &Path, faults: &std::sync::Arc<Faults>) -> WalOptions {
+    let faults = faults.clone();
+    let wrapper = FileWrapper(std::sync::Arc::new(move |file| {
+        Box::new(FaultyFile {
+            file,
+            unsynced: Vec::new(),
+            faults: faults.clone(),
+        }) as Box<dyn SegmentFile>
+    }));
+    WalOptions {
+        sync_failure: SyncFailure::StopWriter,
+        file_wrapper: Some(wrapper),
+        ..options(dir)
+    }
+}
+
+/// Submits one operation and waits for its completion (or `None` if none comes in 1 s).
+fn submit_and_wait(
+    handle: &WalHandle,
+    rx: &mpsc::Receiver<Vec<Completion>>,
+    n: u64,
+) -> Option<Result<(), String>> {
+    handle.submit(op(n), Some(n)).ok()?;
+    let completions = rx.recv_timeout(Duration::from_secs(1)).ok()?;
+    assert_eq!(completions.len(), 1);
+    Some(completions[0].1.clone())
+}
+
+#[test]
+fn a_full_disk_refuses_the_batch_keeps_what_was_acknowledged_and_recovers_when_space_returns() {
+    let dir = temp_dir("enospc");
+    let faults = std::sync::Arc::new(Faults {
+        space: AtomicU64::new(300),
+        syncs_left: AtomicU64::new(u64::MAX),
+    });
+    let (wal, _) = open(faulty(&dir, &faults)).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let handle = wal.start(move |done| tx.send(done).unwrap()).unwrap();
+    let mut acked = Vec::new();
+    let mut refused = None;
+    for n in 1..=20 {
+        match submit_and_wait(&handle, &rx, n).expect("every operation is answered") {
+            Ok(()) => acked.push(n),
+            Err(error) => {
+                refused = Some((n, error));
+                break;
+            }
+        }
+    }
+    let (refused_n, error) = refused.expect("the disk fills up");
+    assert!(
+        error.contains("No space left") || error.contains("os error 28"),
+        "{error}"
+    );
+    assert!(!acked.is_empty());
+
+    faults.space.store(1 << 20, Ordering::SeqCst);
+    for n in 100..103 {
+        assert_eq!(
+            submit_and_wait(&handle, &rx, n),
+            Some(Ok(())),
+            "space is back"
+        );
+        acked.push(n);
+    }
+    drop(handle);
+    std::thread::sleep(Duration::from_millis(50));
+
+    let (_, recovered) = open(options(&dir)).unwrap();
+    assert_eq!(
+        recovered.operations,
+        acked.iter().map(|n| op(*n)).collect::<Vec<_>>()
+    );
+    assert!(
+        !recovered.operations.contains(&op(refused_n)),
+        "the refused batch left no trace"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_failing_sync_stops_the_log_and_only_acknowledged_operations_survive() {
+    let dir = temp_dir("syncfail");
+    let faults = std::sync::Arc::new(Faults {
+        space: AtomicU64::new(u64::MAX / 2),
+        syncs_left: AtomicU64::new(5),
+    });
+    let (wal, _) = open(faulty(&dir, &faults)).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let handle = wal.start(move |done| tx.send(done).unwrap()).unwrap();
+    for n in 1..=5 {
+        assert_eq!(submit_and_wait(&handle, &rx, n), Some(Ok(())));
+    }
+    let failed = submit_and_wait(&handle, &rx, 6).expect("the failed group is answered");
+    assert!(
+        failed.unwrap_err().contains("fdatasync"),
+        "the failure is named"
+    );
+    // The writer has stopped: nothing more is acknowledged, ever.
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        submit_and_wait(&handle, &rx, 7).is_none(),
+        "no acknowledgement after a failed sync"
+    );
+    assert!(
+        handle.submit(op(8), Some(8)).is_err(),
+        "the log refuses new work"
+    );
+
+    let (_, recovered) = open(options(&dir)).unwrap();
+    assert_eq!(
+        recovered.operations,
+        (1..=5).map(op).collect::<Vec<_>>(),
+        "unsynced writes are lost, acked ones kept"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
