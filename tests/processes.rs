@@ -59,7 +59,8 @@ impl Cluster {
         drop(sockets);
         text = text.replace(
             "[settings]\n",
-            "[settings]\nidle_timeout_ms = 1500\nkeep_alive_ms = 300\nreconnect_backoff_max_ms = 300\n",
+            "[settings]\nidle_timeout_ms = 1500\nkeep_alive_ms = 300\nreconnect_backoff_max_ms = 300\n\
+             checkpoint_log_bytes = 65536\ncheckpoint_interval_ms = 500\n",
         );
         text.push_str("\n[tls]\nca = \"certs/ca.pem\"\ncert_dir = \"certs\"\n");
         let topology_path = dir.join("topology.toml");

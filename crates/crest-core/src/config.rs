@@ -100,6 +100,12 @@ pub struct Settings {
     pub wal_queue_ops_max: u32,
     /// Bytes the log writer gathers into one write (one group commit) at most.
     pub wal_write_batch_bytes_max: u32,
+    /// A leaf takes a checkpoint once its log grew by this many bytes since the last one (and
+    /// the snapshot would be at most half that size), in bytes.
+    pub checkpoint_log_bytes: u64,
+    /// A leaf takes a checkpoint at the latest this long after logging something new, in
+    /// milliseconds.
+    pub checkpoint_interval_ms: u64,
     /// Longest delay between reconnect attempts, in milliseconds.
     pub reconnect_backoff_max_ms: u64,
 }
@@ -135,6 +141,8 @@ impl Default for Settings {
             wal_segment_bytes_max: 64 * 1024 * 1024,
             wal_queue_ops_max: 65_536,
             wal_write_batch_bytes_max: 8 * 1024 * 1024,
+            checkpoint_log_bytes: 256 * 1024 * 1024,
+            checkpoint_interval_ms: 300_000,
             reconnect_backoff_max_ms: 2_000,
         }
     }
@@ -157,7 +165,9 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 17] = [
+        let positive: [(&'static str, u64); 19] = [
+            ("checkpoint_log_bytes", self.checkpoint_log_bytes),
+            ("checkpoint_interval_ms", self.checkpoint_interval_ms),
             ("wal_segment_bytes_max", self.wal_segment_bytes_max),
             ("wal_queue_ops_max", self.wal_queue_ops_max.into()),
             (

@@ -143,6 +143,12 @@ pub struct Leaf {
     storage: VecDeque<StorageOp>,
     closes: VecDeque<(ConnId, String)>,
     violations: u64,
+    /// Approximate bytes appended to the log since the last checkpoint.
+    logged_bytes: u64,
+    /// Approximate bytes a checkpoint of the live state would take.
+    live_bytes: u64,
+    /// When the time trigger takes a checkpoint (set once something is logged after one).
+    checkpoint_due: Option<Time>,
 }
 
 impl Leaf {
@@ -172,6 +178,9 @@ impl Leaf {
             storage: VecDeque::new(),
             closes: VecDeque::new(),
             violations: 0,
+            logged_bytes: 0,
+            live_bytes: 0,
+            checkpoint_due: None,
             config,
         }
     }
@@ -218,6 +227,7 @@ impl Leaf {
                         attempt: 0,
                         lease: None,
                     };
+                    leaf.live_bytes += stored_bytes(&stored);
                     leaf.messages.insert(id, stored);
                 }
                 LogRecord::Lease { id, attempt, .. } => {
@@ -227,6 +237,7 @@ impl Leaf {
                 }
                 LogRecord::Delete { id } => {
                     if let Some(stored) = leaf.messages.remove(&id) {
+                        leaf.live_bytes -= stored_bytes(&stored);
                         leaf.topics
                             .get_mut(&stored.topic)
                             .expect("topic of a message")
@@ -382,6 +393,8 @@ impl Leaf {
             messages.push((id, stored));
         }
         self.pending_messages += messages.len() as u64;
+        // Pending messages are part of the state a snapshot holds.
+        self.live_bytes += messages.iter().map(|(_, m)| stored_bytes(m)).sum::<u64>();
         self.pending.insert(
             token,
             PendingBatch {
@@ -390,10 +403,65 @@ impl Leaf {
                 messages,
             },
         );
-        self.storage.push_back(StorageOp {
-            token: Some(token),
-            records,
-        });
+        self.log(now, Some(token), records);
+    }
+
+    /// Appends records to the log (through `poll_storage`) and counts log growth.
+    fn log(&mut self, now: Time, token: Option<u64>, records: Vec<LogRecord>) {
+        if records.is_empty() {
+            return;
+        }
+        self.logged_bytes += records.iter().map(record_bytes).sum::<u64>();
+        if self.checkpoint_due.is_none() {
+            let interval = Duration::from_millis(self.config.settings.checkpoint_interval_ms);
+            self.checkpoint_due = Some(now + interval);
+        }
+        self.storage.push_back(StorageOp::Append { token, records });
+    }
+
+    /// Takes a checkpoint when the log has grown by `checkpoint_log_bytes` and a snapshot would
+    /// be at most half its size, or when `checkpoint_interval_ms` passed since the first record
+    /// logged after the last checkpoint.
+    fn maybe_checkpoint(&mut self, now: Time) {
+        let by_growth = self.logged_bytes >= self.config.settings.checkpoint_log_bytes
+            && self.live_bytes.saturating_mul(2) <= self.logged_bytes;
+        let by_time = self.checkpoint_due.is_some_and(|due| due <= now);
+        if !(by_growth || by_time) {
+            return;
+        }
+        let records = self.snapshot();
+        self.logged_bytes = 0;
+        self.checkpoint_due = None;
+        self.storage.push_back(StorageOp::Checkpoint { records });
+    }
+
+    /// The leaf's whole state as log records: replaying them rebuilds it (see `recover`).
+    /// Pending batches are included: their records precede the checkpoint in the log.
+    fn snapshot(&self) -> Vec<LogRecord> {
+        let pending = self
+            .pending
+            .values()
+            .flat_map(|batch| batch.messages.iter().map(|(id, m)| (id, m)));
+        let mut records = Vec::with_capacity(self.messages.len() + self.pending_messages as usize);
+        for (id, stored) in self.messages.iter().chain(pending) {
+            records.push(LogRecord::Enqueue {
+                id: *id,
+                topic: stored.topic.to_string(),
+                priority: stored.key.priority,
+                ready_at: stored.key.ready_at,
+                enqueued_at: stored.enqueued_at,
+                metadata: stored.metadata.clone(),
+                payload: stored.payload.clone(),
+            });
+            if stored.attempt > 0 {
+                records.push(LogRecord::Lease {
+                    id: *id,
+                    attempt: stored.attempt,
+                    deadline: Time::ZERO,
+                });
+            }
+        }
+        records
     }
 
     fn make_available(&mut self, id: MessageId) {
@@ -456,12 +524,7 @@ impl Leaf {
                 result,
             });
         }
-        if !records.is_empty() {
-            self.storage.push_back(StorageOp {
-                token: None,
-                records,
-            });
-        }
+        self.log(now, None, records);
         // Refill the parent's window before answering, on the same stream: by the time the root
         // sees the answer it already holds this leaf's next entries, so its next pop is exact.
         self.flush_offers();
@@ -495,6 +558,7 @@ impl Leaf {
         for receipt in &confirm.receipts {
             let result = self.check_receipt(now, receipt).map(|id| {
                 let stored = self.end_lease(id);
+                self.live_bytes -= stored_bytes(&stored);
                 let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
                 topic.messages -= 1;
                 self.dirty.insert(stored.topic);
@@ -502,12 +566,7 @@ impl Leaf {
             });
             results.push(result);
         }
-        if !records.is_empty() {
-            self.storage.push_back(StorageOp {
-                token: None,
-                records,
-            });
-        }
+        self.log(now, None, records);
         self.send(
             conn,
             Wire::Confirmed(Confirmed {
@@ -527,12 +586,7 @@ impl Leaf {
                 records.push(LogRecord::Release { id });
             }
         }
-        if !records.is_empty() {
-            self.storage.push_back(StorageOp {
-                token: None,
-                records,
-            });
-        }
+        self.log(now, None, records);
     }
 
     fn expire_leases(&mut self, now: Time) {
@@ -598,6 +652,28 @@ impl Leaf {
             Wire::error(request, ErrorCode::UnexpectedMessage, text),
         );
     }
+}
+
+/// Approximate size of a record in the log.
+fn record_bytes(record: &LogRecord) -> u64 {
+    match record {
+        LogRecord::Enqueue {
+            topic,
+            metadata,
+            payload,
+            ..
+        } => {
+            let metadata: usize = metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+            (64 + topic.len() + metadata + payload.len()) as u64
+        }
+        _ => 24,
+    }
+}
+
+/// Approximate size of a message in a snapshot.
+fn stored_bytes(stored: &Stored) -> u64 {
+    let metadata: usize = stored.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+    (64 + stored.topic.len() + metadata + stored.payload.len()) as u64
 }
 
 /// Checks one message of a push batch against the settings.
@@ -726,11 +802,13 @@ impl Machine for Leaf {
             }
         }
         self.flush_offers();
+        self.maybe_checkpoint(now);
     }
 
     fn handle_timeout(&mut self, now: Time) {
         self.expire_leases(now);
         self.flush_offers();
+        self.maybe_checkpoint(now);
     }
 
     fn handle_storage_done(&mut self, _now: Time, done: StorageDone) {
@@ -764,6 +842,11 @@ impl Machine for Leaf {
             return;
         };
         self.pending_messages -= batch.messages.len() as u64;
+        self.live_bytes -= batch
+            .messages
+            .iter()
+            .map(|(_, m)| stored_bytes(m))
+            .sum::<u64>();
         let topics: HashSet<Topic> = batch
             .messages
             .iter()
@@ -792,7 +875,11 @@ impl Machine for Leaf {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        self.leases.first().map(|(deadline, _)| *deadline)
+        let lease = self.leases.first().map(|(deadline, _)| *deadline);
+        match (lease, self.checkpoint_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn stats(&self) -> NodeStats {

@@ -39,13 +39,39 @@ pub struct Transmit {
     pub msg: Wire,
 }
 
-/// A storage operation the leaf asks its driver to perform.
+/// A storage operation the leaf asks its driver to perform, in order.
 #[derive(Clone, PartialEq, Debug)]
-pub struct StorageOp {
-    /// Echoed in [`StorageDone`]; `None` when nobody waits for completion.
-    pub token: Option<u64>,
-    /// Records to append to the log, in order.
-    pub records: Vec<crate::leaf::LogRecord>,
+pub enum StorageOp {
+    /// Append records to the log.
+    Append {
+        /// Echoed in [`StorageDone`]; `None` when nobody waits for completion.
+        token: Option<u64>,
+        /// The records, written and recovered as a whole.
+        records: Vec<crate::leaf::LogRecord>,
+    },
+    /// Make these records — a snapshot of the leaf's whole state, equivalent to everything
+    /// appended before this operation — the new start of the log, and drop what it covers.
+    Checkpoint {
+        /// The snapshot.
+        records: Vec<crate::leaf::LogRecord>,
+    },
+}
+
+impl StorageOp {
+    /// The token of an append that waits for completion.
+    pub fn token(&self) -> Option<u64> {
+        match self {
+            StorageOp::Append { token, .. } => *token,
+            StorageOp::Checkpoint { .. } => None,
+        }
+    }
+
+    /// The records of the operation.
+    pub fn records(&self) -> &[crate::leaf::LogRecord] {
+        match self {
+            StorageOp::Append { records, .. } | StorageOp::Checkpoint { records } => records,
+        }
+    }
 }
 
 /// Completion of a [`StorageOp`] that carried a token.

@@ -141,7 +141,7 @@ impl Harness {
             let mut progressed = false;
             while let Some(op) = self.nodes[index].poll_storage() {
                 progressed = true;
-                if let Some(token) = op.token {
+                if let Some(token) = op.token() {
                     self.nodes[index].handle_storage_done(self.now, StorageDone { token });
                 }
             }
@@ -674,6 +674,7 @@ fn a_leaf_rebuilt_from_its_log_holds_exactly_what_it_held() {
     let first = h.add(Box::new(Recording {
         inner: leaf(1, 4),
         log: log.clone(),
+        checkpoints: Default::default(),
     }));
     let leaf_end = h.link(first, root);
     let producer = h.client(first, PeerKind::Producer);
@@ -737,7 +738,7 @@ fn a_batch_storage_refuses_is_answered_with_an_error_and_nothing_is_kept() {
         }),
     );
     let op = h.nodes[node].poll_storage().unwrap();
-    h.nodes[node].handle_storage_failed(h.now, op.token.unwrap(), "No space left on device");
+    h.nodes[node].handle_storage_failed(h.now, op.token().unwrap(), "No space left on device");
     h.run();
     let Wire::Error(error) = h.recv(producer) else {
         panic!()
@@ -756,6 +757,7 @@ type SharedLog = std::sync::Arc<std::sync::Mutex<Vec<Vec<crate::leaf::LogRecord>
 struct Recording {
     inner: Box<dyn Machine>,
     log: SharedLog,
+    checkpoints: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Machine for Recording {
@@ -776,7 +778,14 @@ impl Machine for Recording {
     }
     fn poll_storage(&mut self) -> Option<crate::machine::StorageOp> {
         let op = self.inner.poll_storage()?;
-        self.log.lock().unwrap().push(op.records.clone());
+        let mut log = self.log.lock().unwrap();
+        if let crate::machine::StorageOp::Checkpoint { .. } = &op {
+            // A checkpoint replaces everything before it.
+            log.clear();
+            self.checkpoints
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        log.push(op.records().to_vec());
         Some(op)
     }
     fn poll_transmit(&mut self) -> Option<crate::machine::Transmit> {
@@ -791,4 +800,90 @@ impl Machine for Recording {
     fn stats(&self) -> crate::machine::NodeStats {
         self.inner.stats()
     }
+}
+
+#[test]
+fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
+    let mut h = Harness::new();
+    let root = h.add(Box::new(Root::new(RootConfig {
+        name: "root".into(),
+        settings: settings(4),
+        subtree: vec![LeafId(1)],
+    })));
+    let leaf_settings = Settings {
+        checkpoint_log_bytes: 2000,
+        checkpoint_interval_ms: 1000,
+        ..settings(4)
+    };
+    let config = LeafConfig {
+        name: "leaf-1".into(),
+        id: LeafId(1),
+        settings: leaf_settings.clone(),
+        seed: 1,
+        first_seq: 1,
+    };
+    let log = SharedLog::default();
+    let checkpoints = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = || checkpoints.load(std::sync::atomic::Ordering::SeqCst);
+    let node = h.add(Box::new(Recording {
+        inner: Box::new(Leaf::new(config)),
+        log: log.clone(),
+        checkpoints: checkpoints.clone(),
+    }));
+    h.link(node, root);
+    let producer = h.client(node, PeerKind::Producer);
+    let consumer = h.client(root, PeerKind::Consumer);
+    h.push(producer, "jobs", &[1; 50]);
+    assert_eq!(
+        count(),
+        0,
+        "a snapshot of everything would not shrink the log yet"
+    );
+    for _ in 0..4 {
+        let batch = h.pop(consumer, "jobs", 10);
+        h.ack(consumer, batch.iter().map(Delivery::receipt).collect());
+    }
+    assert_eq!(
+        count(),
+        1,
+        "40 of 50 deleted: the log is more than twice the live state"
+    );
+    let kept = h.push(producer, "jobs", &[0, 0]);
+    h.advance(Duration::from_millis(999));
+    assert_eq!(count(), 1);
+    h.advance(Duration::from_millis(2));
+    assert_eq!(
+        count(),
+        2,
+        "the time trigger fires after checkpoint_interval_ms"
+    );
+
+    let operations = log.lock().unwrap().clone();
+    let config = LeafConfig {
+        name: "leaf-1".into(),
+        id: LeafId(1),
+        settings: leaf_settings,
+        seed: 2,
+        first_seq: 1,
+    };
+    let rebuilt = Leaf::recover(config, operations);
+    assert_eq!(
+        rebuilt.stats().messages,
+        12,
+        "10 left of the first 50, and 2 more"
+    );
+    let mut h2 = Harness::new();
+    let root2 = h2.add(Box::new(Root::new(RootConfig {
+        name: "root".into(),
+        settings: settings(4),
+        subtree: vec![LeafId(1)],
+    })));
+    let node2 = h2.add(Box::new(rebuilt));
+    h2.link(node2, root2);
+    let consumer2 = h2.client(root2, PeerKind::Consumer);
+    let first_two: Vec<MessageId> = h2.pop(consumer2, "jobs", 2).iter().map(|d| d.id).collect();
+    assert_eq!(
+        first_two, kept,
+        "the priority-0 messages pushed after the first checkpoint come first"
+    );
 }

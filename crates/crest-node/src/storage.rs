@@ -31,7 +31,7 @@ pub(crate) struct MemoryStore;
 
 impl Storage for MemoryStore {
     fn submit(&mut self, op: StorageOp) -> Submitted {
-        match op.token {
+        match op.token() {
             Some(token) => Submitted::Done(StorageDone { token }),
             None => Submitted::Pending,
         }
@@ -45,9 +45,18 @@ pub(crate) struct WalStore {
 
 impl Storage for WalStore {
     fn submit(&mut self, op: StorageOp) -> Submitted {
-        match self.handle.submit(op.records, op.token) {
+        let (records, token) = match op {
+            StorageOp::Append { records, token } => (records, token),
+            StorageOp::Checkpoint { records } => {
+                if let Err(error) = self.handle.checkpoint(records) {
+                    tracing::error!(%error, "a checkpoint could not be queued; the log stays whole");
+                }
+                return Submitted::Pending;
+            }
+        };
+        match self.handle.submit(records, token) {
             Ok(()) => Submitted::Pending,
-            Err(error) => match op.token {
+            Err(error) => match token {
                 Some(token) => Submitted::Failed {
                     token,
                     reason: error.to_string(),

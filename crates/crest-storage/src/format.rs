@@ -28,6 +28,11 @@
 //! body is one storage operation of the leaf: a `Vec<LogRecord>` in MessagePack (rmp-serde),
 //! written and recovered as a whole.
 //!
+//! # Checkpoint file
+//! `00000000000000000007.ckpt` holds a snapshot of the leaf's state that replaces every segment
+//! before segment 7: the same 32-byte header with magic `b"CRESTCKP"`, then records framed and
+//! bound to sequence 7 as above, then an empty record as the end marker.
+//!
 //! # Scan
 //! [`scan_segment`] verifies a segment's header and yields its records until the end or the
 //! first bad record, and says where that is and whether the bad record reaches the end of the
@@ -58,10 +63,32 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// First bytes of every checkpoint file.
+pub const CHECKPOINT_MAGIC: &[u8; 8] = b"CRESTCKP";
+
+/// The file name of the checkpoint that starts the log at segment `seq`.
+pub fn checkpoint_name(seq: u64) -> String {
+    format!("{seq:020}.ckpt")
+}
+
+/// Parses a checkpoint file name back into its sequence number.
+pub fn parse_checkpoint_name(name: &str) -> Option<u64> {
+    parse_segment_name(&format!("{}.wal", name.strip_suffix(".ckpt")?))
+}
+
 /// The header of segment `seq`.
 pub fn segment_header(seq: u64) -> [u8; SEGMENT_HEADER_BYTES] {
+    file_header(SEGMENT_MAGIC, seq)
+}
+
+/// The header of the checkpoint that starts the log at segment `seq`.
+pub fn checkpoint_header(seq: u64) -> [u8; SEGMENT_HEADER_BYTES] {
+    file_header(CHECKPOINT_MAGIC, seq)
+}
+
+fn file_header(magic: &[u8; 8], seq: u64) -> [u8; SEGMENT_HEADER_BYTES] {
     let mut header = [0u8; SEGMENT_HEADER_BYTES];
-    header[..8].copy_from_slice(SEGMENT_MAGIC);
+    header[..8].copy_from_slice(magic);
     header[8..12].copy_from_slice(&SEGMENT_VERSION.to_be_bytes());
     header[16..24].copy_from_slice(&seq.to_be_bytes());
     let crc = crc32fast::hash(&header[..24]);
@@ -154,6 +181,28 @@ pub struct Scan {
 
 /// Scans the bytes of segment `seq` (see the module doc).
 pub fn scan_segment(bytes: &[u8], seq: u64, max: u32) -> Scan {
+    scan_file(bytes, SEGMENT_MAGIC, seq, max)
+}
+
+/// Reads a checkpoint: a header with [`CHECKPOINT_MAGIC`], records framed as in segments,
+/// and an empty record as its end marker. A checkpoint is renamed into place only once it is
+/// complete and synced, so anything short of that is corruption.
+///
+/// # Errors
+/// What is wrong and where.
+pub fn read_checkpoint(bytes: &[u8], seq: u64, max: u32) -> Result<Vec<LogRecord>, String> {
+    let scan = scan_file(bytes, CHECKPOINT_MAGIC, seq, max);
+    if let Some(stop) = scan.stop {
+        return Err(format!("at offset {}: {}", stop.offset, stop.bad));
+    }
+    let mut operations = scan.operations;
+    match operations.pop() {
+        Some(end) if end.is_empty() => Ok(operations.into_iter().flatten().collect()),
+        _ => Err("no end marker: the checkpoint is incomplete".into()),
+    }
+}
+
+fn scan_file(bytes: &[u8], magic: &[u8; 8], seq: u64, max: u32) -> Scan {
     let mut scan = Scan::default();
     let stop = |offset: usize, bad, reaches_end| {
         Some(ScanStop {
@@ -171,7 +220,7 @@ pub fn scan_segment(bytes: &[u8], seq: u64, max: u32) -> Scan {
         );
         return scan;
     }
-    if let Err(why) = check_header(&bytes[..SEGMENT_HEADER_BYTES], seq) {
+    if let Err(why) = check_header(&bytes[..SEGMENT_HEADER_BYTES], magic, seq) {
         scan.stop = stop(0, BadRecord::Header(why), false);
         return scan;
     }
@@ -216,8 +265,8 @@ pub fn scan_segment(bytes: &[u8], seq: u64, max: u32) -> Scan {
     scan
 }
 
-fn check_header(header: &[u8], seq: u64) -> Result<(), String> {
-    if &header[..8] != SEGMENT_MAGIC {
+fn check_header(header: &[u8], magic: &[u8; 8], seq: u64) -> Result<(), String> {
+    if &header[..8] != magic {
         return Err("wrong magic".into());
     }
     let crc = u32::from_be_bytes(header[24..28].try_into().expect("4 bytes"));

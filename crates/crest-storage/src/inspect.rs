@@ -5,13 +5,16 @@
 //! the last segment) or refuse to start (corruption anywhere else).
 
 use crate::StorageError;
-use crate::format::{parse_segment_name, scan_segment, segment_name};
+use crate::format::{
+    checkpoint_name, parse_checkpoint_name, parse_segment_name, read_checkpoint, scan_segment,
+    segment_name,
+};
 use crest_core::id::MessageId;
 use crest_core::leaf::LogRecord;
 use std::collections::HashSet;
 use std::path::Path;
 
-/// One segment's findings.
+/// One file's findings (a checkpoint, then segments).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentReport {
     /// The file name.
@@ -66,6 +69,59 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
     seqs.sort_unstable();
     let mut report = Report::default();
     let mut live: HashSet<MessageId> = HashSet::new();
+    let mut count = |record: &LogRecord, report: &mut Report| match record {
+        LogRecord::Enqueue { id, .. } => {
+            report.entries[0] += 1;
+            live.insert(*id);
+        }
+        LogRecord::Lease { .. } => report.entries[1] += 1,
+        LogRecord::Delete { id } => {
+            report.entries[2] += 1;
+            live.remove(id);
+        }
+        LogRecord::Release { .. } => report.entries[3] += 1,
+    };
+    // The newest checkpoint starts the log; segments before it are covered (and normally gone).
+    let mut checkpoints: Vec<u64> = std::fs::read_dir(dir)
+        .map_err(io)?
+        .filter_map(|entry| {
+            entry
+                .ok()?
+                .file_name()
+                .to_str()
+                .and_then(parse_checkpoint_name)
+        })
+        .collect();
+    checkpoints.sort_unstable();
+    if let Some(&base) = checkpoints.last() {
+        let name = checkpoint_name(base);
+        let path = dir.join(&name);
+        let bytes = std::fs::read(&path).map_err(|e| StorageError::Io {
+            path: path.display().to_string(),
+            error: e.to_string(),
+        })?;
+        let (records, problem, fatal) = match read_checkpoint(&bytes, base, record_bytes_max) {
+            Ok(records) => {
+                records.iter().for_each(|r| count(r, &mut report));
+                (records.len() as u64, None, false)
+            }
+            Err(why) => (
+                0,
+                Some(format!(
+                    "CORRUPT checkpoint {why} (recovery refuses to start)"
+                )),
+                true,
+            ),
+        };
+        report.segments.push(SegmentReport {
+            name,
+            bytes: bytes.len() as u64,
+            records,
+            problem,
+            fatal,
+        });
+        seqs.retain(|seq| *seq >= base);
+    }
     for (index, &seq) in seqs.iter().enumerate() {
         let name = segment_name(seq);
         let path = dir.join(&name);
@@ -75,18 +131,7 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
         })?;
         let scan = scan_segment(&bytes, seq, record_bytes_max);
         for record in scan.operations.iter().flatten() {
-            match record {
-                LogRecord::Enqueue { id, .. } => {
-                    report.entries[0] += 1;
-                    live.insert(*id);
-                }
-                LogRecord::Lease { .. } => report.entries[1] += 1,
-                LogRecord::Delete { id } => {
-                    report.entries[2] += 1;
-                    live.remove(id);
-                }
-                LogRecord::Release { .. } => report.entries[3] += 1,
-            }
+            count(record, &mut report);
         }
         let last = index + 1 == seqs.len();
         let (problem, fatal) = match &scan.stop {

@@ -14,8 +14,16 @@
 //! dirty pages and the state of the file is unknown; recovery on restart decides what
 //! survived. The writer never retries a sync.
 //!
+//! # Checkpoints
+//! A checkpoint job (a snapshot of the leaf equivalent to everything before it) takes effect in
+//! log order: the writer syncs and seals the active segment, starts segment S, writes the
+//! snapshot to `S.ckpt.tmp`, syncs it, renames it to `S.ckpt`, syncs the directory, and only
+//! then deletes every segment and checkpoint before S. A crash at any point leaves either the
+//! old log whole or the new checkpoint whole.
+//!
 //! # Recovery
-//! [`open`] scans every segment in order. A bad record at the very end of the last segment is
+//! [`open`] loads the newest checkpoint (if any; an incomplete one is corruption), then scans
+//! every segment from the one it starts at, in order. A bad record at the very end of the last segment is
 //! a torn tail: the file is cut back to the last valid record, synced, and the log opens. Any
 //! other bad record fails with [`StorageError::Corruption`] naming the file and offset, unless
 //! [`RecoveryMode::TruncateCorrupt`] explicitly says to cut the log there (discarding
@@ -23,8 +31,8 @@
 
 use crate::StorageError;
 use crate::format::{
-    SEGMENT_HEADER_BYTES, encode_record, parse_segment_name, scan_segment, segment_header,
-    segment_name,
+    SEGMENT_HEADER_BYTES, checkpoint_header, checkpoint_name, encode_record, parse_checkpoint_name,
+    parse_segment_name, read_checkpoint, scan_segment, segment_header, segment_name,
 };
 use crest_core::config::{Durability, Settings};
 use crest_core::leaf::LogRecord;
@@ -137,6 +145,8 @@ pub struct Recovered {
     pub operations: Vec<Vec<LogRecord>>,
     /// Segment files read.
     pub segments: usize,
+    /// The checkpoint recovery started from (the segment it starts the log at).
+    pub checkpoint: Option<u64>,
     /// Bytes cut from a torn tail, or discarded by `TruncateCorrupt`, with where.
     pub truncated: Vec<String>,
 }
@@ -188,7 +198,14 @@ pub fn open(options: WalOptions) -> Result<(Wal, Recovered), StorageError> {
     let dir = options.dir.clone();
     std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
     let mut recovered = Recovered::default();
+    let base = recover_checkpoint(&dir, &options, &mut recovered)?;
     let mut seqs = segments(&dir)?;
+    if let Some(base) = base {
+        // Segments the checkpoint covers are left over from a crash between writing the
+        // checkpoint and deleting them.
+        remove_covered(&dir, base)?;
+        seqs.retain(|seq| *seq >= base);
+    }
     let mut index = 0;
     while index < seqs.len() {
         let seq = seqs[index];
@@ -284,6 +301,41 @@ fn wrap(options: &WalOptions, file: File) -> Box<dyn SegmentFile> {
     }
 }
 
+/// Loads the newest checkpoint, if any, into `recovered`; returns the segment it starts at.
+fn recover_checkpoint(
+    dir: &Path,
+    options: &WalOptions,
+    recovered: &mut Recovered,
+) -> Result<Option<u64>, StorageError> {
+    let mut checkpoints = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
+        let entry = entry.map_err(|e| io_error(dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.ends_with(".ckpt.tmp") {
+            // A checkpoint that was never completed: the log before it is still whole.
+            std::fs::remove_file(entry.path()).map_err(|e| io_error(&entry.path(), e))?;
+        } else if let Some(seq) = parse_checkpoint_name(name) {
+            checkpoints.push(seq);
+        }
+    }
+    let Some(&seq) = checkpoints.iter().max() else {
+        return Ok(None);
+    };
+    let path = dir.join(checkpoint_name(seq));
+    let bytes = std::fs::read(&path).map_err(|e| io_error(&path, e))?;
+    let records = read_checkpoint(&bytes, seq, options.record_bytes_max).map_err(|detail| {
+        StorageError::Corruption {
+            file: path.display().to_string(),
+            offset: 0,
+            detail: format!("checkpoint {detail}"),
+        }
+    })?;
+    recovered.operations.push(records);
+    recovered.checkpoint = Some(seq);
+    Ok(Some(seq))
+}
+
 fn create_segment(dir: &Path, seq: u64) -> Result<(File, u64), StorageError> {
     let path = dir.join(segment_name(seq));
     let mut file = OpenOptions::new()
@@ -297,9 +349,14 @@ fn create_segment(dir: &Path, seq: u64) -> Result<(File, u64), StorageError> {
     Ok((file, SEGMENT_HEADER_BYTES as u64))
 }
 
-struct Job {
+struct Append {
     records: Vec<LogRecord>,
     token: Option<u64>,
+}
+
+enum Job {
+    Append(Append),
+    Checkpoint(Vec<LogRecord>),
 }
 
 /// Submits operations to the writer thread.
@@ -316,7 +373,18 @@ impl WalHandle {
     /// [`StorageError::Closed`] if the writer has stopped.
     pub fn submit(&self, records: Vec<LogRecord>, token: Option<u64>) -> Result<(), StorageError> {
         self.tx
-            .send(Job { records, token })
+            .send(Job::Append(Append { records, token }))
+            .map_err(|_| StorageError::Closed)
+    }
+
+    /// Queues a checkpoint: `records` are a snapshot equivalent to everything submitted before
+    /// it. Once the checkpoint is durable, the segments it covers are deleted.
+    ///
+    /// # Errors
+    /// [`StorageError::Closed`] if the writer has stopped.
+    pub fn checkpoint(&self, records: Vec<LogRecord>) -> Result<(), StorageError> {
+        self.tx
+            .send(Job::Checkpoint(records))
             .map_err(|_| StorageError::Closed)
     }
 }
@@ -350,16 +418,29 @@ impl Wal {
             while estimate < self.options.write_batch_bytes_max {
                 match rx.try_recv() {
                     Ok(job) => {
-                        estimate += job.records.len() * 64;
+                        if let Job::Append(append) = &job {
+                            estimate += append.records.len() * 64;
+                        }
                         jobs.push(job);
                     }
                     Err(_) => break,
                 }
             }
-            let completions = self.write_group(&jobs, &mut buf);
-            if !completions.is_empty() {
-                on_complete(completions);
+            // Appends are grouped; a checkpoint takes effect between the appends before it and
+            // those after it, exactly where the leaf emitted it.
+            let mut group = Vec::new();
+            for job in jobs {
+                match job {
+                    Job::Append(append) => group.push(append),
+                    Job::Checkpoint(records) => {
+                        self.flush(&mut group, &mut buf, &mut on_complete);
+                        if !self.stopped {
+                            self.checkpoint(&records);
+                        }
+                    }
+                }
             }
+            self.flush(&mut group, &mut buf, &mut on_complete);
             if self.stopped {
                 // Dropping the receiver makes every later submit fail with `Closed`.
                 break;
@@ -367,8 +448,56 @@ impl Wal {
         }
     }
 
+    fn flush(
+        &mut self,
+        group: &mut Vec<Append>,
+        buf: &mut Vec<u8>,
+        on_complete: &mut impl FnMut(Vec<Completion>),
+    ) {
+        if group.is_empty() {
+            return;
+        }
+        let completions = if self.stopped {
+            fail_all(group, "the log stopped after a failed sync")
+        } else {
+            self.write_group(group, buf)
+        };
+        group.clear();
+        if !completions.is_empty() {
+            on_complete(completions);
+        }
+    }
+
+    /// Writes a checkpoint that starts the log at a fresh segment, then deletes what it covers.
+    /// A checkpoint that cannot be written is abandoned (the log is still complete).
+    fn checkpoint(&mut self, records: &[LogRecord]) {
+        let started = std::time::Instant::now();
+        if let Err(error) = self.rotate() {
+            tracing::error!(%error, "checkpoint abandoned: cannot start a new segment");
+            return;
+        }
+        let seq = self.seq;
+        let dir = self.options.dir.clone();
+        match write_checkpoint(&dir, seq, records, self.options.record_bytes_max) {
+            Ok(bytes) => {
+                if let Err(error) = remove_covered(&dir, seq) {
+                    tracing::warn!(%error, "checkpoint written, but old files could not all be removed");
+                }
+                tracing::info!(
+                    dir = %dir.display(),
+                    seq,
+                    records = records.len(),
+                    bytes,
+                    elapsed = ?started.elapsed(),
+                    "checkpoint taken"
+                );
+            }
+            Err(error) => tracing::error!(%error, "checkpoint abandoned"),
+        }
+    }
+
     /// Encodes, writes and (in fsync mode) syncs one group; returns its completions.
-    fn write_group(&mut self, jobs: &[Job], buf: &mut Vec<u8>) -> Vec<Completion> {
+    fn write_group(&mut self, jobs: &[Append], buf: &mut Vec<u8>) -> Vec<Completion> {
         let max = self.options.record_bytes_max;
         let encode = |seq: u64, buf: &mut Vec<u8>| {
             buf.clear();
@@ -449,7 +578,93 @@ impl Wal {
     }
 }
 
-fn fail_all(jobs: &[Job], error: &str) -> Vec<Completion> {
+/// Writes `records` as checkpoint `seq`: a temporary file, synced, renamed into place, and the
+/// directory synced. Returns its size.
+fn write_checkpoint(
+    dir: &Path,
+    seq: u64,
+    records: &[LogRecord],
+    max: u32,
+) -> Result<u64, StorageError> {
+    let final_path = dir.join(checkpoint_name(seq));
+    let tmp_path = dir.join(format!("{}.tmp", checkpoint_name(seq)));
+    let result = (|| {
+        let mut file = File::create(&tmp_path).map_err(|e| io_error(&tmp_path, e))?;
+        let mut buf = checkpoint_header(seq).to_vec();
+        let mut written = 0u64;
+        let mut chunk_start = 0;
+        let mut chunk_bytes = 0usize;
+        // Chunks stay well under the record limit whatever the payload sizes.
+        for (index, record) in records.iter().enumerate() {
+            chunk_bytes += approximate_bytes(record);
+            if chunk_bytes >= max as usize / 4 || index + 1 == records.len() {
+                encode_record(seq, &records[chunk_start..=index], max, &mut buf).map_err(
+                    |error| StorageError::Io {
+                        path: tmp_path.display().to_string(),
+                        error,
+                    },
+                )?;
+                chunk_start = index + 1;
+                chunk_bytes = 0;
+            }
+            if buf.len() >= 4 << 20 {
+                Write::write_all(&mut file, &buf).map_err(|e| io_error(&tmp_path, e))?;
+                written += buf.len() as u64;
+                buf.clear();
+            }
+        }
+        encode_record(seq, &[], max, &mut buf).map_err(|error| StorageError::Io {
+            path: tmp_path.display().to_string(),
+            error,
+        })?;
+        Write::write_all(&mut file, &buf).map_err(|e| io_error(&tmp_path, e))?;
+        written += buf.len() as u64;
+        file.sync_all().map_err(|e| io_error(&tmp_path, e))?;
+        std::fs::rename(&tmp_path, &final_path).map_err(|e| io_error(&final_path, e))?;
+        sync_dir(dir)?;
+        Ok(written)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp_path);
+    }
+    result
+}
+
+/// Deletes the segments and checkpoints that checkpoint `seq` covers.
+fn remove_covered(dir: &Path, seq: u64) -> Result<(), StorageError> {
+    for entry in std::fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
+        let entry = entry.map_err(|e| io_error(dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let covered = parse_segment_name(name).is_some_and(|s| s < seq)
+            || parse_checkpoint_name(name).is_some_and(|s| s < seq);
+        if covered {
+            std::fs::remove_file(entry.path()).map_err(|e| io_error(&entry.path(), e))?;
+        }
+    }
+    sync_dir(dir)
+}
+
+fn approximate_bytes(record: &LogRecord) -> usize {
+    match record {
+        LogRecord::Enqueue {
+            topic,
+            metadata,
+            payload,
+            ..
+        } => {
+            64 + topic.len()
+                + payload.len()
+                + metadata
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 4)
+                    .sum::<usize>()
+        }
+        _ => 32,
+    }
+}
+
+fn fail_all(jobs: &[Append], error: &str) -> Vec<Completion> {
     jobs.iter()
         .filter_map(|job| job.token.map(|token| (token, Err(error.to_string()))))
         .collect()

@@ -392,3 +392,93 @@ fn a_failing_sync_stops_the_log_and_only_acknowledged_operations_survive() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Submits an operation and waits until it (and everything queued before it) is durable.
+fn barrier(handle: &WalHandle, rx: &mpsc::Receiver<Vec<Completion>>, n: u64) {
+    handle.submit(op(n), Some(n)).unwrap();
+    loop {
+        let done = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        if done
+            .iter()
+            .any(|(token, result)| *token == n && result.is_ok())
+        {
+            return;
+        }
+    }
+}
+
+fn files(dir: &Path, suffix: &str) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_str()
+                .unwrap()
+                .ends_with(suffix)
+        })
+        .count()
+}
+
+#[test]
+fn a_checkpoint_replaces_the_log_before_it_and_recovery_starts_from_it() {
+    let dir = temp_dir("checkpoint");
+    let small = WalOptions {
+        segment_bytes_max: 1024,
+        ..options(&dir)
+    };
+    let (wal, _) = open(small.clone()).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let handle = wal.start(move |done| tx.send(done).unwrap()).unwrap();
+    for n in 1..=60 {
+        barrier(&handle, &rx, n);
+    }
+    assert!(files(&dir, ".wal") > 2);
+    // The snapshot stands for operations 1..=60 (here: the last ten, as if 1..=50 were acked).
+    let snapshot: Vec<LogRecord> = (51..=60).flat_map(op).collect();
+    handle.checkpoint(snapshot.clone()).unwrap();
+    for n in 61..=65 {
+        barrier(&handle, &rx, n);
+    }
+    assert_eq!(files(&dir, ".ckpt"), 1);
+    assert_eq!(
+        files(&dir, ".wal"),
+        1,
+        "every segment before the checkpoint is gone"
+    );
+    drop(handle);
+    std::thread::sleep(Duration::from_millis(50));
+
+    let (_, recovered) = open(small.clone()).unwrap();
+    assert!(recovered.checkpoint.is_some());
+    let mut expected = vec![snapshot];
+    expected.extend((61..=65).map(op));
+    assert_eq!(recovered.operations, expected);
+
+    // A crash in the middle of the next checkpoint leaves a temporary file: it is ignored.
+    std::fs::write(
+        dir.join("99999999999999999999.ckpt.tmp"),
+        b"half a checkpoint",
+    )
+    .unwrap();
+    let (_, again) = open(small.clone()).unwrap();
+    assert_eq!(again.operations, expected);
+    assert_eq!(files(&dir, ".tmp"), 0);
+    let report = crest_storage::inspect::inspect(&dir, 1 << 20).unwrap();
+    assert_eq!(report.live_messages, 15, "10 in the checkpoint, 5 after it");
+    assert!(report.segments[0].name.ends_with(".ckpt") && !report.is_fatal());
+
+    // A complete checkpoint that fails its checksum is corruption, never silently skipped.
+    let checkpoint = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "ckpt"))
+        .unwrap();
+    let mut bytes = std::fs::read(&checkpoint).unwrap();
+    bytes[SEGMENT_HEADER_BYTES + 30] ^= 0x04;
+    std::fs::write(&checkpoint, bytes).unwrap();
+    let error = open(small).err().expect("a corrupt checkpoint is refused");
+    assert!(error.to_string().contains("checkpoint"), "{error}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
