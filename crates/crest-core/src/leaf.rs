@@ -21,7 +21,7 @@
 
 use crate::config::Settings;
 use crate::downstream::{Downstream, PeerKindTag, Topic};
-use crate::id::{LeafId, MESSAGE_SEQ_MAX, MessageId, Receipt};
+use crate::id::{IdMap, LeafId, MESSAGE_SEQ_MAX, MessageId, Receipt};
 use crate::key::Key;
 use crate::machine::{ConnId, Link, Machine, NodeStats, StorageDone, StorageOp, Transmit};
 use crate::offer::OfferSet;
@@ -132,7 +132,7 @@ pub struct Leaf {
     rng: u64,
     upstream: Upstream,
     clients: Downstream,
-    messages: HashMap<MessageId, Stored>,
+    messages: IdMap<Stored>,
     topics: HashMap<Topic, LeafTopic>,
     leases: BTreeSet<(Time, MessageId)>,
     pending: HashMap<u64, PendingBatch>,
@@ -167,7 +167,7 @@ impl Leaf {
             rng: config.seed,
             upstream,
             clients,
-            messages: HashMap::new(),
+            messages: IdMap::default(),
             topics: HashMap::new(),
             leases: BTreeSet::new(),
             pending: HashMap::new(),
@@ -195,7 +195,17 @@ impl Leaf {
         operations: impl IntoIterator<Item = Vec<LogRecord>>,
     ) -> Leaf {
         let mut leaf = Leaf::new(config);
+        let operations: Vec<Vec<LogRecord>> = operations.into_iter().collect();
+        let enqueues = operations
+            .iter()
+            .flatten()
+            .filter(|r| matches!(r, LogRecord::Enqueue { .. }))
+            .count();
+        leaf.messages.reserve(enqueues);
         let mut seq_max = 0;
+        // Consecutive records mostly share a topic: remember the last one instead of hashing
+        // its name for every record.
+        let mut last_topic: Option<Topic> = None;
         for record in operations.into_iter().flatten() {
             match record {
                 LogRecord::Enqueue {
@@ -208,11 +218,14 @@ impl Leaf {
                     payload,
                 } => {
                     seq_max = seq_max.max(id.seq());
-                    if leaf.messages.contains_key(&id) {
-                        continue;
-                    }
-                    let topic = leaf.topic(&topic);
-                    leaf.topics.get_mut(&topic).expect("created").messages += 1;
+                    let topic = match &last_topic {
+                        Some(last) if **last == *topic => last.clone(),
+                        _ => {
+                            let interned = leaf.topic(&topic);
+                            last_topic = Some(interned.clone());
+                            interned
+                        }
+                    };
                     let key = Key {
                         priority,
                         ready_at,
@@ -227,8 +240,10 @@ impl Leaf {
                         attempt: 0,
                         lease: None,
                     };
-                    leaf.live_bytes += stored_bytes(&stored);
-                    leaf.messages.insert(id, stored);
+                    let bytes = stored_bytes(&stored);
+                    if leaf.messages.insert(id, stored).is_none() {
+                        leaf.live_bytes += bytes;
+                    }
                 }
                 LogRecord::Lease { id, attempt, .. } => {
                     if let Some(stored) = leaf.messages.get_mut(&id) {
@@ -238,18 +253,24 @@ impl Leaf {
                 LogRecord::Delete { id } => {
                     if let Some(stored) = leaf.messages.remove(&id) {
                         leaf.live_bytes -= stored_bytes(&stored);
-                        leaf.topics
-                            .get_mut(&stored.topic)
-                            .expect("topic of a message")
-                            .messages -= 1;
                     }
                 }
                 LogRecord::Release { .. } => {}
             }
         }
-        let ids: Vec<MessageId> = leaf.messages.keys().copied().collect();
-        for id in ids {
-            leaf.make_available(id);
+        // Every recovered message is available: gather each topic's entries, then build its
+        // index in bulk (sorting once beats a million ordered inserts).
+        let mut by_topic: HashMap<Topic, Vec<(Key, u32)>> = HashMap::new();
+        for stored in leaf.messages.values() {
+            by_topic
+                .entry(stored.topic.clone())
+                .or_default()
+                .push((stored.key, stored.payload.len() as u32));
+        }
+        for (name, entries) in by_topic {
+            let topic = leaf.topics.get_mut(&name).expect("interned above");
+            topic.messages = entries.len() as u64;
+            topic.offers = OfferSet::from_unoffered(entries);
         }
         leaf.topics.retain(|_, topic| topic.messages > 0);
         leaf.dirty.clear();

@@ -38,6 +38,14 @@ pub(crate) struct OfferSet {
 }
 
 impl OfferSet {
+    /// A set whose candidates are all unoffered (recovery), built in bulk.
+    pub(crate) fn from_unoffered(entries: Vec<(Key, u32)>) -> OfferSet {
+        OfferSet {
+            unoffered: entries.into_iter().collect(),
+            ..OfferSet::default()
+        }
+    }
+
     /// Adds a candidate (not offered until the next [`OfferSet::rebalance`]).
     pub(crate) fn insert(&mut self, key: Key, size: u32) {
         let previous = self.unoffered.insert(key, size);
