@@ -17,6 +17,7 @@ fn push_batch(messages: usize, payload: usize) -> Wire {
             priority: (i % 10) as u32,
             metadata: vec![],
             payload: Bytes::from(vec![7u8; payload]),
+            ..PushMessage::default()
         })
         .collect();
     Wire::Push(Push {

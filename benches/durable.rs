@@ -41,6 +41,8 @@ fn batch(first: u64) -> Vec<LogRecord> {
             priority: (seq % 10) as u32,
             ready_at: Time(seq),
             enqueued_at: Time(seq),
+            expires_at: None,
+            dedup_key: None,
             metadata: vec![],
             payload: payload.clone(),
         })
@@ -92,7 +94,7 @@ fn recovery(dir: &Path) -> (f64, f64, u64) {
         seed: 1,
         first_seq: 1,
     };
-    let leaf = Leaf::recover(config, recovered.operations);
+    let leaf = Leaf::recover(config, Time(0), recovered.operations);
     let messages = crest::core::Machine::stats(&leaf).messages;
     (
         messages as f64 / started.elapsed().as_secs_f64(),

@@ -385,6 +385,7 @@ async fn malformed_and_oversized_frames_are_answered_and_the_connection_survives
         priority: 1,
         metadata: vec![],
         payload: Bytes::from(vec![1u8; 256 * 1024 + 1]),
+        ..PushMessage::default()
     };
     let mut frame = Vec::new();
     encode_frame(
@@ -411,6 +412,7 @@ async fn malformed_and_oversized_frames_are_answered_and_the_connection_survives
         priority: 1,
         metadata: vec![],
         payload: Bytes::from_static(b"ok"),
+        ..PushMessage::default()
     };
     let mut frame = Vec::new();
     encode_frame(
@@ -437,6 +439,7 @@ async fn malformed_and_oversized_frames_are_answered_and_the_connection_survives
         max: 1,
         wait_ms: 0,
         lease_ms: Some(0),
+        ..Pop::default()
     };
     encode_frame(&Wire::Pop(pop), max as u32, &mut frame).unwrap();
     raw_consumer.data_send.write_all(&frame).await.unwrap();

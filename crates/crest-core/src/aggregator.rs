@@ -10,8 +10,9 @@
 //! most urgent unoffered entry and its children's frontiers, so the root can tell whether its
 //! best entry is the best of the whole tree.
 //!
-//! `Reserve`, `Confirm` and `Release` from the parent are routed to the child leading to the
-//! named leaf; `Reserved` and `Confirmed` from children go to the parent unchanged. A reserved
+//! `Reserve`, `Confirm`, `Release` and `LeafAdmin` from the parent are routed to the child
+//! leading to the named leaf; `Reserved`, `Confirmed` and `LeafAdminReply` from children go to
+//! the parent unchanged. A reserved
 //! entry leaves the window and the offered set as the `Reserve` passes, which returns credit
 //! both below and above.
 
@@ -23,8 +24,8 @@ use crate::offer::OfferSet;
 use crate::time::Time;
 use crate::upstream::Upstream;
 use crate::wire::{
-    Confirm, Confirmed, ErrorCode, Offer, Release, Reserve, ReserveDenied, ReserveOutcome,
-    Reserved, Role, Wire,
+    Confirm, Confirmed, ErrorCode, LeafAdmin, LeafAdminReply, Offer, Release, Reserve,
+    ReserveDenied, ReserveOutcome, Reserved, Role, Wire,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -144,6 +145,16 @@ impl Aggregator {
         }
     }
 
+    fn handle_leaf_admin(&mut self, admin: LeafAdmin) {
+        match self.children.route(admin.leaf) {
+            Ok(child) => self.send(child, Wire::LeafAdmin(admin)),
+            Err(_) => self.send_up(Wire::LeafAdminReply(LeafAdminReply {
+                tag: admin.tag,
+                result: None,
+            })),
+        }
+    }
+
     fn handle_release(&mut self, release: Release) {
         // A release that cannot be routed is dropped: the lease then simply expires.
         if let Ok(child) = self.children.route(release.leaf) {
@@ -241,6 +252,7 @@ impl Machine for Aggregator {
                 Wire::Reserve(reserve) => self.handle_reserve(reserve),
                 Wire::Confirm(confirm) => self.handle_confirm(confirm),
                 Wire::Release(release) => self.handle_release(release),
+                Wire::LeafAdmin(admin) => self.handle_leaf_admin(admin),
                 Wire::Error(_) => self.violations += 1,
                 other => self.reject_unexpected(conn, &other),
             }
@@ -249,6 +261,7 @@ impl Machine for Aggregator {
                 Wire::Offer(offer) => self.handle_offer(conn, offer),
                 Wire::Reserved(reserved) => self.send_up(Wire::Reserved(reserved)),
                 Wire::Confirmed(confirmed) => self.send_up(Wire::Confirmed(confirmed)),
+                Wire::LeafAdminReply(reply) => self.send_up(Wire::LeafAdminReply(reply)),
                 other => self.reject_unexpected(conn, &other),
             }
         } else {

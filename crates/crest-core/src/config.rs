@@ -5,6 +5,7 @@
 //! checked at compile time; [`Settings::validate`] checks the same relations for loaded values.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Largest payload of one message, in bytes (256 KiB).
@@ -108,6 +109,54 @@ pub struct Settings {
     pub checkpoint_interval_ms: u64,
     /// Longest delay between reconnect attempts, in milliseconds.
     pub reconnect_backoff_max_ms: u64,
+    /// Deliveries of a message before it moves to its topic's dead-letter queue (the
+    /// delivery that fails for the `max_attempts`-th time moves it).
+    pub max_attempts: u32,
+    /// A second push with the same dedup key within this window after the first is
+    /// acknowledged with the first message's id and not enqueued again, in milliseconds.
+    pub dedup_window_ms: u64,
+    /// Most dedup keys a leaf remembers at once; pushes with new keys beyond it are refused.
+    pub dedup_keys_max: u64,
+    /// Longest dedup key, in bytes.
+    pub dedup_key_bytes_max: u32,
+    /// Longest delivery delay (`deliver_after`, nack delay) a message may ask for, in
+    /// milliseconds.
+    pub delay_max_ms: u64,
+    /// Default time to live of a message once it is ready, in milliseconds (0: forever).
+    pub message_ttl_ms: u64,
+    /// Longest failure reason a nack may carry, in bytes.
+    pub reason_bytes_max: u32,
+    /// Per-topic overrides of the delivery policy, by topic name.
+    pub topics: BTreeMap<String, TopicSettings>,
+}
+
+/// Per-topic overrides of [`Settings`]; unset fields take the node's value.
+///
+/// In a topology file: `[settings.topics.orders]` then e.g. `max_attempts = 3`.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TopicSettings {
+    /// Default visibility timeout, in milliseconds.
+    pub lease_timeout_ms: Option<u64>,
+    /// Deliveries before the dead-letter queue.
+    pub max_attempts: Option<u32>,
+    /// Dedup window, in milliseconds.
+    pub dedup_window_ms: Option<u64>,
+    /// Default time to live, in milliseconds (0: forever).
+    pub message_ttl_ms: Option<u64>,
+}
+
+/// The delivery policy of one topic: [`Settings`] with that topic's overrides applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TopicPolicy {
+    /// Default visibility timeout, in milliseconds.
+    pub lease_timeout_ms: u64,
+    /// Deliveries before the dead-letter queue.
+    pub max_attempts: u32,
+    /// Dedup window, in milliseconds.
+    pub dedup_window_ms: u64,
+    /// Default time to live, in milliseconds (0: forever).
+    pub message_ttl_ms: u64,
 }
 
 impl Default for Settings {
@@ -144,6 +193,14 @@ impl Default for Settings {
             checkpoint_log_bytes: 256 * 1024 * 1024,
             checkpoint_interval_ms: 300_000,
             reconnect_backoff_max_ms: 2_000,
+            max_attempts: 10,
+            dedup_window_ms: 5 * 60 * 1000,
+            dedup_keys_max: 1_000_000,
+            dedup_key_bytes_max: 128,
+            delay_max_ms: 30 * 24 * 3600 * 1000,
+            message_ttl_ms: 0,
+            reason_bytes_max: 1024,
+            topics: BTreeMap::new(),
         }
     }
 }
@@ -165,7 +222,10 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 19] = [
+        let positive: [(&'static str, u64); 22] = [
+            ("max_attempts", self.max_attempts.into()),
+            ("dedup_keys_max", self.dedup_keys_max),
+            ("dedup_key_bytes_max", self.dedup_key_bytes_max.into()),
             ("checkpoint_log_bytes", self.checkpoint_log_bytes),
             ("checkpoint_interval_ms", self.checkpoint_interval_ms),
             ("wal_segment_bytes_max", self.wal_segment_bytes_max),
@@ -255,7 +315,41 @@ impl Settings {
                 "must be above 0 and at most reconnect_backoff_max_ms".into(),
             );
         }
+        for topic in self.topics.keys() {
+            let policy = self.topic_policy(topic);
+            if policy.max_attempts == 0 {
+                return fail(
+                    "topics",
+                    format!("{topic}: max_attempts must be at least 1"),
+                );
+            }
+            if policy.lease_timeout_ms == 0 || policy.lease_timeout_ms > self.lease_timeout_max_ms {
+                return fail(
+                    "topics",
+                    format!(
+                        "{topic}: lease_timeout_ms {} is outside 1..={} (lease_timeout_max_ms)",
+                        policy.lease_timeout_ms, self.lease_timeout_max_ms
+                    ),
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// The delivery policy of `topic`: these settings with the topic's overrides applied.
+    pub fn topic_policy(&self, topic: &str) -> TopicPolicy {
+        let overrides = self.topics.get(topic);
+        let pick = |f: fn(&TopicSettings) -> Option<u64>, default: u64| {
+            overrides.and_then(f).unwrap_or(default)
+        };
+        TopicPolicy {
+            lease_timeout_ms: pick(|t| t.lease_timeout_ms, self.lease_timeout_ms),
+            max_attempts: overrides
+                .and_then(|t| t.max_attempts)
+                .unwrap_or(self.max_attempts),
+            dedup_window_ms: pick(|t| t.dedup_window_ms, self.dedup_window_ms),
+            message_ttl_ms: pick(|t| t.message_ttl_ms, self.message_ttl_ms),
+        }
     }
 
     /// The default visibility timeout.

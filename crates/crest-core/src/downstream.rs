@@ -191,6 +191,13 @@ impl Downstream {
             .ok_or(ReceiptError::Unavailable)
     }
 
+    /// Every leaf below this node per the topology, in id order.
+    pub(crate) fn subtree_leaves(&self) -> Vec<LeafId> {
+        let mut leaves: Vec<LeafId> = self.subtree.iter().copied().collect();
+        leaves.sort_unstable();
+        leaves
+    }
+
     /// Whether `conn` is a connected child.
     pub(crate) fn is_child(&self, conn: ConnId) -> bool {
         matches!(self.peers.get(&conn), Some(Peer::Child { .. }))

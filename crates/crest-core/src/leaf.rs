@@ -6,20 +6,34 @@
 //! # Message states
 //! Every message the leaf holds is in exactly one state:
 //! - **pending**: in a push batch waiting for storage; not yet acknowledged nor offered;
+//! - **delayed**: durable, waiting for its `ready_at` (deliver-after, or a nack's delay);
 //! - **available**: a candidate of its topic's [`OfferSet`] (offered to the parent or not);
-//! - **leased**: reserved by the root under a lease (token, deadline, attempt number).
+//! - **leased**: reserved by the root under a lease (token, deadline, attempt number);
+//! - **dead**: in its topic's dead-letter queue, with the reason of its last failure.
 //!
-//! Transitions: a push batch becomes available when storage reports it durable, and only then
-//! is the producer acknowledged. `Reserve` turns available into leased (anything else is
-//! denied: the leaf's lease is the single authority). `Confirm` with the live token deletes a
-//! leased message; `Release` with the live token, or the lease deadline passing, makes it
-//! available again with its attempt count kept.
+//! Transitions: a push batch becomes delayed or available when storage reports it durable, and
+//! only then is the producer acknowledged. `Reserve` turns available into leased (anything
+//! else is denied: the leaf's lease is the single authority). A settle with the live token
+//! acts on a leased message: ack deletes it; nack (or the lease deadline passing) makes it
+//! available again, after a delay if asked, with its attempt count kept, or dead once it has
+//! had `max_attempts` deliveries; extend moves the deadline. A `Release` from the root (a grant
+//! nobody received) makes it available and gives the attempt back. A message past its time to
+//! live is deleted instead of becoming available or leased again. Admin operations redrive
+//! (dead → available, attempts reset) and purge (dead → deleted) dead letters.
+//!
+//! # Dedup
+//! A push carrying a dedup key already seen for its topic within the topic's dedup window is
+//! answered with the first message's id and not enqueued. Keys live in a table bounded by
+//! `dedup_keys_max`, outlive their messages until the window ends, and are logged, so they
+//! survive restarts.
 //!
 //! # Storage
-//! Every state change is emitted as a [`LogRecord`] through `poll_storage`. Push batches carry
-//! a token and are acknowledged on `handle_storage_done`; the other records carry none.
+//! Every state change a restart must see is emitted as a [`LogRecord`] through
+//! `poll_storage`. Push batches carry a token and are acknowledged on `handle_storage_done`;
+//! the other records carry none. Leases are not restored by recovery (their root is gone with
+//! the crash), so extends and lease grants need only their attempt numbers logged.
 
-use crate::config::Settings;
+use crate::config::{Settings, TopicPolicy};
 use crate::downstream::{Downstream, PeerKindTag, Topic};
 use crate::id::{IdMap, LeafId, MESSAGE_SEQ_MAX, MessageId, Receipt};
 use crate::key::Key;
@@ -28,11 +42,12 @@ use crate::offer::OfferSet;
 use crate::time::Time;
 use crate::upstream::Upstream;
 use crate::wire::{
-    Confirm, Confirmed, Delivery, ErrorCode, Push, PushAck, PushMessage, ReceiptError, Release,
-    Reserve, ReserveDenied, ReserveOutcome, Reserved, Role, Wire,
+    AdminOp, AdminResult, Confirm, Confirmed, DeadLetter, Delivery, ErrorCode, LeafAdmin,
+    LeafAdminReply, Push, PushAck, PushMessage, ReceiptError, Release, Reserve, ReserveDenied,
+    ReserveOutcome, Reserved, Role, Settle, Stats, TopicStats, Wire,
 };
 use bytes::Bytes;
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +66,10 @@ pub enum LogRecord {
         ready_at: Time,
         /// When it was accepted.
         enqueued_at: Time,
+        /// When it expires (`None`: never).
+        expires_at: Option<Time>,
+        /// Its dedup key, if it has one (the key's window starts at `enqueued_at`).
+        dedup_key: Option<String>,
         /// Producer metadata.
         metadata: Vec<(String, String)>,
         /// The payload.
@@ -65,15 +84,45 @@ pub enum LogRecord {
         /// The lease deadline.
         deadline: Time,
     },
-    /// A message was acknowledged and deleted.
+    /// A message was acknowledged, purged or expired: it is gone.
     Delete {
         /// The message.
         id: MessageId,
     },
-    /// A lease ended early; the message is available again.
+    /// A lease ended without an ack (nack, expiry, or the root gave the grant back); the
+    /// message is delayed or available again.
     Release {
         /// The message.
         id: MessageId,
+        /// Its attempt count from now on.
+        attempt: u32,
+        /// Its ready time from now on (later than before after a nack with delay).
+        ready_at: Time,
+    },
+    /// A message moved to its topic's dead-letter queue.
+    Dead {
+        /// The message.
+        id: MessageId,
+        /// Why its last delivery failed.
+        reason: String,
+        /// When it moved.
+        at: Time,
+    },
+    /// A dead letter went back into its topic with its attempts reset.
+    Redrive {
+        /// The message.
+        id: MessageId,
+    },
+    /// A dedup key whose window is still open (checkpoints only: it may outlive its message).
+    Dedup {
+        /// The topic.
+        topic: String,
+        /// The key.
+        key: String,
+        /// The first message pushed with it.
+        id: MessageId,
+        /// When its window ends.
+        until: Time,
     },
 }
 
@@ -100,15 +149,31 @@ struct Lease {
 }
 
 #[derive(Debug)]
+struct Death {
+    at: Time,
+    reason: String,
+}
+
+#[derive(Debug)]
+enum State {
+    Delayed,
+    Available,
+    Leased(Lease),
+    Dead(Box<Death>),
+}
+
+#[derive(Debug)]
 struct Stored {
     topic: Topic,
     key: Key,
     enqueued_at: Time,
+    /// `Time::MAX`: never.
+    expires_at: Time,
     metadata: Vec<(String, String)>,
     payload: Bytes,
-    /// Leases granted so far.
+    /// Leases granted so far (given back when the root releases an undelivered grant).
     attempt: u32,
-    lease: Option<Lease>,
+    state: State,
 }
 
 #[derive(Debug, Default)]
@@ -116,13 +181,34 @@ struct LeafTopic {
     offers: OfferSet,
     /// Messages of this topic in any state but pending.
     messages: u64,
+    /// Dead letters by `(dead_at, id)`.
+    dead: BTreeSet<(Time, MessageId)>,
 }
 
 #[derive(Debug)]
 struct PendingBatch {
     conn: ConnId,
     request: u64,
+    /// The id answered for each message of the push, in order (duplicates included).
+    ids: Vec<MessageId>,
+    /// The messages this batch enqueues.
     messages: Vec<(MessageId, Stored)>,
+    /// Set when a message this batch duplicates failed to be stored: the producer is told.
+    failed: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct DedupEntry {
+    id: MessageId,
+    until: Time,
+}
+
+/// Event counters since the leaf started.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    expired: u64,
+    dead_lettered: u64,
+    deduplicated: u64,
 }
 
 /// See the module doc.
@@ -134,7 +220,14 @@ pub struct Leaf {
     clients: Downstream,
     messages: IdMap<Stored>,
     topics: HashMap<Topic, LeafTopic>,
+    /// Live leases by `(deadline, id)`.
     leases: BTreeSet<(Time, MessageId)>,
+    /// Delayed messages by `(ready_at, id)`.
+    delayed: BTreeSet<(Time, MessageId)>,
+    /// Messages with a time to live (not dead) by `(expires_at, id)`.
+    expiries: BTreeSet<(Time, MessageId)>,
+    dedup: HashMap<Topic, HashMap<Box<str>, DedupEntry>>,
+    dedup_expiry: BTreeMap<(Time, MessageId), (Topic, Box<str>)>,
     pending: HashMap<u64, PendingBatch>,
     pending_messages: u64,
     next_token: u64,
@@ -143,6 +236,7 @@ pub struct Leaf {
     storage: VecDeque<StorageOp>,
     closes: VecDeque<(ConnId, String)>,
     violations: u64,
+    counters: Counters,
     /// Approximate bytes appended to the log since the last checkpoint.
     logged_bytes: u64,
     /// Approximate bytes a checkpoint of the live state would take.
@@ -170,6 +264,10 @@ impl Leaf {
             messages: IdMap::default(),
             topics: HashMap::new(),
             leases: BTreeSet::new(),
+            delayed: BTreeSet::new(),
+            expiries: BTreeSet::new(),
+            dedup: HashMap::new(),
+            dedup_expiry: BTreeMap::new(),
             pending: HashMap::new(),
             pending_messages: 0,
             next_token: 1,
@@ -178,6 +276,7 @@ impl Leaf {
             storage: VecDeque::new(),
             closes: VecDeque::new(),
             violations: 0,
+            counters: Counters::default(),
             logged_bytes: 0,
             live_bytes: 0,
             checkpoint_due: None,
@@ -185,13 +284,16 @@ impl Leaf {
         }
     }
 
-    /// Rebuilds a leaf from its log: every storage operation it ever emitted, in order.
+    /// Rebuilds a leaf from its log: every storage operation it ever emitted, in order, as of
+    /// `now`.
     ///
-    /// Messages come back available; those that were leased at the crash keep their attempt
-    /// counts (their leases are gone with the root that held them). Sequence numbers continue
-    /// above both the highest recovered and `config.first_seq`.
+    /// Messages come back delayed, available or dead; those that were leased at the crash come
+    /// back available with their attempt counts (their leases are gone with the root that held
+    /// them). Messages whose time to live passed and dedup keys whose window ended are dropped.
+    /// Sequence numbers continue above both the highest recovered and `config.first_seq`.
     pub fn recover(
         config: LeafConfig,
+        now: Time,
         operations: impl IntoIterator<Item = Vec<LogRecord>>,
     ) -> Leaf {
         let mut leaf = Leaf::new(config);
@@ -214,6 +316,8 @@ impl Leaf {
                     priority,
                     ready_at,
                     enqueued_at,
+                    expires_at,
+                    dedup_key,
                     metadata,
                     payload,
                 } => {
@@ -226,19 +330,24 @@ impl Leaf {
                             interned
                         }
                     };
-                    let key = Key {
-                        priority,
-                        ready_at,
-                        id,
-                    };
+                    if let Some(key) = dedup_key {
+                        let window = leaf.policy(&topic).dedup_window_ms;
+                        let until = enqueued_at + Duration::from_millis(window);
+                        leaf.remember_dedup(&topic, key.into(), DedupEntry { id, until });
+                    }
                     let stored = Stored {
                         topic,
-                        key,
+                        key: Key {
+                            priority,
+                            ready_at,
+                            id,
+                        },
                         enqueued_at,
+                        expires_at: expires_at.unwrap_or(Time::MAX),
                         metadata,
                         payload,
                         attempt: 0,
-                        lease: None,
+                        state: State::Available,
                     };
                     let bytes = stored_bytes(&stored);
                     if leaf.messages.insert(id, stored).is_none() {
@@ -247,7 +356,28 @@ impl Leaf {
                 }
                 LogRecord::Lease { id, attempt, .. } => {
                     if let Some(stored) = leaf.messages.get_mut(&id) {
-                        stored.attempt = stored.attempt.max(attempt);
+                        stored.attempt = attempt;
+                    }
+                }
+                LogRecord::Release {
+                    id,
+                    attempt,
+                    ready_at,
+                } => {
+                    if let Some(stored) = leaf.messages.get_mut(&id) {
+                        stored.attempt = attempt;
+                        stored.key.ready_at = ready_at;
+                    }
+                }
+                LogRecord::Dead { id, reason, at } => {
+                    if let Some(stored) = leaf.messages.get_mut(&id) {
+                        stored.state = State::Dead(Box::new(Death { at, reason }));
+                    }
+                }
+                LogRecord::Redrive { id } => {
+                    if let Some(stored) = leaf.messages.get_mut(&id) {
+                        stored.state = State::Available;
+                        stored.attempt = 0;
                     }
                 }
                 LogRecord::Delete { id } => {
@@ -255,24 +385,59 @@ impl Leaf {
                         leaf.live_bytes -= stored_bytes(&stored);
                     }
                 }
-                LogRecord::Release { .. } => {}
+                LogRecord::Dedup {
+                    topic,
+                    key,
+                    id,
+                    until,
+                } => {
+                    let topic = leaf.topic(&topic);
+                    leaf.remember_dedup(&topic, key.into(), DedupEntry { id, until });
+                }
             }
         }
-        // Every recovered message is available: gather each topic's entries, then build its
-        // index in bulk (sorting once beats a million ordered inserts).
+        // Settle every message's state as of `now`, then build each topic's index in bulk
+        // (sorting once beats a million ordered inserts).
+        let mut expired = Vec::new();
         let mut by_topic: HashMap<Topic, Vec<(Key, u32)>> = HashMap::new();
-        for stored in leaf.messages.values() {
-            by_topic
-                .entry(stored.topic.clone())
-                .or_default()
-                .push((stored.key, stored.payload.len() as u32));
+        for (id, stored) in leaf.messages.iter_mut() {
+            let topic = leaf.topics.get_mut(&stored.topic).expect("interned above");
+            if let State::Dead(death) = &stored.state {
+                topic.dead.insert((death.at, *id));
+                topic.messages += 1;
+                continue;
+            }
+            if stored.expires_at <= now {
+                expired.push(*id);
+                continue;
+            }
+            topic.messages += 1;
+            if stored.expires_at != Time::MAX {
+                leaf.expiries.insert((stored.expires_at, *id));
+            }
+            if stored.key.ready_at > now {
+                stored.state = State::Delayed;
+                leaf.delayed.insert((stored.key.ready_at, *id));
+            } else {
+                stored.state = State::Available;
+                by_topic
+                    .entry(stored.topic.clone())
+                    .or_default()
+                    .push((stored.key, stored.payload.len() as u32));
+            }
+        }
+        for id in expired {
+            let stored = leaf.messages.remove(&id).expect("listed above");
+            leaf.live_bytes -= stored_bytes(&stored);
+            leaf.counters.expired += 1;
         }
         for (name, entries) in by_topic {
             let topic = leaf.topics.get_mut(&name).expect("interned above");
-            topic.messages = entries.len() as u64;
             topic.offers = OfferSet::from_unoffered(entries);
         }
-        leaf.topics.retain(|_, topic| topic.messages > 0);
+        leaf.expire_dedup(now);
+        leaf.topics
+            .retain(|name, topic| topic.messages > 0 || leaf.dedup.contains_key(name));
         leaf.dirty.clear();
         leaf.dirty.extend(leaf.topics.keys().cloned());
         leaf.next_seq = leaf.next_seq.max(seq_max + 1).min(MESSAGE_SEQ_MAX);
@@ -286,6 +451,10 @@ impl Leaf {
 
     fn send(&mut self, conn: ConnId, msg: Wire) {
         self.transmits.push_back(Transmit { conn, msg });
+    }
+
+    fn policy(&self, topic: &str) -> TopicPolicy {
+        self.config.settings.topic_policy(topic)
     }
 
     /// splitmix64: lease tokens are unguessable enough for receipts, and reproducible by seed.
@@ -306,8 +475,57 @@ impl Leaf {
         topic
     }
 
+    /// The live dedup entry of `key` in `topic`, if its window is open at `now`.
+    fn find_dedup(&self, topic: &str, key: &str, now: Time) -> Option<DedupEntry> {
+        self.dedup
+            .get(topic)
+            .and_then(|keys| keys.get(key))
+            .filter(|entry| entry.until > now)
+            .copied()
+    }
+
+    fn remember_dedup(&mut self, topic: &Topic, key: Box<str>, entry: DedupEntry) {
+        let keys = self.dedup.entry(topic.clone()).or_default();
+        if let Some(old) = keys.insert(key.clone(), entry) {
+            self.dedup_expiry.remove(&(old.until, old.id));
+        }
+        self.dedup_expiry
+            .insert((entry.until, entry.id), (topic.clone(), key));
+    }
+
+    fn forget_dedup(&mut self, topic: &Topic, key: &str) {
+        if let Some(keys) = self.dedup.get_mut(topic) {
+            if let Some(old) = keys.remove(key) {
+                self.dedup_expiry.remove(&(old.until, old.id));
+            }
+            if keys.is_empty() {
+                self.dedup.remove(topic);
+            }
+        }
+    }
+
+    fn expire_dedup(&mut self, now: Time) {
+        while let Some((&(until, _), _)) = self.dedup_expiry.first_key_value() {
+            if until > now {
+                break;
+            }
+            let (_, (topic, key)) = self.dedup_expiry.pop_first().expect("present");
+            if let Some(keys) = self.dedup.get_mut(&topic) {
+                keys.remove(&key);
+                if keys.is_empty() {
+                    self.dedup.remove(&topic);
+                    self.dirty.insert(topic);
+                }
+            }
+        }
+    }
+
+    fn dedup_len(&self) -> usize {
+        self.dedup_expiry.len()
+    }
+
     /// Checks a push batch; the error names the first problem found.
-    fn validate_push(&self, push: &Push) -> Result<(), (ErrorCode, String)> {
+    fn validate_push(&self, now: Time, push: &Push) -> Result<(), (ErrorCode, String)> {
         let s = &self.config.settings;
         let count = push.messages.len();
         if count == 0 {
@@ -333,12 +551,14 @@ impl Leaf {
             ));
         }
         let mut new_topics = HashSet::new();
+        let mut keyed = 0;
         for (index, message) in push.messages.iter().enumerate() {
-            validate_message(s, message)
+            validate_message(s, now, message)
                 .map_err(|(code, why)| (code, format!("message {index}: {why}")))?;
             if !self.topics.contains_key(message.topic.as_str()) {
                 new_topics.insert(message.topic.as_str());
             }
+            keyed += usize::from(message.dedup_key.is_some());
         }
         if self.topics.len() + new_topics.len() > s.topics_max as usize {
             return Err((
@@ -360,6 +580,16 @@ impl Leaf {
                 ),
             ));
         }
+        if (self.dedup_len() + keyed) as u64 > s.dedup_keys_max {
+            return Err((
+                ErrorCode::Overloaded,
+                format!(
+                    "leaf remembers {} dedup keys; dedup_keys_max is {}; retry later",
+                    self.dedup_len(),
+                    s.dedup_keys_max
+                ),
+            ));
+        }
         if self.pending.len() >= s.leaf_pending_batches_max as usize {
             return Err((
                 ErrorCode::Overloaded,
@@ -376,7 +606,7 @@ impl Leaf {
     }
 
     fn handle_push(&mut self, now: Time, conn: ConnId, push: Push) {
-        if let Err((code, message)) = self.validate_push(&push) {
+        if let Err((code, message)) = self.validate_push(now, &push) {
             self.send(conn, Wire::error(Some(push.request), code, message));
             return;
         }
@@ -384,32 +614,51 @@ impl Leaf {
         self.next_token += 1;
         let mut records = Vec::with_capacity(push.messages.len());
         let mut messages = Vec::with_capacity(push.messages.len());
+        let mut ids = Vec::with_capacity(push.messages.len());
         for message in push.messages {
+            let topic = self.topic(&message.topic);
+            if let Some(key) = &message.dedup_key
+                && let Some(first) = self.find_dedup(&topic, key, now)
+            {
+                self.counters.deduplicated += 1;
+                ids.push(first.id);
+                continue;
+            }
             let id = MessageId::new(self.config.id, self.next_seq);
             self.next_seq += 1;
-            let topic = self.topic(&message.topic);
-            let key = Key {
-                priority: message.priority,
-                ready_at: now,
-                id,
-            };
+            ids.push(id);
+            let policy = self.policy(&topic);
+            let ready_at = ready_time(now, &message);
+            let ttl_ms = message.ttl_ms.unwrap_or(policy.message_ttl_ms);
+            let expires_at = (ttl_ms > 0).then(|| ready_at + Duration::from_millis(ttl_ms));
+            if let Some(key) = &message.dedup_key {
+                let until = now + Duration::from_millis(policy.dedup_window_ms);
+                self.remember_dedup(&topic, key.as_str().into(), DedupEntry { id, until });
+            }
             records.push(LogRecord::Enqueue {
                 id,
                 topic: message.topic,
                 priority: message.priority,
-                ready_at: now,
+                ready_at,
                 enqueued_at: now,
+                expires_at,
+                dedup_key: message.dedup_key,
                 metadata: message.metadata.clone(),
                 payload: message.payload.clone(),
             });
             let stored = Stored {
                 topic,
-                key,
+                key: Key {
+                    priority: message.priority,
+                    ready_at,
+                    id,
+                },
                 enqueued_at: now,
+                expires_at: expires_at.unwrap_or(Time::MAX),
                 metadata: message.metadata,
                 payload: message.payload,
                 attempt: 0,
-                lease: None,
+                state: State::Available,
             };
             messages.push((id, stored));
         }
@@ -421,15 +670,19 @@ impl Leaf {
             PendingBatch {
                 conn,
                 request: push.request,
+                ids,
                 messages,
+                failed: None,
             },
         );
+        // A batch of duplicates only still goes through the log: its acknowledgement must not
+        // overtake that of a batch it duplicates, and the log completes in order.
         self.log(now, Some(token), records);
     }
 
     /// Appends records to the log (through `poll_storage`) and counts log growth.
     fn log(&mut self, now: Time, token: Option<u64>, records: Vec<LogRecord>) {
-        if records.is_empty() {
+        if records.is_empty() && token.is_none() {
             return;
         }
         self.logged_bytes += records.iter().map(record_bytes).sum::<u64>();
@@ -457,13 +710,16 @@ impl Leaf {
     }
 
     /// The leaf's whole state as log records: replaying them rebuilds it (see `recover`).
-    /// Pending batches are included: their records precede the checkpoint in the log.
+    /// Pending batches are included: their records precede the checkpoint in the log (and the
+    /// log abandons a checkpoint taken after a write that failed).
     fn snapshot(&self) -> Vec<LogRecord> {
         let pending = self
             .pending
             .values()
             .flat_map(|batch| batch.messages.iter().map(|(id, m)| (id, m)));
-        let mut records = Vec::with_capacity(self.messages.len() + self.pending_messages as usize);
+        let mut records = Vec::with_capacity(
+            self.messages.len() + self.pending_messages as usize + self.dedup_len(),
+        );
         for (id, stored) in self.messages.iter().chain(pending) {
             records.push(LogRecord::Enqueue {
                 id: *id,
@@ -471,6 +727,8 @@ impl Leaf {
                 priority: stored.key.priority,
                 ready_at: stored.key.ready_at,
                 enqueued_at: stored.enqueued_at,
+                expires_at: (stored.expires_at != Time::MAX).then_some(stored.expires_at),
+                dedup_key: None,
                 metadata: stored.metadata.clone(),
                 payload: stored.payload.clone(),
             });
@@ -481,12 +739,35 @@ impl Leaf {
                     deadline: Time::ZERO,
                 });
             }
+            if let State::Dead(death) = &stored.state {
+                records.push(LogRecord::Dead {
+                    id: *id,
+                    reason: death.reason.clone(),
+                    at: death.at,
+                });
+            }
+        }
+        for ((until, id), (topic, key)) in &self.dedup_expiry {
+            records.push(LogRecord::Dedup {
+                topic: topic.to_string(),
+                key: key.to_string(),
+                id: *id,
+                until: *until,
+            });
         }
         records
     }
 
-    fn make_available(&mut self, id: MessageId) {
-        let stored = self.messages.get(&id).expect("message exists");
+    /// Puts a message that is not in any index into the delayed set or its topic's offers,
+    /// as its ready time says.
+    fn make_ready_or_delayed(&mut self, now: Time, id: MessageId) {
+        let stored = self.messages.get_mut(&id).expect("message exists");
+        if stored.key.ready_at > now {
+            stored.state = State::Delayed;
+            self.delayed.insert((stored.key.ready_at, id));
+            return;
+        }
+        stored.state = State::Available;
         let (topic, key, size) = (
             stored.topic.clone(),
             stored.key,
@@ -500,45 +781,52 @@ impl Leaf {
         self.dirty.insert(topic);
     }
 
+    /// Removes a message from every index and from the leaf.
+    fn remove_message(&mut self, id: MessageId) -> Stored {
+        let stored = self.messages.remove(&id).expect("message exists");
+        let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
+        match &stored.state {
+            State::Available => {
+                topic.offers.remove(&stored.key);
+            }
+            State::Delayed => {
+                self.delayed.remove(&(stored.key.ready_at, id));
+            }
+            State::Leased(lease) => {
+                self.leases.remove(&(lease.deadline, id));
+            }
+            State::Dead(death) => {
+                topic.dead.remove(&(death.at, id));
+            }
+        }
+        topic.messages -= 1;
+        self.expiries.remove(&(stored.expires_at, id));
+        self.live_bytes -= stored_bytes(&stored);
+        self.dirty.insert(stored.topic.clone());
+        stored
+    }
+
     fn handle_reserve(&mut self, now: Time, conn: ConnId, reserve: Reserve) {
-        let lease_ms = reserve
-            .lease_ms
-            .clamp(1, self.config.settings.lease_timeout_max_ms);
         let mut outcomes = Vec::with_capacity(reserve.items.len());
         let mut records = Vec::new();
         for item in reserve.items {
             let id = item.key.id;
-            let result = match self.messages.get(&id) {
-                None => Err(ReserveDenied::Gone),
-                Some(stored) if stored.lease.is_some() => Err(ReserveDenied::Leased),
-                Some(_) => {
-                    let token = self.next_lease_token();
-                    let stored = self.messages.get_mut(&id).expect("checked");
-                    let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
-                    topic.offers.take(&stored.key);
-                    self.dirty.insert(stored.topic.clone());
-                    stored.attempt += 1;
-                    let deadline = now + Duration::from_millis(lease_ms);
-                    stored.lease = Some(Lease { token, deadline });
-                    self.leases.insert((deadline, id));
-                    records.push(LogRecord::Lease {
-                        id,
-                        attempt: stored.attempt,
-                        deadline,
-                    });
-                    Ok(Delivery {
-                        id,
-                        token,
-                        topic: stored.topic.to_string(),
-                        priority: stored.key.priority,
-                        attempt: stored.attempt,
-                        enqueued_at: stored.enqueued_at,
-                        lease_deadline: deadline,
-                        metadata: stored.metadata.clone(),
-                        payload: stored.payload.clone(),
-                    })
+            let result = match self.messages.get(&id).map(|m| (&m.state, m.expires_at)) {
+                None | Some((State::Delayed | State::Dead(_), _)) => Err(ReserveDenied::Gone),
+                Some((State::Leased(_), _)) => Err(ReserveDenied::Leased),
+                Some((State::Available, expires_at)) if expires_at <= now => {
+                    self.expire(id, &mut records);
+                    Err(ReserveDenied::Gone)
                 }
+                Some((State::Available, _)) => Ok(self.lease(now, id, reserve.lease_ms)),
             };
+            if let Ok(delivery) = &result {
+                records.push(LogRecord::Lease {
+                    id,
+                    attempt: delivery.attempt,
+                    deadline: delivery.lease_deadline,
+                });
+            }
             outcomes.push(ReserveOutcome {
                 reservation: item.reservation,
                 key: item.key,
@@ -552,39 +840,137 @@ impl Leaf {
         self.send(conn, Wire::Reserved(Reserved { items: outcomes }));
     }
 
+    /// Leases an available message.
+    fn lease(&mut self, now: Time, id: MessageId, lease_ms: u64) -> Delivery {
+        let lease_ms = lease_ms.clamp(1, self.config.settings.lease_timeout_max_ms);
+        let token = self.next_lease_token();
+        let deadline = now + Duration::from_millis(lease_ms);
+        let stored = self.messages.get_mut(&id).expect("checked");
+        let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
+        topic.offers.take(&stored.key);
+        self.dirty.insert(stored.topic.clone());
+        stored.attempt += 1;
+        stored.state = State::Leased(Lease { token, deadline });
+        self.leases.insert((deadline, id));
+        Delivery {
+            id,
+            token,
+            topic: stored.topic.to_string(),
+            priority: stored.key.priority,
+            attempt: stored.attempt,
+            enqueued_at: stored.enqueued_at,
+            lease_deadline: deadline,
+            metadata: stored.metadata.clone(),
+            payload: stored.payload.clone(),
+        }
+    }
+
+    /// Deletes a message whose time to live passed.
+    fn expire(&mut self, id: MessageId, records: &mut Vec<LogRecord>) {
+        self.remove_message(id);
+        self.counters.expired += 1;
+        records.push(LogRecord::Delete { id });
+    }
+
     /// Checks a receipt against the live lease; `Ok` gives the message's id.
     fn check_receipt(&self, now: Time, receipt: &Receipt) -> Result<MessageId, ReceiptError> {
         let stored = self
             .messages
             .get(&receipt.id)
             .ok_or(ReceiptError::UnknownMessage)?;
-        match &stored.lease {
-            Some(lease) if lease.token == receipt.token && lease.deadline > now => Ok(receipt.id),
+        match &stored.state {
+            State::Leased(lease) if lease.token == receipt.token && lease.deadline > now => {
+                Ok(receipt.id)
+            }
             _ => Err(ReceiptError::Stale),
         }
     }
 
-    fn end_lease(&mut self, id: MessageId) -> Stored {
-        let mut stored = self.messages.remove(&id).expect("message exists");
-        if let Some(lease) = stored.lease.take() {
+    /// Ends the live lease of a message: it is in no index until the caller places it.
+    fn end_lease(&mut self, id: MessageId) {
+        let stored = self.messages.get_mut(&id).expect("message exists");
+        if let State::Leased(lease) = &stored.state {
             self.leases.remove(&(lease.deadline, id));
         }
-        stored
+        stored.state = State::Available;
+    }
+
+    /// A delivery failed (nack or lease expiry); its lease has ended. The message expires,
+    /// becomes dead, or is delayed or available again.
+    fn delivery_failed(
+        &mut self,
+        now: Time,
+        id: MessageId,
+        delay_ms: u64,
+        reason: String,
+        records: &mut Vec<LogRecord>,
+    ) {
+        let stored = self.messages.get_mut(&id).expect("message exists");
+        if stored.expires_at <= now {
+            self.expire(id, records);
+            return;
+        }
+        let max_attempts = self
+            .config
+            .settings
+            .topic_policy(&stored.topic)
+            .max_attempts;
+        if stored.attempt >= max_attempts {
+            self.expiries.remove(&(stored.expires_at, id));
+            stored.state = State::Dead(Box::new(Death {
+                at: now,
+                reason: reason.clone(),
+            }));
+            let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
+            topic.dead.insert((now, id));
+            self.dirty.insert(stored.topic.clone());
+            self.counters.dead_lettered += 1;
+            records.push(LogRecord::Dead {
+                id,
+                reason,
+                at: now,
+            });
+            return;
+        }
+        if delay_ms > 0 {
+            let later = now + Duration::from_millis(delay_ms);
+            stored.key.ready_at = stored.key.ready_at.max(later);
+        }
+        records.push(LogRecord::Release {
+            id,
+            attempt: stored.attempt,
+            ready_at: stored.key.ready_at,
+        });
+        self.make_ready_or_delayed(now, id);
     }
 
     fn handle_confirm(&mut self, now: Time, conn: ConnId, confirm: Confirm) {
-        self.expire_leases(now);
         let mut records = Vec::new();
         let mut results = Vec::with_capacity(confirm.receipts.len());
         for receipt in &confirm.receipts {
-            let result = self.check_receipt(now, receipt).map(|id| {
-                let stored = self.end_lease(id);
-                self.live_bytes -= stored_bytes(&stored);
-                let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
-                topic.messages -= 1;
-                self.dirty.insert(stored.topic);
-                records.push(LogRecord::Delete { id });
-            });
+            let result = self
+                .check_receipt(now, receipt)
+                .map(|id| match &confirm.op {
+                    Settle::Ack => {
+                        self.remove_message(id);
+                        records.push(LogRecord::Delete { id });
+                    }
+                    Settle::Nack { delay_ms, reason } => {
+                        self.end_lease(id);
+                        let reason = reason.clone().unwrap_or_else(|| "nacked".into());
+                        self.delivery_failed(now, id, *delay_ms, reason, &mut records);
+                    }
+                    Settle::Extend { lease_ms } => {
+                        let max = self.config.settings.lease_timeout_max_ms;
+                        let deadline = now + Duration::from_millis((*lease_ms).clamp(1, max));
+                        let stored = self.messages.get_mut(&id).expect("checked");
+                        if let State::Leased(lease) = &mut stored.state {
+                            self.leases.remove(&(lease.deadline, id));
+                            lease.deadline = deadline;
+                            self.leases.insert((deadline, id));
+                        }
+                    }
+                });
             results.push(result);
         }
         self.log(now, None, records);
@@ -597,29 +983,203 @@ impl Leaf {
         );
     }
 
+    /// The root gives back grants no consumer received: available again, attempt returned.
     fn handle_release(&mut self, now: Time, release: Release) {
         let mut records = Vec::new();
         for receipt in &release.receipts {
             if let Ok(id) = self.check_receipt(now, receipt) {
-                let stored = self.end_lease(id);
-                self.messages.insert(id, stored);
-                self.make_available(id);
-                records.push(LogRecord::Release { id });
+                self.end_lease(id);
+                if self.messages[&id].expires_at <= now {
+                    self.expire(id, &mut records);
+                    continue;
+                }
+                let stored = self.messages.get_mut(&id).expect("checked");
+                stored.attempt = stored.attempt.saturating_sub(1);
+                records.push(LogRecord::Release {
+                    id,
+                    attempt: stored.attempt,
+                    ready_at: stored.key.ready_at,
+                });
+                self.make_ready_or_delayed(now, id);
             }
         }
         self.log(now, None, records);
     }
 
-    fn expire_leases(&mut self, now: Time) {
+    /// Everything time moves: lease deadlines, delays, time to live, dedup windows.
+    fn tick(&mut self, now: Time) {
+        let mut records = Vec::new();
         while let Some(&(deadline, id)) = self.leases.first() {
             if deadline > now {
                 break;
             }
-            self.leases.pop_first();
-            if let Some(stored) = self.messages.get_mut(&id) {
-                stored.lease = None;
-                self.make_available(id);
+            self.end_lease(id);
+            let attempt = self.messages[&id].attempt;
+            let reason = format!("visibility timeout expired (attempt {attempt})");
+            self.delivery_failed(now, id, 0, reason, &mut records);
+        }
+        while let Some(&(ready_at, id)) = self.delayed.first() {
+            if ready_at > now {
+                break;
             }
+            self.delayed.pop_first();
+            self.make_ready_or_delayed(now, id);
+        }
+        while let Some(&(expires_at, id)) = self.expiries.first() {
+            if expires_at > now {
+                break;
+            }
+            match self.messages.get(&id).map(|m| &m.state) {
+                // A leased message expires when its lease ends without an ack.
+                Some(State::Leased(_)) => {
+                    self.expiries.pop_first();
+                }
+                Some(_) => self.expire(id, &mut records),
+                None => {
+                    self.expiries.pop_first();
+                }
+            }
+        }
+        self.expire_dedup(now);
+        self.log(now, None, records);
+    }
+
+    fn handle_admin(&mut self, now: Time, conn: ConnId, admin: LeafAdmin) {
+        let mut records = Vec::new();
+        let result = match &admin.op {
+            AdminOp::DeadLetters { topic, limit } => {
+                AdminResult::DeadLetters(self.dead_letters(topic, *limit as usize))
+            }
+            AdminOp::Redrive { topic, ids } => {
+                let ids = self.dead_ids(topic, ids);
+                for id in &ids {
+                    let stored = self.messages.get_mut(id).expect("listed");
+                    let State::Dead(death) = &stored.state else {
+                        unreachable!("dead_ids lists dead letters")
+                    };
+                    let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
+                    topic.dead.remove(&(death.at, *id));
+                    stored.attempt = 0;
+                    stored.state = State::Available;
+                    if stored.expires_at != Time::MAX {
+                        self.expiries.insert((stored.expires_at, *id));
+                    }
+                    records.push(LogRecord::Redrive { id: *id });
+                    self.make_ready_or_delayed(now, *id);
+                }
+                AdminResult::Count(ids.len() as u64)
+            }
+            AdminOp::Purge { topic, ids } => {
+                let ids = self.dead_ids(topic, ids);
+                for id in &ids {
+                    self.remove_message(*id);
+                    records.push(LogRecord::Delete { id: *id });
+                }
+                AdminResult::Count(ids.len() as u64)
+            }
+            AdminOp::Stats { topic } => AdminResult::Stats(self.topic_stats(topic.as_deref())),
+        };
+        self.log(now, None, records);
+        self.send(
+            conn,
+            Wire::LeafAdminReply(LeafAdminReply {
+                tag: admin.tag,
+                result: Some(result),
+            }),
+        );
+    }
+
+    /// The dead letters of `topic` among `ids` (empty: all of them).
+    fn dead_ids(&self, topic: &str, ids: &[MessageId]) -> Vec<MessageId> {
+        let Some(leaf_topic) = self.topics.get(topic) else {
+            return Vec::new();
+        };
+        if ids.is_empty() {
+            return leaf_topic.dead.iter().map(|(_, id)| *id).collect();
+        }
+        let mut wanted: Vec<MessageId> = ids
+            .iter()
+            .copied()
+            .filter(|id| {
+                self.messages
+                    .get(id)
+                    .is_some_and(|m| *m.topic == *topic && matches!(m.state, State::Dead(_)))
+            })
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        wanted
+    }
+
+    /// Up to `limit` dead letters of `topic`, oldest death first, within a frame's room.
+    fn dead_letters(&self, topic: &str, limit: usize) -> Vec<DeadLetter> {
+        let Some(leaf_topic) = self.topics.get(topic) else {
+            return Vec::new();
+        };
+        let s = &self.config.settings;
+        let budget = u64::from(s.frame_bytes_max - crate::config::FRAME_OVERHEAD_BYTES);
+        let mut bytes = 0;
+        let mut out = Vec::new();
+        for (_, id) in leaf_topic.dead.iter().take(limit) {
+            let stored = &self.messages[id];
+            let State::Dead(death) = &stored.state else {
+                continue;
+            };
+            let cost = stored_bytes(stored) + death.reason.len() as u64;
+            if !out.is_empty() && bytes + cost > budget {
+                break;
+            }
+            bytes += cost;
+            out.push(DeadLetter {
+                id: *id,
+                topic: topic.to_string(),
+                priority: stored.key.priority,
+                attempts: stored.attempt,
+                reason: death.reason.clone(),
+                enqueued_at: stored.enqueued_at,
+                dead_at: death.at,
+                metadata: stored.metadata.clone(),
+                payload: stored.payload.clone(),
+            });
+        }
+        out
+    }
+
+    /// Depths per topic (one scan of the leaf's messages) and the leaf's counters.
+    fn topic_stats(&self, only: Option<&str>) -> Stats {
+        let mut topics: BTreeMap<&str, (TopicStats, BTreeMap<u32, u64>)> = BTreeMap::new();
+        for stored in self.messages.values() {
+            if only.is_some_and(|only| only != &*stored.topic) {
+                continue;
+            }
+            let (stats, ready) = topics.entry(&stored.topic).or_default();
+            match stored.state {
+                State::Available => *ready.entry(stored.key.priority).or_default() += 1,
+                State::Delayed => stats.delayed += 1,
+                State::Leased(_) => stats.in_flight += 1,
+                State::Dead(_) => {
+                    stats.dead += 1;
+                    continue;
+                }
+            }
+            stats.oldest_enqueued_at = Some(
+                stats
+                    .oldest_enqueued_at
+                    .map_or(stored.enqueued_at, |t| t.min(stored.enqueued_at)),
+            );
+        }
+        Stats {
+            topics: topics
+                .into_iter()
+                .map(|(name, (mut stats, ready))| {
+                    stats.topic = name.to_string();
+                    stats.ready = ready.into_iter().collect();
+                    stats
+                })
+                .collect(),
+            expired: self.counters.expired,
+            dead_lettered: self.counters.dead_lettered,
+            deduplicated: self.counters.deduplicated,
         }
     }
 
@@ -641,7 +1201,11 @@ impl Leaf {
                     });
                 }
             }
-            if topic.messages == 0 && topic.offers.is_idle() && !self.has_pending_for(&topic_name) {
+            if topic.messages == 0
+                && topic.offers.is_idle()
+                && !self.dedup.contains_key(&topic_name)
+                && !self.has_pending_for(&topic_name)
+            {
                 self.topics.remove(&topic_name);
             }
         }
@@ -661,6 +1225,7 @@ impl Leaf {
         let request = match msg {
             Wire::Pop(pop) => Some(pop.request),
             Wire::Ack(ack) => Some(ack.request),
+            Wire::Admin(admin) => Some(admin.request),
             _ => None,
         };
         let text = format!(
@@ -675,6 +1240,14 @@ impl Leaf {
     }
 }
 
+/// When a pushed message becomes ready: the latest of now, its absolute time and its delay.
+fn ready_time(now: Time, message: &PushMessage) -> Time {
+    let after_delay = now + Duration::from_millis(message.delay_ms);
+    message
+        .deliver_at
+        .map_or(after_delay, |at| at.max(after_delay))
+}
+
 /// Approximate size of a record in the log.
 fn record_bytes(record: &LogRecord) -> u64 {
     match record {
@@ -682,11 +1255,15 @@ fn record_bytes(record: &LogRecord) -> u64 {
             topic,
             metadata,
             payload,
+            dedup_key,
             ..
         } => {
             let metadata: usize = metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
-            (64 + topic.len() + metadata + payload.len()) as u64
+            let key = dedup_key.as_ref().map_or(0, String::len);
+            (80 + topic.len() + key + metadata + payload.len()) as u64
         }
+        LogRecord::Dead { reason, .. } => 40 + reason.len() as u64,
+        LogRecord::Dedup { topic, key, .. } => (40 + topic.len() + key.len()) as u64,
         _ => 24,
     }
 }
@@ -694,11 +1271,16 @@ fn record_bytes(record: &LogRecord) -> u64 {
 /// Approximate size of a message in a snapshot.
 fn stored_bytes(stored: &Stored) -> u64 {
     let metadata: usize = stored.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
-    (64 + stored.topic.len() + metadata + stored.payload.len()) as u64
+    (72 + stored.topic.len() + metadata + stored.payload.len()) as u64
 }
 
 /// Checks one message of a push batch against the settings.
-fn validate_message(s: &Settings, message: &PushMessage) -> Result<(), (ErrorCode, String)> {
+fn validate_message(
+    s: &Settings,
+    now: Time,
+    message: &PushMessage,
+) -> Result<(), (ErrorCode, String)> {
+    let invalid = |why: String| Err((ErrorCode::InvalidArgument, why));
     if message.payload.len() > s.payload_bytes_max as usize {
         return Err((
             ErrorCode::PayloadTooLarge,
@@ -711,13 +1293,10 @@ fn validate_message(s: &Settings, message: &PushMessage) -> Result<(), (ErrorCod
     }
     validate_topic(s, &message.topic).map_err(|why| (ErrorCode::InvalidArgument, why))?;
     if message.metadata.len() > s.metadata_entries_max as usize {
-        return Err((
-            ErrorCode::InvalidArgument,
-            format!(
-                "{} metadata entries exceed metadata_entries_max {}",
-                message.metadata.len(),
-                s.metadata_entries_max
-            ),
+        return invalid(format!(
+            "{} metadata entries exceed metadata_entries_max {}",
+            message.metadata.len(),
+            s.metadata_entries_max
         ));
     }
     let metadata_bytes: usize = message
@@ -726,12 +1305,33 @@ fn validate_message(s: &Settings, message: &PushMessage) -> Result<(), (ErrorCod
         .map(|(k, v)| k.len() + v.len())
         .sum();
     if metadata_bytes > s.metadata_bytes_max as usize {
-        return Err((
-            ErrorCode::InvalidArgument,
-            format!(
-                "{metadata_bytes} metadata bytes exceed metadata_bytes_max {}",
-                s.metadata_bytes_max
-            ),
+        return invalid(format!(
+            "{metadata_bytes} metadata bytes exceed metadata_bytes_max {}",
+            s.metadata_bytes_max
+        ));
+    }
+    if message.delay_ms > s.delay_max_ms {
+        return invalid(format!(
+            "delay of {} ms exceeds delay_max_ms {}",
+            message.delay_ms, s.delay_max_ms
+        ));
+    }
+    if let Some(at) = message.deliver_at
+        && at > now + Duration::from_millis(s.delay_max_ms)
+    {
+        return invalid(format!(
+            "deliver_at is {} ms ahead; delay_max_ms is {}",
+            at.saturating_since(now).as_millis(),
+            s.delay_max_ms
+        ));
+    }
+    if let Some(key) = &message.dedup_key
+        && (key.is_empty() || key.len() > s.dedup_key_bytes_max as usize)
+    {
+        return invalid(format!(
+            "dedup key of {} bytes is outside 1..={} (dedup_key_bytes_max)",
+            key.len(),
+            s.dedup_key_bytes_max
         ));
     }
     Ok(())
@@ -785,7 +1385,7 @@ impl Machine for Leaf {
     }
 
     fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire) {
-        self.expire_leases(now);
+        self.tick(now);
         if self.upstream.is(conn) {
             match msg {
                 Wire::Welcome(welcome) => {
@@ -796,6 +1396,7 @@ impl Machine for Leaf {
                 Wire::Reserve(reserve) => self.handle_reserve(now, conn, reserve),
                 Wire::Confirm(confirm) => self.handle_confirm(now, conn, confirm),
                 Wire::Release(release) => self.handle_release(now, release),
+                Wire::LeafAdmin(admin) => self.handle_admin(now, conn, admin),
                 Wire::Error(_) => self.violations += 1,
                 other => self.reject_unexpected(conn, &other),
             }
@@ -827,34 +1428,36 @@ impl Machine for Leaf {
     }
 
     fn handle_timeout(&mut self, now: Time) {
-        self.expire_leases(now);
+        self.tick(now);
         self.flush_offers();
         self.maybe_checkpoint(now);
     }
 
-    fn handle_storage_done(&mut self, _now: Time, done: StorageDone) {
+    fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
         let Some(batch) = self.pending.remove(&done.token) else {
             return;
         };
         self.pending_messages -= batch.messages.len() as u64;
-        let mut ids = Vec::with_capacity(batch.messages.len());
         for (id, stored) in batch.messages {
             let topic = self
                 .topics
                 .get_mut(&stored.topic)
                 .expect("topic kept while pending");
             topic.messages += 1;
-            ids.push(id);
+            if stored.expires_at != Time::MAX {
+                self.expiries.insert((stored.expires_at, id));
+            }
             self.messages.insert(id, stored);
-            self.make_available(id);
+            self.make_ready_or_delayed(now, id);
         }
-        self.send(
-            batch.conn,
-            Wire::PushAck(PushAck {
+        let reply = match batch.failed {
+            None => Wire::PushAck(PushAck {
                 request: batch.request,
-                ids,
+                ids: batch.ids,
             }),
-        );
+            Some(reason) => Wire::error(Some(batch.request), ErrorCode::StorageFailed, reason),
+        };
+        self.send(batch.conn, reply);
         self.flush_offers();
     }
 
@@ -868,11 +1471,31 @@ impl Machine for Leaf {
             .iter()
             .map(|(_, m)| stored_bytes(m))
             .sum::<u64>();
-        let topics: HashSet<Topic> = batch
+        // Dedup keys of the lost messages are forgotten; batches that were answered with their
+        // ids fail too.
+        let lost: HashSet<MessageId> = batch.messages.iter().map(|(id, _)| *id).collect();
+        let forgotten: Vec<(Topic, Box<str>)> = self
+            .dedup_expiry
+            .iter()
+            .filter(|((_, id), _)| lost.contains(id))
+            .map(|(_, (topic, key))| (topic.clone(), key.clone()))
+            .collect();
+        for (topic, key) in forgotten {
+            self.forget_dedup(&topic, &key);
+        }
+        for other in self.pending.values_mut() {
+            if other.failed.is_none() && other.ids.iter().any(|id| lost.contains(id)) {
+                other.failed = Some(format!(
+                    "a message this batch duplicates could not be stored ({reason}); retry"
+                ));
+            }
+        }
+        let mut topics: HashSet<Topic> = batch
             .messages
             .iter()
             .map(|(_, m)| m.topic.clone())
             .collect();
+        topics.extend(self.dedup.keys().cloned());
         let text =
             format!("the leaf could not store the batch ({reason}); nothing of it was accepted");
         self.send(
@@ -896,11 +1519,16 @@ impl Machine for Leaf {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        let lease = self.leases.first().map(|(deadline, _)| *deadline);
-        match (lease, self.checkpoint_due) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.leases.first().map(|(at, _)| *at),
+            self.delayed.first().map(|(at, _)| *at),
+            self.expiries.first().map(|(at, _)| *at),
+            self.dedup_expiry.first_key_value().map(|((at, _), _)| *at),
+            self.checkpoint_due,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn stats(&self) -> NodeStats {

@@ -13,9 +13,19 @@
 //! reserve is outstanding and it holds at least one delivery, or when its long-poll wait ends.
 //! Grants for a pop that is gone (consumer disconnected) are released at once.
 //!
-//! # Ack
-//! Receipts are grouped by owning leaf; each group travels as one `Confirm`, and the consumer
-//! gets one result per receipt once every leaf answered (or its route failed).
+//! A pop may carry a priority filter (`max_priority`): it then takes only entries at most that
+//! priority. Since the window is ordered by priority first, a filtered pop whose best entry is
+//! over its filter takes nothing and waits; it never blocks the pops queued behind it.
+//!
+//! # Settle (ack, nack, extend)
+//! Receipts are grouped by owning leaf; each group travels as one `Confirm` carrying the
+//! operation, and the consumer gets one result per receipt once every leaf answered (or its
+//! route failed).
+//!
+//! # Admin
+//! Dead-letter and stats operations fan out as `LeafAdmin` to every leaf concerned (the leaves
+//! owning the named ids, or every leaf of the tree); the answers are merged, and leaves that
+//! cannot be reached are named in the reply.
 
 use crate::config::{FRAME_OVERHEAD_BYTES, Settings};
 use crate::downstream::{Downstream, PeerKindTag, Topic};
@@ -25,8 +35,9 @@ use crate::leaf::validate_topic;
 use crate::machine::{ConnId, Link, Machine, NodeStats, Transmit};
 use crate::time::Time;
 use crate::wire::{
-    Ack, AckReply, Confirm, Confirmed, Delivery, ErrorCode, Pop, PopReply, ReceiptError, Release,
-    Reserve, ReserveItem, Reserved, Role, Wire,
+    Ack, AckReply, Admin, AdminOp, AdminReply, AdminResult, Confirm, Confirmed, Delivery,
+    ErrorCode, LeafAdmin, LeafAdminReply, Pop, PopReply, ReceiptError, Release, Reserve,
+    ReserveItem, Reserved, Role, Settle, Stats, Wire,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -48,6 +59,7 @@ struct PendingPop {
     request: u64,
     topic: Topic,
     max: usize,
+    max_priority: u32,
     lease_ms: u64,
     /// End of the long-poll wait.
     deadline: Time,
@@ -73,6 +85,24 @@ struct PendingConfirm {
 }
 
 #[derive(Debug)]
+struct PendingAdmin {
+    conn: ConnId,
+    request: u64,
+    /// Most dead letters to return (for a listing).
+    limit: usize,
+    outstanding: usize,
+    result: AdminResult,
+    unreachable: Vec<LeafId>,
+}
+
+#[derive(Debug)]
+struct PendingLeafAdmin {
+    admin: u64,
+    child: ConnId,
+    leaf: LeafId,
+}
+
+#[derive(Debug)]
 struct PendingAck {
     conn: ConnId,
     request: u64,
@@ -91,6 +121,8 @@ pub struct Root {
     next_reservation: u64,
     confirms: HashMap<u64, PendingConfirm>,
     acks: HashMap<u64, PendingAck>,
+    admins: HashMap<u64, PendingAdmin>,
+    leaf_admins: HashMap<u64, PendingLeafAdmin>,
     next_tag: u64,
     timers: BTreeSet<(Time, u64)>,
     dirty: HashSet<Topic>,
@@ -118,6 +150,8 @@ impl Root {
             next_reservation: 1,
             confirms: HashMap::new(),
             acks: HashMap::new(),
+            admins: HashMap::new(),
+            leaf_admins: HashMap::new(),
             next_tag: 1,
             timers: BTreeSet::new(),
             dirty: HashSet::new(),
@@ -185,7 +219,10 @@ impl Root {
             request: pop.request,
             topic: topic.clone(),
             max: pop.max as usize,
-            lease_ms: pop.lease_ms.unwrap_or(self.settings.lease_timeout_ms),
+            max_priority: pop.max_priority.unwrap_or(u32::MAX),
+            lease_ms: pop
+                .lease_ms
+                .unwrap_or(self.settings.topic_policy(&pop.topic).lease_timeout_ms),
             deadline: now + Duration::from_millis(pop.wait_ms),
             order_deadline: now + Duration::from_millis(self.settings.pop_order_wait_ms),
             bytes: 0,
@@ -219,6 +256,9 @@ impl Root {
                 let Some((key, slot)) = window.first() else {
                     break;
                 };
+                if key.priority > pop.max_priority {
+                    break;
+                }
                 if !window.is_certain(&key) && now < pop.order_deadline {
                     break;
                 }
@@ -323,19 +363,55 @@ impl Root {
         }
     }
 
-    fn handle_ack(&mut self, conn: ConnId, ack: Ack) {
+    fn validate_settle(&self, ack: &Ack) -> Result<(), String> {
+        let s = &self.settings;
         let count = ack.receipts.len();
-        if count == 0 || count > self.settings.pop_messages_max as usize {
-            let text = format!(
+        if count == 0 || count > s.pop_messages_max as usize {
+            return Err(format!(
                 "{count} receipts is outside 1..={} (pop_messages_max)",
-                self.settings.pop_messages_max
-            );
+                s.pop_messages_max
+            ));
+        }
+        match &ack.op {
+            Settle::Ack => {}
+            Settle::Nack { delay_ms, reason } => {
+                if *delay_ms > s.delay_max_ms {
+                    return Err(format!(
+                        "nack delay of {delay_ms} ms exceeds delay_max_ms {}",
+                        s.delay_max_ms
+                    ));
+                }
+                if let Some(reason) = reason
+                    && reason.len() > s.reason_bytes_max as usize
+                {
+                    return Err(format!(
+                        "reason of {} bytes exceeds reason_bytes_max {}",
+                        reason.len(),
+                        s.reason_bytes_max
+                    ));
+                }
+            }
+            Settle::Extend { lease_ms } => {
+                if *lease_ms == 0 || *lease_ms > s.lease_timeout_max_ms {
+                    return Err(format!(
+                        "visibility timeout of {lease_ms} ms is outside 1..={} (lease_timeout_max_ms)",
+                        s.lease_timeout_max_ms
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn handle_ack(&mut self, conn: ConnId, ack: Ack) {
+        if let Err(text) = self.validate_settle(&ack) {
             self.send(
                 conn,
                 Wire::error(Some(ack.request), ErrorCode::InvalidArgument, text),
             );
             return;
         }
+        let count = ack.receipts.len();
         if self.acks.len() >= self.settings.root_pending_requests_max as usize {
             let text = "too many acknowledgements waiting at the root; retry";
             self.send(
@@ -375,6 +451,7 @@ impl Root {
                 Wire::Confirm(Confirm {
                     tag,
                     leaf,
+                    op: ack.op.clone(),
                     receipts,
                 }),
             );
@@ -441,6 +518,152 @@ impl Root {
         );
     }
 
+    fn validate_admin(&self, op: &AdminOp) -> Result<(), String> {
+        let s = &self.settings;
+        if let Some(topic) = op.topic() {
+            validate_topic(s, topic)?;
+        }
+        if op.ids().len() > s.pop_messages_max as usize {
+            return Err(format!(
+                "{} ids exceed pop_messages_max {}",
+                op.ids().len(),
+                s.pop_messages_max
+            ));
+        }
+        if let AdminOp::DeadLetters { limit, .. } = op
+            && (*limit == 0 || *limit > s.pop_messages_max)
+        {
+            return Err(format!(
+                "limit {limit} is outside 1..={} (pop_messages_max)",
+                s.pop_messages_max
+            ));
+        }
+        Ok(())
+    }
+
+    fn handle_admin(&mut self, conn: ConnId, admin: Admin) {
+        if let Err(text) = self.validate_admin(&admin.op) {
+            self.send(
+                conn,
+                Wire::error(Some(admin.request), ErrorCode::InvalidArgument, text),
+            );
+            return;
+        }
+        if self.admins.len() >= self.settings.root_pending_requests_max as usize {
+            let text = "too many admin requests waiting at the root; retry";
+            self.send(
+                conn,
+                Wire::error(Some(admin.request), ErrorCode::Overloaded, text),
+            );
+            return;
+        }
+        let subtree = self.children.subtree_leaves();
+        let targets: Vec<(LeafId, Vec<crate::id::MessageId>)> = if admin.op.ids().is_empty() {
+            subtree.into_iter().map(|leaf| (leaf, Vec::new())).collect()
+        } else {
+            let mut by_leaf: BTreeMap<LeafId, Vec<crate::id::MessageId>> = BTreeMap::new();
+            for id in admin.op.ids() {
+                if subtree.contains(&id.leaf()) {
+                    by_leaf.entry(id.leaf()).or_default().push(*id);
+                }
+            }
+            by_leaf.into_iter().collect()
+        };
+        let admin_id = self.next_tag;
+        self.next_tag += 1;
+        let (limit, result) = match &admin.op {
+            AdminOp::DeadLetters { limit, .. } => {
+                (*limit as usize, AdminResult::DeadLetters(Vec::new()))
+            }
+            AdminOp::Redrive { .. } | AdminOp::Purge { .. } => (0, AdminResult::Count(0)),
+            AdminOp::Stats { .. } => (0, AdminResult::Stats(Stats::default())),
+        };
+        let mut pending = PendingAdmin {
+            conn,
+            request: admin.request,
+            limit,
+            outstanding: 0,
+            result,
+            unreachable: Vec::new(),
+        };
+        for (leaf, ids) in targets {
+            let Ok(child) = self.children.route(leaf) else {
+                pending.unreachable.push(leaf);
+                continue;
+            };
+            let op = match &admin.op {
+                AdminOp::Redrive { topic, .. } if !ids.is_empty() => AdminOp::Redrive {
+                    topic: topic.clone(),
+                    ids,
+                },
+                AdminOp::Purge { topic, .. } if !ids.is_empty() => AdminOp::Purge {
+                    topic: topic.clone(),
+                    ids,
+                },
+                other => other.clone(),
+            };
+            let tag = self.next_tag;
+            self.next_tag += 1;
+            self.leaf_admins.insert(
+                tag,
+                PendingLeafAdmin {
+                    admin: admin_id,
+                    child,
+                    leaf,
+                },
+            );
+            pending.outstanding += 1;
+            self.send(child, Wire::LeafAdmin(LeafAdmin { tag, leaf, op }));
+        }
+        self.admins.insert(admin_id, pending);
+        self.finish_admin(admin_id);
+    }
+
+    fn handle_leaf_admin_reply(&mut self, reply: LeafAdminReply) {
+        let Some(pending) = self.leaf_admins.remove(&reply.tag) else {
+            return;
+        };
+        self.merge_admin(pending, reply.result);
+    }
+
+    fn merge_admin(&mut self, from: PendingLeafAdmin, result: Option<AdminResult>) {
+        let Some(admin) = self.admins.get_mut(&from.admin) else {
+            return;
+        };
+        admin.outstanding -= 1;
+        match (&mut admin.result, result) {
+            (AdminResult::DeadLetters(all), Some(AdminResult::DeadLetters(more))) => {
+                all.extend(more);
+                all.sort_by_key(|d| (d.dead_at, d.id));
+                all.truncate(admin.limit);
+            }
+            (AdminResult::Count(total), Some(AdminResult::Count(more))) => *total += more,
+            (AdminResult::Stats(total), Some(AdminResult::Stats(more))) => total.merge(&more),
+            (_, None) => admin.unreachable.push(from.leaf),
+            (_, Some(_)) => {
+                self.violations += 1;
+                admin.unreachable.push(from.leaf);
+            }
+        }
+        self.finish_admin(from.admin);
+    }
+
+    fn finish_admin(&mut self, admin_id: u64) {
+        if self.admins[&admin_id].outstanding > 0 {
+            return;
+        }
+        let mut admin = self.admins.remove(&admin_id).expect("present");
+        admin.unreachable.sort_unstable();
+        self.send(
+            admin.conn,
+            Wire::AdminReply(AdminReply {
+                request: admin.request,
+                result: admin.result,
+                unreachable: admin.unreachable,
+            }),
+        );
+    }
+
     fn child_gone(&mut self, conn: ConnId) {
         if let Some(removed) = self.children.disconnect(conn) {
             self.dirty
@@ -468,6 +691,16 @@ impl Root {
         for tag in lost {
             let confirm = self.confirms.remove(&tag).expect("present");
             self.fill_confirm(confirm, |_| Err(ReceiptError::Unavailable));
+        }
+        let lost: Vec<u64> = self
+            .leaf_admins
+            .iter()
+            .filter(|(_, a)| a.child == conn)
+            .map(|(t, _)| *t)
+            .collect();
+        for tag in lost {
+            let pending = self.leaf_admins.remove(&tag).expect("present");
+            self.merge_admin(pending, None);
         }
         // Frontiers of the lost child no longer hold anything back.
         self.dirty.extend(self.waiting.keys().cloned());
@@ -502,6 +735,7 @@ impl Root {
             }
         }
         self.acks.retain(|_, ack| ack.conn != conn);
+        self.admins.retain(|_, admin| admin.conn != conn);
     }
 
     fn serve_dirty(&mut self, now: Time) {
@@ -522,6 +756,9 @@ impl Root {
         self.violations += 1;
         let request = match msg {
             Wire::Push(push) => Some(push.request),
+            Wire::Pop(pop) => Some(pop.request),
+            Wire::Ack(ack) => Some(ack.request),
+            Wire::Admin(admin) => Some(admin.request),
             _ => None,
         };
         let text = format!("root does not accept {} messages here", msg.name());
@@ -585,7 +822,13 @@ impl Machine for Root {
             (Some(crate::downstream::Peer::Consumer), Wire::Pop(pop)) => {
                 self.handle_pop(now, conn, pop)
             }
+            (Some(crate::downstream::Peer::Child { .. }), Wire::LeafAdminReply(reply)) => {
+                self.handle_leaf_admin_reply(reply)
+            }
             (Some(crate::downstream::Peer::Consumer), Wire::Ack(ack)) => self.handle_ack(conn, ack),
+            (Some(crate::downstream::Peer::Consumer), Wire::Admin(admin)) => {
+                self.handle_admin(conn, admin)
+            }
             (_, Wire::Hello(hello)) => {
                 let accepts = [PeerKindTag::Node, PeerKindTag::Consumer];
                 let outcome = self.children.hello(conn, hello, &accepts);
@@ -599,10 +842,14 @@ impl Machine for Root {
                         .push_back((old, "superseded by a new session".into()));
                 }
             }
-            (Some(crate::downstream::Peer::Pending), msg @ (Wire::Pop(_) | Wire::Ack(_))) => {
+            (
+                Some(crate::downstream::Peer::Pending),
+                msg @ (Wire::Pop(_) | Wire::Ack(_) | Wire::Admin(_)),
+            ) => {
                 let request = match &msg {
                     Wire::Pop(pop) => pop.request,
                     Wire::Ack(ack) => ack.request,
+                    Wire::Admin(admin) => admin.request,
                     _ => unreachable!("matched above"),
                 };
                 let text = format!("{} before Hello", msg.name());

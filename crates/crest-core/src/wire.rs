@@ -286,14 +286,16 @@ pub enum ReceiptError {
     Unavailable,
 }
 
-/// Root → leaf (through aggregators): delete these leased messages of one leaf.
+/// Root → leaf (through aggregators): settle these leases of one leaf (see [`Settle`]).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Confirm {
     /// The root's tag, echoed in the answer.
     pub tag: u64,
     /// The leaf that owns every receipt.
     pub leaf: LeafId,
-    /// The receipts to confirm.
+    /// What to do with each receipt's lease.
+    pub op: Settle,
+    /// The receipts to settle.
     pub receipts: Vec<Receipt>,
 }
 
@@ -316,7 +318,7 @@ pub struct Release {
 }
 
 /// One message a producer pushes.
-#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct PushMessage {
     /// The topic (queue) within the tree.
     pub topic: String,
@@ -326,6 +328,17 @@ pub struct PushMessage {
     pub metadata: Vec<(String, String)>,
     /// The payload.
     pub payload: Bytes,
+    /// Not delivered before this time (absolute; the leaf's clock decides).
+    pub deliver_at: Option<Time>,
+    /// Not delivered before this long after the leaf accepts it, in milliseconds (0: at once).
+    /// With `deliver_at` too, the later of both wins.
+    pub delay_ms: u64,
+    /// Dropped if not consumed this long after it is ready, in milliseconds (`None`: the
+    /// topic's default; 0: forever).
+    pub ttl_ms: Option<u64>,
+    /// A second push of the topic with the same key within the dedup window is acknowledged
+    /// with the first message's id and not enqueued again.
+    pub dedup_key: Option<String>,
 }
 
 /// Producer → leaf: a batch of messages, accepted or rejected as a whole.
@@ -347,7 +360,7 @@ pub struct PushAck {
 }
 
 /// Consumer → root: pop up to `max` messages of a topic.
-#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct Pop {
     /// The consumer's request number.
     pub request: u64,
@@ -357,8 +370,10 @@ pub struct Pop {
     pub max: u32,
     /// How long to wait for a first message, in milliseconds (0: answer at once).
     pub wait_ms: u64,
-    /// Visibility timeout for these deliveries (`None`: the default), in milliseconds.
+    /// Visibility timeout for these deliveries (`None`: the topic's default), in milliseconds.
     pub lease_ms: Option<u64>,
+    /// Only messages with a priority at most this (`None`: any).
+    pub max_priority: Option<u32>,
 }
 
 /// Root → consumer: the deliveries of a pop (empty if none was ready in time).
@@ -370,13 +385,244 @@ pub struct PopReply {
     pub deliveries: Vec<Delivery>,
 }
 
-/// Consumer → root: acknowledge (delete) delivered messages.
+/// What to do with a delivery's lease.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Settle {
+    /// Done: the message is deleted.
+    Ack,
+    /// Failed: the message is available again after `delay_ms` (its attempt count kept), or
+    /// moves to the dead-letter queue if this was its last attempt. `reason` is kept with it.
+    Nack {
+        /// Delay before it is available again, in milliseconds.
+        delay_ms: u64,
+        /// Why it failed (kept as the message's last failure reason).
+        reason: Option<String>,
+    },
+    /// Still working: the lease now ends `lease_ms` from now.
+    Extend {
+        /// The new visibility timeout from now, in milliseconds.
+        lease_ms: u64,
+    },
+}
+
+impl Settle {
+    /// A short name for errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Settle::Ack => "ack",
+            Settle::Nack { .. } => "nack",
+            Settle::Extend { .. } => "extend",
+        }
+    }
+}
+
+/// Consumer → root: settle delivered messages (ack, nack or extend their leases).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Ack {
     /// The consumer's request number.
     pub request: u64,
+    /// What to do.
+    pub op: Settle,
     /// The receipts of the deliveries.
     pub receipts: Vec<Receipt>,
+}
+
+/// An administrative operation on the dead-letter queues or stats of the tree.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum AdminOp {
+    /// Lists up to `limit` dead letters of a topic, oldest death first, with payloads.
+    DeadLetters {
+        /// The topic.
+        topic: String,
+        /// Most entries to return.
+        limit: u32,
+    },
+    /// Moves dead letters back into their topic, attempts reset (`ids` empty: all of them).
+    Redrive {
+        /// The topic.
+        topic: String,
+        /// Which dead letters (empty: every one of the topic).
+        ids: Vec<MessageId>,
+    },
+    /// Deletes dead letters (`ids` empty: all of the topic's).
+    Purge {
+        /// The topic.
+        topic: String,
+        /// Which dead letters (empty: every one of the topic).
+        ids: Vec<MessageId>,
+    },
+    /// Depths and counters per topic (`topic` `None`: every topic).
+    Stats {
+        /// One topic, or all.
+        topic: Option<String>,
+    },
+}
+
+impl AdminOp {
+    /// The topic the operation is about, if one.
+    pub fn topic(&self) -> Option<&str> {
+        match self {
+            AdminOp::DeadLetters { topic, .. }
+            | AdminOp::Redrive { topic, .. }
+            | AdminOp::Purge { topic, .. } => Some(topic),
+            AdminOp::Stats { topic } => topic.as_deref(),
+        }
+    }
+
+    /// The message ids the operation names (empty: the whole topic).
+    pub fn ids(&self) -> &[MessageId] {
+        match self {
+            AdminOp::Redrive { ids, .. } | AdminOp::Purge { ids, .. } => ids,
+            _ => &[],
+        }
+    }
+}
+
+/// A message in a dead-letter queue.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// The message id.
+    pub id: MessageId,
+    /// Its topic.
+    pub topic: String,
+    /// Its priority.
+    pub priority: u32,
+    /// Deliveries it had.
+    pub attempts: u32,
+    /// Why its last delivery failed.
+    pub reason: String,
+    /// When the leaf first accepted it.
+    pub enqueued_at: Time,
+    /// When it moved to the dead-letter queue.
+    pub dead_at: Time,
+    /// The producer's metadata.
+    pub metadata: Vec<(String, String)>,
+    /// The payload.
+    pub payload: Bytes,
+}
+
+/// Depths of one topic.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct TopicStats {
+    /// The topic.
+    pub topic: String,
+    /// Ready messages by priority: `(priority, count)`, most urgent first.
+    pub ready: Vec<(u32, u64)>,
+    /// Messages waiting for their delivery time.
+    pub delayed: u64,
+    /// Messages leased to consumers.
+    pub in_flight: u64,
+    /// Messages in the dead-letter queue.
+    pub dead: u64,
+    /// Enqueue time of the oldest message not in the dead-letter queue.
+    pub oldest_enqueued_at: Option<Time>,
+}
+
+impl TopicStats {
+    /// Ready messages of every priority.
+    pub fn ready_total(&self) -> u64 {
+        self.ready.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Adds another part of the same topic (another leaf's).
+    pub fn merge(&mut self, other: &TopicStats) {
+        let mut ready: std::collections::BTreeMap<u32, u64> = self.ready.iter().copied().collect();
+        for (priority, count) in &other.ready {
+            *ready.entry(*priority).or_default() += count;
+        }
+        self.ready = ready.into_iter().collect();
+        self.delayed += other.delayed;
+        self.in_flight += other.in_flight;
+        self.dead += other.dead;
+        self.oldest_enqueued_at = match (self.oldest_enqueued_at, other.oldest_enqueued_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+/// Depths per topic and event counters (since each leaf started).
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct Stats {
+    /// Per topic, sorted by name.
+    pub topics: Vec<TopicStats>,
+    /// Messages dropped because their time to live passed.
+    pub expired: u64,
+    /// Messages moved to a dead-letter queue.
+    pub dead_lettered: u64,
+    /// Pushes answered with an earlier message's id (dedup).
+    pub deduplicated: u64,
+}
+
+impl Stats {
+    /// Adds another leaf's stats.
+    pub fn merge(&mut self, other: &Stats) {
+        for theirs in &other.topics {
+            match self.topics.binary_search_by(|t| t.topic.cmp(&theirs.topic)) {
+                Ok(index) => self.topics[index].merge(theirs),
+                Err(index) => self.topics.insert(index, theirs.clone()),
+            }
+        }
+        self.expired += other.expired;
+        self.dead_lettered += other.dead_lettered;
+        self.deduplicated += other.deduplicated;
+    }
+
+    /// One topic's stats, if it has any messages.
+    pub fn topic(&self, topic: &str) -> Option<&TopicStats> {
+        self.topics.iter().find(|t| t.topic == topic)
+    }
+}
+
+/// The answer to an [`AdminOp`].
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum AdminResult {
+    /// Dead letters (for `DeadLetters`).
+    DeadLetters(Vec<DeadLetter>),
+    /// How many messages the operation moved or deleted (for `Redrive`, `Purge`).
+    Count(u64),
+    /// Depths and counters (for `Stats`).
+    Stats(Stats),
+}
+
+/// Client → root: an administrative operation.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Admin {
+    /// The client's request number.
+    pub request: u64,
+    /// What to do.
+    pub op: AdminOp,
+}
+
+/// Root → client: the merged answer of every leaf that answered.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct AdminReply {
+    /// The request this answers.
+    pub request: u64,
+    /// The merged result.
+    pub result: AdminResult,
+    /// Leaves that could not be reached: the result leaves them out.
+    pub unreachable: Vec<LeafId>,
+}
+
+/// Root → leaf (through aggregators): an administrative operation on one leaf.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct LeafAdmin {
+    /// The root's tag, echoed in the answer.
+    pub tag: u64,
+    /// The leaf.
+    pub leaf: LeafId,
+    /// What to do.
+    pub op: AdminOp,
+}
+
+/// Leaf → root (through aggregators): the answer to a [`LeafAdmin`] (`None`: unreachable).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct LeafAdminReply {
+    /// The tag from the request.
+    pub tag: u64,
+    /// The leaf's result, or `None` if it could not be reached.
+    pub result: Option<AdminResult>,
 }
 
 /// Root → consumer: one result per acknowledged receipt, in order.
@@ -407,6 +653,10 @@ pub enum Wire {
     PopReply(PopReply),
     Ack(Ack),
     AckReply(AckReply),
+    Admin(Admin),
+    AdminReply(AdminReply),
+    LeafAdmin(LeafAdmin),
+    LeafAdminReply(LeafAdminReply),
 }
 
 impl Wire {
@@ -436,6 +686,10 @@ impl Wire {
             Wire::PopReply(_) => "PopReply",
             Wire::Ack(_) => "Ack",
             Wire::AckReply(_) => "AckReply",
+            Wire::Admin(_) => "Admin",
+            Wire::AdminReply(_) => "AdminReply",
+            Wire::LeafAdmin(_) => "LeafAdmin",
+            Wire::LeafAdminReply(_) => "LeafAdminReply",
         }
     }
 
@@ -595,6 +849,10 @@ mod tests {
                 priority,
                 metadata: vec![("k".into(), "v".into())],
                 payload: Bytes::from(payload),
+                deliver_at: Some(Time::from_millis(u64::from(priority))),
+                delay_ms: 5,
+                ttl_ms: Some(60_000),
+                dedup_key: Some(format!("key-{priority}")),
             }],
         })
     }
@@ -654,7 +912,9 @@ mod tests {
         ) {
             let messages = [
                 sample_push(payload.clone(), priority),
-                Wire::Pop(Pop { request, topic: "t".into(), max: 3, wait_ms: 5, lease_ms: Some(9) }),
+                Wire::Pop(Pop { request, topic: "t".into(), max: 3, wait_ms: 5, lease_ms: Some(9), max_priority: Some(2) }),
+                Wire::Ack(Ack { request, op: Settle::Nack { delay_ms: 7, reason: Some("boom".into()) }, receipts: vec![] }),
+                Wire::Admin(Admin { request, op: AdminOp::Redrive { topic: "t".into(), ids: vec![] } }),
                 Wire::error(Some(request), ErrorCode::InvalidArgument, "max must be at least 1"),
             ];
             let mut out = Vec::new();

@@ -74,6 +74,9 @@ pub(crate) struct NodeState {
     last_now: Time,
 }
 
+/// Longest the node sleeps on a timer before looking at the clock again.
+const TIMER_SLICE_MAX: Duration = Duration::from_secs(1);
+
 impl NodeState {
     fn now(&mut self) -> Time {
         let micros = SystemTime::now()
@@ -150,7 +153,10 @@ impl NodeState {
             }
             task.abort();
         }
-        let delay = Duration::from_micros(deadline.0.saturating_sub(self.now().0));
+        // Deadlines are wall-clock times (a delayed message may wait for days); sleeping in
+        // slices re-reads the clock, so a corrected system clock is followed within a slice.
+        let delay =
+            Duration::from_micros(deadline.0.saturating_sub(self.now().0)).min(TIMER_SLICE_MAX);
         let actor = myself.clone();
         let task = tokio::spawn(async move {
             tokio::time::sleep(delay).await;

@@ -223,7 +223,8 @@ fn machine_for(
             let started = std::time::Instant::now();
             let (wal, recovered) = crest_storage::wal::open(wal_options)?;
             let operations = recovered.operations.len();
-            let leaf = Leaf::recover(config, recovered.operations);
+            let now = crest_core::time::Time::from_millis(now_millis());
+            let leaf = Leaf::recover(config, now, recovered.operations);
             for cut in &recovered.truncated {
                 tracing::warn!(node = %spec.name, "log recovery: {cut}");
             }

@@ -1,15 +1,20 @@
-//! The consumer: pops deliveries from the root and acknowledges them.
+//! The consumer: pops deliveries from the root and settles them (ack, nack, extend).
 //!
 //! Delivery is at-least-once: a delivery is leased to this consumer until its visibility
 //! timeout; acknowledge it with its receipt before then, or it is delivered again (and the late
-//! acknowledgement is refused as stale).
+//! acknowledgement is refused as stale). A handler that needs longer extends the lease, by
+//! hand ([`Consumer::extend`]) or with a [`Heartbeat`] that extends it until dropped. A
+//! handler that fails nacks, optionally with a delay and a reason; after the topic's
+//! `max_attempts` deliveries the message moves to the topic's dead-letter queue (see
+//! [`crate::Admin`]).
 
 use crate::link::Link;
 use crate::{ClientError, ClientTls};
 use crest_core::config::Settings;
 use crest_core::id::Receipt;
 use crest_core::topology::Topology;
-use crest_core::wire::{Ack, Delivery, PeerKind, Pop, ReceiptError, Wire};
+use crest_core::wire::{Ack, Delivery, PeerKind, Pop, ReceiptError, Settle, Wire};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Extra time beyond a pop's wait before the consumer gives up on the root.
@@ -47,15 +52,30 @@ impl ConsumerConfig {
 pub struct PopOptions {
     /// Most deliveries to return (at least 1).
     pub max: u32,
-    /// How long the root may wait for a first message.
+    /// How long the root may wait for a first message (long-poll; 0: answer at once).
     pub wait: Duration,
-    /// Visibility timeout of the deliveries (`None`: the root's default).
+    /// Visibility timeout of the deliveries (`None`: the topic's default).
     pub visibility: Option<Duration>,
+    /// Only messages with a priority at most this (`None`: any), for consumers dedicated to
+    /// urgent work.
+    pub max_priority: Option<u32>,
 }
 
-/// See the module doc.
+impl Default for PopOptions {
+    fn default() -> Self {
+        PopOptions {
+            max: 1,
+            wait: Duration::ZERO,
+            visibility: None,
+            max_priority: None,
+        }
+    }
+}
+
+/// See the module doc. Cloning gives another handle on the same connection.
+#[derive(Clone)]
 pub struct Consumer {
-    link: Link,
+    link: Arc<Link>,
 }
 
 impl Consumer {
@@ -64,16 +84,9 @@ impl Consumer {
     /// # Errors
     /// [`ClientError`] if the root cannot be reached or refuses us.
     pub async fn connect(config: ConsumerConfig) -> Result<Consumer, ClientError> {
-        let settings = Settings::default();
-        let link = Link::connect(
-            &config.root,
-            PeerKind::Consumer,
-            &config.tls.ca_pem,
-            &settings,
-            config.requests_in_flight_max,
-        )
-        .await?;
-        Ok(Consumer { link })
+        Ok(Consumer {
+            link: Arc::new(connect_root(&config).await?),
+        })
     }
 
     /// Pops up to `max` deliveries of `topic`, most urgent first, waiting up to `wait` for
@@ -87,15 +100,12 @@ impl Consumer {
         max: u32,
         wait: Duration,
     ) -> Result<Vec<Delivery>, ClientError> {
-        self.pop_with(
-            topic,
-            PopOptions {
-                max,
-                wait,
-                visibility: None,
-            },
-        )
-        .await
+        let options = PopOptions {
+            max,
+            wait,
+            ..PopOptions::default()
+        };
+        self.pop_with(topic, options).await
     }
 
     /// Pops with all options.
@@ -107,8 +117,8 @@ impl Consumer {
         topic: &str,
         options: PopOptions,
     ) -> Result<Vec<Delivery>, ClientError> {
-        let wait_ms = options.wait.as_millis() as u64;
-        let lease_ms = options.visibility.map(|v| v.as_millis() as u64);
+        let wait_ms = millis(options.wait);
+        let lease_ms = options.visibility.map(millis);
         let answer = self
             .link
             .request(
@@ -119,6 +129,7 @@ impl Consumer {
                         max: options.max,
                         wait_ms,
                         lease_ms,
+                        max_priority: options.max_priority,
                     })
                 },
                 options.wait + ANSWER_MARGIN,
@@ -126,10 +137,7 @@ impl Consumer {
             .await?;
         match answer {
             Wire::PopReply(reply) => Ok(reply.deliveries),
-            other => Err(ClientError::Protocol(format!(
-                "expected PopReply, got {}",
-                other.name()
-            ))),
+            other => Err(unexpected("PopReply", &other)),
         }
     }
 
@@ -138,12 +146,7 @@ impl Consumer {
     /// # Errors
     /// [`ClientError::Receipt`] if the receipt is stale or unknown.
     pub async fn ack(&self, receipt: &Receipt) -> Result<(), ClientError> {
-        let results = self.ack_many(std::slice::from_ref(receipt)).await?;
-        results
-            .into_iter()
-            .next()
-            .unwrap_or(Err(ReceiptError::Unavailable))
-            .map_err(ClientError::Receipt)
+        self.settle_one(Settle::Ack, receipt).await
     }
 
     /// Acknowledges many deliveries; one result per receipt, in order.
@@ -154,20 +157,96 @@ impl Consumer {
         &self,
         receipts: &[Receipt],
     ) -> Result<Vec<Result<(), ReceiptError>>, ClientError> {
+        self.settle(Settle::Ack, receipts).await
+    }
+
+    /// Gives a delivery back as failed: it is delivered again after `delay` (its attempt count
+    /// kept), or moves to the dead-letter queue if this was its last attempt; `reason` is kept
+    /// with it.
+    ///
+    /// # Errors
+    /// [`ClientError::Receipt`] if the receipt is stale or unknown.
+    pub async fn nack(
+        &self,
+        receipt: &Receipt,
+        delay: Duration,
+        reason: Option<&str>,
+    ) -> Result<(), ClientError> {
+        let op = Settle::Nack {
+            delay_ms: millis(delay),
+            reason: reason.map(str::to_string),
+        };
+        self.settle_one(op, receipt).await
+    }
+
+    /// Moves a delivery's lease deadline to `visibility` from now.
+    ///
+    /// # Errors
+    /// [`ClientError::Receipt`] if the receipt is stale (the lease already ended) or unknown.
+    pub async fn extend(&self, receipt: &Receipt, visibility: Duration) -> Result<(), ClientError> {
+        let op = Settle::Extend {
+            lease_ms: millis(visibility),
+        };
+        self.settle_one(op, receipt).await
+    }
+
+    /// Applies `op` to many deliveries; one result per receipt, in order.
+    ///
+    /// # Errors
+    /// [`ClientError`] if the request as a whole failed.
+    pub async fn settle(
+        &self,
+        op: Settle,
+        receipts: &[Receipt],
+    ) -> Result<Vec<Result<(), ReceiptError>>, ClientError> {
         let receipts = receipts.to_vec();
         let answer = self
             .link
             .request(
-                |request| Wire::Ack(Ack { request, receipts }),
+                |request| {
+                    Wire::Ack(Ack {
+                        request,
+                        op,
+                        receipts,
+                    })
+                },
                 ANSWER_MARGIN,
             )
             .await?;
         match answer {
             Wire::AckReply(reply) => Ok(reply.results),
-            other => Err(ClientError::Protocol(format!(
-                "expected AckReply, got {}",
-                other.name()
-            ))),
+            other => Err(unexpected("AckReply", &other)),
+        }
+    }
+
+    async fn settle_one(&self, op: Settle, receipt: &Receipt) -> Result<(), ClientError> {
+        let results = self.settle(op, std::slice::from_ref(receipt)).await?;
+        results
+            .into_iter()
+            .next()
+            .unwrap_or(Err(ReceiptError::Unavailable))
+            .map_err(ClientError::Receipt)
+    }
+
+    /// Keeps a delivery's lease alive while a handler runs: extends it to `visibility` from
+    /// now at once and then every `visibility / 3`, until the returned guard is dropped or
+    /// stopped, or an extend is refused (the lease is gone; [`Heartbeat::lost`] then says so).
+    pub fn heartbeat(&self, receipt: Receipt, visibility: Duration) -> Heartbeat {
+        let consumer = self.clone();
+        let (lost_tx, lost_rx) = tokio::sync::watch::channel(None);
+        let period = (visibility / 3).max(Duration::from_millis(1));
+        let task = tokio::spawn(async move {
+            loop {
+                if let Err(error) = consumer.extend(&receipt, visibility).await {
+                    let _ = lost_tx.send(Some(error));
+                    return;
+                }
+                tokio::time::sleep(period).await;
+            }
+        });
+        Heartbeat {
+            task,
+            lost: lost_rx,
         }
     }
 
@@ -175,4 +254,53 @@ impl Consumer {
     pub fn close(&self) {
         self.link.close();
     }
+}
+
+/// A running lease extension (see [`Consumer::heartbeat`]); dropping it stops extending.
+pub struct Heartbeat {
+    task: tokio::task::JoinHandle<()>,
+    lost: tokio::sync::watch::Receiver<Option<ClientError>>,
+}
+
+impl Heartbeat {
+    /// Why the lease could not be extended, if that happened: the delivery may then be
+    /// redelivered to someone else, and acking it will be refused as stale.
+    pub fn lost(&self) -> Option<ClientError> {
+        self.lost.borrow().clone()
+    }
+
+    /// Stops extending.
+    pub fn stop(self) {}
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub(crate) async fn connect_root(config: &ConsumerConfig) -> Result<Link, ClientError> {
+    let settings = Settings::default();
+    Link::connect(
+        &config.root,
+        PeerKind::Consumer,
+        &config.tls.ca_pem,
+        &settings,
+        config.requests_in_flight_max,
+    )
+    .await
+}
+
+pub(crate) fn unexpected(expected: &str, got: &Wire) -> ClientError {
+    if let Wire::Error(error) = got {
+        return ClientError::Rejected {
+            code: error.code,
+            message: error.message.clone(),
+        };
+    }
+    ClientError::Protocol(format!("expected {expected}, got {}", got.name()))
+}
+
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

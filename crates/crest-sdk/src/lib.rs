@@ -1,4 +1,5 @@
-//! crest client library: [`Producer`] pushes to leaves, [`Consumer`] pops from the root.
+//! crest client library: [`Producer`] pushes to leaves, [`Consumer`] pops from the root and
+//! settles deliveries, [`Admin`] manages dead-letter queues and reads stats.
 //!
 //! Both speak the crest protocol over QUIC with TLS 1.3, trusting the cluster CA given in
 //! [`ClientTls`]. Nothing of the node implementation (actors) appears in this API.
@@ -17,14 +18,19 @@
 //! # let _ = id; Ok(()) }
 //! ```
 
+mod admin;
 mod consumer;
 mod link;
 mod producer;
 
-pub use consumer::{Consumer, ConsumerConfig, PopOptions};
+pub use admin::{Admin, AdminAnswer};
+pub use consumer::{Consumer, ConsumerConfig, Heartbeat, PopOptions};
 pub use crest_core::id::{LeafId, MessageId, Receipt};
 pub use crest_core::key::tier;
-pub use crest_core::wire::{Delivery, ErrorCode, ReceiptError};
+pub use crest_core::time::Time;
+pub use crest_core::wire::{
+    DeadLetter, Delivery, ErrorCode, ReceiptError, Settle, Stats, TopicStats,
+};
 pub use producer::{Message, Producer, ProducerConfig, PushHandle};
 
 /// What a client trusts: the cluster CA.

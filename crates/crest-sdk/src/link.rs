@@ -168,6 +168,7 @@ fn request_of(msg: &Wire) -> Option<u64> {
         Wire::PushAck(ack) => Some(ack.request),
         Wire::PopReply(reply) => Some(reply.request),
         Wire::AckReply(reply) => Some(reply.request),
+        Wire::AdminReply(reply) => Some(reply.request),
         Wire::Error(error) => error.request,
         _ => None,
     }

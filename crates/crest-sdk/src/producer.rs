@@ -7,49 +7,80 @@
 //! `batch_bytes_max` (heavy load gets big batches: throughput). `linger` optionally holds a
 //! batch a little longer for more company when the link is busy. A push resolves once its
 //! leaf acknowledged the batch (after it is durable). Messages are spread round-robin over
-//! the lanes.
+//! the lanes, except messages with a dedup key: those go to the leaf the key hashes to.
 
 use crate::link::Link;
 use crate::{ClientError, ClientTls};
 use bytes::Bytes;
 use crest_core::config::Settings;
 use crest_core::id::MessageId;
+use crest_core::time::Time;
 use crest_core::topology::Topology;
 use crest_core::wire::{PeerKind, Push, PushMessage, Wire};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{Mutex, Semaphore, mpsc, oneshot};
 
 /// A message to push.
 #[derive(Clone, Debug)]
 pub struct Message {
-    topic: String,
-    priority: u32,
-    metadata: Vec<(String, String)>,
-    payload: Bytes,
+    message: PushMessage,
 }
 
 impl Message {
     /// A message of `topic` with the default priority ([`crest_core::tier::NORMAL`]).
     pub fn new(topic: impl Into<String>, payload: impl Into<Bytes>) -> Message {
         Message {
-            topic: topic.into(),
-            priority: crest_core::tier::NORMAL,
-            metadata: Vec::new(),
-            payload: payload.into(),
+            message: PushMessage {
+                topic: topic.into(),
+                priority: crest_core::tier::NORMAL,
+                payload: payload.into(),
+                ..PushMessage::default()
+            },
         }
     }
 
     /// Sets the priority (lower is more urgent).
     pub fn priority(mut self, priority: u32) -> Message {
-        self.priority = priority;
+        self.message.priority = priority;
         self
     }
 
     /// Adds a metadata entry.
     pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Message {
-        self.metadata.push((key.into(), value.into()));
+        self.message.metadata.push((key.into(), value.into()));
+        self
+    }
+
+    /// Not delivered before `delay` after its leaf accepts it.
+    pub fn deliver_after(mut self, delay: Duration) -> Message {
+        self.message.delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self
+    }
+
+    /// Not delivered before `at` (by the leaf's clock).
+    pub fn deliver_at(mut self, at: SystemTime) -> Message {
+        let micros = at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.message.deliver_at = Some(Time(micros));
+        self
+    }
+
+    /// Dropped if not consumed within `ttl` after it is ready (`Duration::ZERO`: never, even
+    /// if the topic has a default time to live).
+    pub fn ttl(mut self, ttl: Duration) -> Message {
+        self.message.ttl_ms = Some(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// A second push of this topic with the same key within the topic's dedup window is
+    /// acknowledged with the first message's id and not enqueued again. The producer sends
+    /// every message with a key to the leaf the key hashes to, so this holds across producers
+    /// that list the same leaves.
+    pub fn dedup_key(mut self, key: impl Into<String>) -> Message {
+        self.message.dedup_key = Some(key.into());
         self
     }
 }
@@ -107,6 +138,8 @@ struct Job {
 /// See the module doc.
 pub struct Producer {
     lanes: Vec<mpsc::Sender<Job>>,
+    /// The address of each lane, to route dedup keys.
+    addresses: Vec<String>,
     next_lane: AtomicUsize,
     payload_bytes_max: usize,
 }
@@ -159,6 +192,7 @@ impl Producer {
         }
         Ok(Producer {
             lanes,
+            addresses: config.leaves.clone(),
             next_lane: AtomicUsize::new(0),
             payload_bytes_max,
         })
@@ -170,6 +204,7 @@ impl Producer {
     /// [`ClientError::InvalidArgument`] for a payload over the leaves' limit;
     /// [`ClientError::Closed`] if the producer is shutting down.
     pub async fn send(&self, message: Message) -> Result<PushHandle, ClientError> {
+        let message = message.message;
         if message.payload.len() > self.payload_bytes_max {
             return Err(ClientError::InvalidArgument(format!(
                 "payload of {} bytes exceeds the leaves' payload_bytes_max {}",
@@ -177,14 +212,11 @@ impl Producer {
                 self.payload_bytes_max
             )));
         }
-        let lane = self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
-        let (reply, rx) = oneshot::channel();
-        let message = PushMessage {
-            topic: message.topic,
-            priority: message.priority,
-            metadata: message.metadata,
-            payload: message.payload,
+        let lane = match &message.dedup_key {
+            Some(key) => dedup_lane(&self.addresses, &message.topic, key),
+            None => self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len(),
         };
+        let (reply, rx) = oneshot::channel();
         self.lanes[lane]
             .send(Job { message, reply })
             .await
@@ -207,6 +239,28 @@ impl Producer {
             .acked()
             .await
     }
+}
+
+/// The lane a dedup key goes to: rendezvous hashing over the leaf addresses, so every
+/// producer listing the same leaves (in any order) picks the same one, and adding a leaf moves
+/// only the keys that now hash to it.
+fn dedup_lane(addresses: &[String], topic: &str, key: &str) -> usize {
+    let score = |address: &str| {
+        let mut hash = 0xcbf2_9ce4_8422_2325u64;
+        for part in [address, "\0", topic, "\0", key] {
+            for byte in part.bytes() {
+                hash ^= u64::from(byte);
+                hash = hash.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        // splitmix64 finaliser: FNV alone mixes the last bytes poorly.
+        hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        hash ^ (hash >> 31)
+    };
+    (0..addresses.len())
+        .max_by_key(|&index| (score(&addresses[index]), std::cmp::Reverse(index)))
+        .unwrap_or(0)
 }
 
 async fn connect_leaf(address: &str, config: &ProducerConfig) -> Result<Link, ClientError> {
@@ -317,4 +371,25 @@ async fn send_batch(
         let _ = job.reply.send(Ok(id));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dedup_lane;
+
+    #[test]
+    fn a_dedup_key_picks_the_same_leaf_whatever_the_order_of_addresses() {
+        let forward: Vec<String> = (0..5).map(|i| format!("10.0.0.{i}:7411")).collect();
+        let mut backward = forward.clone();
+        backward.reverse();
+        let mut used = std::collections::HashSet::new();
+        for key in 0..200 {
+            let key = format!("order-{key}");
+            let a = &forward[dedup_lane(&forward, "jobs", &key)];
+            let b = &backward[dedup_lane(&backward, "jobs", &key)];
+            assert_eq!(a, b, "{key}");
+            used.insert(a.clone());
+        }
+        assert_eq!(used.len(), 5, "keys spread over every leaf");
+    }
 }

@@ -7,7 +7,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic  b"CRESTWAL"
-//!      8     4  format version, u32 big-endian (1)
+//!      8     4  format version, u32 big-endian (2: records with delivery state)
 //!     12     4  reserved, zero
 //!     16     8  segment sequence number, u64 big-endian (equals the file name)
 //!     24     4  crc32 of bytes 0..24, u32 big-endian
@@ -43,7 +43,7 @@ use crest_core::leaf::LogRecord;
 /// First bytes of every segment.
 pub const SEGMENT_MAGIC: &[u8; 8] = b"CRESTWAL";
 /// Version of this format.
-pub const SEGMENT_VERSION: u32 = 1;
+pub const SEGMENT_VERSION: u32 = 2;
 /// Size of the segment header.
 pub const SEGMENT_HEADER_BYTES: usize = 32;
 /// Size of a record header (length and checksum).
@@ -301,6 +301,13 @@ mod tests {
             },
             LogRecord::Release {
                 id: MessageId::new(LeafId(2), n),
+                attempt: 1,
+                ready_at: crest_core::Time(n),
+            },
+            LogRecord::Dead {
+                id: MessageId::new(LeafId(3), n),
+                reason: format!("failed {n}"),
+                at: crest_core::Time(n),
             },
         ]
     }

@@ -29,13 +29,18 @@ pub struct SegmentReport {
     pub fatal: bool,
 }
 
+/// The kinds of log entries [`Report::entries`] counts, in its order.
+pub const ENTRY_KINDS: [&str; 7] = [
+    "enqueue", "lease", "delete", "release", "dead", "redrive", "dedup",
+];
+
 /// What a whole directory holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
     /// Per segment, in order.
     pub segments: Vec<SegmentReport>,
-    /// Log entries by kind: enqueue, lease, delete, release.
-    pub entries: [u64; 4],
+    /// Log entries by kind, in the order of [`ENTRY_KINDS`].
+    pub entries: [u64; 7],
     /// Messages enqueued and not deleted: what recovery would bring back.
     pub live_messages: u64,
 }
@@ -80,6 +85,9 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
             live.remove(id);
         }
         LogRecord::Release { .. } => report.entries[3] += 1,
+        LogRecord::Dead { .. } => report.entries[4] += 1,
+        LogRecord::Redrive { .. } => report.entries[5] += 1,
+        LogRecord::Dedup { .. } => report.entries[6] += 1,
     };
     // The newest checkpoint starts the log; segments before it are covered (and normally gone).
     let mut checkpoints: Vec<u64> = std::fs::read_dir(dir)

@@ -35,6 +35,8 @@ fn op(n: u64) -> Vec<LogRecord> {
         priority: (n % 5) as u32,
         ready_at: crest_core::Time(n),
         enqueued_at: crest_core::Time(n),
+        expires_at: None,
+        dedup_key: None,
         metadata: vec![],
         payload: bytes::Bytes::from(format!("payload {n}")),
     }]

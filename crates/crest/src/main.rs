@@ -6,7 +6,8 @@ use crest::core::topology::Topology;
 use crest::core::wire::Role;
 use crest::node::{LocalTree, NodeTls, StartOptions, start_node};
 use crest::sdk::{
-    ClientTls, Consumer, ConsumerConfig, Message, PopOptions, Producer, ProducerConfig, Receipt,
+    Admin, ClientTls, Consumer, ConsumerConfig, Message, MessageId, PopOptions, Producer,
+    ProducerConfig, Receipt, Settle,
 };
 use crest::transport::tls::CertificateAuthority;
 use crest_storage::wal::RecoveryMode;
@@ -72,8 +73,21 @@ enum Command {
     Push(PushArgs),
     /// Pop messages from the root (and optionally acknowledge them).
     Pop(PopArgs),
-    /// Acknowledge deliveries by receipt.
+    /// Acknowledge deliveries by receipt: the messages are deleted.
     Ack(AckArgs),
+    /// Give deliveries back as failed: delivered again after the delay, or dead-lettered after
+    /// the topic's max_attempts.
+    Nack(NackArgs),
+    /// Extend the visibility timeout of deliveries.
+    Extend(ExtendArgs),
+    /// Dead-letter queues: list, redrive, purge.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Depths per topic and priority, in flight, delayed, dead letters, oldest message, and
+    /// event counters, for the whole tree.
+    Stats(StatsArgs),
     /// Offline tools for a leaf's write-ahead log.
     Wal {
         #[command(subcommand)]
@@ -88,6 +102,47 @@ enum WalCommand {
     Inspect {
         /// The leaf's log directory.
         dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// List dead letters of a topic, oldest first, with reasons and attempt counts.
+    List {
+        #[command(flatten)]
+        root: RootArgs,
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+        /// Most entries to list.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Print payloads too (UTF-8, lossy).
+        #[arg(long)]
+        payloads: bool,
+    },
+    /// Move dead letters back into their topic, attempts reset.
+    Redrive {
+        #[command(flatten)]
+        root: RootArgs,
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+        /// Message ids (LEAF.SEQ); none: every dead letter of the topic.
+        ids: Vec<MessageId>,
+    },
+    /// Delete dead letters.
+    Purge {
+        #[command(flatten)]
+        root: RootArgs,
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+        /// Purge every dead letter of the topic (required when no ids are given).
+        #[arg(long)]
+        all: bool,
+        /// Message ids (LEAF.SEQ).
+        ids: Vec<MessageId>,
     },
 }
 
@@ -120,6 +175,15 @@ struct ClientArgs {
 }
 
 #[derive(Args)]
+struct RootArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// Root address (host:port); default: the topology's root.
+    #[arg(long)]
+    root: Option<String>,
+}
+
+#[derive(Args)]
 struct PushArgs {
     #[command(flatten)]
     client: ClientArgs,
@@ -138,6 +202,18 @@ struct PushArgs {
     /// Push the payload this many times.
     #[arg(long, default_value_t = 1)]
     count: u32,
+    /// Deliver no sooner than this many milliseconds after the leaf accepts it.
+    #[arg(long)]
+    delay_ms: Option<u64>,
+    /// Deliver no sooner than this time (RFC 3339, e.g. 2026-11-23T08:00:00Z).
+    #[arg(long, value_parser = parse_time)]
+    deliver_at: Option<std::time::SystemTime>,
+    /// Drop the message if not consumed this many milliseconds after it is ready (0: never).
+    #[arg(long)]
+    ttl_ms: Option<u64>,
+    /// Dedup key: a second push with it within the topic's window is not enqueued again.
+    #[arg(long)]
+    dedup_key: Option<String>,
     /// The payload (UTF-8 text).
     payload: String,
 }
@@ -145,10 +221,7 @@ struct PushArgs {
 #[derive(Args)]
 struct PopArgs {
     #[command(flatten)]
-    client: ClientArgs,
-    /// Root address (host:port); default: the topology's root.
-    #[arg(long)]
-    root: Option<String>,
+    root: RootArgs,
     /// Topic to pop from.
     #[arg(long)]
     topic: String,
@@ -158,9 +231,12 @@ struct PopArgs {
     /// How long to wait for a first message, in milliseconds.
     #[arg(long, default_value_t = 0)]
     wait_ms: u64,
-    /// Visibility timeout of the deliveries, in milliseconds (default: the root's).
+    /// Visibility timeout of the deliveries, in milliseconds (default: the topic's).
     #[arg(long)]
     visibility_ms: Option<u64>,
+    /// Only messages with a priority at most this (0 is the most urgent).
+    #[arg(long)]
+    max_priority: Option<u32>,
     /// Acknowledge each delivery right away.
     #[arg(long)]
     ack: bool,
@@ -169,13 +245,53 @@ struct PopArgs {
 #[derive(Args)]
 struct AckArgs {
     #[command(flatten)]
-    client: ClientArgs,
-    /// Root address (host:port); default: the topology's root.
-    #[arg(long)]
-    root: Option<String>,
+    root: RootArgs,
     /// Receipts as printed by `crest pop` (LEAF.SEQ:TOKEN).
     #[arg(required = true)]
     receipts: Vec<Receipt>,
+}
+
+#[derive(Args)]
+struct NackArgs {
+    #[command(flatten)]
+    root: RootArgs,
+    /// Delay before the messages are delivered again, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
+    /// Why they failed (kept with the message; shown in the dead-letter queue).
+    #[arg(long)]
+    reason: Option<String>,
+    /// Receipts as printed by `crest pop` (LEAF.SEQ:TOKEN).
+    #[arg(required = true)]
+    receipts: Vec<Receipt>,
+}
+
+#[derive(Args)]
+struct ExtendArgs {
+    #[command(flatten)]
+    root: RootArgs,
+    /// The new visibility timeout from now, in milliseconds.
+    #[arg(long)]
+    visibility_ms: u64,
+    /// Receipts as printed by `crest pop` (LEAF.SEQ:TOKEN).
+    #[arg(required = true)]
+    receipts: Vec<Receipt>,
+}
+
+#[derive(Args)]
+struct StatsArgs {
+    #[command(flatten)]
+    root: RootArgs,
+    /// One topic only.
+    #[arg(long)]
+    topic: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_time(text: &str) -> Result<std::time::SystemTime, String> {
+    humantime::parse_rfc3339_weak(text).map_err(|e| format!("{text:?}: {e} (want RFC 3339)"))
 }
 
 fn parse_key_value(text: &str) -> Result<(String, String), String> {
@@ -258,7 +374,30 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Ack(args) => {
             init_tracing("warn");
-            ack(args).await
+            settle(&args.root, Settle::Ack, &args.receipts).await
+        }
+        Command::Nack(args) => {
+            init_tracing("warn");
+            let op = Settle::Nack {
+                delay_ms: args.delay_ms,
+                reason: args.reason,
+            };
+            settle(&args.root, op, &args.receipts).await
+        }
+        Command::Extend(args) => {
+            init_tracing("warn");
+            let op = Settle::Extend {
+                lease_ms: args.visibility_ms,
+            };
+            settle(&args.root, op, &args.receipts).await
+        }
+        Command::Dlq { command } => {
+            init_tracing("warn");
+            dlq(command).await
+        }
+        Command::Stats(args) => {
+            init_tracing("warn");
+            stats(args).await
         }
         Command::Wal {
             command: WalCommand::Inspect { dir },
@@ -447,6 +586,18 @@ async fn push(args: PushArgs) -> Result<()> {
     for _ in 0..args.count {
         let mut message = Message::new(args.topic.clone(), args.payload.clone().into_bytes())
             .priority(args.priority);
+        if let Some(delay) = args.delay_ms {
+            message = message.deliver_after(Duration::from_millis(delay));
+        }
+        if let Some(at) = args.deliver_at {
+            message = message.deliver_at(at);
+        }
+        if let Some(ttl) = args.ttl_ms {
+            message = message.ttl(Duration::from_millis(ttl));
+        }
+        if let Some(key) = &args.dedup_key {
+            message = message.dedup_key(key.clone());
+        }
         for (key, value) in &args.metadata {
             message = message.metadata(key.clone(), value.clone());
         }
@@ -458,27 +609,30 @@ async fn push(args: PushArgs) -> Result<()> {
     Ok(())
 }
 
-fn root_address(client: &ClientArgs, root: &Option<String>) -> Result<String> {
-    match root {
+fn root_address(args: &RootArgs) -> Result<String> {
+    match &args.root {
         Some(root) => Ok(root.clone()),
-        None => Ok(load_topology(client.topology.as_deref())?
+        None => Ok(load_topology(args.client.topology.as_deref())?
             .root()
             .address
             .clone()),
     }
 }
 
-async fn pop(args: PopArgs) -> Result<()> {
-    let tls = client_tls(&args.client)?;
-    let consumer = Consumer::connect(ConsumerConfig::new(
-        root_address(&args.client, &args.root)?,
-        tls,
+fn root_config(args: &RootArgs) -> Result<ConsumerConfig> {
+    Ok(ConsumerConfig::new(
+        root_address(args)?,
+        client_tls(&args.client)?,
     ))
-    .await?;
+}
+
+async fn pop(args: PopArgs) -> Result<()> {
+    let consumer = Consumer::connect(root_config(&args.root)?).await?;
     let options = PopOptions {
         max: args.max,
         wait: Duration::from_millis(args.wait_ms),
         visibility: args.visibility_ms.map(Duration::from_millis),
+        max_priority: args.max_priority,
     };
     let deliveries = consumer.pop_with(&args.topic, options).await?;
     if deliveries.is_empty() {
@@ -506,33 +660,137 @@ async fn pop(args: PopArgs) -> Result<()> {
     Ok(())
 }
 
-async fn ack(args: AckArgs) -> Result<()> {
-    let tls = client_tls(&args.client)?;
-    let consumer = Consumer::connect(ConsumerConfig::new(
-        root_address(&args.client, &args.root)?,
-        tls,
-    ))
-    .await?;
+/// Acks, nacks or extends deliveries by receipt; fails if any receipt was refused.
+async fn settle(root: &RootArgs, op: Settle, receipts: &[Receipt]) -> Result<()> {
+    let consumer = Consumer::connect(root_config(root)?).await?;
+    let verb = op.name();
     let mut failed = 0;
-    for (receipt, result) in args
-        .receipts
-        .iter()
-        .zip(consumer.ack_many(&args.receipts).await?)
-    {
+    for (receipt, result) in receipts.iter().zip(consumer.settle(op, receipts).await?) {
         match result {
-            Ok(()) => println!("acked {}", receipt.id),
+            Ok(()) => println!("{verb} {}: ok", receipt.id),
             Err(error) => {
                 failed += 1;
-                println!("ack {} failed: {error}", receipt.id);
+                println!("{verb} {} failed: {error}", receipt.id);
             }
         }
     }
     if failed > 0 {
-        bail!(
-            "{failed} of {} acknowledgements failed",
-            args.receipts.len()
+        bail!("{failed} of {} receipts were refused", receipts.len());
+    }
+    Ok(())
+}
+
+fn warn_unreachable(unreachable: &[crest::sdk::LeafId]) {
+    if !unreachable.is_empty() {
+        let list: Vec<String> = unreachable.iter().map(|l| l.to_string()).collect();
+        eprintln!(
+            "warning: leaves {} could not be reached; the answer leaves them out",
+            list.join(", ")
         );
     }
+}
+
+async fn dlq(command: DlqCommand) -> Result<()> {
+    match command {
+        DlqCommand::List {
+            root,
+            topic,
+            limit,
+            payloads,
+        } => {
+            let admin = Admin::connect(root_config(&root)?).await?;
+            let answer = admin.dead_letters(&topic, limit).await?;
+            warn_unreachable(&answer.unreachable);
+            if answer.value.is_empty() {
+                println!("(no dead letters in {topic})");
+            }
+            for dead in &answer.value {
+                print!(
+                    "id={} priority={} attempts={} enqueued={} died={} reason={:?}",
+                    dead.id,
+                    dead.priority,
+                    dead.attempts,
+                    format_time(dead.enqueued_at),
+                    format_time(dead.dead_at),
+                    dead.reason
+                );
+                if payloads {
+                    print!(" payload={}", String::from_utf8_lossy(&dead.payload));
+                }
+                println!();
+            }
+        }
+        DlqCommand::Redrive { root, topic, ids } => {
+            let admin = Admin::connect(root_config(&root)?).await?;
+            let answer = admin.redrive(&topic, &ids).await?;
+            warn_unreachable(&answer.unreachable);
+            println!("redrove {} dead letters into {topic}", answer.value);
+        }
+        DlqCommand::Purge {
+            root,
+            topic,
+            all,
+            ids,
+        } => {
+            if ids.is_empty() && !all {
+                bail!(
+                    "name the dead letters to purge, or pass --all to purge every one of {topic}"
+                );
+            }
+            let admin = Admin::connect(root_config(&root)?).await?;
+            let answer = admin.purge(&topic, &ids).await?;
+            warn_unreachable(&answer.unreachable);
+            println!("purged {} dead letters of {topic}", answer.value);
+        }
+    }
+    Ok(())
+}
+
+fn format_time(time: crest::sdk::Time) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_micros(time.as_micros());
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+async fn stats(args: StatsArgs) -> Result<()> {
+    let admin = Admin::connect(root_config(&args.root)?).await?;
+    let answer = admin.stats(args.topic.as_deref()).await?;
+    warn_unreachable(&answer.unreachable);
+    let stats = answer.value;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&stats)?);
+        return Ok(());
+    }
+    let now = std::time::SystemTime::now();
+    println!(
+        "{:<24} {:>10} {:>10} {:>10} {:>8} {:>12}  ready by priority",
+        "topic", "ready", "delayed", "in flight", "dead", "oldest"
+    );
+    for topic in &stats.topics {
+        let oldest = topic.oldest_enqueued_at.map_or("-".into(), |at| {
+            let at = std::time::UNIX_EPOCH + Duration::from_micros(at.as_micros());
+            let age = now.duration_since(at).unwrap_or_default();
+            humantime::format_duration(Duration::from_secs(age.as_secs())).to_string()
+        });
+        let by_priority: Vec<String> = topic
+            .ready
+            .iter()
+            .map(|(priority, count)| format!("{priority}:{count}"))
+            .collect();
+        println!(
+            "{:<24} {:>10} {:>10} {:>10} {:>8} {:>12}  {}",
+            topic.topic,
+            topic.ready_total(),
+            topic.delayed,
+            topic.in_flight,
+            topic.dead,
+            oldest,
+            by_priority.join(" ")
+        );
+    }
+    println!(
+        "expired {}, dead-lettered {}, deduplicated {} (since each leaf started)",
+        stats.expired, stats.dead_lettered, stats.deduplicated
+    );
     Ok(())
 }
 
@@ -551,11 +809,15 @@ fn wal_inspect(dir: &Path) -> Result<()> {
             segment.problem.as_deref().unwrap_or("ok")
         );
     }
-    let [enqueue, lease, delete, release] = report.entries;
+    let entries: Vec<String> = crest::storage::inspect::ENTRY_KINDS
+        .iter()
+        .zip(report.entries)
+        .map(|(kind, count)| format!("{count} {kind}"))
+        .collect();
     println!(
-        "{} segments; entries: {enqueue} enqueue, {lease} lease, {delete} delete, {release} release; \
-         {} messages live",
+        "{} segments; entries: {}; {} messages live",
         report.segments.len(),
+        entries.join(", "),
         report.live_messages
     );
     if report.is_fatal() {

@@ -1,0 +1,148 @@
+//! The admin client: dead-letter queues and stats of the whole tree, through the root.
+//!
+//! Every operation fans out from the root to the leaves concerned and is merged there. A leaf
+//! that cannot be reached is left out and named in [`AdminAnswer::unreachable`]: a listing
+//! or count is then partial, and the caller decides whether to retry.
+
+use crate::ClientError;
+use crate::consumer::{ConsumerConfig, connect_root, unexpected};
+use crate::link::Link;
+use crest_core::id::{LeafId, MessageId};
+use crest_core::wire::{Admin as AdminRequest, AdminOp, AdminResult, DeadLetter, Stats, Wire};
+use std::time::Duration;
+
+/// How long an admin request may take.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A merged answer and the leaves it leaves out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdminAnswer<T> {
+    /// The merged result of every leaf that answered.
+    pub value: T,
+    /// Leaves that could not be reached.
+    pub unreachable: Vec<LeafId>,
+}
+
+/// See the module doc.
+pub struct Admin {
+    link: Link,
+}
+
+impl Admin {
+    /// Connects to the root (the same configuration as a consumer's).
+    ///
+    /// # Errors
+    /// [`ClientError`] if the root cannot be reached or refuses us.
+    pub async fn connect(config: ConsumerConfig) -> Result<Admin, ClientError> {
+        Ok(Admin {
+            link: connect_root(&config).await?,
+        })
+    }
+
+    /// Up to `limit` dead letters of `topic`, oldest death first, with payloads, reasons and
+    /// attempt counts.
+    ///
+    /// # Errors
+    /// [`ClientError`] if the request failed as a whole.
+    pub async fn dead_letters(
+        &self,
+        topic: &str,
+        limit: u32,
+    ) -> Result<AdminAnswer<Vec<DeadLetter>>, ClientError> {
+        let op = AdminOp::DeadLetters {
+            topic: topic.into(),
+            limit,
+        };
+        match self.call(op).await? {
+            (AdminResult::DeadLetters(list), unreachable) => Ok(AdminAnswer {
+                value: list,
+                unreachable,
+            }),
+            (other, _) => Err(mismatch(&other)),
+        }
+    }
+
+    /// Moves dead letters of `topic` back into it with their attempts reset (`ids` empty:
+    /// all of them); answers how many moved.
+    ///
+    /// # Errors
+    /// [`ClientError`] if the request failed as a whole.
+    pub async fn redrive(
+        &self,
+        topic: &str,
+        ids: &[MessageId],
+    ) -> Result<AdminAnswer<u64>, ClientError> {
+        let op = AdminOp::Redrive {
+            topic: topic.into(),
+            ids: ids.to_vec(),
+        };
+        self.count(op).await
+    }
+
+    /// Deletes dead letters of `topic` (`ids` empty: all of them); answers how many.
+    ///
+    /// # Errors
+    /// [`ClientError`] if the request failed as a whole.
+    pub async fn purge(
+        &self,
+        topic: &str,
+        ids: &[MessageId],
+    ) -> Result<AdminAnswer<u64>, ClientError> {
+        let op = AdminOp::Purge {
+            topic: topic.into(),
+            ids: ids.to_vec(),
+        };
+        self.count(op).await
+    }
+
+    /// Depths per topic (ready by priority, delayed, in flight, dead, oldest) and counters
+    /// (expired, dead-lettered, deduplicated) of one topic or all.
+    ///
+    /// # Errors
+    /// [`ClientError`] if the request failed as a whole.
+    pub async fn stats(&self, topic: Option<&str>) -> Result<AdminAnswer<Stats>, ClientError> {
+        let op = AdminOp::Stats {
+            topic: topic.map(str::to_string),
+        };
+        match self.call(op).await? {
+            (AdminResult::Stats(stats), unreachable) => Ok(AdminAnswer {
+                value: stats,
+                unreachable,
+            }),
+            (other, _) => Err(mismatch(&other)),
+        }
+    }
+
+    /// Closes the connection.
+    pub fn close(&self) {
+        self.link.close();
+    }
+
+    async fn count(&self, op: AdminOp) -> Result<AdminAnswer<u64>, ClientError> {
+        match self.call(op).await? {
+            (AdminResult::Count(count), unreachable) => Ok(AdminAnswer {
+                value: count,
+                unreachable,
+            }),
+            (other, _) => Err(mismatch(&other)),
+        }
+    }
+
+    async fn call(&self, op: AdminOp) -> Result<(AdminResult, Vec<LeafId>), ClientError> {
+        let answer = self
+            .link
+            .request(
+                |request| Wire::Admin(AdminRequest { request, op }),
+                ANSWER_TIMEOUT,
+            )
+            .await?;
+        match answer {
+            Wire::AdminReply(reply) => Ok((reply.result, reply.unreachable)),
+            other => Err(unexpected("AdminReply", &other)),
+        }
+    }
+}
+
+fn mismatch(result: &AdminResult) -> ClientError {
+    ClientError::Protocol(format!("the root answered with the wrong kind: {result:?}"))
+}
