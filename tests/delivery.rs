@@ -440,7 +440,7 @@ async fn a_long_poll_returns_when_a_message_arrives_and_each_message_wakes_one_c
     for task in tasks {
         tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
     }
-    let results = results.lock().unwrap();
+    let results = std::mem::take(&mut *results.lock().unwrap());
     assert_eq!(results.iter().map(|r| r.1).sum::<usize>(), 3);
     assert!(results.iter().all(|r| r.1 == 1), "{results:?}");
     tree.shutdown().await;
@@ -570,7 +570,7 @@ async fn no_message_is_held_by_two_consumers_under_live_leases_at_once() {
     for task in tasks {
         task.await.unwrap();
     }
-    let deliveries = deliveries.lock().unwrap();
+    let deliveries = std::mem::take(&mut *deliveries.lock().unwrap());
     let mut by_id: HashMap<MessageId, Vec<&Delivery>> = HashMap::new();
     for delivery in deliveries.iter() {
         by_id.entry(delivery.id).or_default().push(delivery);
@@ -593,7 +593,7 @@ async fn no_message_is_held_by_two_consumers_under_live_leases_at_once() {
             );
         }
     }
-    let acked = acked.lock().unwrap();
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
     let unique: HashSet<&MessageId> = acked.iter().collect();
     assert_eq!(unique.len(), acked.len(), "each message acked once");
     assert_eq!(acked.len(), total as usize, "every message acked");
