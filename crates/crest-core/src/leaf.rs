@@ -704,14 +704,16 @@ impl Leaf {
             return;
         }
         let records = self.snapshot();
+        let includes = self.pending.keys().copied().collect();
         self.logged_bytes = 0;
         self.checkpoint_due = None;
-        self.storage.push_back(StorageOp::Checkpoint { records });
+        self.storage
+            .push_back(StorageOp::Checkpoint { records, includes });
     }
 
     /// The leaf's whole state as log records: replaying them rebuilds it (see `recover`).
     /// Pending batches are included: their records precede the checkpoint in the log (and the
-    /// log abandons a checkpoint taken after a write that failed).
+    /// log abandons the checkpoint if one of them fails to be written).
     fn snapshot(&self) -> Vec<LogRecord> {
         let pending = self
             .pending

@@ -54,6 +54,10 @@ pub enum StorageOp {
     Checkpoint {
         /// The snapshot.
         records: Vec<crate::leaf::LogRecord>,
+        /// Tokens of the appends still pending when the snapshot was taken: it holds their
+        /// records, so it is valid only if every one of them is written. If one failed, the
+        /// checkpoint must be abandoned (the log itself stays complete).
+        includes: Vec<u64>,
     },
 }
 
@@ -69,7 +73,7 @@ impl StorageOp {
     /// The records of the operation.
     pub fn records(&self) -> &[crate::leaf::LogRecord] {
         match self {
-            StorageOp::Append { records, .. } | StorageOp::Checkpoint { records } => records,
+            StorageOp::Append { records, .. } | StorageOp::Checkpoint { records, .. } => records,
         }
     }
 }

@@ -192,7 +192,6 @@ impl Harness {
     }
 
     fn push(&mut self, producer: ConnId, topic: &str, priorities: &[u32]) -> Vec<MessageId> {
-        let request = self.request();
         let messages = priorities
             .iter()
             .map(|&priority| PushMessage {
@@ -203,6 +202,11 @@ impl Harness {
                 ..PushMessage::default()
             })
             .collect();
+        self.push_messages(producer, messages)
+    }
+
+    fn push_messages(&mut self, producer: ConnId, messages: Vec<PushMessage>) -> Vec<MessageId> {
+        let request = self.request();
         self.send(producer, Wire::Push(Push { request, messages }));
         match self.recv(producer) {
             Wire::PushAck(ack) => {
@@ -914,4 +918,155 @@ fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
         first_two, kept,
         "the priority-0 messages pushed after the first checkpoint come first"
     );
+}
+
+/// Sends an admin request to the root and returns its answer.
+fn admin(h: &mut Harness, client: ConnId, op: AdminOp) -> AdminResult {
+    let request = h.request();
+    h.send(client, Wire::Admin(Admin { request, op }));
+    match h.recv(client) {
+        Wire::AdminReply(reply) => {
+            assert!(reply.unreachable.is_empty(), "{reply:?}");
+            reply.result
+        }
+        other => panic!("admin failed: {other:?}"),
+    }
+}
+
+fn stats_of(h: &mut Harness, client: ConnId, topic: &str) -> (TopicStats, Stats) {
+    let AdminResult::Stats(stats) = admin(
+        h,
+        client,
+        AdminOp::Stats {
+            topic: Some(topic.into()),
+        },
+    ) else {
+        panic!("stats answer")
+    };
+    (stats.topic(topic).cloned().unwrap_or_default(), stats)
+}
+
+#[test]
+fn delays_of_days_are_exact_and_delivery_state_survives_a_rebuild_from_the_log() {
+    // Goal: under virtual time, a delay of days ends exactly when asked; a rebuild from the
+    // log keeps delayed, dead and time-to-live state. Method: one leaf under a root, its log
+    // recorded; a second leaf rebuilt from that log replaces it.
+    let day = Duration::from_secs(24 * 3600);
+    let mut leaf_settings = settings(4);
+    leaf_settings.topics.insert(
+        "flaky".into(),
+        crate::config::TopicSettings {
+            max_attempts: Some(2),
+            ..Default::default()
+        },
+    );
+    let mut h = Harness::new();
+    let root = h.add(Box::new(Root::new(RootConfig {
+        name: "root".into(),
+        settings: settings(4),
+        subtree: vec![LeafId(1)],
+    })));
+    let log = SharedLog::default();
+    let config = LeafConfig {
+        name: "leaf-1".into(),
+        id: LeafId(1),
+        settings: leaf_settings,
+        seed: 1,
+        first_seq: 1,
+    };
+    let first = h.add(Box::new(Recording {
+        inner: Box::new(Leaf::new(config.clone())),
+        log: log.clone(),
+        checkpoints: Default::default(),
+    }));
+    let leaf_end = h.link(first, root);
+    let producer = h.client(first, PeerKind::Producer);
+    let consumer = h.client(root, PeerKind::Consumer);
+    let message = |topic: &str| PushMessage {
+        topic: topic.into(),
+        priority: 1,
+        payload: Bytes::from_static(b"x"),
+        ..PushMessage::default()
+    };
+    let three_days = h.push_messages(
+        producer,
+        vec![PushMessage {
+            delay_ms: (3 * day).as_millis() as u64,
+            ..message("later")
+        }],
+    )[0];
+    h.advance(3 * day - Duration::from_millis(1));
+    assert!(
+        h.pop(consumer, "later", 1).is_empty(),
+        "not a millisecond early"
+    );
+    h.advance(Duration::from_millis(1));
+    let got = h.pop(consumer, "later", 1);
+    assert_eq!(got[0].id, three_days);
+    assert_eq!(h.ack(consumer, vec![got[0].receipt()]), vec![Ok(())]);
+
+    // State to carry over: a delayed message, one with a time to live, a dead letter.
+    let delayed = h.push_messages(
+        producer,
+        vec![PushMessage {
+            delay_ms: (2 * day).as_millis() as u64,
+            ..message("later")
+        }],
+    )[0];
+    h.push_messages(
+        producer,
+        vec![PushMessage {
+            ttl_ms: Some(3_600_000),
+            ..message("brief")
+        }],
+    );
+    let dead = h.push_messages(producer, vec![message("flaky")])[0];
+    for attempt in 1..=2 {
+        let got = h.pop(consumer, "flaky", 1);
+        assert_eq!((got[0].id, got[0].attempt), (dead, attempt));
+        let nack = Settle::Nack {
+            delay_ms: 0,
+            reason: Some(format!("failure {attempt}")),
+        };
+        assert_eq!(
+            h.settle(consumer, nack, vec![got[0].receipt()]),
+            vec![Ok(())]
+        );
+    }
+    assert!(
+        h.pop(consumer, "flaky", 1).is_empty(),
+        "dead after 2 attempts"
+    );
+
+    h.disconnect(leaf_end);
+    let operations = log.lock().unwrap().clone();
+    let rebuilt = h.add(Box::new(Leaf::recover(config, h.now, operations)));
+    h.link(rebuilt, root);
+    let (later, _) = stats_of(&mut h, consumer, "later");
+    assert_eq!(later.delayed, 1);
+    let (brief, _) = stats_of(&mut h, consumer, "brief");
+    assert_eq!(brief.ready_total(), 1);
+    let AdminResult::DeadLetters(letters) = admin(
+        &mut h,
+        consumer,
+        AdminOp::DeadLetters {
+            topic: "flaky".into(),
+            limit: 10,
+        },
+    ) else {
+        panic!("dead letters answer")
+    };
+    assert_eq!(letters.len(), 1);
+    assert_eq!((letters[0].id, letters[0].attempts), (dead, 2));
+    assert_eq!(letters[0].reason, "failure 2");
+
+    h.advance(Duration::from_secs(3600));
+    assert!(
+        h.pop(consumer, "brief", 1).is_empty(),
+        "expired after its ttl"
+    );
+    let (_, stats) = stats_of(&mut h, consumer, "brief");
+    assert_eq!(stats.expired, 1);
+    h.advance(2 * day);
+    assert_eq!(h.pop(consumer, "later", 1)[0].id, delayed);
 }

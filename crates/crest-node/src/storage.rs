@@ -47,8 +47,8 @@ impl Storage for WalStore {
     fn submit(&mut self, op: StorageOp) -> Submitted {
         let (records, token) = match op {
             StorageOp::Append { records, token } => (records, token),
-            StorageOp::Checkpoint { records } => {
-                if let Err(error) = self.handle.checkpoint(records) {
+            StorageOp::Checkpoint { records, includes } => {
+                if let Err(error) = self.handle.checkpoint(records, includes) {
                     tracing::error!(%error, "a checkpoint could not be queued; the log stays whole");
                 }
                 return Submitted::Pending;

@@ -162,6 +162,8 @@ pub struct Wal {
     len: u64,
     /// Set after a failed sync in `SyncFailure::StopWriter` mode.
     stopped: bool,
+    /// Tokens of recent appends that failed (bounded), to abandon checkpoints holding them.
+    failed_tokens: std::collections::VecDeque<u64>,
 }
 
 fn io_error(path: &Path, error: std::io::Error) -> StorageError {
@@ -277,6 +279,7 @@ pub fn open(options: WalOptions) -> Result<(Wal, Recovered), StorageError> {
                 file,
                 len,
                 stopped: false,
+                failed_tokens: std::collections::VecDeque::new(),
             }
         }
         None => {
@@ -288,6 +291,7 @@ pub fn open(options: WalOptions) -> Result<(Wal, Recovered), StorageError> {
                 file,
                 len,
                 stopped: false,
+                failed_tokens: std::collections::VecDeque::new(),
             }
         }
     };
@@ -356,8 +360,14 @@ struct Append {
 
 enum Job {
     Append(Append),
-    Checkpoint(Vec<LogRecord>),
+    Checkpoint {
+        records: Vec<LogRecord>,
+        includes: Vec<u64>,
+    },
 }
+
+/// How many failed append tokens the writer remembers to check checkpoints against.
+const FAILED_TOKENS_KEPT: usize = 4096;
 
 /// Submits operations to the writer thread.
 #[derive(Clone)]
@@ -378,13 +388,19 @@ impl WalHandle {
     }
 
     /// Queues a checkpoint: `records` are a snapshot equivalent to everything submitted before
-    /// it. Once the checkpoint is durable, the segments it covers are deleted.
+    /// it, including the appends whose tokens are in `includes`. Once the checkpoint is
+    /// durable, the segments it covers are deleted. If one of the included appends failed, the
+    /// checkpoint is abandoned: it would hold records the log refused.
     ///
     /// # Errors
     /// [`StorageError::Closed`] if the writer has stopped.
-    pub fn checkpoint(&self, records: Vec<LogRecord>) -> Result<(), StorageError> {
+    pub fn checkpoint(
+        &self,
+        records: Vec<LogRecord>,
+        includes: Vec<u64>,
+    ) -> Result<(), StorageError> {
         self.tx
-            .send(Job::Checkpoint(records))
+            .send(Job::Checkpoint { records, includes })
             .map_err(|_| StorageError::Closed)
     }
 }
@@ -432,9 +448,16 @@ impl Wal {
             for job in jobs {
                 match job {
                     Job::Append(append) => group.push(append),
-                    Job::Checkpoint(records) => {
+                    Job::Checkpoint { records, includes } => {
                         self.flush(&mut group, &mut buf, &mut on_complete);
-                        if !self.stopped {
+                        if let Some(token) =
+                            includes.iter().find(|t| self.failed_tokens.contains(t))
+                        {
+                            tracing::warn!(
+                                token,
+                                "checkpoint abandoned: it holds an append the log refused"
+                            );
+                        } else if !self.stopped {
                             self.checkpoint(&records);
                         }
                     }
@@ -463,6 +486,14 @@ impl Wal {
             self.write_group(group, buf)
         };
         group.clear();
+        for (token, result) in &completions {
+            if result.is_err() {
+                if self.failed_tokens.len() >= FAILED_TOKENS_KEPT {
+                    self.failed_tokens.pop_front();
+                }
+                self.failed_tokens.push_back(*token);
+            }
+        }
         if !completions.is_empty() {
             on_complete(completions);
         }

@@ -342,6 +342,17 @@ fn a_full_disk_refuses_the_batch_keeps_what_was_acknowledged_and_recovers_when_s
         );
         acked.push(n);
     }
+    // A snapshot the leaf took while the refused batch was pending holds its records: the
+    // log must not make it the new start.
+    let snapshot: Vec<LogRecord> = acked
+        .iter()
+        .chain([&refused_n])
+        .flat_map(|n| op(*n))
+        .collect();
+    handle.checkpoint(snapshot, vec![refused_n]).unwrap();
+    assert_eq!(submit_and_wait(&handle, &rx, 200), Some(Ok(())));
+    acked.push(200);
+    assert_eq!(files(&dir, ".ckpt"), 0, "the checkpoint is abandoned");
     drop(handle);
     std::thread::sleep(Duration::from_millis(50));
 
@@ -439,7 +450,7 @@ fn a_checkpoint_replaces_the_log_before_it_and_recovery_starts_from_it() {
     assert!(files(&dir, ".wal") > 2);
     // The snapshot stands for operations 1..=60 (here: the last ten, as if 1..=50 were acked).
     let snapshot: Vec<LogRecord> = (51..=60).flat_map(op).collect();
-    handle.checkpoint(snapshot.clone()).unwrap();
+    handle.checkpoint(snapshot.clone(), Vec::new()).unwrap();
     for n in 61..=65 {
         barrier(&handle, &rx, n);
     }
