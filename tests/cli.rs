@@ -1,0 +1,156 @@
+//! The `crest` command's client and admin subcommands against a local tree over QUIC: every
+//! delivery option is reachable from the shell.
+
+use crest::core::topology::Topology;
+use crest::node::LocalTree;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+const CREST: &str = env!("CARGO_BIN_EXE_crest");
+
+struct Cli {
+    ca: PathBuf,
+    root: String,
+    leaves: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cli {
+    /// Runs `crest ARGS` with the tree's CA and addresses; returns (success, stdout + stderr).
+    async fn run(&self, args: &[&str]) -> (bool, String) {
+        let mut command = Command::new(CREST);
+        command.args(args).arg("--ca").arg(&self.ca);
+        match args[0] {
+            "push" => {
+                for leaf in &self.leaves {
+                    command.arg("--leaf").arg(leaf);
+                }
+            }
+            _ => {
+                command.arg("--root").arg(&self.root);
+            }
+        }
+        let output = tokio::task::spawn_blocking(move || command.output())
+            .await
+            .unwrap()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), text)
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        let (success, text) = self.run(args).await;
+        assert!(success, "crest {args:?} failed:\n{text}");
+        text
+    }
+}
+
+/// The value of `key=` in a line of `crest pop` output.
+fn field<'a>(text: &'a str, key: &str) -> &'a str {
+    let start = text.find(&format!("{key}=")).expect(key) + key.len() + 1;
+    text[start..].split_whitespace().next().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
+    let settings = "\n[settings.topics.flaky]\nmax_attempts = 2\n";
+    let topology = Topology::parse(&format!("{text}{settings}"))
+        .unwrap()
+        .with_ephemeral_ports();
+    let tree = LocalTree::start(&topology).await.unwrap();
+    assert!(tree.wait_connected(Duration::from_secs(10)).await);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &tree.ca_pem).unwrap();
+    let cli = Cli {
+        ca,
+        root: tree.topology.root().address.clone(),
+        leaves: tree.topology.leaves().map(|l| l.address.clone()).collect(),
+        _dir: dir,
+    };
+
+    // Dedup: the same key twice prints the same id.
+    let push = [
+        "push",
+        "--topic",
+        "flaky",
+        "--priority",
+        "1",
+        "--dedup-key",
+        "k1",
+    ];
+    let first = cli
+        .ok(&[&push[..], &["--ttl-ms", "60000", "poison"]].concat())
+        .await;
+    let second = cli.ok(&[&push[..], &["poison again"]].concat()).await;
+    assert_eq!(first.trim(), second.trim());
+    // A delayed message and a less urgent one the filter must skip.
+    cli.ok(&["push", "--topic", "flaky", "--delay-ms", "60000", "later"])
+        .await;
+    cli.ok(&["push", "--topic", "flaky", "--priority", "5", "slow"])
+        .await;
+
+    // Pop with the filter, extend, then nack twice: the second failure dead-letters it.
+    for attempt in 1..=2 {
+        let popped = cli
+            .ok(&[
+                "pop",
+                "--topic",
+                "flaky",
+                "--max-priority",
+                "1",
+                "--wait-ms",
+                "5000",
+                "--visibility-ms",
+                "2000",
+            ])
+            .await;
+        assert_eq!(field(&popped, "payload"), "poison", "{popped}");
+        assert_eq!(field(&popped, "attempt"), attempt.to_string());
+        let receipt = field(&popped, "receipt").to_string();
+        cli.ok(&["extend", "--visibility-ms", "5000", &receipt])
+            .await;
+        cli.ok(&["nack", "--reason", "bad-input", &receipt]).await;
+        let (success, text) = cli.run(&["ack", &receipt]).await;
+        assert!(!success && text.contains("stale"), "{text}");
+    }
+    let empty = cli
+        .ok(&["pop", "--topic", "flaky", "--max-priority", "1"])
+        .await;
+    assert!(empty.contains("no message ready"), "{empty}");
+
+    let listed = cli
+        .ok(&["dlq", "list", "--topic", "flaky", "--payloads"])
+        .await;
+    assert!(listed.contains("attempts=2"), "{listed}");
+    assert!(listed.contains("\"bad-input\""), "{listed}");
+    assert!(listed.contains("payload=poison"), "{listed}");
+
+    let json = cli.ok(&["stats", "--topic", "flaky", "--json"]).await;
+    let stats: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let topic = &stats["topics"][0];
+    assert_eq!(topic["topic"], "flaky");
+    assert_eq!(topic["dead"], 1);
+    assert_eq!(topic["delayed"], 1);
+    assert_eq!(stats["deduplicated"], 1);
+    let table = cli.ok(&["stats"]).await;
+    assert!(table.contains("flaky"), "{table}");
+
+    let (success, text) = cli.run(&["dlq", "purge", "--topic", "flaky"]).await;
+    assert!(!success && text.contains("--all"), "{text}");
+    let redriven = cli.ok(&["dlq", "redrive", "--topic", "flaky"]).await;
+    assert!(redriven.contains("redrove 1"), "{redriven}");
+    let back = cli
+        .ok(&["pop", "--topic", "flaky", "--wait-ms", "5000", "--ack"])
+        .await;
+    assert_eq!(field(&back, "attempt"), "1", "{back}");
+    assert!(back.contains("acked"), "{back}");
+    tree.shutdown().await;
+}
