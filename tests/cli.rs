@@ -1,6 +1,8 @@
 //! The `crest` command's client and admin subcommands against a local tree over QUIC: every
 //! delivery option is reachable from the shell.
 
+mod common;
+
 use crest::core::topology::Topology;
 use crest::node::LocalTree;
 use std::path::PathBuf;
@@ -31,16 +33,7 @@ impl Cli {
                 command.arg("--root").arg(&self.root);
             }
         }
-        let output = tokio::task::spawn_blocking(move || command.output())
-            .await
-            .unwrap()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        (output.status.success(), text)
+        common::output(command).await
     }
 
     async fn ok(&self, args: &[&str]) -> String {

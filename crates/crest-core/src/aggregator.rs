@@ -102,20 +102,27 @@ impl Aggregator {
         self.dirty.insert(topic);
     }
 
-    fn handle_reserve(&mut self, reserve: Reserve) {
+    fn handle_reserve(&mut self, mut reserve: Reserve) {
+        let route = self.children.route(reserve.leaf);
+        // What the child below has told us, for it to judge our takes by (see `offer`).
+        let mut applied_below = 0;
         if let Some((topic, _)) = self.children.windows.get_key_value(reserve.topic.as_str()) {
             let topic = topic.clone();
             let window = self.children.windows.get_mut(&topic).expect("present");
+            if let Ok(child) = route {
+                applied_below = window.applied(child);
+            }
+            let mut offers = self.offers.get_mut(&topic);
             for item in &reserve.items {
-                if window.take(&item.key).is_some()
-                    && let Some(offers) = self.offers.get_mut(&topic)
-                {
-                    offers.take(&item.key);
+                window.take(&item.key);
+                if let Some(offers) = offers.as_deref_mut() {
+                    offers.take(&item.key, reserve.offer_seq);
                 }
             }
             self.dirty.insert(topic);
         }
-        match self.children.route(reserve.leaf) {
+        reserve.offer_seq = applied_below;
+        match route {
             Ok(child) => self.send(child, Wire::Reserve(reserve)),
             Err(_) => {
                 let items = reserve

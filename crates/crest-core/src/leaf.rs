@@ -820,7 +820,9 @@ impl Leaf {
                     self.expire(id, &mut records);
                     Err(ReserveDenied::Gone)
                 }
-                Some((State::Available, _)) => Ok(self.lease(now, id, reserve.lease_ms)),
+                Some((State::Available, _)) => {
+                    Ok(self.lease(now, id, reserve.lease_ms, reserve.offer_seq))
+                }
             };
             if let Ok(delivery) = &result {
                 records.push(LogRecord::Lease {
@@ -842,14 +844,14 @@ impl Leaf {
         self.send(conn, Wire::Reserved(Reserved { items: outcomes }));
     }
 
-    /// Leases an available message.
-    fn lease(&mut self, now: Time, id: MessageId, lease_ms: u64) -> Delivery {
+    /// Leases an available message; `offer_seq` is the parent's [`Reserve::offer_seq`].
+    fn lease(&mut self, now: Time, id: MessageId, lease_ms: u64, offer_seq: u64) -> Delivery {
         let lease_ms = lease_ms.clamp(1, self.config.settings.lease_timeout_max_ms);
         let token = self.next_lease_token();
         let deadline = now + Duration::from_millis(lease_ms);
         let stored = self.messages.get_mut(&id).expect("checked");
         let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
-        topic.offers.take(&stored.key);
+        topic.offers.take(&stored.key, offer_seq);
         self.dirty.insert(stored.topic.clone());
         stored.attempt += 1;
         stored.state = State::Leased(Lease { token, deadline });

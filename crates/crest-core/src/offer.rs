@@ -13,10 +13,17 @@
 //! the retracts it received, minus what it took itself (by reserving); both sides apply the
 //! same operations in stream order, so their views converge and the parent never holds more
 //! than `credits` entries of this child.
+//!
+//! One race needs care: the parent takes an entry (its `Reserve` is on the way down) while the
+//! child, having retracted and re-offered the same entry, has a new add of it on the way up.
+//! The parent would then hold the re-added entry after taking it: a ghost that uses a credit
+//! for ever. Offers are therefore numbered, and a `Reserve` carries the last number the parent
+//! applied; when the entry's latest add is newer than that, [`OfferSet::take`] retracts it
+//! instead of dropping it silently.
 
 use crate::key::Key;
 use crate::wire::{Offer, OfferEntry};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Pending {
@@ -35,6 +42,10 @@ pub(crate) struct OfferSet {
     pending: BTreeMap<Key, Pending>,
     /// The frontier last sent this session (`None`: nothing sent yet).
     sent_frontier: Option<Option<Key>>,
+    /// Number of the last offer polled this session.
+    seq: u64,
+    /// For entries whose last change sent to the parent was an add: the offer that carried it.
+    sent_in: HashMap<Key, u64>,
 }
 
 impl OfferSet {
@@ -65,17 +76,28 @@ impl OfferSet {
             self.note(*key, Pending::Retract);
             return true;
         }
+        self.sent_in.remove(key);
         false
     }
 
-    /// Removes a candidate the parent took (reserved): no retract is needed.
-    /// Returns whether it was a candidate.
-    pub(crate) fn take(&mut self, key: &Key) -> bool {
+    /// Removes a candidate the parent reserved, having applied our offers up to `applied`
+    /// (see the module doc). Returns whether it was a candidate.
+    pub(crate) fn take(&mut self, key: &Key, applied: u64) -> bool {
         if self.offered.remove(key).is_some() {
-            // The parent took it, so it had it: any pending change of it is moot.
-            self.pending.remove(key);
+            match (self.pending.get(key), self.sent_in.remove(key)) {
+                // Its latest add is unsent: the parent held an older copy or none, and will
+                // not hear of this one.
+                (Some(Pending::Add(_)), _) => {
+                    self.pending.remove(key);
+                }
+                // The parent applied our latest add of it, so it held it and took it.
+                (_, Some(seq)) if seq <= applied => {}
+                // Our latest add of it is on the way: the parent will hold it again.
+                _ => self.note(*key, Pending::Retract),
+            }
             return true;
         }
+        self.sent_in.remove(key);
         self.unoffered.remove(key).is_some()
     }
 
@@ -135,12 +157,19 @@ impl OfferSet {
         if self.pending.is_empty() && self.sent_frontier == Some(frontier) {
             return None;
         }
+        self.seq += 1;
         let mut adds = Vec::new();
         let mut retracts = Vec::new();
         for (key, op) in std::mem::take(&mut self.pending) {
             match op {
-                Pending::Add(size) => adds.push(OfferEntry { key, size }),
-                Pending::Retract => retracts.push(key),
+                Pending::Add(size) => {
+                    self.sent_in.insert(key, self.seq);
+                    adds.push(OfferEntry { key, size });
+                }
+                Pending::Retract => {
+                    self.sent_in.remove(&key);
+                    retracts.push(key);
+                }
             }
         }
         self.sent_frontier = Some(frontier);
@@ -149,6 +178,7 @@ impl OfferSet {
             adds,
             retracts,
             frontier,
+            seq: self.seq,
         })
     }
 
@@ -158,6 +188,8 @@ impl OfferSet {
         self.unoffered.extend(offered);
         self.pending.clear();
         self.sent_frontier = None;
+        self.seq = 0;
+        self.sent_in.clear();
     }
 
     /// Number of candidates, offered or not.
@@ -235,7 +267,7 @@ mod tests {
         }
         set.rebalance(2);
         set.poll("t", set.best_unoffered());
-        assert!(set.take(&key(1, 1)));
+        assert!(set.take(&key(1, 1), 1));
         set.rebalance(2);
         let offer = set.poll("t", set.best_unoffered()).unwrap();
         assert!(offer.retracts.is_empty());

@@ -291,6 +291,7 @@ impl Root {
                     topic: topic.to_string(),
                     lease_ms,
                     items,
+                    offer_seq: window.applied(child),
                 };
                 self.transmits.push_back(Transmit {
                     conn: child,

@@ -26,6 +26,8 @@ struct ChildView {
     held: u32,
     /// The child's latest frontier.
     frontier: Option<Key>,
+    /// The number of the child's latest offer applied.
+    applied: u64,
 }
 
 /// What applying an offer changed.
@@ -79,6 +81,7 @@ impl Window {
             delta.added.push((entry.key, entry.size));
         }
         view.frontier = offer.frontier;
+        view.applied = offer.seq;
         delta
     }
 
@@ -89,6 +92,11 @@ impl Window {
             view.held -= 1;
         }
         Some(slot)
+    }
+
+    /// The number of the latest offer applied from `child` (0: none).
+    pub(crate) fn applied(&self, child: ConnId) -> u64 {
+        self.children.get(&child).map_or(0, |view| view.applied)
     }
 
     /// Drops everything a child offered (its session ended); returns the removed keys.

@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Bytes of a frame header (length and checksum).
 pub const FRAME_HEADER_BYTES: usize = 8;
 /// First byte written on a control stream.
@@ -183,6 +183,10 @@ pub struct Offer {
     /// offered (`None`: there is none). Entries the parent holds that are more urgent than every
     /// child's frontier are certainly the most urgent of the whole subtree.
     pub frontier: Option<Key>,
+    /// The offer's number in its session and topic (1, 2, …). The parent echoes the last one it
+    /// applied in [`Reserve::offer_seq`], so the child can tell whether the parent has seen its
+    /// latest add of a reserved entry.
+    pub seq: u64,
 }
 
 /// One message the root wants leased.
@@ -205,6 +209,10 @@ pub struct Reserve {
     pub lease_ms: u64,
     /// What to reserve.
     pub items: Vec<ReserveItem>,
+    /// The last [`Offer::seq`] of this topic the sender applied from the receiving child when
+    /// it took the items from its window. An item the child re-added in a later offer (still
+    /// in flight) will reach the parent again after this reserve: the child retracts it.
+    pub offer_seq: u64,
 }
 
 /// Why a leaf refused to lease a message.

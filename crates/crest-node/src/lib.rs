@@ -468,15 +468,21 @@ impl LocalTree {
         Ok(())
     }
 
-    /// Stops every node, all at once.
+    /// Stops every node: the leaves first, then each level above, so that no node sees its
+    /// parent vanish (and warns about it) during an orderly stop.
     pub async fn shutdown(self) {
-        let stopping: Vec<_> = self
-            .nodes
-            .into_iter()
-            .map(|node| tokio::spawn(node.shutdown()))
-            .collect();
-        for task in stopping {
-            let _ = task.await;
+        let mut nodes = self.nodes;
+        for role in [Role::Leaf, Role::Aggregator, Role::Root] {
+            let (level, rest): (Vec<_>, Vec<_>) =
+                nodes.into_iter().partition(|node| node.role == role);
+            nodes = rest;
+            let stopping: Vec<_> = level
+                .into_iter()
+                .map(|node| tokio::spawn(node.shutdown()))
+                .collect();
+            for task in stopping {
+                let _ = task.await;
+            }
         }
     }
 }

@@ -5,7 +5,10 @@
 //!
 //! - [`core`]: sans-IO core (keys, wire protocol, topology, state machines);
 //! - [`node`]: running nodes (`start_node`, `LocalTree`);
-//! - [`sdk`]: `Producer` and `Consumer`.
+//! - [`sdk`]: `Producer` and `Consumer`;
+//! - [`bench`]: the load generator behind `crest bench`.
+
+pub mod bench;
 
 pub use crest_core as core;
 pub use crest_node as node;

@@ -88,6 +88,9 @@ enum Command {
     /// Depths per topic and priority, in flight, delayed, dead letters, oldest message, and
     /// event counters, for the whole tree.
     Stats(StatsArgs),
+    /// Load generator: N producers x M consumers against a local tree it starts (default) or a
+    /// running one (--connect); reports throughput, latency percentiles and rank error.
+    Bench(Box<BenchArgs>),
     /// Offline tools for a leaf's write-ahead log.
     Wal {
         #[command(subcommand)]
@@ -279,6 +282,78 @@ struct ExtendArgs {
 }
 
 #[derive(Args)]
+struct BenchArgs {
+    /// Drive a running tree (its topology or --root/--leaf, and --ca) instead of starting one.
+    #[arg(long)]
+    connect: bool,
+    /// Topology: the tree to start (default: the embedded root + 2 aggregators + 4 leaves),
+    /// or with --connect, the running tree's addresses.
+    #[arg(long)]
+    topology: Option<PathBuf>,
+    /// With --connect: CA certificate to trust.
+    #[arg(long, env = "CREST_CA", default_value = crest::LOCAL_CA_PATH)]
+    ca: PathBuf,
+    /// With --connect: root address (default: the topology's).
+    #[arg(long)]
+    root: Option<String>,
+    /// With --connect: leaf addresses (default: the topology's).
+    #[arg(long)]
+    leaf: Vec<String>,
+    /// Without --connect: keep messages in memory (no write-ahead log, no fsync).
+    #[arg(long)]
+    memory: bool,
+    /// Producer connections (each connected to every leaf).
+    #[arg(long, default_value_t = 4)]
+    producers: usize,
+    /// Consumer connections to the root.
+    #[arg(long, default_value_t = 4)]
+    consumers: usize,
+    /// Messages to push [default: 200000, or no limit with --duration].
+    #[arg(long)]
+    messages: Option<u64>,
+    /// Push for this long instead (e.g. 30s); --messages still caps the count.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Payload bytes per message (at least 24: the bench stamps each payload).
+    #[arg(long, default_value_t = 100)]
+    payload_bytes: usize,
+    /// Priority distribution: skewed (0-9, 70/20/10 toward the least urgent), uniform[:N],
+    /// fixed:P.
+    #[arg(long, default_value = "skewed")]
+    priorities: crest::bench::PriorityMix,
+    /// Most deliveries per pop.
+    #[arg(long, default_value_t = 256)]
+    pop_batch: u32,
+    /// Do not acknowledge deliveries.
+    #[arg(long)]
+    no_ack: bool,
+    /// Total target push rate (messages/s); default: open loop, as fast as acknowledged.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// fill-then-drain: push all, then pop all; mixed: push and pop at once.
+    #[arg(long, value_enum, default_value_t = crest::bench::Phase::FillThenDrain)]
+    phase: crest::bench::Phase,
+    /// Topic (default: bench on a local tree, bench-RANDOM on a running one).
+    #[arg(long)]
+    topic: Option<String>,
+    /// Unacknowledged pushes each producer may have in flight.
+    #[arg(long, default_value_t = 64 * 1024)]
+    producer_window: usize,
+    /// Seed of the priority draws.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Give up draining after this long without a pop (missing messages are reported).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    drain_idle_timeout: Duration,
+    /// No progress lines.
+    #[arg(long)]
+    quiet: bool,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
 struct StatsArgs {
     #[command(flatten)]
     root: RootArgs,
@@ -398,6 +473,10 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Stats(args) => {
             init_tracing("warn");
             stats(args).await
+        }
+        Command::Bench(args) => {
+            init_tracing("warn");
+            bench(*args).await
         }
         Command::Wal {
             command: WalCommand::Inspect { dir },
@@ -791,6 +870,68 @@ async fn stats(args: StatsArgs) -> Result<()> {
         "expired {}, dead-lettered {}, deduplicated {} (since each leaf started)",
         stats.expired, stats.dead_lettered, stats.deduplicated
     );
+    Ok(())
+}
+
+async fn bench(args: BenchArgs) -> Result<()> {
+    use crest::bench::{BenchConfig, Target};
+    let topology = load_topology(args.topology.as_deref())?;
+    let target = if args.connect {
+        let leaves = if args.leaf.is_empty() {
+            topology.leaves().map(|l| l.address.clone()).collect()
+        } else {
+            args.leaf.clone()
+        };
+        let root = args
+            .root
+            .clone()
+            .unwrap_or_else(|| topology.root().address.clone());
+        let tls = ClientTls::from_file(&args.ca)
+            .with_context(|| format!("no CA certificate at {}: pass --ca", args.ca.display()))?;
+        Target::Remote { leaves, root, tls }
+    } else {
+        let data_dir = (!args.memory)
+            .then(|| std::env::temp_dir().join(format!("crest-bench-{}", std::process::id())));
+        Target::Local { topology, data_dir }
+    };
+    let topic = args.topic.clone().unwrap_or_else(|| {
+        if args.connect {
+            format!("bench-{:08x}", rand::random::<u32>())
+        } else {
+            "bench".into()
+        }
+    });
+    let config = BenchConfig {
+        producers: args.producers,
+        consumers: args.consumers,
+        messages: args.messages.unwrap_or(if args.duration.is_some() {
+            u64::MAX
+        } else {
+            200_000
+        }),
+        duration: args.duration,
+        payload_bytes: args.payload_bytes,
+        priorities: args.priorities,
+        pop_batch: args.pop_batch,
+        ack: !args.no_ack,
+        rate: args.rate,
+        phase: args.phase,
+        topic,
+        producer_window: args.producer_window,
+        drain_idle_timeout: args.drain_idle_timeout,
+        progress: (!args.quiet).then_some(Duration::from_secs(1)),
+        seed: args.seed,
+        ..BenchConfig::reference(target)
+    };
+    let report = crest::bench::run(config).await?;
+    print!("{}", report.table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if report.missing > 0 {
+        anyhow::bail!("{} acknowledged messages were never popped", report.missing);
+    }
     Ok(())
 }
 

@@ -1,0 +1,1035 @@
+//! `crest bench`: a load generator that measures a real tree over real QUIC sockets.
+//!
+//! N producers (each its own [`Producer`], connected to every leaf) push messages of a fixed
+//! payload size with priorities drawn from a [`PriorityMix`]; M consumers (each its own
+//! [`Consumer`] connection to the root) pop in batches and acknowledge. Two phases:
+//! [`Phase::FillThenDrain`] (push everything, wait for every acknowledgement, then pop it all)
+//! and [`Phase::Mixed`] (push and pop at once, a steady load).
+//!
+//! Every payload starts with a stamp: the run's nonce, a sequence number and the send time, so
+//! the bench knows, for every pop, which message it is (duplicates and losses are counted), how
+//! long it took from push to pop, and — since it knows what it pushed and what was already
+//! popped — the **rank error** of the pop (DESIGN.md): how many messages whose push was
+//! acknowledged and which were not yet popped were strictly more urgent than the popped one.
+//!
+//! Latencies are HDR histograms in microseconds: push-ack (send to the leaf's durable ack),
+//! pop (request to answer, for pops that returned messages), ack (consumer ack round trip),
+//! push-to-pop (send to delivery).
+
+use crate::core::topology::Topology;
+use crate::node::LocalTree;
+use crate::sdk::{
+    ClientTls, Consumer, ConsumerConfig, Delivery, Message, PopOptions, Producer, ProducerConfig,
+};
+use anyhow::{Context, Result, bail};
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use hdrhistogram::Histogram;
+use rand::Rng;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use serde::Serialize;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Bytes of the stamp at the start of every payload: nonce, sequence number, send time.
+pub const STAMP_BYTES: usize = 24;
+
+/// Priorities the bench can track (0..=63).
+pub const PRIORITY_LEVELS: usize = 64;
+
+/// How priorities are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PriorityMix {
+    /// Uniform over `0..levels`.
+    Uniform {
+        /// Number of priorities.
+        levels: u32,
+    },
+    /// Priorities 0–9, 70% in the least urgent tiers (7–9), 20% in 3–6, 10% in the most urgent
+    /// (0–2): the reference workload.
+    Skewed,
+    /// Always this priority.
+    Fixed {
+        /// The priority.
+        priority: u32,
+    },
+}
+
+impl std::str::FromStr for PriorityMix {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            format!(
+                "{text:?}: expected `skewed`, `uniform`, `uniform:N` (1..=64) or `fixed:P` (0..=63)"
+            )
+        };
+        let (kind, arg) = match text.split_once(':') {
+            Some((kind, arg)) => (kind, Some(arg.parse::<u32>().map_err(|_| bad())?)),
+            None => (text, None),
+        };
+        match (kind, arg) {
+            ("skewed", None) => Ok(PriorityMix::Skewed),
+            ("uniform", None) => Ok(PriorityMix::Uniform { levels: 10 }),
+            ("uniform", Some(levels)) if (1..=PRIORITY_LEVELS as u32).contains(&levels) => {
+                Ok(PriorityMix::Uniform { levels })
+            }
+            ("fixed", Some(priority)) if (priority as usize) < PRIORITY_LEVELS => {
+                Ok(PriorityMix::Fixed { priority })
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl PriorityMix {
+    fn draw(self, rng: &mut SmallRng) -> u32 {
+        match self {
+            PriorityMix::Uniform { levels } => rng.random_range(0..levels),
+            PriorityMix::Fixed { priority } => priority,
+            PriorityMix::Skewed => {
+                let roll = rng.random_range(0..100u32);
+                if roll < 10 {
+                    rng.random_range(0..3)
+                } else if roll < 30 {
+                    rng.random_range(3..7)
+                } else {
+                    rng.random_range(7..10)
+                }
+            }
+        }
+    }
+}
+
+/// The bench's phases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Push every message and wait for every acknowledgement, then pop them all.
+    FillThenDrain,
+    /// Producers and consumers run at once.
+    Mixed,
+}
+
+/// Which tree the bench drives.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// A tree the bench starts in this process from a topology (ephemeral ports), its leaves
+    /// logging to `data_dir` (fsync before ack) or keeping messages in memory (`None`).
+    Local {
+        /// The tree.
+        topology: Topology,
+        /// Where leaves log; removed afterwards.
+        data_dir: Option<PathBuf>,
+    },
+    /// A running tree.
+    Remote {
+        /// Leaf addresses producers push to.
+        leaves: Vec<String>,
+        /// Root address consumers pop from.
+        root: String,
+        /// Trust.
+        tls: ClientTls,
+    },
+}
+
+/// Everything a run needs.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// The tree.
+    pub target: Target,
+    /// Producer connections.
+    pub producers: usize,
+    /// Consumer connections.
+    pub consumers: usize,
+    /// Messages to push (the run stops at this count or at `duration`, whichever is first).
+    pub messages: u64,
+    /// How long producers push (`None`: until `messages`).
+    pub duration: Option<Duration>,
+    /// Payload bytes per message (at least [`STAMP_BYTES`]).
+    pub payload_bytes: usize,
+    /// Priority distribution.
+    pub priorities: PriorityMix,
+    /// Most deliveries per pop.
+    pub pop_batch: u32,
+    /// Acknowledge deliveries (otherwise they stay leased until their visibility timeout).
+    pub ack: bool,
+    /// Total target push rate in messages/s (`None`: open loop, as fast as acknowledged).
+    pub rate: Option<f64>,
+    /// The phases.
+    pub phase: Phase,
+    /// The topic.
+    pub topic: String,
+    /// Messages each producer may have sent but not yet seen acknowledged.
+    pub producer_window: usize,
+    /// How long the drain may go without popping anything before the bench gives up and
+    /// reports the messages it never saw as missing.
+    pub drain_idle_timeout: Duration,
+    /// Print a progress line every this often on stderr (`None`: quiet).
+    pub progress: Option<Duration>,
+    /// Seed of the priority draws.
+    pub seed: u64,
+}
+
+impl BenchConfig {
+    /// The reference workload (README, "Performance") against `target`.
+    pub fn reference(target: Target) -> BenchConfig {
+        BenchConfig {
+            target,
+            producers: 4,
+            consumers: 4,
+            messages: 200_000,
+            duration: None,
+            payload_bytes: 100,
+            priorities: PriorityMix::Skewed,
+            pop_batch: 256,
+            ack: true,
+            rate: None,
+            phase: Phase::FillThenDrain,
+            topic: "bench".into(),
+            producer_window: 64 * 1024,
+            drain_idle_timeout: Duration::from_secs(10),
+            progress: Some(Duration::from_secs(1)),
+            seed: 1,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.payload_bytes < STAMP_BYTES {
+            bail!(
+                "payload bytes must be at least {STAMP_BYTES}: every payload carries the bench's \
+                 stamp (run nonce, sequence number, send time)"
+            );
+        }
+        if self.producers == 0 || self.consumers == 0 || self.pop_batch == 0 {
+            bail!("producers, consumers and pop batch must be at least 1");
+        }
+        if self.producer_window == 0 {
+            bail!("the producer window must be at least 1");
+        }
+        if self
+            .rate
+            .is_some_and(|rate| !(rate > 0.0 && rate.is_finite()))
+        {
+            bail!("the target rate must be a positive number of messages per second");
+        }
+        if self.duration.is_none() && self.messages == 0 {
+            bail!("give a message count or a duration");
+        }
+        Ok(())
+    }
+}
+
+/// Percentiles of one histogram.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Percentiles {
+    /// Samples.
+    pub count: u64,
+    /// Median.
+    pub p50: u64,
+    /// 90th percentile.
+    pub p90: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// Largest sample.
+    pub max: u64,
+    /// Mean.
+    pub mean: f64,
+}
+
+impl Percentiles {
+    fn of(histogram: &Histogram<u64>) -> Percentiles {
+        if histogram.is_empty() {
+            return Percentiles::default();
+        }
+        Percentiles {
+            count: histogram.len(),
+            p50: histogram.value_at_quantile(0.5),
+            p90: histogram.value_at_quantile(0.9),
+            p99: histogram.value_at_quantile(0.99),
+            p999: histogram.value_at_quantile(0.999),
+            max: histogram.max(),
+            mean: histogram.mean(),
+        }
+    }
+}
+
+/// Latency percentiles, microseconds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Latencies {
+    /// Send to the leaf's acknowledgement (durable when the leaf logs).
+    pub push_ack_us: Percentiles,
+    /// Pop request to answer, for pops that returned messages.
+    pub pop_us: Percentiles,
+    /// Consumer ack round trip (one per pop batch).
+    pub ack_us: Percentiles,
+    /// Send to delivery.
+    pub push_to_pop_us: Percentiles,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    /// The phases run.
+    pub phase: Phase,
+    /// Producers, consumers.
+    pub producers: usize,
+    /// Consumers.
+    pub consumers: usize,
+    /// Payload bytes.
+    pub payload_bytes: usize,
+    /// Priority mix.
+    pub priorities: PriorityMix,
+    /// Pop batch.
+    pub pop_batch: u32,
+    /// Whether deliveries were acknowledged.
+    pub ack: bool,
+    /// Target push rate, if any.
+    pub target_rate: Option<f64>,
+    /// Whether the leaves were durable (`None`: a remote tree, unknown).
+    pub durable: Option<bool>,
+    /// Messages acknowledged by leaves.
+    pub pushed: u64,
+    /// Pushes that failed (their error counted, not retried).
+    pub push_errors: u64,
+    /// Distinct pushed messages popped.
+    pub popped: u64,
+    /// Deliveries of a message popped before (at-least-once redeliveries).
+    pub duplicates: u64,
+    /// Acknowledged pushes never popped by the end of the drain.
+    pub missing: u64,
+    /// Deliveries acknowledged.
+    pub acked: u64,
+    /// Deliveries whose ack was refused (stale receipt).
+    pub ack_rejected: u64,
+    /// Deliveries carrying no stamp of this run (another user of the topic).
+    pub foreign: u64,
+    /// Pops that returned nothing.
+    pub empty_pops: u64,
+    /// Seconds from the first push to the last push acknowledgement.
+    pub push_seconds: f64,
+    /// Pushed messages per second.
+    pub push_rate: f64,
+    /// Payload megabytes per second pushed.
+    pub push_mb_per_s: f64,
+    /// Seconds from the first pop to the last message popped.
+    pub pop_seconds: f64,
+    /// Popped (and acknowledged, with ack on) messages per second.
+    pub pop_rate: f64,
+    /// Latencies.
+    pub latency: Latencies,
+    /// Rank error of pops (messages).
+    pub rank_error: Percentiles,
+    /// Pops with a rank error above zero.
+    pub inverted_pops: u64,
+    /// Protocol violations the tree's nodes counted (offers over credit, unexpected messages);
+    /// `None` for a remote tree. Anything above 0 is a bug.
+    pub protocol_violations: Option<u64>,
+}
+
+/// Which sequence numbers were popped: a growable bitmap.
+#[derive(Default)]
+struct Seen {
+    words: Vec<u64>,
+    distinct: u64,
+    duplicates: u64,
+}
+
+impl Seen {
+    /// Marks `seq`; whether it was new.
+    fn mark(&mut self, seq: u64) -> bool {
+        let word = (seq / 64) as usize;
+        if word >= self.words.len() {
+            self.words.resize((word + 1).next_power_of_two(), 0);
+        }
+        let bit = 1u64 << (seq % 64);
+        if self.words[word] & bit != 0 {
+            self.duplicates += 1;
+            false
+        } else {
+            self.words[word] |= bit;
+            self.distinct += 1;
+            true
+        }
+    }
+}
+
+/// Messages present per priority: acknowledged by a leaf and not yet popped. A message popped
+/// before its producer saw the ack makes its level dip below zero for a moment; sums clamp.
+struct Present([AtomicI64; PRIORITY_LEVELS]);
+
+impl Present {
+    fn new() -> Present {
+        Present(std::array::from_fn(|_| AtomicI64::new(0)))
+    }
+
+    fn add(&self, priority: u32) {
+        self.0[priority as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Rank error of popping a message of `priority`, and the pop itself.
+    fn pop(&self, priority: u32) -> u64 {
+        let ahead: i64 = self.0[..priority as usize]
+            .iter()
+            .map(|level| level.load(Ordering::Relaxed).max(0))
+            .sum();
+        self.0[priority as usize].fetch_sub(1, Ordering::Relaxed);
+        ahead as u64
+    }
+}
+
+/// State shared by every task of a run.
+struct Shared {
+    started: Instant,
+    nonce: u64,
+    next_seq: AtomicU64,
+    pushed: AtomicU64,
+    push_errors: AtomicU64,
+    popped: AtomicU64,
+    producers_done: AtomicBool,
+    present: Present,
+    seen: Mutex<Seen>,
+    last_push_ack_ns: AtomicU64,
+    first_pop_ns: AtomicU64,
+    last_pop_ns: AtomicU64,
+}
+
+impl Shared {
+    fn now_ns(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
+}
+
+fn record(histogram: &mut Histogram<u64>, value: u64) {
+    histogram.saturating_record(value.max(1));
+}
+
+fn stamp(payload_bytes: usize, nonce: u64, seq: u64, sent_ns: u64) -> Bytes {
+    let mut payload = BytesMut::with_capacity(payload_bytes);
+    payload.put_u64_le(nonce);
+    payload.put_u64_le(seq);
+    payload.put_u64_le(sent_ns);
+    payload.resize(payload_bytes, 0x2a);
+    payload.freeze()
+}
+
+fn read_stamp(payload: &[u8], nonce: u64) -> Option<(u64, u64)> {
+    if payload.len() < STAMP_BYTES {
+        return None;
+    }
+    let word = |i: usize| u64::from_le_bytes(payload[i * 8..i * 8 + 8].try_into().expect("8"));
+    (word(0) == nonce).then(|| (word(1), word(2)))
+}
+
+struct ProducerResult {
+    push_ack: Histogram<u64>,
+}
+
+async fn run_producer(
+    config: Arc<BenchConfig>,
+    producer_config: ProducerConfig,
+    shared: Arc<Shared>,
+    index: usize,
+) -> Result<ProducerResult> {
+    let producer = Producer::connect(producer_config)
+        .await
+        .context("producer connecting to the leaves")?;
+    let mut rng = SmallRng::seed_from_u64(config.seed.wrapping_add(index as u64));
+    let mut push_ack = histogram();
+    let mut in_flight = FuturesUnordered::new();
+    let per_producer_rate = config.rate.map(|rate| rate / config.producers as f64);
+    let deadline = config.duration.map(|d| shared.started + d);
+    let mut sent = 0u64;
+    let begun = Instant::now();
+    loop {
+        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            break;
+        }
+        let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
+        if seq >= config.messages {
+            break;
+        }
+        if let Some(rate) = per_producer_rate {
+            let due = begun + Duration::from_secs_f64(sent as f64 / rate);
+            if due > Instant::now() {
+                tokio::time::sleep_until(due.into()).await;
+            }
+        }
+        while in_flight.len() >= config.producer_window {
+            settle_push(in_flight.next().await, &shared, &mut push_ack);
+        }
+        let priority = config.priorities.draw(&mut rng);
+        let sent_ns = shared.now_ns();
+        let payload = stamp(config.payload_bytes, shared.nonce, seq, sent_ns);
+        let message = Message::new(config.topic.clone(), payload).priority(priority);
+        match producer.send(message).await {
+            Ok(handle) => in_flight.push(async move { (handle.acked().await, priority, sent_ns) }),
+            Err(error) => {
+                shared.push_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("push failed: {error}");
+            }
+        }
+        sent += 1;
+        // Drain acknowledgements already in, without waiting.
+        while let Some(Some(done)) = futures_util::FutureExt::now_or_never(in_flight.next()) {
+            settle_push(Some(done), &shared, &mut push_ack);
+        }
+    }
+    while let Some(done) = in_flight.next().await {
+        settle_push(Some(done), &shared, &mut push_ack);
+    }
+    Ok(ProducerResult { push_ack })
+}
+
+type PushOutcome = (
+    Result<crate::core::id::MessageId, crate::sdk::ClientError>,
+    u32,
+    u64,
+);
+
+fn settle_push(done: Option<PushOutcome>, shared: &Shared, push_ack: &mut Histogram<u64>) {
+    let Some((result, priority, sent_ns)) = done else {
+        return;
+    };
+    match result {
+        Ok(_) => {
+            let now = shared.now_ns();
+            record(push_ack, now.saturating_sub(sent_ns) / 1000);
+            shared.present.add(priority);
+            shared.pushed.fetch_add(1, Ordering::Relaxed);
+            shared.last_push_ack_ns.fetch_max(now, Ordering::Relaxed);
+        }
+        Err(error) => {
+            shared.push_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("push not acknowledged: {error}");
+        }
+    }
+}
+
+#[derive(Default)]
+struct ConsumerResult {
+    pop: Option<Histogram<u64>>,
+    ack: Option<Histogram<u64>>,
+    push_to_pop: Option<Histogram<u64>>,
+    rank_error: Option<Histogram<u64>>,
+    acked: u64,
+    ack_rejected: u64,
+    foreign: u64,
+    empty_pops: u64,
+    inverted_pops: u64,
+}
+
+async fn run_consumer(
+    config: Arc<BenchConfig>,
+    consumer: Consumer,
+    shared: Arc<Shared>,
+) -> Result<ConsumerResult> {
+    let mut pop = histogram();
+    let mut ack = histogram();
+    let mut push_to_pop = histogram();
+    let mut rank_error = Histogram::<u64>::new_with_bounds(1, u64::MAX / 4, 3).expect("bounds");
+    let mut result = ConsumerResult::default();
+    let options = PopOptions {
+        max: config.pop_batch,
+        wait: Duration::from_millis(100),
+        ..PopOptions::default()
+    };
+    let mut idle_since = Instant::now();
+    loop {
+        let producers_done = shared.producers_done.load(Ordering::Acquire);
+        if producers_done
+            && shared.popped.load(Ordering::Acquire) >= shared.pushed.load(Ordering::Acquire)
+        {
+            break;
+        }
+        if producers_done && idle_since.elapsed() >= config.drain_idle_timeout {
+            break;
+        }
+        let asked = Instant::now();
+        let deliveries: Vec<Delivery> = consumer
+            .pop_with(&config.topic, options.clone())
+            .await
+            .context("pop")?;
+        let answered = shared.now_ns();
+        if deliveries.is_empty() {
+            result.empty_pops += 1;
+            continue;
+        }
+        idle_since = Instant::now();
+        record(&mut pop, asked.elapsed().as_micros() as u64);
+        shared.first_pop_ns.fetch_min(answered, Ordering::Relaxed);
+        let mut new = 0u64;
+        {
+            let mut seen = shared.seen.lock().expect("not poisoned");
+            for delivery in &deliveries {
+                let Some((seq, sent_ns)) = read_stamp(&delivery.payload, shared.nonce) else {
+                    result.foreign += 1;
+                    continue;
+                };
+                if !seen.mark(seq) {
+                    continue;
+                }
+                new += 1;
+                record(&mut push_to_pop, answered.saturating_sub(sent_ns) / 1000);
+                let error = shared
+                    .present
+                    .pop(delivery.priority.min(PRIORITY_LEVELS as u32 - 1));
+                rank_error.saturating_record(error);
+                if error > 0 {
+                    result.inverted_pops += 1;
+                }
+            }
+        }
+        if config.ack {
+            let receipts: Vec<_> = deliveries.iter().map(Delivery::receipt).collect();
+            let sent = Instant::now();
+            let outcomes = consumer.ack_many(&receipts).await.context("ack")?;
+            record(&mut ack, sent.elapsed().as_micros() as u64);
+            for outcome in outcomes {
+                match outcome {
+                    Ok(()) => result.acked += 1,
+                    Err(_) => result.ack_rejected += 1,
+                }
+            }
+        }
+        shared.popped.fetch_add(new, Ordering::AcqRel);
+        shared
+            .last_pop_ns
+            .fetch_max(shared.now_ns(), Ordering::Relaxed);
+    }
+    result.pop = Some(pop);
+    result.ack = Some(ack);
+    result.push_to_pop = Some(push_to_pop);
+    result.rank_error = Some(rank_error);
+    Ok(result)
+}
+
+fn spawn_progress(shared: Arc<Shared>, every: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(every);
+        ticker.tick().await;
+        let (mut last_pushed, mut last_popped) = (0u64, 0u64);
+        loop {
+            ticker.tick().await;
+            let pushed = shared.pushed.load(Ordering::Relaxed);
+            let popped = shared.popped.load(Ordering::Relaxed);
+            let seconds = every.as_secs_f64();
+            eprintln!(
+                "[{:>6.1}s] pushed {pushed:>10} ({:>9.0}/s)  popped {popped:>10} ({:>9.0}/s)  errors {}",
+                shared.started.elapsed().as_secs_f64(),
+                (pushed - last_pushed) as f64 / seconds,
+                (popped - last_popped) as f64 / seconds,
+                shared.push_errors.load(Ordering::Relaxed),
+            );
+            let _ = std::io::stderr().flush();
+            last_pushed = pushed;
+            last_popped = popped;
+        }
+    })
+}
+
+/// A started or found tree: where to push and pop, and what to stop afterwards.
+struct Running {
+    leaves: Vec<String>,
+    root: String,
+    tls: ClientTls,
+    local: Option<LocalTree>,
+    durable: Option<bool>,
+}
+
+async fn start(target: &Target) -> Result<Running> {
+    match target {
+        Target::Remote { leaves, root, tls } => Ok(Running {
+            leaves: leaves.clone(),
+            root: root.clone(),
+            tls: tls.clone(),
+            local: None,
+            durable: None,
+        }),
+        Target::Local { topology, data_dir } => {
+            if let Some(dir) = data_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            let tree = LocalTree::start_with(&topology.with_ephemeral_ports(), data_dir.as_deref())
+                .await
+                .context("starting the local tree")?;
+            if !tree.wait_connected(Duration::from_secs(10)).await {
+                tree.shutdown().await;
+                bail!("the local tree did not connect within 10 s");
+            }
+            Ok(Running {
+                leaves: tree.topology.leaves().map(|l| l.address.clone()).collect(),
+                root: tree.topology.root().address.clone(),
+                tls: ClientTls {
+                    ca_pem: tree.ca_pem.clone(),
+                },
+                local: Some(tree),
+                durable: Some(data_dir.is_some()),
+            })
+        }
+    }
+}
+
+/// Runs the bench and returns its report.
+///
+/// # Errors
+/// A bad configuration, a tree that cannot be started or reached, a pop or ack that fails.
+pub async fn run(config: BenchConfig) -> Result<BenchReport> {
+    config.validate()?;
+    let running = start(&config.target).await?;
+    let result = drive(&config, &running).await;
+    let mut violations = None;
+    if let Some(tree) = &running.local {
+        let mut sum = 0;
+        for node in &tree.nodes {
+            if let Ok(stats) = node.stats().await {
+                sum += stats.violations;
+            }
+        }
+        violations = Some(sum);
+    }
+    if let Some(tree) = running.local {
+        tree.shutdown().await;
+    }
+    if let Target::Local {
+        data_dir: Some(dir),
+        ..
+    } = &config.target
+    {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let mut report = result?;
+    report.durable = running.durable;
+    report.protocol_violations = violations;
+    Ok(report)
+}
+
+async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
+    let config = Arc::new(config.clone());
+    let shared = Arc::new(Shared {
+        started: Instant::now(),
+        nonce: rand::rng().random(),
+        next_seq: AtomicU64::new(0),
+        pushed: AtomicU64::new(0),
+        push_errors: AtomicU64::new(0),
+        popped: AtomicU64::new(0),
+        producers_done: AtomicBool::new(false),
+        present: Present::new(),
+        seen: Mutex::new(Seen::default()),
+        last_push_ack_ns: AtomicU64::new(0),
+        first_pop_ns: AtomicU64::new(u64::MAX),
+        last_pop_ns: AtomicU64::new(0),
+    });
+    let mut consumers = Vec::new();
+    for _ in 0..config.consumers {
+        let consumer_config = ConsumerConfig::new(running.root.clone(), running.tls.clone());
+        consumers.push(
+            Consumer::connect(consumer_config)
+                .await
+                .context("consumer connecting to the root")?,
+        );
+    }
+    let progress = config
+        .progress
+        .map(|every| spawn_progress(shared.clone(), every));
+    let producer_config = ProducerConfig::new(running.leaves.clone(), running.tls.clone());
+    let producers: Vec<_> = (0..config.producers)
+        .map(|index| {
+            tokio::spawn(run_producer(
+                config.clone(),
+                producer_config.clone(),
+                shared.clone(),
+                index,
+            ))
+        })
+        .collect();
+    let start_consumers = |consumers: Vec<Consumer>| -> Vec<_> {
+        consumers
+            .into_iter()
+            .map(|consumer| tokio::spawn(run_consumer(config.clone(), consumer, shared.clone())))
+            .collect()
+    };
+    let mut consumer_tasks = match config.phase {
+        Phase::Mixed => start_consumers(std::mem::take(&mut consumers)),
+        Phase::FillThenDrain => Vec::new(),
+    };
+    let mut push_ack = histogram();
+    let mut failure = None;
+    for task in producers {
+        match task.await.context("producer task")? {
+            Ok(result) => push_ack.add(&result.push_ack).expect("same bounds"),
+            Err(error) => failure = Some(error),
+        }
+    }
+    shared.producers_done.store(true, Ordering::Release);
+    if let Some(error) = failure {
+        shared.popped.store(u64::MAX, Ordering::Release);
+        for task in consumer_tasks {
+            let _ = task.await;
+        }
+        return Err(error);
+    }
+    if config.phase == Phase::FillThenDrain {
+        consumer_tasks = start_consumers(consumers);
+    }
+    let mut results = Vec::new();
+    for task in consumer_tasks {
+        results.push(task.await.context("consumer task")??);
+    }
+    if let Some(progress) = progress {
+        progress.abort();
+    }
+    Ok(report(&config, &shared, push_ack, results))
+}
+
+fn report(
+    config: &BenchConfig,
+    shared: &Shared,
+    push_ack: Histogram<u64>,
+    results: Vec<ConsumerResult>,
+) -> BenchReport {
+    let mut pop = histogram();
+    let mut ack = histogram();
+    let mut push_to_pop = histogram();
+    let mut rank_error = Histogram::<u64>::new_with_bounds(1, u64::MAX / 4, 3).expect("bounds");
+    let mut totals = ConsumerResult::default();
+    for result in results {
+        let merge = |into: &mut Histogram<u64>, from: Option<Histogram<u64>>| {
+            if let Some(from) = from {
+                into.add(from).expect("same bounds");
+            }
+        };
+        merge(&mut pop, result.pop);
+        merge(&mut ack, result.ack);
+        merge(&mut push_to_pop, result.push_to_pop);
+        merge(&mut rank_error, result.rank_error);
+        totals.acked += result.acked;
+        totals.ack_rejected += result.ack_rejected;
+        totals.foreign += result.foreign;
+        totals.empty_pops += result.empty_pops;
+        totals.inverted_pops += result.inverted_pops;
+    }
+    let seen = shared.seen.lock().expect("not poisoned");
+    let pushed = shared.pushed.load(Ordering::Relaxed);
+    let push_seconds = shared.last_push_ack_ns.load(Ordering::Relaxed) as f64 / 1e9;
+    let first_pop = shared.first_pop_ns.load(Ordering::Relaxed);
+    let pop_seconds = if first_pop == u64::MAX {
+        0.0
+    } else {
+        shared
+            .last_pop_ns
+            .load(Ordering::Relaxed)
+            .saturating_sub(first_pop) as f64
+            / 1e9
+    };
+    let rate = |count: u64, seconds: f64| {
+        if seconds > 0.0 {
+            count as f64 / seconds
+        } else {
+            0.0
+        }
+    };
+    let push_rate = rate(pushed, push_seconds);
+    BenchReport {
+        phase: config.phase,
+        producers: config.producers,
+        consumers: config.consumers,
+        payload_bytes: config.payload_bytes,
+        priorities: config.priorities,
+        pop_batch: config.pop_batch,
+        ack: config.ack,
+        target_rate: config.rate,
+        durable: None,
+        pushed,
+        push_errors: shared.push_errors.load(Ordering::Relaxed),
+        popped: seen.distinct,
+        duplicates: seen.duplicates,
+        missing: pushed.saturating_sub(seen.distinct),
+        acked: totals.acked,
+        ack_rejected: totals.ack_rejected,
+        foreign: totals.foreign,
+        empty_pops: totals.empty_pops,
+        push_seconds,
+        push_rate,
+        push_mb_per_s: push_rate * config.payload_bytes as f64 / 1e6,
+        pop_seconds,
+        pop_rate: rate(seen.distinct, pop_seconds),
+        latency: Latencies {
+            push_ack_us: Percentiles::of(&push_ack),
+            pop_us: Percentiles::of(&pop),
+            ack_us: Percentiles::of(&ack),
+            push_to_pop_us: Percentiles::of(&push_to_pop),
+        },
+        rank_error: Percentiles::of(&rank_error),
+        inverted_pops: totals.inverted_pops,
+        protocol_violations: None,
+    }
+}
+
+impl BenchReport {
+    /// The final table.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let tree = match self.durable {
+            Some(true) => "local tree, durable leaves (fsync before ack)",
+            Some(false) => "local tree, in-memory leaves",
+            None => "remote tree",
+        };
+        out.push_str(&format!(
+            "crest bench: {:?}, {} producers x {} consumers, {} B payloads, {:?} priorities, pop batch {}, ack {}, {}\n",
+            self.phase,
+            self.producers,
+            self.consumers,
+            self.payload_bytes,
+            self.priorities,
+            self.pop_batch,
+            if self.ack { "on" } else { "off" },
+            tree
+        ));
+        out.push_str(&format!(
+            "  pushed   {:>10}  in {:>7.3} s  = {:>10.0} msgs/s  ({:.1} MB/s){}\n",
+            self.pushed,
+            self.push_seconds,
+            self.push_rate,
+            self.push_mb_per_s,
+            match self.target_rate {
+                Some(rate) => format!("  target {rate:.0}/s"),
+                None => String::new(),
+            }
+        ));
+        out.push_str(&format!(
+            "  popped   {:>10}  in {:>7.3} s  = {:>10.0} msgs/s{}\n",
+            self.popped,
+            self.pop_seconds,
+            self.pop_rate,
+            if self.ack { " (pop + ack)" } else { "" }
+        ));
+        out.push_str(&format!(
+            "  errors: push {}  missing {}  duplicates {}  ack rejected {}  foreign {}  empty pops {}\n",
+            self.push_errors,
+            self.missing,
+            self.duplicates,
+            self.ack_rejected,
+            self.foreign,
+            self.empty_pops
+        ));
+        out.push_str(&format!(
+            "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+            "", "count", "p50", "p90", "p99", "p99.9", "max"
+        ));
+        let mut row = |name: &str, p: &Percentiles| {
+            out.push_str(&format!(
+                "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+                name, p.count, p.p50, p.p90, p.p99, p.p999, p.max
+            ));
+        };
+        row("push-ack latency (us)", &self.latency.push_ack_us);
+        row("pop latency (us)", &self.latency.pop_us);
+        row("ack latency (us)", &self.latency.ack_us);
+        row("push-to-pop (us)", &self.latency.push_to_pop_us);
+        row("rank error (msgs)", &self.rank_error);
+        out.push_str(&format!(
+            "  pops with a rank error above 0: {} of {}\n",
+            self.inverted_pops, self.rank_error.count
+        ));
+        if let Some(violations) = self.protocol_violations {
+            out.push_str(&format!(
+                "  protocol violations in the tree: {violations}\n"
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priority_mixes_parse_and_draw_in_range() {
+        assert_eq!("skewed".parse::<PriorityMix>(), Ok(PriorityMix::Skewed));
+        assert_eq!(
+            "uniform:4".parse::<PriorityMix>(),
+            Ok(PriorityMix::Uniform { levels: 4 })
+        );
+        assert_eq!(
+            "fixed:3".parse::<PriorityMix>(),
+            Ok(PriorityMix::Fixed { priority: 3 })
+        );
+        for bad in [
+            "",
+            "uniform:0",
+            "uniform:65",
+            "fixed:64",
+            "fixed",
+            "zipf",
+            "uniform:x",
+        ] {
+            assert!(bad.parse::<PriorityMix>().is_err(), "{bad}");
+        }
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut tiers = [0u32; 3];
+        for _ in 0..100_000 {
+            match PriorityMix::Skewed.draw(&mut rng) {
+                0..=2 => tiers[0] += 1,
+                3..=6 => tiers[1] += 1,
+                7..=9 => tiers[2] += 1,
+                other => panic!("skewed drew {other}"),
+            }
+        }
+        // 10 / 20 / 70 percent, within a percent.
+        assert!((9_000..11_000).contains(&tiers[0]), "{tiers:?}");
+        assert!((19_000..21_000).contains(&tiers[1]), "{tiers:?}");
+        assert!((69_000..71_000).contains(&tiers[2]), "{tiers:?}");
+        let uniform = PriorityMix::Uniform { levels: 4 };
+        assert!((0..1000).all(|_| uniform.draw(&mut rng) < 4));
+    }
+
+    #[test]
+    fn stamps_round_trip_and_foreign_payloads_are_told_apart() {
+        let payload = stamp(100, 42, 7, 123_456);
+        assert_eq!(payload.len(), 100);
+        assert_eq!(read_stamp(&payload, 42), Some((7, 123_456)));
+        assert_eq!(read_stamp(&payload, 43), None, "another run's nonce");
+        assert_eq!(read_stamp(b"short", 42), None);
+    }
+
+    #[test]
+    fn rank_error_counts_more_urgent_present_messages() {
+        let present = Present::new();
+        for priority in [0, 0, 1, 3, 3, 5] {
+            present.add(priority);
+        }
+        assert_eq!(present.pop(3), 3, "two of 0 and one of 1 were more urgent");
+        assert_eq!(present.pop(0), 0);
+        assert_eq!(present.pop(0), 0);
+        assert_eq!(present.pop(5), 2, "1 and the other 3");
+        // A message popped before its ack was seen: its level dips below zero, never
+        // counted as negative.
+        assert_eq!(present.pop(2), 1);
+        assert_eq!(present.pop(4), 2, "level 2 at -1 counts as 0");
+    }
+
+    #[test]
+    fn seen_counts_distinct_and_duplicate_sequence_numbers() {
+        let mut seen = Seen::default();
+        assert!(seen.mark(0));
+        assert!(seen.mark(100_000));
+        assert!(!seen.mark(0));
+        assert!(seen.mark(63));
+        assert!(seen.mark(64));
+        assert_eq!((seen.distinct, seen.duplicates), (4, 1));
+    }
+}

@@ -1,0 +1,166 @@
+//! `crest bench` end to end, through the binary: against a tree it starts itself (durable
+//! leaves, fill then drain) and against a running tree (`--connect`, steady mixed load at a
+//! target rate). The report must account for every message: pushed = popped, nothing missing,
+//! no duplicates, no protocol violations. Throughput figures are printed, never asserted.
+
+mod common;
+
+use crest::core::topology::Topology;
+use crest::node::LocalTree;
+use serde_json::Value;
+use std::process::Command;
+use std::time::Duration;
+
+const CREST: &str = env!("CARGO_BIN_EXE_crest");
+
+async fn crest(args: Vec<String>) -> (bool, String) {
+    let mut command = Command::new(CREST);
+    command.args(args);
+    common::output(command).await
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+fn report(path: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn assert_accounted(report: &Value, messages: u64, text: &str) {
+    assert_eq!(report["pushed"], messages, "{text}");
+    assert_eq!(report["popped"], messages, "{text}");
+    assert_eq!(report["missing"], 0, "{text}");
+    assert_eq!(report["duplicates"], 0, "{text}");
+    assert_eq!(report["push_errors"], 0, "{text}");
+    assert_eq!(report["foreign"], 0, "{text}");
+    assert_eq!(report["acked"], messages, "{text}");
+    assert_eq!(
+        report["latency"]["push_ack_us"]["count"], messages,
+        "{text}"
+    );
+    assert_eq!(
+        report["latency"]["push_to_pop_us"]["count"], messages,
+        "{text}"
+    );
+    assert_eq!(report["rank_error"]["count"], messages, "{text}");
+    assert!(report["push_rate"].as_f64().unwrap() > 0.0, "{text}");
+    assert!(report["pop_rate"].as_f64().unwrap() > 0.0, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_on_its_own_durable_tree_accounts_for_every_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let (ok, text) = crest(args(&[
+        "bench",
+        "--messages",
+        "4000",
+        "--producers",
+        "2",
+        "--consumers",
+        "1",
+        "--pop-batch",
+        "64",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]))
+    .await;
+    assert!(ok, "{text}");
+    println!("{text}");
+    assert!(text.contains("durable leaves"), "{text}");
+    assert!(text.contains("rank error"), "{text}");
+    let report = report(&json);
+    assert_accounted(&report, 4000, &text);
+    assert_eq!(report["durable"], true);
+    assert_eq!(report["phase"], "fill-then-drain");
+    assert_eq!(report["protocol_violations"], 0, "{text}");
+    // Everything is present before the drain starts and one consumer pops: the tree serves in
+    // key order, so the typical pop has no more urgent message left behind.
+    assert_eq!(report["rank_error"]["p50"], 0, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_drives_a_running_tree_with_a_steady_mixed_load_at_a_target_rate() {
+    let topology = Topology::parse(crest::DEFAULT_TOPOLOGY)
+        .unwrap()
+        .with_ephemeral_ports();
+    let tree = LocalTree::start(&topology).await.unwrap();
+    assert!(tree.wait_connected(Duration::from_secs(10)).await);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &tree.ca_pem).unwrap();
+    let json = dir.path().join("report.json");
+    let mut list = args(&[
+        "bench",
+        "--connect",
+        "--ca",
+        ca.to_str().unwrap(),
+        "--root",
+        &tree.topology.root().address,
+        "--messages",
+        "3000",
+        "--rate",
+        "10000",
+        "--phase",
+        "mixed",
+        "--producers",
+        "2",
+        "--consumers",
+        "3",
+        "--priorities",
+        "uniform:4",
+        "--pop-batch",
+        "16",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    for leaf in tree.topology.leaves() {
+        list.push("--leaf".into());
+        list.push(leaf.address.clone());
+    }
+    let (ok, text) = crest(list).await;
+    assert!(ok, "{text}");
+    println!("{text}");
+    assert!(text.contains("remote tree"), "{text}");
+    let report = report(&json);
+    assert_accounted(&report, 3000, &text);
+    assert_eq!(report["phase"], "mixed");
+    assert_eq!(report["durable"], Value::Null);
+    // The pacer never sends faster than asked: 3000 messages at 10,000/s take at least 0.3 s
+    // (a lower bound, whatever the machine's load).
+    assert!(
+        report["push_seconds"].as_f64().unwrap() >= 0.27,
+        "{}",
+        report["push_seconds"]
+    );
+    // The bench used a topic of its own and acknowledged everything: the tree is empty.
+    let (ok, stats) = crest(args(&[
+        "stats",
+        "--ca",
+        ca.to_str().unwrap(),
+        "--root",
+        &tree.topology.root().address,
+        "--json",
+    ]))
+    .await;
+    assert!(ok, "{stats}");
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(stats["topics"], Value::Array(vec![]), "{stats}");
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_refuses_bad_arguments_with_a_clear_error() {
+    let (ok, text) = crest(args(&["bench", "--payload-bytes", "10", "--memory"])).await;
+    assert!(!ok);
+    assert!(text.contains("at least 24"), "{text}");
+    let (ok, text) = crest(args(&["bench", "--priorities", "zipf"])).await;
+    assert!(!ok);
+    assert!(text.contains("expected `skewed`"), "{text}");
+    let (ok, text) = crest(args(&["bench", "--consumers", "0", "--memory"])).await;
+    assert!(!ok);
+    assert!(text.contains("at least 1"), "{text}");
+}
