@@ -170,7 +170,7 @@ impl Default for Settings {
             metadata_entries_max: 32,
             metadata_bytes_max: 4096,
             topics_max: 1024,
-            credits_per_topic: 64,
+            credits_per_topic: 256,
             leaf_messages_max: 10_000_000,
             leaf_pending_batches_max: 1024,
             lease_timeout_ms: 30_000,

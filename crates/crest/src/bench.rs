@@ -168,6 +168,8 @@ pub struct BenchConfig {
     pub topic: String,
     /// Messages each producer may have sent but not yet seen acknowledged.
     pub producer_window: usize,
+    /// Ack requests each consumer may have in flight while it pops on.
+    pub acks_in_flight: usize,
     /// How long the drain may go without popping anything before the bench gives up and
     /// reports the messages it never saw as missing.
     pub drain_idle_timeout: Duration,
@@ -194,6 +196,7 @@ impl BenchConfig {
             phase: Phase::FillThenDrain,
             topic: "bench".into(),
             producer_window: 64 * 1024,
+            acks_in_flight: 4,
             drain_idle_timeout: Duration::from_secs(10),
             progress: Some(Duration::from_secs(1)),
             seed: 1,
@@ -547,6 +550,7 @@ async fn run_consumer(
         ..PopOptions::default()
     };
     let mut idle_since = Instant::now();
+    let mut acks = tokio::task::JoinSet::new();
     loop {
         let producers_done = shared.producers_done.load(Ordering::Acquire);
         if producers_done
@@ -592,28 +596,62 @@ async fn run_consumer(
                 }
             }
         }
-        if config.ack {
-            let receipts: Vec<_> = deliveries.iter().map(Delivery::receipt).collect();
-            let sent = Instant::now();
-            let outcomes = consumer.ack_many(&receipts).await.context("ack")?;
-            record(&mut ack, sent.elapsed().as_micros() as u64);
-            for outcome in outcomes {
-                match outcome {
-                    Ok(()) => result.acked += 1,
-                    Err(_) => result.ack_rejected += 1,
-                }
-            }
-        }
         shared.popped.fetch_add(new, Ordering::AcqRel);
-        shared
-            .last_pop_ns
-            .fetch_max(shared.now_ns(), Ordering::Relaxed);
+        if config.ack {
+            // Acks are pipelined behind the next pops (a few in flight), as a consumer that
+            // processes one batch while the previous one's ack travels.
+            while acks.len() >= config.acks_in_flight.max(1) {
+                settle_ack(acks.join_next().await, &mut ack, &mut result)?;
+            }
+            let receipts: Vec<_> = deliveries.iter().map(Delivery::receipt).collect();
+            let consumer = consumer.clone();
+            let shared = shared.clone();
+            acks.spawn(async move {
+                let sent = Instant::now();
+                let outcomes = consumer.ack_many(&receipts).await;
+                shared
+                    .last_pop_ns
+                    .fetch_max(shared.now_ns(), Ordering::Relaxed);
+                (sent.elapsed(), outcomes)
+            });
+        } else {
+            shared
+                .last_pop_ns
+                .fetch_max(shared.now_ns(), Ordering::Relaxed);
+        }
+    }
+    while let Some(done) = acks.join_next().await {
+        settle_ack(Some(done), &mut ack, &mut result)?;
     }
     result.pop = Some(pop);
     result.ack = Some(ack);
     result.push_to_pop = Some(push_to_pop);
     result.rank_error = Some(rank_error);
     Ok(result)
+}
+
+type AckOutcome = (
+    Duration,
+    Result<Vec<Result<(), crate::sdk::ReceiptError>>, crate::sdk::ClientError>,
+);
+
+fn settle_ack(
+    done: Option<Result<AckOutcome, tokio::task::JoinError>>,
+    histogram: &mut Histogram<u64>,
+    result: &mut ConsumerResult,
+) -> Result<()> {
+    let Some(done) = done else {
+        return Ok(());
+    };
+    let (took, outcomes) = done.context("ack task")?;
+    record(histogram, took.as_micros() as u64);
+    for outcome in outcomes.context("ack")? {
+        match outcome {
+            Ok(()) => result.acked += 1,
+            Err(_) => result.ack_rejected += 1,
+        }
+    }
+    Ok(())
 }
 
 fn spawn_progress(shared: Arc<Shared>, every: Duration) -> tokio::task::JoinHandle<()> {
