@@ -17,7 +17,7 @@
 //! both below and above.
 
 use crate::config::Settings;
-use crate::downstream::{Downstream, PeerKindTag, Topic};
+use crate::downstream::{Downstream, PeerKindTag, TopicMap, TopicSet};
 use crate::id::LeafId;
 use crate::machine::{ConnId, Link, Machine, NodeStats, Transmit};
 use crate::offer::OfferSet;
@@ -27,7 +27,7 @@ use crate::wire::{
     Confirm, Confirmed, ErrorCode, LeafAdmin, LeafAdminReply, Offer, Release, Reserve,
     ReserveDenied, ReserveOutcome, Reserved, Role, Wire,
 };
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 
 /// How an aggregator is set up.
 #[derive(Clone, Debug)]
@@ -44,8 +44,8 @@ pub struct AggregatorConfig {
 pub struct Aggregator {
     upstream: Upstream,
     children: Downstream,
-    offers: HashMap<Topic, OfferSet>,
-    dirty: HashSet<Topic>,
+    offers: TopicMap<OfferSet>,
+    dirty: TopicSet,
     transmits: VecDeque<Transmit>,
     closes: VecDeque<(ConnId, String)>,
     violations: u64,
@@ -68,8 +68,8 @@ impl Aggregator {
         Aggregator {
             upstream,
             children,
-            offers: HashMap::new(),
-            dirty: HashSet::new(),
+            offers: Default::default(),
+            dirty: Default::default(),
             transmits: VecDeque::new(),
             closes: VecDeque::new(),
             violations: 0,

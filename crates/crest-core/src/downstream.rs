@@ -19,6 +19,14 @@ use std::sync::Arc;
 /// Interned topic name.
 pub(crate) type Topic = Arc<str>;
 
+/// A map keyed by topic. FxHash: topic names are hashed several times per message, SipHash
+/// showed in profiles, and the number of topics is bounded (`topics_max`), so hash flooding
+/// cannot grow a map without bound.
+pub(crate) type TopicMap<V> = rustc_hash::FxHashMap<Topic, V>;
+
+/// A set of topics (see [`TopicMap`]).
+pub(crate) type TopicSet = rustc_hash::FxHashSet<Topic>;
+
 /// What a connection turned out to be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Peer {
@@ -52,7 +60,7 @@ pub(crate) struct Downstream {
     pub(crate) peers: HashMap<ConnId, Peer>,
     children_by_name: HashMap<String, ConnId>,
     routes: HashMap<LeafId, ConnId>,
-    pub(crate) windows: HashMap<Topic, Window>,
+    pub(crate) windows: TopicMap<Window>,
 }
 
 impl Downstream {
@@ -65,7 +73,7 @@ impl Downstream {
             peers: HashMap::new(),
             children_by_name: HashMap::new(),
             routes: HashMap::new(),
-            windows: HashMap::new(),
+            windows: Default::default(),
         }
     }
 

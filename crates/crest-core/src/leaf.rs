@@ -34,7 +34,7 @@
 //! the crash), so extends and lease grants need only their attempt numbers logged.
 
 use crate::config::{Settings, TopicPolicy};
-use crate::downstream::{Downstream, PeerKindTag, Topic};
+use crate::downstream::{Downstream, PeerKindTag, Topic, TopicMap, TopicSet};
 use crate::id::{IdMap, LeafId, MESSAGE_SEQ_MAX, MessageId, Receipt};
 use crate::key::Key;
 use crate::machine::{ConnId, Link, Machine, NodeStats, StorageDone, StorageOp, Transmit};
@@ -219,7 +219,7 @@ pub struct Leaf {
     upstream: Upstream,
     clients: Downstream,
     messages: IdMap<Stored>,
-    topics: HashMap<Topic, LeafTopic>,
+    topics: TopicMap<LeafTopic>,
     /// Live leases by `(deadline, id)`.
     leases: BTreeSet<(Time, MessageId)>,
     /// Delayed messages by `(ready_at, id)`.
@@ -231,7 +231,7 @@ pub struct Leaf {
     pending: HashMap<u64, PendingBatch>,
     pending_messages: u64,
     next_token: u64,
-    dirty: HashSet<Topic>,
+    dirty: TopicSet,
     transmits: VecDeque<Transmit>,
     storage: VecDeque<StorageOp>,
     closes: VecDeque<(ConnId, String)>,
@@ -262,7 +262,7 @@ impl Leaf {
             upstream,
             clients,
             messages: IdMap::default(),
-            topics: HashMap::new(),
+            topics: Default::default(),
             leases: BTreeSet::new(),
             delayed: BTreeSet::new(),
             expiries: BTreeSet::new(),
@@ -271,7 +271,7 @@ impl Leaf {
             pending: HashMap::new(),
             pending_messages: 0,
             next_token: 1,
-            dirty: HashSet::new(),
+            dirty: Default::default(),
             transmits: VecDeque::new(),
             storage: VecDeque::new(),
             closes: VecDeque::new(),

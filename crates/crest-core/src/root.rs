@@ -28,7 +28,7 @@
 //! cannot be reached are named in the reply.
 
 use crate::config::{FRAME_OVERHEAD_BYTES, Settings};
-use crate::downstream::{Downstream, PeerKindTag, Topic};
+use crate::downstream::{Downstream, PeerKindTag, Topic, TopicMap, TopicSet};
 use crate::id::{LeafId, Receipt};
 use crate::key::Key;
 use crate::leaf::validate_topic;
@@ -39,7 +39,7 @@ use crate::wire::{
     ErrorCode, LeafAdmin, LeafAdminReply, Pop, PopReply, ReceiptError, Release, Reserve,
     ReserveItem, Reserved, Role, Settle, Stats, Wire,
 };
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 /// How a root is set up.
@@ -114,7 +114,7 @@ struct PendingAck {
 pub struct Root {
     settings: Settings,
     children: Downstream,
-    waiting: HashMap<Topic, VecDeque<u64>>,
+    waiting: TopicMap<VecDeque<u64>>,
     pops: HashMap<u64, PendingPop>,
     next_pop: u64,
     reservations: HashMap<u64, Reservation>,
@@ -125,7 +125,7 @@ pub struct Root {
     leaf_admins: HashMap<u64, PendingLeafAdmin>,
     next_tag: u64,
     timers: BTreeSet<(Time, u64)>,
-    dirty: HashSet<Topic>,
+    dirty: TopicSet,
     transmits: VecDeque<Transmit>,
     closes: VecDeque<(ConnId, String)>,
     violations: u64,
@@ -143,7 +143,7 @@ impl Root {
         Root {
             settings: config.settings,
             children,
-            waiting: HashMap::new(),
+            waiting: Default::default(),
             pops: HashMap::new(),
             next_pop: 1,
             reservations: HashMap::new(),
@@ -154,7 +154,7 @@ impl Root {
             leaf_admins: HashMap::new(),
             next_tag: 1,
             timers: BTreeSet::new(),
-            dirty: HashSet::new(),
+            dirty: Default::default(),
             transmits: VecDeque::new(),
             closes: VecDeque::new(),
             violations: 0,
