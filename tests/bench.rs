@@ -164,3 +164,38 @@ async fn bench_refuses_bad_arguments_with_a_clear_error() {
     assert!(!ok);
     assert!(text.contains("at least 1"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_for_a_duration_at_a_rate_without_acks() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let (ok, text) = crest(args(&[
+        "bench",
+        "--memory",
+        "--duration",
+        "1s",
+        "--rate",
+        "2000",
+        "--phase",
+        "mixed",
+        "--no-ack",
+        "--priorities",
+        "fixed:3",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]))
+    .await;
+    assert!(ok, "{text}");
+    let report = report(&json);
+    let pushed = report["pushed"].as_u64().unwrap();
+    // The pacer never runs ahead of the rate: at most 2000/s for 1 s (a message or two of
+    // slack per producer for rounding).
+    assert!(pushed > 0 && pushed <= 2008, "{text}");
+    assert_eq!(report["popped"], pushed, "{text}");
+    assert_eq!(report["missing"], 0, "{text}");
+    assert_eq!(report["acked"], 0, "no acks were sent: {text}");
+    // One priority only: nothing can be more urgent than what is popped.
+    assert_eq!(report["rank_error"]["max"], 0, "{text}");
+    assert_eq!(report["ack"], false);
+}
