@@ -185,7 +185,11 @@ fn aggregator_merge(c: &mut Criterion) {
                 seq[child] += 1;
                 let k = key(child as u16 + 1, seq[child], 5);
                 held[child].push(k);
-                OfferEntry { key: k, size: 100 }
+                OfferEntry {
+                    key: k,
+                    size: 100,
+                    since: Time(0),
+                }
             })
             .collect();
         offer_seq[child] += 1;
@@ -212,7 +216,11 @@ fn aggregator_merge(c: &mut Criterion) {
                     seq[child] += 1;
                     let k = key(child as u16 + 1, seq[child], (i % 5) as u32);
                     held[child].push(k);
-                    OfferEntry { key: k, size: 100 }
+                    OfferEntry {
+                        key: k,
+                        size: 100,
+                        since: Time(0),
+                    }
                 })
                 .collect();
             offer_seq[child] += 1;

@@ -57,6 +57,18 @@ impl Cluster {
             text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{port}"));
         }
         drop(sockets);
+        // HTTP (metrics, stats, dashboard) on free TCP ports too.
+        let listeners: Vec<std::net::TcpListener> = (0..7)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        for (old, listener) in ["7480", "7481", "7482", "7491", "7492", "7493", "7494"]
+            .iter()
+            .zip(&listeners)
+        {
+            let port = listener.local_addr().unwrap().port().to_string();
+            text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{port}"));
+        }
+        drop(listeners);
         text = text.replace(
             "[settings]\n",
             "[settings]\nidle_timeout_ms = 1500\nkeep_alive_ms = 300\nreconnect_backoff_max_ms = 300\n\

@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use crest::core::topology::Topology;
 use crest::core::wire::{
-    ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Wire, encode_frame,
+    ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Role, Wire, encode_frame,
 };
 use crest::node::LocalTree;
 use crest::sdk::{
@@ -94,6 +94,26 @@ async fn every_message_is_delivered_once_in_key_order_across_leaves() {
     let pushed = push_everywhere(&producers, 300, 11).await;
     let leaves: HashSet<LeafId> = pushed.iter().map(|(id, _)| id.leaf()).collect();
     assert_eq!(leaves.len(), 4, "messages live on every leaf");
+    // An acknowledged push is durable at its leaf; its entry then bubbles up. Until every
+    // window above the leaves is full, a message may be ready at a leaf without the root
+    // knowing of it (rank error by bubble-up latency, which grows with the machine's load).
+    // "Quiet" means every window is full: each child fills its parent's window to its credit.
+    let credits = u64::from(tree.topology.root().settings.credits_per_topic);
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let mut full = true;
+        for node in &tree.nodes {
+            let stats = node.stats().await.unwrap();
+            if node.role() != Role::Leaf && stats.window_entries < 2 * credits {
+                full = false;
+            }
+        }
+        if full {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "windows never filled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let consumer = consumer(&tree).await;
     let mut popped: Vec<Delivery> = Vec::new();

@@ -20,12 +20,13 @@ use crate::config::Settings;
 use crate::downstream::{Downstream, PeerKindTag, TopicMap, TopicSet};
 use crate::id::LeafId;
 use crate::machine::{ConnId, Link, Machine, NodeStats, Transmit};
-use crate::offer::OfferSet;
+use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
+use crate::offer::{Candidate, OfferSet};
 use crate::time::Time;
 use crate::upstream::Upstream;
 use crate::wire::{
     Confirm, Confirmed, ErrorCode, LeafAdmin, LeafAdminReply, Offer, Release, Reserve,
-    ReserveDenied, ReserveOutcome, Reserved, Role, Wire,
+    ReserveDenied, ReserveOutcome, Reserved, Role, Stats, Wire,
 };
 use std::collections::VecDeque;
 
@@ -40,8 +41,18 @@ pub struct AggregatorConfig {
     pub subtree: Vec<LeafId>,
 }
 
+#[derive(Default)]
+struct AggregatorCounters {
+    offers: u64,
+    entries_added: u64,
+    reserves: u64,
+}
+
 /// See the module doc.
 pub struct Aggregator {
+    name: String,
+    reporter: Reporter,
+    counters: AggregatorCounters,
     upstream: Upstream,
     children: Downstream,
     offers: TopicMap<OfferSet>,
@@ -54,6 +65,8 @@ pub struct Aggregator {
 impl Aggregator {
     /// Creates an aggregator with no children connected.
     pub fn new(config: AggregatorConfig) -> Aggregator {
+        let reporter = Reporter::new(&config.settings);
+        let name = config.name.clone();
         let upstream = Upstream::new(
             config.name.clone(),
             Role::Aggregator,
@@ -66,6 +79,9 @@ impl Aggregator {
             config.subtree,
         );
         Aggregator {
+            name,
+            reporter,
+            counters: AggregatorCounters::default(),
             upstream,
             children,
             offers: Default::default(),
@@ -80,7 +96,8 @@ impl Aggregator {
         self.transmits.push_back(Transmit { conn, msg });
     }
 
-    fn handle_offer(&mut self, child: ConnId, offer: Offer) {
+    fn handle_offer(&mut self, now: Time, child: ConnId, offer: Offer) {
+        self.counters.offers += 1;
         let credits = self.children.credits();
         let topic = self.children.topic(&offer.topic);
         let window = self
@@ -93,8 +110,18 @@ impl Aggregator {
         for key in &delta.removed {
             offers.remove(key);
         }
-        for (key, size) in delta.added {
-            offers.insert(key, size);
+        self.counters.entries_added += delta.added.len() as u64;
+        for entry in delta.added {
+            self.reporter
+                .recorder
+                .record_since(now, Metric::BubbleToAggregator, entry.since);
+            offers.insert(
+                entry.key,
+                Candidate {
+                    size: entry.size,
+                    since: entry.since,
+                },
+            );
         }
         if delta.refused > 0 {
             self.violations += 1;
@@ -103,6 +130,7 @@ impl Aggregator {
     }
 
     fn handle_reserve(&mut self, mut reserve: Reserve) {
+        self.counters.reserves += 1;
         let route = self.children.route(reserve.leaf);
         // What the child below has told us, for it to judge our takes by (see `offer`).
         let mut applied_below = 0;
@@ -233,6 +261,7 @@ impl Machine for Aggregator {
             }
             return;
         }
+        self.reporter.child_gone(conn);
         if let Some(removed) = self.children.disconnect(conn) {
             for (topic, keys) in removed {
                 if let Some(offers) = self.offers.get_mut(&topic) {
@@ -265,7 +294,8 @@ impl Machine for Aggregator {
             }
         } else if self.children.is_child(conn) {
             match msg {
-                Wire::Offer(offer) => self.handle_offer(conn, offer),
+                Wire::Offer(offer) => self.handle_offer(_now, conn, offer),
+                Wire::Report(report) => self.reporter.child_report(conn, report),
                 Wire::Reserved(reserved) => self.send_up(Wire::Reserved(reserved)),
                 Wire::Confirmed(confirmed) => self.send_up(Wire::Confirmed(confirmed)),
                 Wire::LeafAdminReply(reply) => self.send_up(Wire::LeafAdminReply(reply)),
@@ -293,6 +323,13 @@ impl Machine for Aggregator {
 
     fn handle_timeout(&mut self, _now: Time) {}
 
+    fn report_tick(&mut self, now: Time) {
+        if let Some(parent) = self.upstream.session() {
+            let report = self.report(now);
+            self.send(parent, Wire::Report(report));
+        }
+    }
+
     fn poll_transmit(&mut self) -> Option<Transmit> {
         self.transmits.pop_front()
     }
@@ -303,6 +340,36 @@ impl Machine for Aggregator {
 
     fn poll_timeout(&self) -> Option<Time> {
         None
+    }
+
+    fn report(&mut self, now: Time) -> Report {
+        let stats = self.stats();
+        let swaps = self.offers.values().map(|o| o.swaps).sum();
+        let credit_stalls = self.offers.values().map(|o| o.credit_stalls).sum();
+        let counters = [
+            ("offers_received", self.counters.offers),
+            ("entries_added", self.counters.entries_added),
+            ("reserves_forwarded", self.counters.reserves),
+            ("swaps", swaps),
+            ("credit_stalls", credit_stalls),
+            ("protocol_violations", stats.violations),
+        ];
+        let gauges = [
+            ("window_entries", stats.window_entries),
+            ("offered", stats.offered),
+            ("children", stats.children),
+            ("topics", self.offers.len() as u64),
+        ];
+        let own = OwnReport {
+            name: self.name.clone(),
+            role: "aggregator",
+            parent: self.upstream.parent_name(),
+            connected: stats.parent_connected,
+            counters: named(&counters),
+            gauges: named(&gauges),
+            stats: Stats::default(),
+        };
+        self.reporter.report(now, own)
     }
 
     fn stats(&self) -> NodeStats {

@@ -128,6 +128,11 @@ pub struct Settings {
     pub reason_bytes_max: u32,
     /// Per-topic overrides of the delivery policy, by topic name.
     pub topics: BTreeMap<String, TopicSettings>,
+    /// How often a leaf or aggregator reports its subtree's measurements to its parent, in
+    /// milliseconds.
+    pub report_interval_ms: u64,
+    /// Most topics a report carries (the deepest are kept).
+    pub report_topics_max: u32,
 }
 
 /// Per-topic overrides of [`Settings`]; unset fields take the node's value.
@@ -201,6 +206,8 @@ impl Default for Settings {
             message_ttl_ms: 0,
             reason_bytes_max: 1024,
             topics: BTreeMap::new(),
+            report_interval_ms: 1_000,
+            report_topics_max: 256,
         }
     }
 }
@@ -222,7 +229,9 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 22] = [
+        let positive: [(&'static str, u64); 24] = [
+            ("report_interval_ms", self.report_interval_ms),
+            ("report_topics_max", self.report_topics_max.into()),
             ("max_attempts", self.max_attempts.into()),
             ("dedup_keys_max", self.dedup_keys_max),
             ("dedup_key_bytes_max", self.dedup_key_bytes_max.into()),

@@ -38,7 +38,8 @@ use crate::downstream::{Downstream, PeerKindTag, Topic, TopicMap, TopicSet};
 use crate::id::{IdMap, LeafId, MESSAGE_SEQ_MAX, MessageId, Receipt};
 use crate::key::Key;
 use crate::machine::{ConnId, Link, Machine, NodeStats, StorageDone, StorageOp, Transmit};
-use crate::offer::OfferSet;
+use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
+use crate::offer::{Candidate, OfferSet};
 use crate::time::Time;
 use crate::upstream::Upstream;
 use crate::wire::{
@@ -195,6 +196,8 @@ struct PendingBatch {
     messages: Vec<(MessageId, Stored)>,
     /// Set when a message this batch duplicates failed to be stored: the producer is told.
     failed: Option<String>,
+    /// When the push arrived.
+    received_at: Time,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -209,6 +212,13 @@ struct Counters {
     expired: u64,
     dead_lettered: u64,
     deduplicated: u64,
+    pushed: u64,
+    push_batches: u64,
+    pushes_refused: u64,
+    leased: u64,
+    acked: u64,
+    nacked: u64,
+    extended: u64,
 }
 
 /// See the module doc.
@@ -237,6 +247,7 @@ pub struct Leaf {
     closes: VecDeque<(ConnId, String)>,
     violations: u64,
     counters: Counters,
+    reporter: Reporter,
     /// Approximate bytes appended to the log since the last checkpoint.
     logged_bytes: u64,
     /// Approximate bytes a checkpoint of the live state would take.
@@ -277,6 +288,7 @@ impl Leaf {
             closes: VecDeque::new(),
             violations: 0,
             counters: Counters::default(),
+            reporter: Reporter::new(&config.settings),
             logged_bytes: 0,
             live_bytes: 0,
             checkpoint_due: None,
@@ -399,7 +411,7 @@ impl Leaf {
         // Settle every message's state as of `now`, then build each topic's index in bulk
         // (sorting once beats a million ordered inserts).
         let mut expired = Vec::new();
-        let mut by_topic: HashMap<Topic, Vec<(Key, u32)>> = HashMap::new();
+        let mut by_topic: HashMap<Topic, Vec<(Key, Candidate)>> = HashMap::new();
         for (id, stored) in leaf.messages.iter_mut() {
             let topic = leaf.topics.get_mut(&stored.topic).expect("interned above");
             if let State::Dead(death) = &stored.state {
@@ -420,10 +432,13 @@ impl Leaf {
                 leaf.delayed.insert((stored.key.ready_at, *id));
             } else {
                 stored.state = State::Available;
-                by_topic
-                    .entry(stored.topic.clone())
-                    .or_default()
-                    .push((stored.key, stored.payload.len() as u32));
+                by_topic.entry(stored.topic.clone()).or_default().push((
+                    stored.key,
+                    Candidate {
+                        size: stored.payload.len() as u32,
+                        since: now,
+                    },
+                ));
             }
         }
         for id in expired {
@@ -607,9 +622,14 @@ impl Leaf {
 
     fn handle_push(&mut self, now: Time, conn: ConnId, push: Push) {
         if let Err((code, message)) = self.validate_push(now, &push) {
+            self.counters.pushes_refused += 1;
             self.send(conn, Wire::error(Some(push.request), code, message));
             return;
         }
+        self.counters.push_batches += 1;
+        self.reporter
+            .recorder
+            .record(now, Metric::PushBatch, push.messages.len() as u64);
         let token = self.next_token;
         self.next_token += 1;
         let mut records = Vec::with_capacity(push.messages.len());
@@ -673,6 +693,7 @@ impl Leaf {
                 ids,
                 messages,
                 failed: None,
+                received_at: now,
             },
         );
         // A batch of duplicates only still goes through the log: its acknowledgement must not
@@ -779,7 +800,7 @@ impl Leaf {
             .get_mut(&topic)
             .expect("topic exists")
             .offers
-            .insert(key, size);
+            .insert(key, Candidate { size, since: now });
         self.dirty.insert(topic);
     }
 
@@ -825,6 +846,7 @@ impl Leaf {
                 }
             };
             if let Ok(delivery) = &result {
+                self.counters.leased += 1;
                 records.push(LogRecord::Lease {
                     id,
                     attempt: delivery.attempt,
@@ -956,15 +978,18 @@ impl Leaf {
                 .check_receipt(now, receipt)
                 .map(|id| match &confirm.op {
                     Settle::Ack => {
+                        self.counters.acked += 1;
                         self.remove_message(id);
                         records.push(LogRecord::Delete { id });
                     }
                     Settle::Nack { delay_ms, reason } => {
+                        self.counters.nacked += 1;
                         self.end_lease(id);
                         let reason = reason.clone().unwrap_or_else(|| "nacked".into());
                         self.delivery_failed(now, id, *delay_ms, reason, &mut records);
                     }
                     Settle::Extend { lease_ms } => {
+                        self.counters.extended += 1;
                         let max = self.config.settings.lease_timeout_max_ms;
                         let deadline = now + Duration::from_millis((*lease_ms).clamp(1, max));
                         let stored = self.messages.get_mut(&id).expect("checked");
@@ -1437,11 +1462,71 @@ impl Machine for Leaf {
         self.maybe_checkpoint(now);
     }
 
+    fn report_tick(&mut self, now: Time) {
+        if let Some(parent) = self.upstream.session() {
+            let report = self.report(now);
+            self.send(parent, Wire::Report(report));
+        }
+    }
+
+    fn report(&mut self, now: Time) -> Report {
+        let c = self.counters;
+        let swaps = self.topics.values().map(|t| t.offers.swaps).sum();
+        let credit_stalls = self.topics.values().map(|t| t.offers.credit_stalls).sum();
+        let dead: u64 = self.topics.values().map(|t| t.dead.len() as u64).sum();
+        let counters = [
+            ("pushed", c.pushed),
+            ("push_batches", c.push_batches),
+            ("pushes_refused", c.pushes_refused),
+            ("leased", c.leased),
+            ("acked", c.acked),
+            ("nacked", c.nacked),
+            ("extended", c.extended),
+            ("expired", c.expired),
+            ("dead_lettered", c.dead_lettered),
+            ("deduplicated", c.deduplicated),
+            ("swaps", swaps),
+            ("credit_stalls", credit_stalls),
+            ("protocol_violations", self.violations),
+        ];
+        let messages = self.messages.len() as u64;
+        let leased = self.leases.len() as u64;
+        let delayed = self.delayed.len() as u64;
+        let gauges = [
+            ("messages", messages),
+            (
+                "available",
+                messages.saturating_sub(leased + delayed + dead),
+            ),
+            ("leased", leased),
+            ("delayed", delayed),
+            ("dead", dead),
+            ("pending_messages", self.pending_messages),
+            ("topics", self.topics.len() as u64),
+        ];
+        let own = OwnReport {
+            name: self.config.name.clone(),
+            role: "leaf",
+            parent: self.upstream.parent_name(),
+            connected: self.upstream.session().is_some(),
+            counters: named(&counters),
+            gauges: named(&gauges),
+            stats: self.topic_stats(None),
+        };
+        self.reporter.report(now, own)
+    }
+
     fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
         let Some(batch) = self.pending.remove(&done.token) else {
             return;
         };
         self.pending_messages -= batch.messages.len() as u64;
+        if batch.failed.is_none() {
+            self.counters.pushed += batch.messages.len() as u64;
+            self.reporter
+                .recorder
+                .record_since(now, Metric::PushAck, batch.received_at);
+        }
         for (id, stored) in batch.messages {
             let topic = self
                 .topics

@@ -21,6 +21,7 @@ pub mod id;
 pub mod key;
 pub mod leaf;
 pub mod machine;
+pub mod metrics;
 mod offer;
 pub mod root;
 #[cfg(test)]

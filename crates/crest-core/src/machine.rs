@@ -111,6 +111,13 @@ pub trait Machine: Send {
     fn poll_timeout(&self) -> Option<Time>;
     /// A snapshot of counters and sizes, for logs and tests.
     fn stats(&self) -> NodeStats;
+    /// The measurements of this node's subtree (this node, then its children's latest
+    /// reports), as sent to its parent and served over HTTP.
+    fn report(&mut self, now: Time) -> crate::metrics::Report;
+    /// Every `report_interval_ms` (the driver's clock): send the subtree's report to the
+    /// parent, if there is a session. Driven from outside `poll_timeout` so that an idle node
+    /// under virtual time is not woken once a second for days.
+    fn report_tick(&mut self, _now: Time) {}
 }
 
 /// Counters and sizes of a node.

@@ -22,22 +22,32 @@
 //! instead of dropping it silently.
 
 use crate::key::Key;
+use crate::time::Time;
 use crate::wire::{Offer, OfferEntry};
 use std::collections::{BTreeMap, HashMap};
 
+/// What a candidate carries besides its key.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Candidate {
+    /// Payload size in bytes.
+    pub(crate) size: u32,
+    /// When the leaf made the message available (start of bubble-up latency).
+    pub(crate) since: Time,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Pending {
-    Add(u32),
+    Add(Candidate),
     Retract,
 }
 
 /// See the module doc.
 #[derive(Debug, Default)]
 pub(crate) struct OfferSet {
-    /// Candidates the parent holds, with payload sizes.
-    offered: BTreeMap<Key, u32>,
+    /// Candidates the parent holds.
+    offered: BTreeMap<Key, Candidate>,
     /// Candidates the parent does not hold.
-    unoffered: BTreeMap<Key, u32>,
+    unoffered: BTreeMap<Key, Candidate>,
     /// Changes not yet sent.
     pending: BTreeMap<Key, Pending>,
     /// The frontier last sent this session (`None`: nothing sent yet).
@@ -46,11 +56,15 @@ pub(crate) struct OfferSet {
     seq: u64,
     /// For entries whose last change sent to the parent was an add: the offer that carried it.
     sent_in: HashMap<Key, u64>,
+    /// Swaps made (a better candidate displaced an offered one), for the node's counters.
+    pub(crate) swaps: u64,
+    /// Rebalances that left candidates unoffered for want of credit.
+    pub(crate) credit_stalls: u64,
 }
 
 impl OfferSet {
     /// A set whose candidates are all unoffered (recovery), built in bulk.
-    pub(crate) fn from_unoffered(entries: Vec<(Key, u32)>) -> OfferSet {
+    pub(crate) fn from_unoffered(entries: Vec<(Key, Candidate)>) -> OfferSet {
         OfferSet {
             unoffered: entries.into_iter().collect(),
             ..OfferSet::default()
@@ -58,8 +72,8 @@ impl OfferSet {
     }
 
     /// Adds a candidate (not offered until the next [`OfferSet::rebalance`]).
-    pub(crate) fn insert(&mut self, key: Key, size: u32) {
-        let previous = self.unoffered.insert(key, size);
+    pub(crate) fn insert(&mut self, key: Key, candidate: Candidate) {
+        let previous = self.unoffered.insert(key, candidate);
         debug_assert!(
             previous.is_none() && !self.offered.contains_key(&key),
             "{key:?} twice"
@@ -105,16 +119,19 @@ impl OfferSet {
     pub(crate) fn rebalance(&mut self, credits: u32) {
         let credits = credits as usize;
         while self.offered.len() > credits {
-            let (key, size) = self.offered.pop_last().expect("non-empty");
-            self.unoffered.insert(key, size);
+            let (key, candidate) = self.offered.pop_last().expect("non-empty");
+            self.unoffered.insert(key, candidate);
             self.note(key, Pending::Retract);
         }
         while self.offered.len() < credits {
-            let Some((key, size)) = self.unoffered.pop_first() else {
+            let Some((key, candidate)) = self.unoffered.pop_first() else {
                 break;
             };
-            self.offered.insert(key, size);
-            self.note(key, Pending::Add(size));
+            self.offered.insert(key, candidate);
+            self.note(key, Pending::Add(candidate));
+        }
+        if !self.unoffered.is_empty() && credits > 0 {
+            self.credit_stalls += 1;
         }
         // Swap while the best unoffered beats the worst offered; at most `credits` swaps.
         while let (Some((&best, _)), Some((&worst, _))) = (
@@ -124,12 +141,13 @@ impl OfferSet {
             if best >= worst {
                 break;
             }
-            let best_size = self.unoffered.remove(&best).expect("present");
-            let worst_size = self.offered.remove(&worst).expect("present");
-            self.offered.insert(best, best_size);
-            self.unoffered.insert(worst, worst_size);
+            let best_candidate = self.unoffered.remove(&best).expect("present");
+            let worst_candidate = self.offered.remove(&worst).expect("present");
+            self.offered.insert(best, best_candidate);
+            self.unoffered.insert(worst, worst_candidate);
             self.note(worst, Pending::Retract);
-            self.note(best, Pending::Add(best_size));
+            self.note(best, Pending::Add(best_candidate));
+            self.swaps += 1;
         }
     }
 
@@ -162,9 +180,13 @@ impl OfferSet {
         let mut retracts = Vec::new();
         for (key, op) in std::mem::take(&mut self.pending) {
             match op {
-                Pending::Add(size) => {
+                Pending::Add(candidate) => {
                     self.sent_in.insert(key, self.seq);
-                    adds.push(OfferEntry { key, size });
+                    adds.push(OfferEntry {
+                        key,
+                        size: candidate.size,
+                        since: candidate.since,
+                    });
                 }
                 Pending::Retract => {
                     self.sent_in.remove(&key);
@@ -214,7 +236,13 @@ impl OfferSet {
 mod tests {
     use super::*;
     use crate::id::MessageId;
-    use crate::time::Time;
+
+    fn c(size: u32) -> Candidate {
+        Candidate {
+            size,
+            since: Time(0),
+        }
+    }
 
     fn key(priority: u32, id: u64) -> Key {
         Key {
@@ -228,7 +256,7 @@ mod tests {
     fn offers_the_most_urgent_within_credits_and_swaps_in_better_entries() {
         let mut set = OfferSet::default();
         for id in 1..=5 {
-            set.insert(key(5, id), 10);
+            set.insert(key(5, id), c(10));
         }
         set.rebalance(3);
         let offer = set.poll("t", set.best_unoffered()).unwrap();
@@ -237,7 +265,7 @@ mod tests {
         assert_eq!(offer.frontier, Some(key(5, 4)));
 
         // A more urgent arrival displaces the least urgent offered entry.
-        set.insert(key(0, 9), 10);
+        set.insert(key(0, 9), c(10));
         set.rebalance(3);
         let offer = set.poll("t", set.best_unoffered()).unwrap();
         assert_eq!(
@@ -251,7 +279,7 @@ mod tests {
     #[test]
     fn add_then_retract_in_one_diff_cancels() {
         let mut set = OfferSet::default();
-        set.insert(key(1, 1), 1);
+        set.insert(key(1, 1), c(1));
         set.rebalance(1);
         assert!(set.remove(&key(1, 1)));
         let offer = set.poll("t", None).unwrap();
@@ -263,7 +291,7 @@ mod tests {
     fn taken_entries_free_credit_without_a_retract() {
         let mut set = OfferSet::default();
         for id in 1..=3 {
-            set.insert(key(1, id), 1);
+            set.insert(key(1, id), c(1));
         }
         set.rebalance(2);
         set.poll("t", set.best_unoffered());
@@ -278,7 +306,7 @@ mod tests {
     #[test]
     fn reset_makes_everything_unoffered_and_reoffers_on_the_next_session() {
         let mut set = OfferSet::default();
-        set.insert(key(1, 1), 1);
+        set.insert(key(1, 1), c(1));
         set.rebalance(4);
         set.poll("t", None);
         set.reset();

@@ -33,6 +33,7 @@ use crate::id::{LeafId, Receipt};
 use crate::key::Key;
 use crate::leaf::validate_topic;
 use crate::machine::{ConnId, Link, Machine, NodeStats, Transmit};
+use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
 use crate::time::Time;
 use crate::wire::{
     Ack, AckReply, Admin, AdminOp, AdminReply, AdminResult, Confirm, Confirmed, Delivery,
@@ -69,12 +70,27 @@ struct PendingPop {
     bytes: u64,
     outstanding: usize,
     deliveries: Vec<(Key, Delivery)>,
+    /// When the pop arrived.
+    arrived: Time,
 }
 
 #[derive(Debug)]
 struct Reservation {
     pop: u64,
     child: ConnId,
+    /// When the reserve was sent.
+    sent: Time,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct RootCounters {
+    pops: u64,
+    empty_pops: u64,
+    deliveries: u64,
+    reserves: u64,
+    reserves_denied: u64,
+    settle_requests: u64,
+    admin_requests: u64,
 }
 
 #[derive(Debug)]
@@ -129,11 +145,16 @@ pub struct Root {
     transmits: VecDeque<Transmit>,
     closes: VecDeque<(ConnId, String)>,
     violations: u64,
+    name: String,
+    reporter: Reporter,
+    counters: RootCounters,
 }
 
 impl Root {
     /// Creates a root with no children connected.
     pub fn new(config: RootConfig) -> Root {
+        let name = config.name.clone();
+        let reporter = Reporter::new(&config.settings);
         let children = Downstream::new(
             config.name,
             Role::Root,
@@ -158,6 +179,9 @@ impl Root {
             transmits: VecDeque::new(),
             closes: VecDeque::new(),
             violations: 0,
+            name,
+            reporter,
+            counters: RootCounters::default(),
         }
     }
 
@@ -228,7 +252,9 @@ impl Root {
             bytes: 0,
             outstanding: 0,
             deliveries: Vec::new(),
+            arrived: now,
         };
+        self.counters.pops += 1;
         self.timers.insert((pending.deadline, id));
         self.timers.insert((pending.order_deadline, id));
         self.pops.insert(id, pending);
@@ -277,6 +303,7 @@ impl Root {
                     Reservation {
                         pop: pop_id,
                         child: slot.child,
+                        sent: now,
                     },
                 );
                 groups
@@ -293,6 +320,7 @@ impl Root {
                     items,
                     offer_seq: window.applied(child),
                 };
+                self.counters.reserves += 1;
                 self.transmits.push_back(Transmit {
                     conn: child,
                     msg: Wire::Reserve(reserve),
@@ -302,13 +330,21 @@ impl Root {
         for pop_id in queue {
             let pop = &self.pops[&pop_id];
             if pop.outstanding == 0 && (!pop.deliveries.is_empty() || now >= pop.deadline) {
-                self.answer_pop(pop_id);
+                self.answer_pop(now, pop_id);
             }
         }
     }
 
-    fn answer_pop(&mut self, pop_id: u64) {
+    fn answer_pop(&mut self, now: Time, pop_id: u64) {
         let pop = self.pops.remove(&pop_id).expect("pop exists");
+        if pop.deliveries.is_empty() {
+            self.counters.empty_pops += 1;
+        } else {
+            self.counters.deliveries += pop.deliveries.len() as u64;
+            let recorder = &mut self.reporter.recorder;
+            recorder.record_since(now, Metric::Pop, pop.arrived);
+            recorder.record(now, Metric::PopBatch, pop.deliveries.len() as u64);
+        }
         self.timers.remove(&(pop.deadline, pop_id));
         self.timers.remove(&(pop.order_deadline, pop_id));
         if let Some(queue) = self.waiting.get_mut(&pop.topic) {
@@ -332,13 +368,21 @@ impl Root {
         );
     }
 
-    fn handle_reserved(&mut self, reserved: Reserved) {
+    fn handle_reserved(&mut self, now: Time, reserved: Reserved) {
         let mut orphans: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
         for outcome in reserved.items {
-            let pop = self
-                .reservations
-                .remove(&outcome.reservation)
-                .and_then(|reservation| self.pops.get_mut(&reservation.pop));
+            if outcome.result.is_err() {
+                self.counters.reserves_denied += 1;
+            }
+            let reservation = self.reservations.remove(&outcome.reservation);
+            if let Some(reservation) = &reservation {
+                self.reporter.recorder.record_since(
+                    now,
+                    Metric::ReserveRoundTrip,
+                    reservation.sent,
+                );
+            }
+            let pop = reservation.and_then(|reservation| self.pops.get_mut(&reservation.pop));
             match (pop, outcome.result) {
                 (Some(pop), result) => {
                     pop.outstanding -= 1;
@@ -405,6 +449,7 @@ impl Root {
     }
 
     fn handle_ack(&mut self, conn: ConnId, ack: Ack) {
+        self.counters.settle_requests += 1;
         if let Err(text) = self.validate_settle(&ack) {
             self.send(
                 conn,
@@ -543,6 +588,7 @@ impl Root {
     }
 
     fn handle_admin(&mut self, conn: ConnId, admin: Admin) {
+        self.counters.admin_requests += 1;
         if let Err(text) = self.validate_admin(&admin.op) {
             self.send(
                 conn,
@@ -666,6 +712,7 @@ impl Root {
     }
 
     fn child_gone(&mut self, conn: ConnId) {
+        self.reporter.child_gone(conn);
         if let Some(removed) = self.children.disconnect(conn) {
             self.dirty
                 .extend(removed.into_iter().map(|(topic, _)| topic));
@@ -809,13 +856,22 @@ impl Machine for Root {
                     .windows
                     .get_mut(&topic)
                     .expect("created above");
-                if window.apply(conn, &offer, credits).refused > 0 {
+                let delta = window.apply(conn, &offer, credits);
+                if delta.refused > 0 {
                     self.violations += 1;
+                }
+                for entry in &delta.added {
+                    self.reporter
+                        .recorder
+                        .record_since(now, Metric::BubbleToRoot, entry.since);
                 }
                 self.dirty.insert(topic);
             }
+            (Some(crate::downstream::Peer::Child { .. }), Wire::Report(report)) => {
+                self.reporter.child_report(conn, report)
+            }
             (Some(crate::downstream::Peer::Child { .. }), Wire::Reserved(reserved)) => {
-                self.handle_reserved(reserved)
+                self.handle_reserved(now, reserved)
             }
             (Some(crate::downstream::Peer::Child { .. }), Wire::Confirmed(confirmed)) => {
                 self.handle_confirmed(confirmed)
@@ -898,5 +954,36 @@ impl Machine for Root {
             violations: self.violations,
             ..NodeStats::default()
         }
+    }
+
+    fn report(&mut self, now: Time) -> Report {
+        let c = self.counters;
+        let counters = [
+            ("pops", c.pops),
+            ("empty_pops", c.empty_pops),
+            ("deliveries", c.deliveries),
+            ("reserves", c.reserves),
+            ("reserves_denied", c.reserves_denied),
+            ("settle_requests", c.settle_requests),
+            ("admin_requests", c.admin_requests),
+            ("protocol_violations", self.violations),
+        ];
+        let gauges = [
+            ("window_entries", self.children.window_entries() as u64),
+            ("children", self.children.children() as u64),
+            ("pending_pops", self.pops.len() as u64),
+            ("reservations", self.reservations.len() as u64),
+            ("topics", self.children.windows.len() as u64),
+        ];
+        let own = OwnReport {
+            name: self.name.clone(),
+            role: "root",
+            parent: None,
+            connected: true,
+            counters: named(&counters),
+            gauges: named(&gauges),
+            stats: Stats::default(),
+        };
+        self.reporter.report(now, own)
     }
 }

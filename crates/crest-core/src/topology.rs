@@ -21,6 +21,7 @@
 //! listen = "127.0.0.1:7411"
 //! parent = "root"
 //! data_dir = "data/leaf-1"  # where a leaf keeps its log (default: data/NAME)
+//! http = "127.0.0.1:7491"   # HTTP: /metrics, /stats, /healthz, the dashboard (default: none)
 //! settings = { lease_timeout_ms = 60000 }   # per-node overrides
 //! ```
 //!
@@ -85,6 +86,7 @@ struct RawNode {
     parent: Option<String>,
     id: Option<u16>,
     data_dir: Option<PathBuf>,
+    http: Option<String>,
     #[serde(default)]
     settings: toml::Table,
 }
@@ -109,6 +111,8 @@ pub struct NodeSpec {
     pub data_dir: Option<PathBuf>,
     /// Its settings: defaults, then `[settings]`, then its own overrides.
     pub settings: Settings,
+    /// Where it serves HTTP (`/metrics`, `/stats`, `/healthz`, the dashboard), if anywhere.
+    pub http: Option<SocketAddr>,
 }
 
 /// A parsed, validated topology.
@@ -167,6 +171,13 @@ impl Topology {
             if role == Role::Leaf {
                 next_leaf = next_leaf.saturating_add(1);
             }
+            let http = match &node.http {
+                None => None,
+                Some(text) => Some(
+                    text.parse::<SocketAddr>()
+                        .map_err(|e| fail(format!("http {text:?}: {e}")))?,
+                ),
+            };
             nodes.push(NodeSpec {
                 address: node.address.clone().unwrap_or_else(|| node.listen.clone()),
                 name: node.name,
@@ -176,6 +187,7 @@ impl Topology {
                 leaf_id,
                 data_dir: node.data_dir,
                 settings,
+                http,
             });
         }
         let topology = Topology {
@@ -264,6 +276,9 @@ impl Topology {
         for node in &mut topology.nodes {
             node.listen = SocketAddr::from(([127, 0, 0, 1], 0));
             node.address = node.listen.to_string();
+            if node.http.is_some() {
+                node.http = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+            }
         }
         topology
     }

@@ -19,6 +19,8 @@ pub(crate) struct Upstream {
     conn: Option<ConnId>,
     /// Credit per topic; 0 until the `Welcome` arrives.
     credits: u32,
+    /// The parent's name, from its latest `Welcome`.
+    parent_name: Option<String>,
 }
 
 impl Upstream {
@@ -29,6 +31,7 @@ impl Upstream {
             leaves,
             conn: None,
             credits: 0,
+            parent_name: None,
         }
     }
 
@@ -56,7 +59,13 @@ impl Upstream {
             return false;
         }
         self.credits = welcome.credits_per_topic;
+        self.parent_name = Some(welcome.node.clone());
         true
+    }
+
+    /// The parent's name, once a parent welcomed us.
+    pub(crate) fn parent_name(&self) -> Option<String> {
+        self.parent_name.clone()
     }
 
     /// A connection ended. Returns whether it was the parent session.

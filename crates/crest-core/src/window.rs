@@ -8,7 +8,8 @@
 
 use crate::key::Key;
 use crate::machine::ConnId;
-use crate::wire::Offer;
+use crate::time::Time;
+use crate::wire::{Offer, OfferEntry};
 use std::collections::{BTreeMap, HashMap};
 
 /// Where an entry came from and how big its payload is.
@@ -18,6 +19,8 @@ pub(crate) struct Slot {
     pub(crate) child: ConnId,
     /// Payload size in bytes.
     pub(crate) size: u32,
+    /// When the leaf made the message available.
+    pub(crate) since: Time,
 }
 
 #[derive(Debug, Default)]
@@ -35,8 +38,8 @@ struct ChildView {
 pub(crate) struct WindowDelta {
     /// Entries removed by retracts.
     pub(crate) removed: Vec<Key>,
-    /// Entries added, with sizes.
-    pub(crate) added: Vec<(Key, u32)>,
+    /// Entries added.
+    pub(crate) added: Vec<OfferEntry>,
     /// Adds refused because the child was over its credit (a protocol violation).
     pub(crate) refused: usize,
 }
@@ -75,10 +78,11 @@ impl Window {
                 Slot {
                     child,
                     size: entry.size,
+                    since: entry.since,
                 },
             );
             view.held += 1;
-            delta.added.push((entry.key, entry.size));
+            delta.added.push(*entry);
         }
         view.frontier = offer.frontier;
         view.applied = offer.seq;

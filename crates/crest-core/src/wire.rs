@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Bytes of a frame header (length and checksum).
 pub const FRAME_HEADER_BYTES: usize = 8;
 /// First byte written on a control stream.
@@ -168,6 +168,9 @@ pub struct OfferEntry {
     pub key: Key,
     /// Payload size in bytes, so the root can bound reply sizes.
     pub size: u32,
+    /// When the leaf made the message available (durable ack, delay over, release): the
+    /// start of its bubble-up latency.
+    pub since: Time,
 }
 
 /// A change to the set of entries a child offers its parent for one topic.
@@ -665,6 +668,8 @@ pub enum Wire {
     AdminReply(AdminReply),
     LeafAdmin(LeafAdmin),
     LeafAdminReply(LeafAdminReply),
+    /// Child → parent, every `report_interval_ms`: the child's subtree measurements.
+    Report(crate::metrics::Report),
 }
 
 impl Wire {
@@ -698,6 +703,7 @@ impl Wire {
             Wire::AdminReply(_) => "AdminReply",
             Wire::LeafAdmin(_) => "LeafAdmin",
             Wire::LeafAdminReply(_) => "LeafAdminReply",
+            Wire::Report(_) => "Report",
         }
     }
 

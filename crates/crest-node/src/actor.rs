@@ -14,11 +14,14 @@
 
 use crate::storage::{Storage, Submitted};
 use crest_core::machine::{ConnId, Link, Machine, NodeStats};
+use crest_core::metrics::Report;
 use crest_core::time::Time;
 use crest_core::wire::Wire;
 use crest_storage::wal::Completion;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinHandle;
@@ -52,6 +55,11 @@ pub(crate) enum NodeMsg {
     Stored(Vec<Completion>),
     /// Report counters.
     Stats(RpcReplyPort<NodeStats>),
+    /// The subtree's measurements.
+    Report(RpcReplyPort<Report>),
+    /// Time to send the subtree's report to the parent (`report_interval_ms`). The flag is
+    /// set by the sender and cleared here, so at most one tick waits in the mailbox.
+    ReportTick(Arc<AtomicBool>),
 }
 
 /// Read-only configuration of the actor (mutable state lives in [`NodeState`]).
@@ -236,6 +244,13 @@ impl Actor for NodeActor {
             }
             NodeMsg::Stats(reply) => {
                 let _ = reply.send(state.machine.stats());
+            }
+            NodeMsg::Report(reply) => {
+                let _ = reply.send(state.machine.report(now));
+            }
+            NodeMsg::ReportTick(pending) => {
+                pending.store(false, Ordering::Release);
+                state.machine.report_tick(now);
             }
         }
         state.drive(&myself);

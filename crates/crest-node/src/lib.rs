@@ -13,8 +13,11 @@
 //! for it.
 
 mod actor;
+mod http;
 mod net;
 mod storage;
+
+pub use http::render_prometheus;
 
 use actor::{NodeActor, NodeArgs, NodeMsg};
 use crest_core::aggregator::{Aggregator, AggregatorConfig};
@@ -135,6 +138,7 @@ pub struct NodeHandle {
     name: String,
     role: Role,
     local_addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
     actor: ActorRef<NodeMsg>,
     actor_task: tokio::task::JoinHandle<()>,
     endpoint: quinn::Endpoint,
@@ -155,6 +159,20 @@ impl NodeHandle {
     /// The address the node is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Where the node serves HTTP (`/metrics`, `/stats`, `/healthz`, the dashboard), if it does.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    /// The measurements of the node's subtree (what `/stats` serves).
+    ///
+    /// # Errors
+    /// [`NodeError::Actor`] if the actor does not answer within 5 seconds.
+    pub async fn report(&self) -> Result<crest_core::metrics::Report, NodeError> {
+        ractor::call_t!(self.actor, NodeMsg::Report, 5_000)
+            .map_err(|e| NodeError::Actor(e.to_string()))
     }
 
     /// The node's counters.
@@ -292,6 +310,34 @@ pub async fn start_node(
         next_conn: Arc::new(AtomicU64::new(1)),
         shutdown: shutdown.clone(),
     };
+    let http_addr = match spec.http {
+        None => None,
+        Some(addr) => {
+            let listener =
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|error| NodeError::Io {
+                        path: format!("HTTP address {addr}"),
+                        error,
+                    })?;
+            let bound = listener.local_addr().ok();
+            tokio::spawn(http::serve(
+                listener,
+                actor.clone(),
+                name.to_string(),
+                spec.role.to_string(),
+                shutdown.clone(),
+            ));
+            bound
+        }
+    };
+    if spec.parent.is_some() {
+        tokio::spawn(report_ticks(
+            actor.clone(),
+            Duration::from_millis(spec.settings.report_interval_ms),
+            shutdown.clone(),
+        ));
+    }
     tokio::spawn(net::accept_loop(ctx.clone(), endpoint.clone()));
     if let Some(parent) = &spec.parent {
         let address = topology.node(parent).expect("validated").address.clone();
@@ -302,11 +348,32 @@ pub async fn start_node(
         name: name.to_string(),
         role: spec.role,
         local_addr,
+        http_addr,
         actor,
         actor_task,
         endpoint,
         shutdown,
     })
+}
+
+/// Asks the actor to report to its parent every `interval`, at most one request waiting.
+async fn report_ticks(actor: ActorRef<NodeMsg>, interval: Duration, shutdown: CancellationToken) {
+    let pending = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        if !pending.swap(true, std::sync::atomic::Ordering::AcqRel)
+            && actor
+                .send_message(NodeMsg::ReportTick(pending.clone()))
+                .is_err()
+        {
+            return;
+        }
+    }
 }
 
 /// A whole topology running in this process over loopback QUIC.

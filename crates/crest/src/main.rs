@@ -512,11 +512,14 @@ async fn local(topology_path: Option<&Path>, ca_out: &Path, data_dir: Option<&Pa
             .and_then(|n| n.parent.clone())
             .unwrap_or_default();
         println!(
-            "  {:<10} {:<10} {:<22} {}",
+            "  {:<10} {:<10} {:<22} {:<10} {}",
             node.name(),
             node.role().to_string(),
             node.local_addr(),
-            parent
+            parent,
+            node.http_addr()
+                .map(|addr| format!("http://{addr}/metrics"))
+                .unwrap_or_default()
         );
     }
     let root = tree
@@ -533,6 +536,9 @@ async fn local(topology_path: Option<&Path>, ca_out: &Path, data_dir: Option<&Pa
     println!("producers push to the leaves: {}", leaves.join(", "));
     println!("consumers pop from the root:  {}", root.local_addr());
     println!("clients trust the CA in:      {}", ca_out.display());
+    if let Some(http) = root.http_addr() {
+        println!("dashboard:                    http://{http}/");
+    }
     match data_dir {
         Some(dir) => println!(
             "leaves keep their logs in:    {} (fsync before ack)",

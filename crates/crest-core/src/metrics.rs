@@ -1,0 +1,476 @@
+//! Measurements of a node, and the reports that carry them up the tree.
+//!
+//! Every node records latency and size histograms ([`Metric`]) in a [`Recorder`] that keeps
+//! the *recent* past (the current window and the one before: between one and two
+//! [`RECENT_WINDOW`]s), plus counters and gauges. Every `report_interval_ms` a leaf or
+//! aggregator sends its parent a [`Report`] of its whole subtree: one [`NodeReport`] per node
+//! (counters, gauges, its own percentiles), the histograms merged over the subtree, and the
+//! subtree's topic stats merged. The root's report is therefore the whole tree; every node
+//! serves its own subtree's report (HTTP `/stats`, `/metrics`, the dashboard).
+//!
+//! Sizes are bounded: histograms travel as their non-empty buckets at two significant digits
+//! (at most a few hundred pairs each), a report names at most the nodes of the topology, and
+//! its topic list is capped by `report_topics_max` (the deepest topics are kept).
+
+use crate::config::Settings;
+use crate::machine::ConnId;
+use crate::time::Time;
+use crate::wire::Stats;
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// How long one recording window lasts; "recent" is the current window and the previous one.
+pub const RECENT_WINDOW: Duration = Duration::from_secs(10);
+
+/// Largest value a histogram records (one hour in microseconds; larger values saturate).
+const VALUE_MAX: u64 = 3_600_000_000;
+
+/// What a histogram measures.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
+pub enum Metric {
+    /// From a leaf making a message available (durable ack, delay over, release) to its entry
+    /// reaching an aggregator's window, µs.
+    BubbleToAggregator,
+    /// From a leaf making a message available to its entry reaching the root's window, µs.
+    BubbleToRoot,
+    /// At a leaf: push batch received to acknowledged (durable), µs.
+    PushAck,
+    /// At the root: pop received to answered, for pops that delivered something, µs.
+    Pop,
+    /// At the root: reserve sent to its answer from the leaf, µs.
+    ReserveRoundTrip,
+    /// At a leaf: messages per push batch.
+    PushBatch,
+    /// At the root: deliveries per answered pop.
+    PopBatch,
+}
+
+impl Metric {
+    /// Every metric, in order.
+    pub const ALL: [Metric; 7] = [
+        Metric::BubbleToAggregator,
+        Metric::BubbleToRoot,
+        Metric::PushAck,
+        Metric::Pop,
+        Metric::ReserveRoundTrip,
+        Metric::PushBatch,
+        Metric::PopBatch,
+    ];
+
+    /// A stable snake_case name (Prometheus, JSON, the dashboard).
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::BubbleToAggregator => "bubble_up_to_aggregator",
+            Metric::BubbleToRoot => "bubble_up_to_root",
+            Metric::PushAck => "push_ack",
+            Metric::Pop => "pop",
+            Metric::ReserveRoundTrip => "reserve_round_trip",
+            Metric::PushBatch => "push_batch",
+            Metric::PopBatch => "pop_batch",
+        }
+    }
+
+    /// The unit of the values.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Metric::PushBatch | Metric::PopBatch => "messages",
+            _ => "microseconds",
+        }
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, VALUE_MAX, 2).expect("valid bounds")
+}
+
+/// A histogram as it travels: `(value, count)` of each non-empty bucket, values ascending.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hist(pub Vec<(u64, u64)>);
+
+impl Hist {
+    fn of(histogram: &Histogram<u64>) -> Hist {
+        Hist(
+            histogram
+                .iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                .collect(),
+        )
+    }
+
+    fn to_histogram(&self) -> Histogram<u64> {
+        let mut histogram = histogram();
+        self.add_to(&mut histogram);
+        histogram
+    }
+
+    fn add_to(&self, histogram: &mut Histogram<u64>) {
+        for &(value, count) in &self.0 {
+            let _ = histogram.record_n(value.clamp(1, VALUE_MAX), count);
+        }
+    }
+
+    /// Adds another histogram's counts.
+    pub fn merge(&mut self, other: &Hist) {
+        let mut histogram = self.to_histogram();
+        other.add_to(&mut histogram);
+        *self = Hist::of(&histogram);
+    }
+
+    /// Number of values recorded.
+    pub fn count(&self) -> u64 {
+        self.0.iter().map(|(_, count)| count).sum()
+    }
+
+    /// Percentiles of the values.
+    pub fn percentiles(&self) -> Percentiles {
+        Percentiles::of(&self.to_histogram())
+    }
+
+    /// Cumulative counts at or below each bound (Prometheus buckets), for `bounds` ascending.
+    pub fn cumulative(&self, bounds: &[u64]) -> Vec<u64> {
+        bounds
+            .iter()
+            .map(|bound| {
+                self.0
+                    .iter()
+                    .filter(|(value, _)| value <= bound)
+                    .map(|(_, count)| count)
+                    .sum()
+            })
+            .collect()
+    }
+
+    /// Sum of the values (bucket values times counts; approximate within the precision).
+    pub fn sum(&self) -> u64 {
+        self.0
+            .iter()
+            .map(|(value, count)| value.saturating_mul(*count))
+            .fold(0u64, u64::saturating_add)
+    }
+}
+
+/// Percentiles of one histogram.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Percentiles {
+    /// Values recorded.
+    pub count: u64,
+    /// Median.
+    pub p50: u64,
+    /// 90th percentile.
+    pub p90: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// Largest value.
+    pub max: u64,
+}
+
+impl Percentiles {
+    fn of(histogram: &Histogram<u64>) -> Percentiles {
+        if histogram.is_empty() {
+            return Percentiles::default();
+        }
+        Percentiles {
+            count: histogram.len(),
+            p50: histogram.value_at_quantile(0.5),
+            p90: histogram.value_at_quantile(0.9),
+            p99: histogram.value_at_quantile(0.99),
+            p999: histogram.value_at_quantile(0.999),
+            max: histogram.max(),
+        }
+    }
+}
+
+/// A node's histograms over the recent past (see the module doc).
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    current: BTreeMap<Metric, Histogram<u64>>,
+    previous: BTreeMap<Metric, Histogram<u64>>,
+    window_start: Time,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder {
+            current: BTreeMap::new(),
+            previous: BTreeMap::new(),
+            window_start: Time(0),
+        }
+    }
+}
+
+impl Recorder {
+    fn rotate(&mut self, now: Time) {
+        if now.saturating_since(self.window_start) >= RECENT_WINDOW {
+            self.previous = std::mem::take(&mut self.current);
+            self.window_start = now;
+        }
+    }
+
+    /// Records one value.
+    pub(crate) fn record(&mut self, now: Time, metric: Metric, value: u64) {
+        self.rotate(now);
+        self.current
+            .entry(metric)
+            .or_insert_with(histogram)
+            .saturating_record(value.clamp(1, VALUE_MAX));
+    }
+
+    /// Records the time from `since` to `now`, in microseconds.
+    pub(crate) fn record_since(&mut self, now: Time, metric: Metric, since: Time) {
+        let micros = now.saturating_since(since).as_micros() as u64;
+        self.record(now, metric, micros);
+    }
+
+    /// The recent histograms.
+    pub(crate) fn recent(&mut self, now: Time) -> BTreeMap<Metric, Hist> {
+        self.rotate(now);
+        // Rotation happens on use: a window older than two windows is stale.
+        let stale = now.saturating_since(self.window_start) >= RECENT_WINDOW * 2;
+        let mut out = BTreeMap::new();
+        for metric in Metric::ALL {
+            let mut merged = histogram();
+            if !stale {
+                for part in [self.current.get(&metric), self.previous.get(&metric)]
+                    .into_iter()
+                    .flatten()
+                {
+                    let _ = merged.add(part);
+                }
+            }
+            if !merged.is_empty() {
+                out.insert(metric, Hist::of(&merged));
+            }
+        }
+        out
+    }
+}
+
+/// One node's summary in a [`Report`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// The node's name.
+    pub name: String,
+    /// Its role (`leaf`, `aggregator`, `root`).
+    pub role: String,
+    /// Its parent's name, if any.
+    pub parent: Option<String>,
+    /// Whether its parent session is up (always true at the root).
+    pub connected: bool,
+    /// When it made this summary.
+    pub at: Time,
+    /// Monotonic counters since the node started (pushes, pops, acks, …).
+    pub counters: BTreeMap<String, u64>,
+    /// Current levels (messages held, leased, window entries, …).
+    pub gauges: BTreeMap<String, u64>,
+    /// Its own recent percentiles, per metric.
+    pub latency: BTreeMap<Metric, Percentiles>,
+}
+
+/// A subtree's measurements (see the module doc).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// One summary per node of the subtree, this node first.
+    pub nodes: Vec<NodeReport>,
+    /// Recent histograms merged over the subtree.
+    pub histograms: BTreeMap<Metric, Hist>,
+    /// Topic depths and event counters merged over the subtree's leaves.
+    pub stats: Stats,
+}
+
+impl Report {
+    /// Adds a child's report.
+    pub fn merge(&mut self, child: &Report) {
+        self.nodes.extend(child.nodes.iter().cloned());
+        for (metric, hist) in &child.histograms {
+            self.histograms.entry(*metric).or_default().merge(hist);
+        }
+        self.stats.merge(&child.stats);
+    }
+
+    /// Keeps the `max` deepest topics (ready + delayed + in flight + dead).
+    pub fn cap_topics(&mut self, max: usize) {
+        if self.stats.topics.len() <= max {
+            return;
+        }
+        let depth = |t: &crate::wire::TopicStats| {
+            t.ready.iter().map(|(_, n)| n).sum::<u64>() + t.delayed + t.in_flight + t.dead
+        };
+        let mut topics = std::mem::take(&mut self.stats.topics);
+        topics.sort_by_key(|t| std::cmp::Reverse(depth(t)));
+        topics.truncate(max);
+        topics.sort_by(|a, b| a.topic.cmp(&b.topic));
+        self.stats.topics = topics;
+    }
+}
+
+/// What a node says about itself in its report.
+pub(crate) struct OwnReport {
+    pub(crate) name: String,
+    pub(crate) role: &'static str,
+    pub(crate) parent: Option<String>,
+    pub(crate) connected: bool,
+    pub(crate) counters: BTreeMap<String, u64>,
+    pub(crate) gauges: BTreeMap<String, u64>,
+    pub(crate) stats: Stats,
+}
+
+/// A node's measurements and its children's latest reports, and when to report next.
+#[derive(Debug)]
+pub(crate) struct Reporter {
+    pub(crate) recorder: Recorder,
+    children: HashMap<ConnId, Report>,
+    topics_max: usize,
+}
+
+impl Reporter {
+    pub(crate) fn new(settings: &Settings) -> Reporter {
+        Reporter {
+            recorder: Recorder::default(),
+            children: HashMap::new(),
+            topics_max: settings.report_topics_max as usize,
+        }
+    }
+
+    /// A child's latest report (replacing its previous one).
+    pub(crate) fn child_report(&mut self, child: ConnId, mut report: Report) {
+        report.nodes.truncate(NODES_MAX);
+        self.children.insert(child, report);
+    }
+
+    /// A child is gone: its report goes too.
+    pub(crate) fn child_gone(&mut self, child: ConnId) {
+        self.children.remove(&child);
+    }
+
+    /// The subtree's report: this node's own summary, then its children's reports merged.
+    pub(crate) fn report(&mut self, now: Time, own: OwnReport) -> Report {
+        let recent = self.recorder.recent(now);
+        let node = NodeReport {
+            name: own.name,
+            role: own.role.to_string(),
+            parent: own.parent,
+            connected: own.connected,
+            at: now,
+            counters: own.counters,
+            gauges: own.gauges,
+            latency: recent
+                .iter()
+                .map(|(metric, hist)| (*metric, hist.percentiles()))
+                .collect(),
+        };
+        let mut report = Report {
+            nodes: vec![node],
+            histograms: recent,
+            stats: own.stats,
+        };
+        let mut children: Vec<&Report> = self.children.values().collect();
+        children.sort_by(|a, b| {
+            let name = |r: &Report| r.nodes.first().map(|n| n.name.clone());
+            name(a).cmp(&name(b))
+        });
+        for child in children {
+            report.merge(child);
+        }
+        report.nodes.truncate(NODES_MAX);
+        report.cap_topics(self.topics_max);
+        report
+    }
+}
+
+/// Counters or gauges as a report carries them.
+pub(crate) fn named(values: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    values
+        .iter()
+        .map(|(name, value)| ((*name).to_string(), *value))
+        .collect()
+}
+
+/// Most node summaries a report carries (a bound far above any topology's size).
+pub const NODES_MAX: usize = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorder_keeps_the_recent_past_and_forgets_older_windows() {
+        let mut recorder = Recorder::default();
+        let t0 = Time::from_millis(1_000_000);
+        for value in 1..=100 {
+            recorder.record(t0, Metric::Pop, value);
+        }
+        let recent = recorder.recent(t0);
+        let p = recent[&Metric::Pop].percentiles();
+        assert_eq!(p.count, 100);
+        assert!((49..=51).contains(&p.p50), "{p:?}");
+        assert_eq!(p.max, 100);
+        // One window later the values are still recent (previous window) …
+        let t1 = t0 + RECENT_WINDOW;
+        recorder.record(t1, Metric::Pop, 1_000);
+        assert_eq!(recorder.recent(t1)[&Metric::Pop].count(), 101);
+        // … two windows later only the newest window's values remain; then nothing.
+        let t2 = t1 + RECENT_WINDOW;
+        assert_eq!(recorder.recent(t2)[&Metric::Pop].count(), 1);
+        assert!(recorder.recent(t2 + RECENT_WINDOW * 2).is_empty());
+    }
+
+    #[test]
+    fn hists_merge_and_give_prometheus_buckets() {
+        let mut recorder = Recorder::default();
+        let now = Time::from_millis(5);
+        for value in [10, 20, 30] {
+            recorder.record(now, Metric::PushAck, value);
+        }
+        let mut a = recorder.recent(now)[&Metric::PushAck].clone();
+        let b = a.clone();
+        a.merge(&b);
+        assert_eq!(a.count(), 6);
+        assert_eq!(a.cumulative(&[5, 10, 25, 1000]), vec![0, 2, 4, 6]);
+        assert_eq!(a.sum(), 120);
+    }
+
+    #[test]
+    fn reports_merge_nodes_histograms_and_stats_and_cap_topics() {
+        let topic = |name: &str, ready: u64| crate::wire::TopicStats {
+            topic: name.into(),
+            ready: vec![(1, ready)],
+            ..crate::wire::TopicStats::default()
+        };
+        let mut parent = Report {
+            nodes: vec![NodeReport {
+                name: "agg".into(),
+                ..NodeReport::default()
+            }],
+            ..Report::default()
+        };
+        let child = Report {
+            nodes: vec![NodeReport {
+                name: "leaf".into(),
+                ..NodeReport::default()
+            }],
+            histograms: [(Metric::PushAck, Hist(vec![(7, 2)]))].into(),
+            stats: Stats {
+                topics: vec![topic("a", 1), topic("b", 5), topic("c", 3)],
+                ..Stats::default()
+            },
+        };
+        parent.merge(&child);
+        parent.merge(&child);
+        assert_eq!(parent.nodes.len(), 3);
+        assert_eq!(parent.histograms[&Metric::PushAck].count(), 4);
+        assert_eq!(parent.stats.topic("b").unwrap().ready, vec![(1, 10)]);
+        parent.cap_topics(2);
+        let names: Vec<&str> = parent
+            .stats
+            .topics
+            .iter()
+            .map(|t| t.topic.as_str())
+            .collect();
+        assert_eq!(names, vec!["b", "c"]);
+    }
+}

@@ -1,0 +1,289 @@
+//! HTTP on every node (axum): what operators and the dashboard read.
+//!
+//! - `GET /healthz`: `{"node", "role", "status": "ok"}` when the node's actor answers (503
+//!   otherwise);
+//! - `GET /stats`: the node's subtree [`Report`] as JSON — one summary per node, the recent
+//!   latency histograms merged over the subtree, topic depths merged over its leaves (at the
+//!   root: the whole tree);
+//! - `GET /metrics`: the same in Prometheus text format (counters and gauges per node, the
+//!   histograms as Prometheus histograms, topic depths);
+//! - `GET /`: the dashboard, a self-contained page (no external scripts) that polls `/stats`.
+
+use crate::actor::NodeMsg;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use crest_core::metrics::{Hist, Metric, Report};
+use ractor::ActorRef;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+
+/// How long a handler waits for the node's actor.
+const ACTOR_TIMEOUT_MS: u64 = 2_000;
+
+/// The dashboard page.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+struct HttpState {
+    actor: ActorRef<NodeMsg>,
+    name: String,
+    role: String,
+}
+
+/// Serves HTTP on `listener` until `shutdown`.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    actor: ActorRef<NodeMsg>,
+    name: String,
+    role: String,
+    shutdown: CancellationToken,
+) {
+    let state = Arc::new(HttpState { actor, name, role });
+    let app = Router::new()
+        .route("/", get(dashboard))
+        .route("/healthz", get(healthz))
+        .route("/stats", get(stats))
+        .route("/metrics", get(metrics))
+        .with_state(state);
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    if let Err(error) = result {
+        tracing::warn!(%error, "HTTP server stopped");
+    }
+}
+
+async fn report(state: &HttpState) -> Result<Report, Response> {
+    ractor::call_t!(state.actor, NodeMsg::Report, ACTOR_TIMEOUT_MS).map_err(|error| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("node {} did not answer: {error}\n", state.name),
+        )
+            .into_response()
+    })
+}
+
+async fn dashboard() -> Html<&'static str> {
+    Html(DASHBOARD)
+}
+
+async fn healthz(State(state): State<Arc<HttpState>>) -> Response {
+    let answered = ractor::call_t!(state.actor, NodeMsg::Stats, ACTOR_TIMEOUT_MS);
+    let body = serde_json::json!({
+        "node": state.name,
+        "role": state.role,
+        "status": if answered.is_ok() { "ok" } else { "unresponsive" },
+    });
+    let code = if answered.is_ok() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, axum::Json(body)).into_response()
+}
+
+async fn stats(State(state): State<Arc<HttpState>>) -> Response {
+    match report(&state).await {
+        Ok(report) => axum::Json(report).into_response(),
+        Err(response) => response,
+    }
+}
+
+async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
+    match report(&state).await {
+        Ok(report) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            render_prometheus(&report, wall_clock_micros()),
+        )
+            .into_response(),
+        Err(response) => response,
+    }
+}
+
+fn wall_clock_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Bucket bounds of the Prometheus histograms: microseconds, or messages per batch.
+const MICROS_BOUNDS: [u64; 14] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+    5_000_000, 30_000_000,
+];
+const MESSAGES_BOUNDS: [u64; 12] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096];
+
+/// A label value escaped for the Prometheus text format.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// A metric name made of `[a-zA-Z0-9_]` only.
+fn metric_name(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// Renders a report in the Prometheus text exposition format (version 0.0.4): one `# TYPE`
+/// line per family, followed by all its samples.
+pub fn render_prometheus(report: &Report, now_micros: u64) -> String {
+    let mut out = String::new();
+    let mut families = |kind: &str,
+                        suffix: &str,
+                        pick: &dyn Fn(
+        &crest_core::metrics::NodeReport,
+    ) -> &std::collections::BTreeMap<String, u64>| {
+        let mut names: Vec<&String> = report.nodes.iter().flat_map(|n| pick(n).keys()).collect();
+        names.sort();
+        names.dedup();
+        for name in names {
+            let family = format!("crest_{}{suffix}", metric_name(name));
+            let _ = writeln!(out, "# TYPE {family} {kind}");
+            for node in &report.nodes {
+                if let Some(value) = pick(node).get(name) {
+                    let _ = writeln!(
+                        out,
+                        "{family}{{node=\"{}\",role=\"{}\"}} {value}",
+                        label(&node.name),
+                        label(&node.role)
+                    );
+                }
+            }
+        }
+    };
+    families("counter", "_total", &|n| &n.counters);
+    families("gauge", "", &|n| &n.gauges);
+    out.push_str("# TYPE crest_node_connected gauge\n");
+    for node in &report.nodes {
+        let _ = writeln!(
+            out,
+            "crest_node_connected{{node=\"{}\",role=\"{}\"}} {}",
+            label(&node.name),
+            label(&node.role),
+            u8::from(node.connected)
+        );
+    }
+    for metric in Metric::ALL {
+        let empty = Hist::default();
+        let hist = report.histograms.get(&metric).unwrap_or(&empty);
+        let bounds: &[u64] = if metric.unit() == "messages" {
+            &MESSAGES_BOUNDS
+        } else {
+            &MICROS_BOUNDS
+        };
+        let family = format!("crest_{}_{}", metric.name(), metric.unit());
+        let _ = writeln!(out, "# TYPE {family} histogram");
+        for (bound, count) in bounds.iter().zip(hist.cumulative(bounds)) {
+            let _ = writeln!(out, "{family}_bucket{{le=\"{bound}\"}} {count}");
+        }
+        let _ = writeln!(out, "{family}_bucket{{le=\"+Inf\"}} {}", hist.count());
+        let _ = writeln!(out, "{family}_sum {}", hist.sum());
+        let _ = writeln!(out, "{family}_count {}", hist.count());
+    }
+    let topics = &report.stats.topics;
+    out.push_str("# TYPE crest_topic_ready gauge\n");
+    for topic in topics {
+        for (priority, count) in &topic.ready {
+            let _ = writeln!(
+                out,
+                "crest_topic_ready{{topic=\"{}\",priority=\"{priority}\"}} {count}",
+                label(&topic.topic)
+            );
+        }
+    }
+    type TopicField = fn(&crest_core::wire::TopicStats) -> u64;
+    let fields: [(&str, TopicField); 3] = [
+        ("crest_topic_delayed", |t| t.delayed),
+        ("crest_topic_in_flight", |t| t.in_flight),
+        ("crest_topic_dead", |t| t.dead),
+    ];
+    for (family, field) in fields {
+        let _ = writeln!(out, "# TYPE {family} gauge");
+        for topic in topics {
+            let _ = writeln!(
+                out,
+                "{family}{{topic=\"{}\"}} {}",
+                label(&topic.topic),
+                field(topic)
+            );
+        }
+    }
+    out.push_str("# TYPE crest_topic_oldest_age_seconds gauge\n");
+    for topic in topics {
+        if let Some(oldest) = topic.oldest_enqueued_at {
+            let age = Duration::from_micros(now_micros.saturating_sub(oldest.0)).as_secs_f64();
+            let _ = writeln!(
+                out,
+                "crest_topic_oldest_age_seconds{{topic=\"{}\"}} {age:.3}",
+                label(&topic.topic)
+            );
+        }
+    }
+    let stats = &report.stats;
+    for (family, value) in [
+        ("crest_messages_expired_total", stats.expired),
+        ("crest_messages_dead_lettered_total", stats.dead_lettered),
+        ("crest_pushes_deduplicated_total", stats.deduplicated),
+    ] {
+        let _ = writeln!(out, "# TYPE {family} counter\n{family} {value}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crest_core::metrics::NodeReport;
+    use crest_core::time::Time;
+    use crest_core::wire::{Stats, TopicStats};
+
+    #[test]
+    fn prometheus_text_groups_families_and_escapes_labels() {
+        let node = |name: &str, pushed: u64| NodeReport {
+            name: name.into(),
+            role: "leaf".into(),
+            connected: true,
+            counters: [("pushed".to_string(), pushed)].into(),
+            gauges: [("messages".to_string(), 3)].into(),
+            ..NodeReport::default()
+        };
+        let report = Report {
+            nodes: vec![node("leaf-1", 5), node("le\"af\\2", 7)],
+            histograms: [(Metric::PushAck, Hist(vec![(300, 2), (2_000, 1)]))].into(),
+            stats: Stats {
+                topics: vec![TopicStats {
+                    topic: "jobs".into(),
+                    ready: vec![(0, 4), (9, 1)],
+                    oldest_enqueued_at: Some(Time(1_000_000)),
+                    ..TopicStats::default()
+                }],
+                ..Stats::default()
+            },
+        };
+        let text = render_prometheus(&report, 3_000_000);
+        assert!(text.contains("# TYPE crest_pushed_total counter\ncrest_pushed_total{node=\"leaf-1\",role=\"leaf\"} 5\ncrest_pushed_total{node=\"le\\\"af\\\\2\",role=\"leaf\"} 7\n"), "{text}");
+        assert!(text.contains("crest_push_ack_microseconds_bucket{le=\"250\"} 0\n"));
+        assert!(text.contains("crest_push_ack_microseconds_bucket{le=\"500\"} 2\n"));
+        assert!(text.contains("crest_push_ack_microseconds_bucket{le=\"+Inf\"} 3\n"));
+        assert!(text.contains("crest_push_ack_microseconds_count 3\n"));
+        assert!(text.contains("crest_topic_ready{topic=\"jobs\",priority=\"9\"} 1\n"));
+        assert!(text.contains("crest_topic_oldest_age_seconds{topic=\"jobs\"} 2.000\n"));
+        // Each family's TYPE line appears once.
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE")).collect();
+        let mut unique = types.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(types.len(), unique.len());
+    }
+}

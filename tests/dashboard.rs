@@ -1,0 +1,393 @@
+//! HTTP on every node and the dashboard, on the default tree over real sockets: `/metrics`
+//! parses as Prometheus text, `/stats` depths match what was pushed and popped, `/healthz`
+//! answers on every node, and headless Chromium renders the dashboard's histograms with data
+//! (a screenshot is saved under `target/test-artifacts/`).
+
+use crest::core::topology::Topology;
+use crest::node::LocalTree;
+use crest::sdk::{ClientTls, Consumer, ConsumerConfig, Message, Producer, ProducerConfig};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A plain HTTP/1.1 GET: (status, body).
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8(response).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").unwrap();
+        let size = usize::from_str_radix(size.trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+    }
+}
+
+async fn tree() -> LocalTree {
+    let topology = Topology::parse(crest::DEFAULT_TOPOLOGY)
+        .unwrap()
+        .with_ephemeral_ports();
+    let tree = LocalTree::start(&topology).await.unwrap();
+    assert!(tree.wait_connected(Duration::from_secs(10)).await);
+    tree
+}
+
+fn http(tree: &LocalTree, name: &str) -> SocketAddr {
+    tree.node(name).unwrap().http_addr().expect("http address")
+}
+
+/// A strict reading of the Prometheus text format: every sample belongs to a family declared
+/// by one `# TYPE` line before it, values are numbers, histogram buckets are cumulative and
+/// end with `+Inf` = `_count`. Returns (family → type, samples as (name with labels, value)).
+fn parse_prometheus(text: &str) -> (BTreeMap<String, String>, Vec<(String, f64)>) {
+    let mut types = BTreeMap::new();
+    let mut samples = Vec::new();
+    let mut buckets: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (family, kind) = rest.split_once(' ').expect("TYPE name kind");
+            assert!(
+                ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
+                "{line}"
+            );
+            assert!(
+                types.insert(family.to_string(), kind.to_string()).is_none(),
+                "family {family} declared twice"
+            );
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect("sample: series value");
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("value in {line}"));
+        let name = series.split('{').next().unwrap();
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "{line}"
+        );
+        if let Some(labels) = series.strip_prefix(name) {
+            if !labels.is_empty() {
+                assert!(labels.starts_with('{') && labels.ends_with('}'), "{line}");
+            }
+        }
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| {
+                name.strip_suffix(suffix)
+                    .filter(|base| types.get(*base).is_some_and(|k| k == "histogram"))
+            })
+            .unwrap_or(name);
+        assert!(types.contains_key(family), "sample before its TYPE: {line}");
+        if name.ends_with("_bucket") {
+            buckets.entry(family.to_string()).or_default().push(value);
+        }
+        if name.ends_with("_count") && types.get(family).is_some_and(|k| k == "histogram") {
+            let counts = &buckets[family];
+            assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{family} buckets");
+            assert_eq!(*counts.last().unwrap(), value, "{family}: +Inf = count");
+        }
+        samples.push((series.to_string(), value));
+    }
+    (types, samples)
+}
+
+fn sum_of(samples: &[(String, f64)], prefix: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|(series, _)| series.starts_with(prefix))
+        .map(|(_, value)| value)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
+    let tree = tree().await;
+    let tls = ClientTls {
+        ca_pem: tree.ca_pem.clone(),
+    };
+    let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls.clone()))
+        .await
+        .unwrap();
+    for i in 0..40u32 {
+        producer
+            .push("jobs", i % 5, format!("m{i}").into_bytes())
+            .await
+            .unwrap();
+    }
+    let consumer = Consumer::connect(ConsumerConfig::from_topology(&tree.topology, tls))
+        .await
+        .unwrap();
+    let mut popped = Vec::new();
+    while popped.len() < 15 {
+        popped.extend(
+            consumer
+                .pop("jobs", 15 - popped.len() as u32, Duration::from_secs(1))
+                .await
+                .unwrap(),
+        );
+    }
+    let receipts: Vec<_> = popped[..5].iter().map(|d| d.receipt()).collect();
+    assert!(
+        consumer
+            .ack_many(&receipts)
+            .await
+            .unwrap()
+            .iter()
+            .all(Result::is_ok)
+    );
+
+    // Reports climb a level per interval (1 s): wait until the root's view is complete.
+    let root = http(&tree, "root");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let stats = loop {
+        let (status, body) = get(root, "/stats").await;
+        assert_eq!(status, 200, "{body}");
+        let stats: Value = serde_json::from_str(&body).unwrap();
+        let jobs = stats["stats"]["topics"]
+            .as_array()
+            .and_then(|topics| topics.iter().find(|t| t["topic"] == "jobs").cloned());
+        let ready: u64 = jobs
+            .as_ref()
+            .map(|t| {
+                t["ready"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r[1].as_u64().unwrap())
+                    .sum()
+            })
+            .unwrap_or(0);
+        let in_flight = jobs
+            .as_ref()
+            .map_or(0, |t| t["in_flight"].as_u64().unwrap());
+        let acked: u64 = stats["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n["counters"]["acked"].as_u64())
+            .sum();
+        if stats["nodes"].as_array().unwrap().len() == 7 && (ready, in_flight, acked) == (25, 10, 5)
+        {
+            break stats;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "root never saw the whole tree: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let names: HashSet<&str> = stats["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    let expected: HashSet<&str> = tree.nodes.iter().map(|n| n.name()).collect();
+    assert_eq!(names, expected);
+    assert!(
+        stats["histograms"]["BubbleToRoot"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+    );
+    assert!(
+        stats["histograms"]["BubbleToAggregator"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+    );
+
+    let (status, text) = get(root, "/metrics").await;
+    assert_eq!(status, 200);
+    let (types, samples) = parse_prometheus(&text);
+    assert_eq!(types["crest_pushed_total"], "counter");
+    assert_eq!(types["crest_bubble_up_to_root_microseconds"], "histogram");
+    assert_eq!(sum_of(&samples, "crest_pushed_total{"), 40.0);
+    assert_eq!(sum_of(&samples, "crest_deliveries_total{"), 15.0);
+    assert_eq!(sum_of(&samples, "crest_topic_ready{topic=\"jobs\""), 25.0);
+    assert_eq!(
+        sum_of(&samples, "crest_topic_in_flight{topic=\"jobs\"}"),
+        10.0
+    );
+    assert!(sum_of(&samples, "crest_bubble_up_to_root_microseconds_count") >= 15.0);
+    assert_eq!(sum_of(&samples, "crest_protocol_violations_total{"), 0.0);
+
+    // Every node answers on its own; a leaf's subtree is itself.
+    for node in &tree.nodes {
+        let addr = node.http_addr().unwrap();
+        let (status, body) = get(addr, "/healthz").await;
+        assert_eq!(status, 200, "{body}");
+        let health: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(health["status"], "ok");
+        assert_eq!(health["node"], node.name());
+        let (status, text) = get(addr, "/metrics").await;
+        assert_eq!(status, 200);
+        parse_prometheus(&text);
+    }
+    let (_, leaf) = get(http(&tree, "leaf-1"), "/stats").await;
+    let leaf: Value = serde_json::from_str(&leaf).unwrap();
+    assert_eq!(leaf["nodes"].as_array().unwrap().len(), 1);
+    let (status, page) = get(root, "/").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("<canvas id=\"bubble\""));
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "self-contained page"
+    );
+    let (status, _) = get(root, "/nope").await;
+    assert_eq!(status, 404);
+    tree.shutdown().await;
+}
+
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .map(|name| PathBuf::from("/usr/bin").join(name))
+        .find(|path| path.exists())
+}
+
+fn headless(browser: &PathBuf, profile: &std::path::Path) -> std::process::Command {
+    let mut command = std::process::Command::new(browser);
+    command.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--virtual-time-budget=5000",
+        "--window-size=1400,1100",
+    ]);
+    command.arg(format!("--user-data-dir={}", profile.display()));
+    command
+}
+
+/// The `data-NAME="…"` attribute of the element with `id`, in a dumped DOM.
+fn attribute(dom: &str, id: &str, name: &str) -> String {
+    let start = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("#{id}"));
+    let tag_end = start + dom[start..].find('>').unwrap();
+    let tag = &dom[start..tag_end];
+    let key = format!("data-{name}=\"");
+    let at = tag
+        .find(&key)
+        .unwrap_or_else(|| panic!("#{id} {name}: {tag}"))
+        + key.len();
+    tag[at..at + tag[at..].find('"').unwrap()].to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromium() {
+    let Some(browser) = chromium() else {
+        panic!(
+            "headless Chromium is needed (Debian: apt-get install chromium); .ci/run installs it"
+        );
+    };
+    let tree = tree().await;
+    let tls = ClientTls {
+        ca_pem: tree.ca_pem.clone(),
+    };
+    // Load: a producer and a consumer running while the page is open.
+    let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls.clone()))
+        .await
+        .unwrap();
+    let consumer = Consumer::connect(ConsumerConfig::from_topology(&tree.topology, tls))
+        .await
+        .unwrap();
+    let load = tokio::spawn(async move {
+        let mut i = 0u32;
+        loop {
+            let mut handles = Vec::new();
+            for _ in 0..50 {
+                i += 1;
+                let message = Message::new("jobs", format!("m{i}").into_bytes()).priority(i % 10);
+                handles.push(producer.send(message).await.unwrap());
+            }
+            for handle in handles {
+                handle.acked().await.unwrap();
+            }
+            let got = consumer.pop("jobs", 30, Duration::ZERO).await.unwrap();
+            let receipts: Vec<_> = got.iter().map(|d| d.receipt()).collect();
+            consumer.ack_many(&receipts).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    // Two report intervals, so the root holds every level's histograms.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let url = format!("http://{}/", http(&tree, "root"));
+    let profile = tempfile::tempdir().unwrap();
+    let mut dump = headless(&browser, profile.path());
+    dump.arg("--dump-dom").arg(&url);
+    let output = tokio::task::spawn_blocking(move || dump.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let refreshes: u32 = attribute(&dom, "bubble", "points").parse().unwrap_or(0);
+    assert!(refreshes > 0, "bubble-up plot has no points:\n{dom}");
+    let series = attribute(&dom, "bubble", "series");
+    assert!(
+        series.contains("bubble_up_to_aggregator") && series.contains("bubble_up_to_root"),
+        "both levels plotted: {series}"
+    );
+    let client = attribute(&dom, "client", "series");
+    assert!(
+        client.contains("push_ack") && client.contains("pop"),
+        "{client}"
+    );
+    assert!(
+        dom.contains("leaf-4") && dom.contains("agg-2"),
+        "the tree and node table"
+    );
+
+    let artifacts = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let screenshot = artifacts.join("dashboard.png");
+    let _ = std::fs::remove_file(&screenshot);
+    let profile = tempfile::tempdir().unwrap();
+    let mut shot = headless(&browser, profile.path());
+    shot.arg(format!("--screenshot={}", screenshot.display()))
+        .arg(&url);
+    let output = tokio::task::spawn_blocking(move || shot.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(output.status.success());
+    let size = std::fs::metadata(&screenshot).map(|m| m.len()).unwrap_or(0);
+    assert!(size > 10_000, "screenshot of {size} bytes");
+    println!("screenshot: {}", screenshot.display());
+    load.abort();
+    tree.shutdown().await;
+}
