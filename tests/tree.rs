@@ -63,6 +63,33 @@ impl Lcg {
     }
 }
 
+/// Waits until every window above the leaves is full and no offer moved for 300 ms.
+async fn wait_until_quiet(tree: &LocalTree) {
+    let credits = u64::from(tree.topology.root().settings.credits_per_topic);
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut last = None;
+    loop {
+        let mut full = true;
+        let mut offers = 0;
+        for node in tree.nodes.iter().filter(|n| n.role() != Role::Leaf) {
+            if node.stats().await.unwrap().window_entries < 2 * credits {
+                full = false;
+            }
+            let report = node.report().await.unwrap();
+            offers += report.nodes[0].counters["offers_received"];
+        }
+        if full && last == Some(offers) {
+            return;
+        }
+        last = Some(offers);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tree never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 /// Pushes `per_leaf` messages of random priority through every leaf, concurrently.
 async fn push_everywhere(
     producers: &[Producer],
@@ -94,26 +121,12 @@ async fn every_message_is_delivered_once_in_key_order_across_leaves() {
     let pushed = push_everywhere(&producers, 300, 11).await;
     let leaves: HashSet<LeafId> = pushed.iter().map(|(id, _)| id.leaf()).collect();
     assert_eq!(leaves.len(), 4, "messages live on every leaf");
-    // An acknowledged push is durable at its leaf; its entry then bubbles up. Until every
-    // window above the leaves is full, a message may be ready at a leaf without the root
-    // knowing of it (rank error by bubble-up latency, which grows with the machine's load).
-    // "Quiet" means every window is full: each child fills its parent's window to its credit.
-    let credits = u64::from(tree.topology.root().settings.credits_per_topic);
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let mut full = true;
-        for node in &tree.nodes {
-            let stats = node.stats().await.unwrap();
-            if node.role() != Role::Leaf && stats.window_entries < 2 * credits {
-                full = false;
-            }
-        }
-        if full {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "windows never filled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // An acknowledged push is durable at its leaf; its entry then bubbles up (and better
+    // entries swap in for worse ones). Until that settles, a message may be ready at a leaf
+    // without the root knowing of it: rank error by bubble-up latency, which grows with the
+    // machine's load. Quiet: every window above the leaves is full and no offer has moved for
+    // 300 ms.
+    wait_until_quiet(&tree).await;
 
     let consumer = consumer(&tree).await;
     let mut popped: Vec<Delivery> = Vec::new();
@@ -135,6 +148,23 @@ async fn every_message_is_delivered_once_in_key_order_across_leaves() {
     let mut sorted = keys.clone();
     sorted.sort();
     let inversions = keys.iter().zip(&sorted).filter(|(a, b)| a != b).count();
+    if inversions > 0 {
+        let first = keys.iter().zip(&sorted).position(|(a, b)| a != b).unwrap();
+        for (i, (k, d)) in keys
+            .iter()
+            .zip(&popped)
+            .enumerate()
+            .skip(first.saturating_sub(3))
+            .take(12)
+        {
+            eprintln!(
+                "DEBUG {i}: popped {:?} leaf {} expected {:?}",
+                (k.0, k.1 % 10_000_000),
+                d.id.leaf(),
+                (sorted[i].0, sorted[i].1 % 10_000_000)
+            );
+        }
+    }
     assert_eq!(
         inversions, 0,
         "pop sequence is in key order (priority, ready time, id)"

@@ -91,6 +91,7 @@ struct RootCounters {
     reserves_denied: u64,
     settle_requests: u64,
     admin_requests: u64,
+    offers_received: u64,
 }
 
 #[derive(Debug)]
@@ -849,6 +850,7 @@ impl Machine for Root {
         let peer = self.children.peers.get(&conn).cloned();
         match (peer, msg) {
             (Some(crate::downstream::Peer::Child { .. }), Wire::Offer(offer)) => {
+                self.counters.offers_received += 1;
                 let topic = self.children.topic(&offer.topic);
                 let credits = self.children.credits();
                 let window = self
@@ -966,6 +968,7 @@ impl Machine for Root {
             ("reserves_denied", c.reserves_denied),
             ("settle_requests", c.settle_requests),
             ("admin_requests", c.admin_requests),
+            ("offers_received", c.offers_received),
             ("protocol_violations", self.violations),
         ];
         let gauges = [
