@@ -362,6 +362,13 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
         series.contains("bubble_up_to_aggregator") && series.contains("bubble_up_to_root"),
         "both levels plotted: {series}"
     );
+    let per_node = attribute(&dom, "bubble-nodes", "series");
+    for node in ["root", "agg-1", "agg-2"] {
+        assert!(
+            per_node.split(',').any(|s| s == node),
+            "{node} plotted: {per_node}"
+        );
+    }
     let client = attribute(&dom, "client", "series");
     assert!(
         client.contains("push_ack") && client.contains("pop"),
