@@ -574,3 +574,58 @@ async fn a_restarted_root_loses_nothing_a_leaf_holds() {
     );
     tree.shutdown().await;
 }
+
+/// The `pushed` and `push_batches` counters of every leaf, summed.
+async fn push_counters(tree: &LocalTree) -> (u64, u64) {
+    let mut totals = (0, 0);
+    for node in tree.nodes.iter().filter(|n| n.role() == Role::Leaf) {
+        let report = node.report().await.unwrap();
+        totals.0 += report.nodes[0].counters["pushed"];
+        totals.1 += report.nodes[0].counters["push_batches"];
+    }
+    totals
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_batches_adapt_to_load() {
+    // Goal: the SDK sends at once when its link is idle (light load: one message per batch,
+    // no waiting for company) and batches grow as load rises (heavy load: many per batch).
+    // Method: the leaves' counters of messages and batches received.
+    let tree = start_tree().await;
+    let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls(&tree)))
+        .await
+        .unwrap();
+    for i in 0..40u32 {
+        producer.push("light", i % 10, vec![1u8; 16]).await.unwrap();
+    }
+    assert_eq!(
+        push_counters(&tree).await,
+        (40, 40),
+        "idle link: every message went alone, at once"
+    );
+    let mut handles = Vec::new();
+    for i in 0..20_000u32 {
+        let message = crest::sdk::Message::new("heavy", vec![2u8; 16]).priority(i % 10);
+        handles.push(producer.send(message).await.unwrap());
+    }
+    for handle in handles {
+        handle.acked().await.unwrap();
+    }
+    let (pushed, batches) = push_counters(&tree).await;
+    assert_eq!(pushed, 20_040);
+    let heavy_batches = batches - 40;
+    assert!(
+        heavy_batches * 8 <= 20_000,
+        "busy link: batches grew ({heavy_batches} batches for 20,000 messages)"
+    );
+    // Bounded by the producer's batch_messages_max (histograms keep two significant digits).
+    let max_batch = ProducerConfig::from_topology(&tree.topology, tls(&tree)).batch_messages_max;
+    for node in tree.nodes.iter().filter(|n| n.role() == Role::Leaf) {
+        let report = node.report().await.unwrap();
+        let sizes = &report.histograms[&crest::core::metrics::Metric::PushBatch];
+        let largest = sizes.percentiles().max;
+        assert!(largest > 1, "{largest}");
+        assert!(largest <= max_batch as u64 * 101 / 100, "{largest}");
+    }
+    tree.shutdown().await;
+}
