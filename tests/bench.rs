@@ -199,3 +199,47 @@ async fn bench_for_a_duration_at_a_rate_without_acks() {
     assert_eq!(report["rank_error"]["max"], 0, "{text}");
     assert_eq!(report["ack"], false);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crest_sim_is_reproducible_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let workload = dir.path().join("w.toml");
+    std::fs::write(
+        &workload,
+        "duration_ms = 200\n[link]\njitter_us = 300\n[[producer]]\nrate = 20000\n\
+         [[consumer]]\nmax = 32\n[[consumer]]\nmax = 32\n",
+    )
+    .unwrap();
+    let run = |seed: &str, json: &std::path::Path| {
+        args(&[
+            "sim",
+            "--workload",
+            workload.to_str().unwrap(),
+            "--seed",
+            seed,
+            "--json",
+            json.to_str().unwrap(),
+        ])
+    };
+    let (a_json, b_json) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    let (ok, a) = crest(run("5", &a_json)).await;
+    assert!(ok, "{a}");
+    let (ok, b) = crest(run("5", &b_json)).await;
+    assert!(ok, "{b}");
+    assert_eq!(a, b, "same seed, same report");
+    assert_eq!(
+        std::fs::read(&a_json).unwrap(),
+        std::fs::read(&b_json).unwrap(),
+        "same JSON, byte for byte"
+    );
+    let report = report(&a_json);
+    assert_eq!(report["seed"], 5);
+    assert_eq!(report["delivered"], report["pushed"]);
+    assert!(report["series"].as_array().is_some_and(|s| !s.is_empty()));
+    assert!(
+        a.contains("inversion time") && a.contains("bubble-up to root"),
+        "{a}"
+    );
+    let (ok, text) = crest(args(&["sim", "--workload", "/nonexistent.toml"])).await;
+    assert!(!ok && text.contains("nonexistent"), "{text}");
+}

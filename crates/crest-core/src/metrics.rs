@@ -170,7 +170,8 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(histogram: &Histogram<u64>) -> Percentiles {
+    /// Percentiles of a histogram (all zero when it is empty).
+    pub fn of(histogram: &Histogram<u64>) -> Percentiles {
         if histogram.is_empty() {
             return Percentiles::default();
         }

@@ -16,6 +16,7 @@
 //! pop (request to answer, for pops asked while a pushed message was known to be waiting),
 //! ack (consumer ack round trip), push-to-pop (send to delivery).
 
+pub use crate::core::metrics::Percentiles;
 use crate::core::topology::Topology;
 use crate::node::LocalTree;
 use crate::sdk::{
@@ -226,42 +227,6 @@ impl BenchConfig {
             bail!("give a message count or a duration");
         }
         Ok(())
-    }
-}
-
-/// Percentiles of one histogram.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct Percentiles {
-    /// Samples.
-    pub count: u64,
-    /// Median.
-    pub p50: u64,
-    /// 90th percentile.
-    pub p90: u64,
-    /// 99th percentile.
-    pub p99: u64,
-    /// 99.9th percentile.
-    pub p999: u64,
-    /// Largest sample.
-    pub max: u64,
-    /// Mean.
-    pub mean: f64,
-}
-
-impl Percentiles {
-    fn of(histogram: &Histogram<u64>) -> Percentiles {
-        if histogram.is_empty() {
-            return Percentiles::default();
-        }
-        Percentiles {
-            count: histogram.len(),
-            p50: histogram.value_at_quantile(0.5),
-            p90: histogram.value_at_quantile(0.9),
-            p99: histogram.value_at_quantile(0.99),
-            p999: histogram.value_at_quantile(0.999),
-            max: histogram.max(),
-            mean: histogram.mean(),
-        }
     }
 }
 

@@ -13,6 +13,7 @@ pub mod bench;
 pub use crest_core as core;
 pub use crest_node as node;
 pub use crest_sdk as sdk;
+pub use crest_sim as sim;
 pub use crest_storage as storage;
 pub use crest_transport as transport;
 

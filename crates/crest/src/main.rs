@@ -96,6 +96,22 @@ enum Command {
     /// Load generator: N producers x M consumers against a local tree it starts (default) or a
     /// running one (--connect); reports throughput, latency percentiles and rank error.
     Bench(Box<BenchArgs>),
+    /// Deterministic simulation: the real state machines under virtual time with simulated
+    /// links and disks; reports rank error, inversion time, bubble-up and pop latency.
+    Sim {
+        /// Topology (default: the embedded local tree).
+        #[arg(long)]
+        topology: Option<PathBuf>,
+        /// Workload file (see examples/sim/).
+        #[arg(long)]
+        workload: PathBuf,
+        /// Seed: the same seed and files give the same report, byte for byte.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Also write the report (with its time series) as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Offline tools for a leaf's write-ahead log.
     Wal {
         #[command(subcommand)]
@@ -482,6 +498,12 @@ async fn run(cli: Cli) -> Result<()> {
             init_tracing("warn");
             stats(args).await
         }
+        Command::Sim {
+            topology,
+            workload,
+            seed,
+            json,
+        } => sim(topology.as_deref(), &workload, seed, json.as_deref()),
         Command::Bench(args) => {
             init_tracing("warn");
             bench(*args).await
@@ -884,6 +906,26 @@ async fn stats(args: StatsArgs) -> Result<()> {
         "expired {}, dead-lettered {}, deduplicated {} (since each leaf started)",
         stats.expired, stats.dead_lettered, stats.deduplicated
     );
+    Ok(())
+}
+
+fn sim(
+    topology: Option<&Path>,
+    workload_path: &Path,
+    seed: u64,
+    json: Option<&Path>,
+) -> Result<()> {
+    let topology = load_topology(topology)?;
+    let text = std::fs::read_to_string(workload_path)
+        .with_context(|| format!("reading {}", workload_path.display()))?;
+    let workload = crest::sim::Workload::parse(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", workload_path.display()))?;
+    let report = crest::sim::run(&topology, &workload, seed)?;
+    print!("{}", report.text());
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }
 

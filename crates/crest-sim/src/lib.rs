@@ -1,0 +1,863 @@
+//! Simulation mode: the production leaf, aggregator and root state machines of `crest-core`,
+//! driven under virtual time by a discrete-event loop, with simulated links (latency and
+//! jitter, in order per connection, as a QUIC stream) and simulated disks (`fsync` latency),
+//! and a workload of producers and consumers.
+//!
+//! Same topology, workload and seed → the same report, byte for byte: events are ordered by
+//! `(time, sequence number)`, every random draw comes from one seeded generator, and the state
+//! machines take time only from the events.
+//!
+//! What it measures (definitions in DESIGN.md), from ground truth the simulator holds:
+//! - **rank error** of each pop: at the moment the root answers it, how many messages acknowledged
+//!   by their leaf and not yet delivered were strictly more urgent;
+//! - **inversion time** of each message: from the first delivery of a strictly less urgent
+//!   message while it was waiting (acknowledged, not delivered) to its own delivery (0 if never);
+//! - **bubble-up latency** per level: from the leaf making the message available to its entry
+//!   reaching an aggregator's window, and the root's;
+//! - **pop latency** (consumer request to answer, pops that delivered) and **push-ack latency**;
+//! - the largest window held above the leaves (memory bound), throughput, and a time series.
+//!
+//! Not yet: faults (crashes, partitions, loss), duplication and reordering across connections,
+//! the invariant checkers that run throughout; see the project's issue tracker.
+
+mod workload;
+
+pub use workload::{ConsumerSpec, DiskModel, LinkModel, PriorityMix, ProducerSpec, Workload};
+
+use bytes::Bytes;
+use crest_core::aggregator::{Aggregator, AggregatorConfig};
+use crest_core::id::{MessageId, Receipt};
+use crest_core::leaf::{Leaf, LeafConfig};
+use crest_core::machine::{ConnId, Link, Machine, StorageDone};
+pub use crest_core::metrics::Percentiles;
+use crest_core::root::{Root, RootConfig};
+use crest_core::time::Time;
+use crest_core::topology::Topology;
+use crest_core::wire::{
+    Ack, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Role, Settle, Wire,
+};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// What can stop a simulation before it runs.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The workload names a leaf the topology does not have, or is otherwise invalid.
+    #[error("workload: {0}")]
+    Workload(String),
+}
+
+/// A small deterministic generator (splitmix64).
+#[derive(Clone, Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, bound: u64) -> u64 {
+        if bound == 0 { 0 } else { self.next() % bound }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owner {
+    Node(usize),
+    Producer(usize),
+    Consumer(usize),
+}
+
+#[derive(Debug)]
+enum Event {
+    /// A message reaches the connection end `to`.
+    Deliver { to: ConnId, msg: Wire },
+    /// A node's timer.
+    Timer { node: usize },
+    /// A leaf's storage operation is durable.
+    Stored { node: usize, token: u64 },
+    /// A producer may send.
+    Produce { producer: usize },
+    /// A consumer pops (when it paces itself).
+    Consume { consumer: usize },
+    /// Every node reports to its parent (subtree measurements), as the driver does each second.
+    Report,
+    /// A time-series sample.
+    Sample,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, u64::MAX / 4, 3).expect("valid bounds")
+}
+
+/// One point of the time series.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Sample {
+    /// Milliseconds since the start.
+    pub at_ms: u64,
+    /// Pushes acknowledged by leaves in the interval.
+    pub pushed: u64,
+    /// Deliveries in the interval.
+    pub delivered: u64,
+    /// Messages waiting (acknowledged, not delivered) at the end of the interval.
+    pub waiting: u64,
+    /// Largest rank error in the interval.
+    pub rank_error_max: u64,
+    /// Entries held above the leaves (all windows) at the end of the interval.
+    pub window_entries: u64,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimReport {
+    /// The seed.
+    pub seed: u64,
+    /// Nodes simulated.
+    pub nodes: usize,
+    /// Virtual milliseconds producers ran.
+    pub duration_ms: u64,
+    /// Virtual milliseconds simulated in all (with the drain).
+    pub simulated_ms: u64,
+    /// Messages acknowledged by leaves.
+    pub pushed: u64,
+    /// Messages delivered (first deliveries).
+    pub delivered: u64,
+    /// Deliveries of a message already delivered.
+    pub duplicates: u64,
+    /// Acknowledged messages never delivered by the end.
+    pub undelivered: u64,
+    /// Pushes refused by a leaf (errors).
+    pub push_errors: u64,
+    /// Pushes acknowledged per virtual second while producers ran.
+    pub push_rate: f64,
+    /// Deliveries per virtual second over the run.
+    pub delivery_rate: f64,
+    /// Rank error of pops (messages), one sample per delivery.
+    pub rank_error: Percentiles,
+    /// Inversion time of delivered messages, µs.
+    pub inversion_time_us: Percentiles,
+    /// Bubble-up to an aggregator's window, µs (every entry added).
+    pub bubble_up_to_aggregator_us: Percentiles,
+    /// Bubble-up to the root's window, µs.
+    pub bubble_up_to_root_us: Percentiles,
+    /// Pop latency at the consumer (request to answer, pops that delivered), µs.
+    pub pop_latency_us: Percentiles,
+    /// Push-ack latency at the producer, µs.
+    pub push_ack_us: Percentiles,
+    /// Most entries any one aggregator or root held in its windows.
+    pub window_entries_max: u64,
+    /// The bound on that: credits × children × topics of the widest node.
+    pub window_entries_bound: u64,
+    /// Events processed.
+    pub events: u64,
+    /// Time series, one sample per `sample_ms`.
+    pub series: Vec<Sample>,
+}
+
+impl SimReport {
+    /// The report as text (deterministic).
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "crest sim: seed {}, {} nodes, {} ms of load ({} ms simulated), {} events",
+            self.seed, self.nodes, self.duration_ms, self.simulated_ms, self.events
+        );
+        let _ = writeln!(
+            out,
+            "  pushed {} ({:.0}/s)  delivered {} ({:.0}/s)  duplicates {}  undelivered {}  push errors {}",
+            self.pushed,
+            self.push_rate,
+            self.delivered,
+            self.delivery_rate,
+            self.duplicates,
+            self.undelivered,
+            self.push_errors
+        );
+        let _ = writeln!(
+            out,
+            "  windows above the leaves: at most {} entries (bound {})",
+            self.window_entries_max, self.window_entries_bound
+        );
+        let _ = writeln!(
+            out,
+            "  {:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "", "count", "p50", "p90", "p99", "p99.9", "max"
+        );
+        for (name, p) in [
+            ("rank error (msgs)", &self.rank_error),
+            ("inversion time (us)", &self.inversion_time_us),
+            (
+                "bubble-up to aggregator (us)",
+                &self.bubble_up_to_aggregator_us,
+            ),
+            ("bubble-up to root (us)", &self.bubble_up_to_root_us),
+            ("pop latency (us)", &self.pop_latency_us),
+            ("push-ack latency (us)", &self.push_ack_us),
+        ] {
+            let _ = writeln!(
+                out,
+                "  {:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                name, p.count, p.p50, p.p90, p.p99, p.p999, p.max
+            );
+        }
+        out
+    }
+}
+
+/// Ground truth about messages: which are waiting, their priorities, their inversion marks.
+#[derive(Default)]
+struct Truth {
+    /// Waiting messages per priority (acknowledged, not delivered).
+    waiting: BTreeMap<u32, u64>,
+    /// Per priority: messages in acknowledgement order and the time each was first passed
+    /// over by the delivery of a less urgent message (`None`: not yet).
+    levels: BTreeMap<u32, Level>,
+    /// Where each waiting message sits: (priority, index in its level).
+    index: HashMap<MessageId, (u32, usize)>,
+    delivered: HashMap<MessageId, ()>,
+    duplicates: u64,
+}
+
+#[derive(Default)]
+struct Level {
+    marks: Vec<Option<Time>>,
+    /// Messages before this index are marked (or gone).
+    unmarked_from: usize,
+}
+
+impl Truth {
+    fn acked(&mut self, id: MessageId, priority: u32) {
+        *self.waiting.entry(priority).or_default() += 1;
+        let level = self.levels.entry(priority).or_default();
+        level.marks.push(None);
+        self.index.insert(id, (priority, level.marks.len() - 1));
+    }
+
+    /// A delivery at `now`: (rank error, inversion time) if it is a first delivery.
+    fn delivered(&mut self, id: MessageId, priority: u32, now: Time) -> Option<(u64, u64)> {
+        if self.delivered.insert(id, ()).is_some() {
+            self.duplicates += 1;
+            return None;
+        }
+        let rank_error = self.waiting.range(..priority).map(|(_, n)| n).sum();
+        // Every waiting message more urgent than this one is now passed over.
+        for (_, level) in self.levels.range_mut(..priority) {
+            for mark in &mut level.marks[level.unmarked_from..] {
+                mark.get_or_insert(now);
+            }
+            level.unmarked_from = level.marks.len();
+        }
+        let inversion = match self.index.remove(&id) {
+            Some((level, at)) => {
+                if let Some(count) = self.waiting.get_mut(&level) {
+                    *count = count.saturating_sub(1);
+                }
+                self.levels[&level].marks[at]
+                    .map_or(0, |mark| now.saturating_since(mark).as_micros() as u64)
+            }
+            // Delivered before the sim saw its acknowledgement leave the leaf: impossible in
+            // order, counted as no inversion.
+            None => 0,
+        };
+        Some((rank_error, inversion))
+    }
+
+    fn waiting_total(&self) -> u64 {
+        self.waiting.values().sum()
+    }
+}
+
+struct ProducerState {
+    spec: ProducerSpec,
+    /// The producer's connection end to each of its leaves.
+    ends: Vec<ConnId>,
+    next_end: usize,
+    /// Messages owed by the rate but not yet sent (fractional).
+    owed: f64,
+    last_tick: Time,
+    /// Push requests in flight: request → (sent at).
+    in_flight: HashMap<u64, Time>,
+}
+
+struct ConsumerState {
+    spec: ConsumerSpec,
+    end: ConnId,
+    /// The pop in flight: (request, sent at).
+    pending: Option<(u64, Time)>,
+}
+
+struct Sim {
+    now: Time,
+    start: Time,
+    seq: u64,
+    events: BTreeMap<(Time, u64), Event>,
+    rng: Rng,
+    link: LinkModel,
+    disk: DiskModel,
+    topic: String,
+    nodes: Vec<Box<dyn Machine>>,
+    roles: Vec<Role>,
+    armed: Vec<Option<Time>>,
+    ends: HashMap<ConnId, (Owner, ConnId)>,
+    /// Last arrival time scheduled per receiving end (links keep order).
+    last_arrival: HashMap<ConnId, Time>,
+    next_conn: ConnId,
+    next_request: u64,
+    producers: Vec<ProducerState>,
+    consumers: Vec<ConsumerState>,
+    /// Push requests at leaves: (leaf end, request) → priorities of the messages.
+    pushes: HashMap<(ConnId, u64), Vec<u32>>,
+    truth: Truth,
+    // Measurements.
+    pushed: u64,
+    push_errors: u64,
+    rank_error: Histogram<u64>,
+    inversion: Histogram<u64>,
+    bubble_aggregator: Histogram<u64>,
+    bubble_root: Histogram<u64>,
+    pop_latency: Histogram<u64>,
+    push_ack: Histogram<u64>,
+    window_max: u64,
+    processed: u64,
+    series: Vec<Sample>,
+    current: Sample,
+}
+
+impl Sim {
+    fn schedule(&mut self, at: Time, event: Event) {
+        self.seq += 1;
+        self.events.insert((at, self.seq), event);
+    }
+
+    fn pair(&mut self, a: Owner, b: Owner) -> (ConnId, ConnId) {
+        let (x, y) = (self.next_conn, self.next_conn + 1);
+        self.next_conn += 2;
+        self.ends.insert(x, (a, y));
+        self.ends.insert(y, (b, x));
+        (x, y)
+    }
+
+    /// Sends `msg` from the end `from` across its link.
+    fn send(&mut self, from: ConnId, msg: Wire) {
+        let Some(&(_, to)) = self.ends.get(&from) else {
+            return;
+        };
+        let jitter = self.rng.below(self.link.jitter_us * 2 + 1);
+        let latency = (self.link.latency_us + jitter).saturating_sub(self.link.jitter_us);
+        let mut at = self.now + Duration::from_micros(latency);
+        if let Some(last) = self.last_arrival.get(&to) {
+            at = at.max(*last);
+        }
+        self.last_arrival.insert(to, at);
+        self.schedule(at, Event::Deliver { to, msg });
+    }
+
+    /// Hands a node's outputs to the links, the disk and its timer.
+    fn drain(&mut self, node: usize) {
+        loop {
+            let mut progressed = false;
+            while let Some(op) = self.nodes[node].poll_storage() {
+                progressed = true;
+                if let Some(token) = op.token() {
+                    let at = self.now + Duration::from_micros(self.disk.fsync_us);
+                    self.schedule(at, Event::Stored { node, token });
+                }
+            }
+            while let Some(transmit) = self.nodes[node].poll_transmit() {
+                progressed = true;
+                self.observe_transmit(node, transmit.conn, &transmit.msg);
+                self.send(transmit.conn, transmit.msg);
+            }
+            while self.nodes[node].poll_close().is_some() {
+                progressed = true;
+            }
+            if !progressed {
+                break;
+            }
+        }
+        if let Some(at) = self.nodes[node].poll_timeout()
+            && self.armed[node].is_none_or(|armed| at < armed)
+        {
+            self.armed[node] = Some(at);
+            self.schedule(at.max(self.now), Event::Timer { node });
+        }
+    }
+
+    /// Ground truth taken where it happens: a leaf acknowledging a push, the root answering
+    /// a pop.
+    fn observe_transmit(&mut self, node: usize, conn: ConnId, msg: &Wire) {
+        match (self.roles[node], msg) {
+            (Role::Leaf, Wire::PushAck(ack)) => {
+                if let Some(priorities) = self.pushes.remove(&(conn, ack.request)) {
+                    for (id, priority) in ack.ids.iter().zip(priorities) {
+                        self.truth.acked(*id, priority);
+                        self.pushed += 1;
+                        self.current.pushed += 1;
+                    }
+                }
+            }
+            (Role::Leaf, Wire::Error(error)) => {
+                if let Some(request) = error.request
+                    && self.pushes.remove(&(conn, request)).is_some()
+                {
+                    self.push_errors += 1;
+                }
+            }
+            (Role::Root, Wire::PopReply(reply)) => {
+                for delivery in &reply.deliveries {
+                    if let Some((rank, inversion)) =
+                        self.truth
+                            .delivered(delivery.id, delivery.priority, self.now)
+                    {
+                        self.rank_error.saturating_record(rank);
+                        self.inversion.saturating_record(inversion.max(1));
+                        self.current.delivered += 1;
+                        self.current.rank_error_max = self.current.rank_error_max.max(rank);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn deliver(&mut self, to: ConnId, msg: Wire) {
+        let Some(&(owner, _)) = self.ends.get(&to) else {
+            return;
+        };
+        match owner {
+            Owner::Node(node) => {
+                if let Wire::Offer(offer) = &msg {
+                    let histogram = match self.roles[node] {
+                        Role::Root => Some(&mut self.bubble_root),
+                        Role::Aggregator => Some(&mut self.bubble_aggregator),
+                        Role::Leaf => None,
+                    };
+                    if let Some(histogram) = histogram {
+                        for entry in &offer.adds {
+                            let micros = self.now.saturating_since(entry.since).as_micros() as u64;
+                            histogram.saturating_record(micros.max(1));
+                        }
+                    }
+                }
+                if let Wire::Push(push) = &msg {
+                    let priorities = push.messages.iter().map(|m| m.priority).collect();
+                    self.pushes.insert((to, push.request), priorities);
+                }
+                self.nodes[node].handle_message(self.now, to, msg);
+                self.drain(node);
+                if matches!(self.roles[node], Role::Root | Role::Aggregator) {
+                    let entries = self.nodes[node].stats().window_entries;
+                    self.window_max = self.window_max.max(entries);
+                }
+            }
+            Owner::Producer(producer) => match msg {
+                Wire::PushAck(ack) => {
+                    if let Some(sent) = self.producers[producer].in_flight.remove(&ack.request) {
+                        let micros = self.now.saturating_since(sent).as_micros() as u64;
+                        for _ in &ack.ids {
+                            self.push_ack.saturating_record(micros.max(1));
+                        }
+                    }
+                }
+                Wire::Error(error) => {
+                    if let Some(request) = error.request {
+                        self.producers[producer].in_flight.remove(&request);
+                    }
+                }
+                _ => {}
+            },
+            Owner::Consumer(consumer) => {
+                if let Wire::PopReply(reply) = msg {
+                    let state = &mut self.consumers[consumer];
+                    let Some((request, sent)) = state.pending else {
+                        return;
+                    };
+                    if request != reply.request {
+                        return;
+                    }
+                    state.pending = None;
+                    if !reply.deliveries.is_empty() {
+                        let micros = self.now.saturating_since(sent).as_micros() as u64;
+                        self.pop_latency.saturating_record(micros.max(1));
+                        let receipts: Vec<Receipt> =
+                            reply.deliveries.iter().map(|d| d.receipt()).collect();
+                        let request = self.request();
+                        let end = self.consumers[consumer].end;
+                        self.send(
+                            end,
+                            Wire::Ack(Ack {
+                                request,
+                                op: Settle::Ack,
+                                receipts,
+                            }),
+                        );
+                    }
+                    if self.consumers[consumer].spec.rate <= 0.0 {
+                        self.pop(consumer);
+                    }
+                }
+            }
+        }
+    }
+
+    fn request(&mut self) -> u64 {
+        self.next_request += 1;
+        self.next_request
+    }
+
+    fn pop(&mut self, consumer: usize) {
+        if self.consumers[consumer].pending.is_some() {
+            return;
+        }
+        let request = self.request();
+        let spec = &self.consumers[consumer].spec;
+        let pop = Pop {
+            request,
+            topic: self.topic.clone(),
+            max: spec.max,
+            wait_ms: spec.wait_ms,
+            ..Pop::default()
+        };
+        self.consumers[consumer].pending = Some((request, self.now));
+        let end = self.consumers[consumer].end;
+        self.send(end, Wire::Pop(pop));
+    }
+
+    fn produce(&mut self, producer: usize, until: Time) {
+        let tick = Duration::from_millis(1);
+        let state = &mut self.producers[producer];
+        let elapsed = self.now.saturating_since(state.last_tick).as_secs_f64();
+        state.last_tick = self.now;
+        state.owed = (state.owed + elapsed * state.spec.rate).min(1e6);
+        let mut batches = Vec::new();
+        while state.owed >= 1.0 {
+            let count = (state.owed.floor() as u32).min(state.spec.batch_max.max(1));
+            state.owed -= f64::from(count);
+            let end = state.ends[state.next_end % state.ends.len()];
+            state.next_end += 1;
+            batches.push((end, count));
+        }
+        let spec = self.producers[producer].spec.clone();
+        for (end, count) in batches {
+            let messages: Vec<PushMessage> = (0..count)
+                .map(|_| PushMessage {
+                    topic: self.topic.clone(),
+                    priority: spec.priorities.draw(&mut self.rng),
+                    payload: Bytes::from(vec![0u8; spec.payload_bytes]),
+                    ..PushMessage::default()
+                })
+                .collect();
+            let request = self.request();
+            self.producers[producer].in_flight.insert(request, self.now);
+            self.send(end, Wire::Push(Push { request, messages }));
+        }
+        if self.now + tick < until {
+            self.schedule(self.now + tick, Event::Produce { producer });
+        }
+    }
+}
+
+/// Runs `workload` on `topology` under virtual time with `seed`.
+///
+/// # Errors
+/// [`SimError::Workload`] if the workload does not fit the topology.
+pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimReport, SimError> {
+    workload.validate().map_err(SimError::Workload)?;
+    let start = Time::from_millis(1_000_000);
+    let mut sim = Sim {
+        now: start,
+        start,
+        seq: 0,
+        events: BTreeMap::new(),
+        rng: Rng(seed),
+        link: workload.link,
+        disk: workload.disk,
+        topic: workload.topic.clone(),
+        nodes: Vec::new(),
+        roles: Vec::new(),
+        armed: Vec::new(),
+        ends: HashMap::new(),
+        last_arrival: HashMap::new(),
+        next_conn: 1,
+        next_request: 0,
+        producers: Vec::new(),
+        consumers: Vec::new(),
+        pushes: HashMap::new(),
+        truth: Truth::default(),
+        pushed: 0,
+        push_errors: 0,
+        rank_error: histogram(),
+        inversion: histogram(),
+        bubble_aggregator: histogram(),
+        bubble_root: histogram(),
+        pop_latency: histogram(),
+        push_ack: histogram(),
+        window_max: 0,
+        processed: 0,
+        series: Vec::new(),
+        current: Sample::default(),
+    };
+    // The nodes, in topology order.
+    let mut index = HashMap::new();
+    let mut bound = 0u64;
+    for (i, spec) in topology.nodes.iter().enumerate() {
+        index.insert(spec.name.clone(), i);
+        let subtree = topology.subtree_leaves(&spec.name);
+        let settings = spec.settings.clone();
+        let machine: Box<dyn Machine> = match spec.role {
+            Role::Root => Box::new(Root::new(RootConfig {
+                name: spec.name.clone(),
+                settings: settings.clone(),
+                subtree,
+            })),
+            Role::Aggregator => Box::new(Aggregator::new(AggregatorConfig {
+                name: spec.name.clone(),
+                settings: settings.clone(),
+                subtree,
+            })),
+            Role::Leaf => Box::new(Leaf::new(LeafConfig {
+                name: spec.name.clone(),
+                id: spec.leaf_id.expect("validated: leaves have ids"),
+                settings: settings.clone(),
+                seed: seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9),
+                first_seq: 1,
+            })),
+        };
+        if spec.role != Role::Leaf {
+            let children = topology
+                .nodes
+                .iter()
+                .filter(|n| n.parent.as_deref() == Some(&spec.name))
+                .count() as u64;
+            bound = bound.max(u64::from(settings.credits_per_topic) * children);
+        }
+        sim.nodes.push(machine);
+        sim.roles.push(spec.role);
+        sim.armed.push(None);
+    }
+    // The tree's links.
+    for (child, spec) in topology.nodes.iter().enumerate() {
+        let Some(parent) = spec.parent.as_ref().map(|p| index[p]) else {
+            continue;
+        };
+        let (c, p) = sim.pair(Owner::Node(child), Owner::Node(parent));
+        let now = sim.now;
+        sim.nodes[parent].handle_connected(now, p, Link::Incoming);
+        sim.nodes[child].handle_connected(now, c, Link::Parent);
+        sim.drain(parent);
+        sim.drain(child);
+    }
+    // Clients.
+    let leaves: Vec<usize> = topology
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.role == Role::Leaf)
+        .map(|(i, _)| i)
+        .collect();
+    let root = topology
+        .nodes
+        .iter()
+        .position(|n| n.role == Role::Root)
+        .expect("validated: one root");
+    let hello = |peer| {
+        Wire::Hello(Hello {
+            protocol: PROTOCOL_VERSION,
+            peer,
+        })
+    };
+    let begin = start + Duration::from_millis(workload.warmup_ms);
+    let end = begin + Duration::from_millis(workload.duration_ms);
+    for (p, spec) in workload.producers.iter().enumerate() {
+        let targets: Vec<usize> = match &spec.leaf {
+            None => leaves.clone(),
+            Some(name) => match index.get(name) {
+                Some(&i) if sim.roles[i] == Role::Leaf => vec![i],
+                _ => {
+                    return Err(SimError::Workload(format!(
+                        "producer {p}: {name:?} is not a leaf of the topology"
+                    )));
+                }
+            },
+        };
+        let mut ends = Vec::new();
+        for leaf in targets {
+            let (client, node) = sim.pair(Owner::Producer(p), Owner::Node(leaf));
+            let now = sim.now;
+            sim.nodes[leaf].handle_connected(now, node, Link::Incoming);
+            sim.send(client, hello(PeerKind::Producer));
+            ends.push(client);
+        }
+        let from = begin + Duration::from_millis(spec.start_ms);
+        sim.producers.push(ProducerState {
+            spec: spec.clone(),
+            ends,
+            next_end: p,
+            owed: 0.0,
+            last_tick: from,
+            in_flight: HashMap::new(),
+        });
+        sim.schedule(from, Event::Produce { producer: p });
+    }
+    for (c, spec) in workload.consumers.iter().enumerate() {
+        let (client, node) = sim.pair(Owner::Consumer(c), Owner::Node(root));
+        let now = sim.now;
+        sim.nodes[root].handle_connected(now, node, Link::Incoming);
+        sim.send(client, hello(PeerKind::Consumer));
+        sim.consumers.push(ConsumerState {
+            spec: spec.clone(),
+            end: client,
+            pending: None,
+        });
+        sim.schedule(begin, Event::Consume { consumer: c });
+    }
+    sim.schedule(start + Duration::from_secs(1), Event::Report);
+    sim.schedule(
+        begin + Duration::from_millis(workload.sample_ms),
+        Event::Sample,
+    );
+    let finish = end + Duration::from_millis(workload.drain_ms);
+    let producer_ends: Vec<Time> = workload
+        .producers
+        .iter()
+        .map(|spec| {
+            let stop = spec.stop_ms.unwrap_or(workload.duration_ms);
+            begin + Duration::from_millis(stop.min(workload.duration_ms))
+        })
+        .collect();
+    while let Some(((at, _), event)) = sim.events.pop_first() {
+        if at > finish {
+            break;
+        }
+        sim.now = sim.now.max(at);
+        sim.processed += 1;
+        match event {
+            Event::Deliver { to, msg } => sim.deliver(to, msg),
+            Event::Timer { node } => {
+                if sim.armed[node] == Some(at) {
+                    sim.armed[node] = None;
+                }
+                if sim.nodes[node]
+                    .poll_timeout()
+                    .is_some_and(|deadline| deadline <= sim.now)
+                {
+                    let now = sim.now;
+                    sim.nodes[node].handle_timeout(now);
+                }
+                sim.drain(node);
+            }
+            Event::Stored { node, token } => {
+                let now = sim.now;
+                sim.nodes[node].handle_storage_done(now, StorageDone { token });
+                sim.drain(node);
+            }
+            Event::Produce { producer } => {
+                let until = producer_ends[producer];
+                if sim.now < until {
+                    sim.produce(producer, until);
+                }
+            }
+            Event::Consume { consumer } => {
+                sim.pop(consumer);
+                let rate = sim.consumers[consumer].spec.rate;
+                if rate > 0.0 {
+                    let every = Duration::from_secs_f64(1.0 / rate);
+                    let next = sim.now + every;
+                    sim.schedule(next, Event::Consume { consumer });
+                }
+            }
+            Event::Report => {
+                // Leaves first, then upward: each node reports what it knows.
+                let now = sim.now;
+                let mut order: Vec<usize> = (0..sim.nodes.len()).collect();
+                order.sort_by_key(|&i| match sim.roles[i] {
+                    Role::Leaf => 0,
+                    Role::Aggregator => 1,
+                    Role::Root => 2,
+                });
+                for node in order {
+                    sim.nodes[node].report_tick(now);
+                    sim.drain(node);
+                }
+                sim.schedule(now + Duration::from_secs(1), Event::Report);
+            }
+            Event::Sample => {
+                let mut sample = std::mem::take(&mut sim.current);
+                sample.at_ms = sim.now.saturating_since(begin).as_millis() as u64;
+                sample.waiting = sim.truth.waiting_total();
+                sample.window_entries = (0..sim.nodes.len())
+                    .filter(|&i| sim.roles[i] != Role::Leaf)
+                    .map(|i| sim.nodes[i].stats().window_entries)
+                    .sum();
+                sim.series.push(sample);
+                let next = sim.now + Duration::from_millis(workload.sample_ms);
+                if next <= finish {
+                    sim.schedule(next, Event::Sample);
+                }
+            }
+        }
+        // Stop early once producers are done and everything acknowledged was delivered.
+        if sim.now >= end
+            && sim.truth.waiting_total() == 0
+            && sim.pushes.is_empty()
+            && sim.producers.iter().all(|p| p.in_flight.is_empty())
+        {
+            break;
+        }
+    }
+    let delivered = sim.truth.delivered.len() as u64;
+    let seconds = |d: Duration| d.as_secs_f64().max(1e-9);
+    Ok(SimReport {
+        seed,
+        nodes: sim.nodes.len(),
+        duration_ms: workload.duration_ms,
+        simulated_ms: sim.now.saturating_since(sim.start).as_millis() as u64,
+        pushed: sim.pushed,
+        delivered,
+        duplicates: sim.truth.duplicates,
+        undelivered: sim.truth.waiting_total(),
+        push_errors: sim.push_errors,
+        push_rate: sim.pushed as f64 / seconds(Duration::from_millis(workload.duration_ms)),
+        delivery_rate: delivered as f64 / seconds(sim.now.saturating_since(begin)),
+        rank_error: Percentiles::of(&sim.rank_error),
+        inversion_time_us: Percentiles::of(&sim.inversion),
+        bubble_up_to_aggregator_us: Percentiles::of(&sim.bubble_aggregator),
+        bubble_up_to_root_us: Percentiles::of(&sim.bubble_root),
+        pop_latency_us: Percentiles::of(&sim.pop_latency),
+        push_ack_us: Percentiles::of(&sim.push_ack),
+        window_entries_max: sim.window_max,
+        window_entries_bound: bound,
+        events: sim.processed,
+        series: sim.series,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truth_counts_rank_error_and_inversion_time() {
+        let mut truth = Truth::default();
+        let id = |n| MessageId(n);
+        truth.acked(id(1), 0);
+        truth.acked(id(2), 5);
+        truth.acked(id(3), 1);
+        let t = |ms| Time::from_millis(ms);
+        // Delivering the priority-5 message passes over the two more urgent ones.
+        assert_eq!(truth.delivered(id(2), 5, t(10)), Some((2, 0)));
+        assert_eq!(truth.delivered(id(1), 0, t(15)), Some((0, 5_000)));
+        assert_eq!(truth.delivered(id(3), 1, t(30)), Some((0, 20_000)));
+        assert_eq!(truth.delivered(id(3), 1, t(31)), None, "a duplicate");
+        assert_eq!(truth.duplicates, 1);
+        assert_eq!(truth.waiting_total(), 0);
+    }
+}

@@ -1,0 +1,263 @@
+//! Workload files: links, disks, producers and consumers of a simulation.
+//!
+//! ```toml
+//! duration_ms = 2000          # producers run this long (virtual time)
+//! warmup_ms = 50              # handshakes settle before the load starts
+//! drain_ms = 2000             # consumers go on this long after producers stop
+//! sample_ms = 100             # time-series interval
+//! topic = "jobs"
+//!
+//! [link]                      # every connection of the tree and of the clients
+//! latency_us = 1000
+//! jitter_us = 200             # uniform in latency ± jitter, order kept per connection
+//!
+//! [disk]
+//! fsync_us = 500              # a leaf's append is durable this long after it is issued
+//!
+//! [[producer]]                # one per producer; `leaf` pins it to one leaf (else all)
+//! rate = 25000                # messages per second
+//! batch_max = 64              # messages per push at most
+//! priorities = "skewed"       # skewed | uniform[:N] | fixed:P
+//! payload_bytes = 100
+//! start_ms = 0                # relative to the end of the warm-up
+//! # stop_ms = 1000
+//!
+//! [[consumer]]
+//! max = 16                    # messages per pop
+//! wait_ms = 100               # long-poll
+//! rate = 0                    # pops per second; 0 pops again as soon as answered
+//! ```
+
+use serde::Deserialize;
+
+/// Link model.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LinkModel {
+    /// One-way latency, µs.
+    pub latency_us: u64,
+    /// Uniform jitter around it, µs.
+    pub jitter_us: u64,
+}
+
+impl Default for LinkModel {
+    fn default() -> Self {
+        LinkModel {
+            latency_us: 1_000,
+            jitter_us: 0,
+        }
+    }
+}
+
+/// Disk model.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiskModel {
+    /// Time from an append to its durability, µs.
+    pub fsync_us: u64,
+}
+
+impl Default for DiskModel {
+    fn default() -> Self {
+        DiskModel { fsync_us: 500 }
+    }
+}
+
+/// How priorities are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PriorityMix {
+    /// 0–9: 10 % in 0–2, 20 % in 3–6, 70 % in 7–9 (the least urgent).
+    Skewed,
+    /// Uniform over `0..n`.
+    Uniform(u32),
+    /// Always this one.
+    Fixed(u32),
+}
+
+impl<'de> Deserialize<'de> for PriorityMix {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::str::FromStr for PriorityMix {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = || format!("priorities {text:?}: expected skewed, uniform[:N] or fixed:P");
+        match text.split_once(':') {
+            None if text == "skewed" => Ok(PriorityMix::Skewed),
+            None if text == "uniform" => Ok(PriorityMix::Uniform(10)),
+            Some(("uniform", n)) => match n.parse() {
+                Ok(n) if n > 0 => Ok(PriorityMix::Uniform(n)),
+                _ => Err(bad()),
+            },
+            Some(("fixed", p)) => p.parse().map(PriorityMix::Fixed).map_err(|_| bad()),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl PriorityMix {
+    pub(crate) fn draw(self, rng: &mut crate::Rng) -> u32 {
+        match self {
+            PriorityMix::Fixed(p) => p,
+            PriorityMix::Uniform(n) => rng.below(u64::from(n)) as u32,
+            PriorityMix::Skewed => match rng.below(100) {
+                0..10 => rng.below(3) as u32,
+                10..30 => 3 + rng.below(4) as u32,
+                _ => 7 + rng.below(3) as u32,
+            },
+        }
+    }
+}
+
+fn skewed() -> PriorityMix {
+    PriorityMix::Skewed
+}
+
+fn batch_max() -> u32 {
+    64
+}
+
+fn payload_bytes() -> usize {
+    100
+}
+
+/// One producer.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProducerSpec {
+    /// The leaf it pushes to; every leaf in turn if absent.
+    #[serde(default)]
+    pub leaf: Option<String>,
+    /// Messages per second.
+    pub rate: f64,
+    /// Messages per push at most.
+    #[serde(default = "batch_max")]
+    pub batch_max: u32,
+    /// Priority distribution.
+    #[serde(default = "skewed")]
+    pub priorities: PriorityMix,
+    /// Payload size.
+    #[serde(default = "payload_bytes")]
+    pub payload_bytes: usize,
+    /// When it starts, ms after the warm-up.
+    #[serde(default)]
+    pub start_ms: u64,
+    /// When it stops, ms after the warm-up (default: the end of the load).
+    #[serde(default)]
+    pub stop_ms: Option<u64>,
+}
+
+fn pop_max() -> u32 {
+    16
+}
+
+fn wait_ms() -> u64 {
+    100
+}
+
+/// One consumer.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerSpec {
+    /// Messages per pop at most.
+    #[serde(default = "pop_max")]
+    pub max: u32,
+    /// Long-poll wait, ms.
+    #[serde(default = "wait_ms")]
+    pub wait_ms: u64,
+    /// Pops per second; 0 pops again as soon as answered.
+    #[serde(default)]
+    pub rate: f64,
+}
+
+fn duration_ms() -> u64 {
+    1_000
+}
+fn warmup_ms() -> u64 {
+    50
+}
+fn drain_ms() -> u64 {
+    2_000
+}
+fn sample_ms() -> u64 {
+    100
+}
+fn topic() -> String {
+    "jobs".into()
+}
+
+/// A workload (see the module doc).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// How long producers run, virtual ms.
+    #[serde(default = "duration_ms")]
+    pub duration_ms: u64,
+    /// Settling time before the load.
+    #[serde(default = "warmup_ms")]
+    pub warmup_ms: u64,
+    /// How long consumers go on after producers stop.
+    #[serde(default = "drain_ms")]
+    pub drain_ms: u64,
+    /// Time-series interval.
+    #[serde(default = "sample_ms")]
+    pub sample_ms: u64,
+    /// The topic.
+    #[serde(default = "topic")]
+    pub topic: String,
+    /// Links.
+    #[serde(default)]
+    pub link: LinkModel,
+    /// Disks.
+    #[serde(default)]
+    pub disk: DiskModel,
+    /// Producers.
+    #[serde(default, rename = "producer")]
+    pub producers: Vec<ProducerSpec>,
+    /// Consumers.
+    #[serde(default, rename = "consumer")]
+    pub consumers: Vec<ConsumerSpec>,
+}
+
+impl Workload {
+    /// Parses a workload file.
+    ///
+    /// # Errors
+    /// The TOML error, or the first invalid value.
+    pub fn parse(text: &str) -> Result<Workload, String> {
+        let workload: Workload = toml::from_str(text).map_err(|e| e.to_string())?;
+        workload.validate()?;
+        Ok(workload)
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.producers.is_empty() || self.consumers.is_empty() {
+            return Err("needs at least one [[producer]] and one [[consumer]]".into());
+        }
+        if self.sample_ms == 0 || self.duration_ms == 0 {
+            return Err("duration_ms and sample_ms must be at least 1".into());
+        }
+        if self.duration_ms > 3_600_000 {
+            return Err("duration_ms is at most one hour of virtual time".into());
+        }
+        for (i, p) in self.producers.iter().enumerate() {
+            if !(p.rate > 0.0 && p.rate <= 10_000_000.0) || p.batch_max == 0 {
+                return Err(format!(
+                    "producer {i}: rate must be in (0, 1e7] and batch_max at least 1"
+                ));
+            }
+        }
+        for (i, c) in self.consumers.iter().enumerate() {
+            if c.max == 0 || !(c.rate >= 0.0 && c.rate <= 1_000_000.0) {
+                return Err(format!(
+                    "consumer {i}: max must be at least 1 and rate in [0, 1e6]"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
