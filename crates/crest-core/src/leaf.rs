@@ -239,6 +239,9 @@ pub struct Leaf {
     dedup: HashMap<Topic, HashMap<Box<str>, DedupEntry>>,
     dedup_expiry: BTreeMap<(Time, MessageId), (Topic, Box<str>)>,
     pending: HashMap<u64, PendingBatch>,
+    /// Settlements (acks, nacks, extends) waiting for their records to be durable before
+    /// they are answered: a confirmed ack is never undone by a crash.
+    confirms: HashMap<u64, (ConnId, Confirmed)>,
     pending_messages: u64,
     next_token: u64,
     dirty: TopicSet,
@@ -280,6 +283,7 @@ impl Leaf {
             dedup: HashMap::new(),
             dedup_expiry: BTreeMap::new(),
             pending: HashMap::new(),
+            confirms: HashMap::new(),
             pending_messages: 0,
             next_token: 1,
             dirty: Default::default(),
@@ -725,7 +729,12 @@ impl Leaf {
             return;
         }
         let records = self.snapshot();
-        let includes = self.pending.keys().copied().collect();
+        let includes = self
+            .pending
+            .keys()
+            .chain(self.confirms.keys())
+            .copied()
+            .collect();
         self.logged_bytes = 0;
         self.checkpoint_due = None;
         self.storage
@@ -1002,14 +1011,18 @@ impl Leaf {
                 });
             results.push(result);
         }
-        self.log(now, None, records);
-        self.send(
-            conn,
-            Wire::Confirmed(Confirmed {
-                tag: confirm.tag,
-                results,
-            }),
-        );
+        let confirmed = Confirmed {
+            tag: confirm.tag,
+            results,
+        };
+        if records.is_empty() {
+            self.send(conn, Wire::Confirmed(confirmed));
+            return;
+        }
+        let token = self.next_token;
+        self.next_token += 1;
+        self.confirms.insert(token, (conn, confirmed));
+        self.log(now, Some(token), records);
     }
 
     /// The root gives back grants no consumer received: available again, attempt returned.
@@ -1517,6 +1530,10 @@ impl Machine for Leaf {
     }
 
     fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
+        if let Some((conn, confirmed)) = self.confirms.remove(&done.token) {
+            self.send(conn, Wire::Confirmed(confirmed));
+            return;
+        }
         let Some(batch) = self.pending.remove(&done.token) else {
             return;
         };
@@ -1551,6 +1568,17 @@ impl Machine for Leaf {
     }
 
     fn handle_storage_failed(&mut self, _now: Time, token: u64, reason: &str) {
+        if let Some((conn, mut confirmed)) = self.confirms.remove(&token) {
+            // Applied in memory but not logged: after a restart the messages may come back
+            // (at-least-once). The consumer is told to retry.
+            for result in &mut confirmed.results {
+                if result.is_ok() {
+                    *result = Err(ReceiptError::Unavailable);
+                }
+            }
+            self.send(conn, Wire::Confirmed(confirmed));
+            return;
+        }
         let Some(batch) = self.pending.remove(&token) else {
             return;
         };

@@ -22,7 +22,9 @@
 
 mod workload;
 
-pub use workload::{ConsumerSpec, DiskModel, LinkModel, PriorityMix, ProducerSpec, Workload};
+pub use workload::{
+    ConsumerSpec, DiskModel, FaultSpec, LinkModel, PriorityMix, ProducerSpec, Workload,
+};
 
 use bytes::Bytes;
 use crest_core::aggregator::{Aggregator, AggregatorConfig};
@@ -79,10 +81,17 @@ enum Owner {
 enum Event {
     /// A message reaches the connection end `to`.
     Deliver { to: ConnId, msg: Wire },
-    /// A node's timer.
-    Timer { node: usize },
+    /// A node's timer (for one incarnation of it).
+    Timer { node: usize, life: u32 },
     /// A leaf's storage operation is durable.
-    Stored { node: usize, token: u64 },
+    Stored { node: usize, life: u32, token: u64 },
+    /// A node crashes.
+    Crash {
+        node: usize,
+        restart_after: Duration,
+    },
+    /// A crashed node starts again.
+    Restart { node: usize },
     /// A producer may send.
     Produce { producer: usize },
     /// A consumer pops (when it paces itself).
@@ -153,8 +162,13 @@ pub struct SimReport {
     pub push_ack_us: Percentiles,
     /// Most entries any one aggregator or root held in its windows.
     pub window_entries_max: u64,
-    /// The bound on that: credits × children × topics of the widest node.
+    /// The bound on that: credits × children of the widest node.
     pub window_entries_bound: u64,
+    /// Node crashes injected.
+    pub crashes: u64,
+    /// Duplicate deliveries of messages that were not delivered-and-unconfirmed when a node
+    /// crashed (at-least-once allows duplicates only of those): must be 0.
+    pub unexpected_duplicates: u64,
     /// Events processed.
     pub events: u64,
     /// Time series, one sample per `sample_ms`.
@@ -186,6 +200,13 @@ impl SimReport {
             "  windows above the leaves: at most {} entries (bound {})",
             self.window_entries_max, self.window_entries_bound
         );
+        if self.crashes > 0 {
+            let _ = writeln!(
+                out,
+                "  crashes {}  unexpected duplicates {}",
+                self.crashes, self.unexpected_duplicates
+            );
+        }
         let _ = writeln!(
             out,
             "  {:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -224,6 +245,7 @@ struct Truth {
     index: HashMap<MessageId, (u32, usize)>,
     delivered: HashMap<MessageId, ()>,
     duplicates: u64,
+    duplicate_ids: Vec<MessageId>,
 }
 
 #[derive(Default)]
@@ -245,6 +267,7 @@ impl Truth {
     fn delivered(&mut self, id: MessageId, priority: u32, now: Time) -> Option<(u64, u64)> {
         if self.delivered.insert(id, ()).is_some() {
             self.duplicates += 1;
+            self.duplicate_ids.push(id);
             return None;
         }
         let rank_error = self.waiting.range(..priority).map(|(_, n)| n).sum();
@@ -275,16 +298,36 @@ impl Truth {
     }
 }
 
+/// What a node is made from.
+#[derive(Clone)]
+enum NodeConfig {
+    Root(RootConfig),
+    Aggregator(AggregatorConfig),
+    Leaf(LeafConfig),
+}
+
+impl NodeConfig {
+    fn build(&self) -> Box<dyn Machine> {
+        match self {
+            NodeConfig::Root(c) => Box::new(Root::new(c.clone())),
+            NodeConfig::Aggregator(c) => Box::new(Aggregator::new(c.clone())),
+            NodeConfig::Leaf(c) => Box::new(Leaf::new(c.clone())),
+        }
+    }
+}
+
 struct ProducerState {
     spec: ProducerSpec,
-    /// The producer's connection end to each of its leaves.
+    /// The leaves it pushes to.
+    targets: Vec<usize>,
+    /// The producer's connection end to each of its leaves that is up.
     ends: Vec<ConnId>,
     next_end: usize,
     /// Messages owed by the rate but not yet sent (fractional).
     owed: f64,
     last_tick: Time,
-    /// Push requests in flight: request → (sent at).
-    in_flight: HashMap<u64, Time>,
+    /// Push requests in flight: request → (sent at, on which end).
+    in_flight: HashMap<u64, (Time, ConnId)>,
 }
 
 struct ConsumerState {
@@ -292,6 +335,8 @@ struct ConsumerState {
     end: ConnId,
     /// The pop in flight: (request, sent at).
     pending: Option<(u64, Time)>,
+    /// Ack requests in flight: request → the messages acknowledged.
+    acks: HashMap<u64, Vec<MessageId>>,
 }
 
 struct Sim {
@@ -306,6 +351,22 @@ struct Sim {
     nodes: Vec<Box<dyn Machine>>,
     roles: Vec<Role>,
     armed: Vec<Option<Time>>,
+    /// Incarnation of each node (events of an earlier one are dropped).
+    lives: Vec<u32>,
+    /// Whether each node is up.
+    up: Vec<bool>,
+    /// Each leaf's log: (durable at, is a checkpoint, records) per operation, in order.
+    logs: Vec<Vec<(Time, bool, Vec<crest_core::leaf::LogRecord>)>>,
+    /// How to rebuild each node.
+    configs: Vec<NodeConfig>,
+    /// Each node's parent index.
+    parents: Vec<Option<usize>>,
+    /// Delivered messages whose acknowledgement has not been confirmed to their consumer.
+    unconfirmed: std::collections::BTreeSet<MessageId>,
+    /// Messages that were unconfirmed when some node crashed: at-least-once may deliver
+    /// them again.
+    exposed: std::collections::HashSet<MessageId>,
+    crashes: u64,
     ends: HashMap<ConnId, (Owner, ConnId)>,
     /// Last arrival time scheduled per receiving end (links keep order).
     last_arrival: HashMap<ConnId, Time>,
@@ -366,10 +427,17 @@ impl Sim {
             let mut progressed = false;
             while let Some(op) = self.nodes[node].poll_storage() {
                 progressed = true;
+                let at = self.now + Duration::from_micros(self.disk.fsync_us);
                 if let Some(token) = op.token() {
-                    let at = self.now + Duration::from_micros(self.disk.fsync_us);
-                    self.schedule(at, Event::Stored { node, token });
+                    let life = self.lives[node];
+                    self.schedule(at, Event::Stored { node, life, token });
                 }
+                let checkpoint = matches!(op, crest_core::machine::StorageOp::Checkpoint { .. });
+                let records = match op {
+                    crest_core::machine::StorageOp::Append { records, .. }
+                    | crest_core::machine::StorageOp::Checkpoint { records, .. } => records,
+                };
+                self.logs[node].push((at, checkpoint, records));
             }
             while let Some(transmit) = self.nodes[node].poll_transmit() {
                 progressed = true;
@@ -387,7 +455,8 @@ impl Sim {
             && self.armed[node].is_none_or(|armed| at < armed)
         {
             self.armed[node] = Some(at);
-            self.schedule(at.max(self.now), Event::Timer { node });
+            let life = self.lives[node];
+            self.schedule(at.max(self.now), Event::Timer { node, life });
         }
     }
 
@@ -413,6 +482,7 @@ impl Sim {
             }
             (Role::Root, Wire::PopReply(reply)) => {
                 for delivery in &reply.deliveries {
+                    self.unconfirmed.insert(delivery.id);
                     if let Some((rank, inversion)) =
                         self.truth
                             .delivered(delivery.id, delivery.priority, self.now)
@@ -460,7 +530,8 @@ impl Sim {
             }
             Owner::Producer(producer) => match msg {
                 Wire::PushAck(ack) => {
-                    if let Some(sent) = self.producers[producer].in_flight.remove(&ack.request) {
+                    if let Some((sent, _)) = self.producers[producer].in_flight.remove(&ack.request)
+                    {
                         let micros = self.now.saturating_since(sent).as_micros() as u64;
                         for _ in &ack.ids {
                             self.push_ack.saturating_record(micros.max(1));
@@ -475,6 +546,15 @@ impl Sim {
                 _ => {}
             },
             Owner::Consumer(consumer) => {
+                if let Wire::AckReply(reply) = &msg
+                    && let Some(ids) = self.consumers[consumer].acks.remove(&reply.request)
+                {
+                    for (id, result) in ids.iter().zip(&reply.results) {
+                        if result.is_ok() {
+                            self.unconfirmed.remove(id);
+                        }
+                    }
+                }
                 if let Wire::PopReply(reply) = msg {
                     let state = &mut self.consumers[consumer];
                     let Some((request, sent)) = state.pending else {
@@ -490,6 +570,8 @@ impl Sim {
                         let receipts: Vec<Receipt> =
                             reply.deliveries.iter().map(|d| d.receipt()).collect();
                         let request = self.request();
+                        let ids = reply.deliveries.iter().map(|d| d.id).collect();
+                        self.consumers[consumer].acks.insert(request, ids);
                         let end = self.consumers[consumer].end;
                         self.send(
                             end,
@@ -506,6 +588,138 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// Connects `child` to `parent` (both up).
+    fn link(&mut self, child: usize, parent: usize) {
+        let (c, p) = self.pair(Owner::Node(child), Owner::Node(parent));
+        let now = self.now;
+        self.nodes[parent].handle_connected(now, p, Link::Incoming);
+        self.nodes[child].handle_connected(now, c, Link::Parent);
+        self.drain(parent);
+        self.drain(child);
+    }
+
+    fn hello(peer: PeerKind) -> Wire {
+        Wire::Hello(Hello {
+            protocol: PROTOCOL_VERSION,
+            peer,
+        })
+    }
+
+    /// Connects producer `p` to `leaf`.
+    fn connect_producer(&mut self, p: usize, leaf: usize) {
+        let (client, node) = self.pair(Owner::Producer(p), Owner::Node(leaf));
+        let now = self.now;
+        self.nodes[leaf].handle_connected(now, node, Link::Incoming);
+        self.send(client, Sim::hello(PeerKind::Producer));
+        self.producers[p].ends.push(client);
+    }
+
+    /// Connects consumer `c` to the root.
+    fn connect_consumer(&mut self, c: usize, root: usize) {
+        let (client, node) = self.pair(Owner::Consumer(c), Owner::Node(root));
+        let now = self.now;
+        self.nodes[root].handle_connected(now, node, Link::Incoming);
+        self.send(client, Sim::hello(PeerKind::Consumer));
+        self.consumers[c].end = client;
+        self.consumers[c].pending = None;
+    }
+
+    /// A node crashes: its connections drop, a leaf keeps only what its disk made durable.
+    fn crash(&mut self, node: usize) {
+        if !self.up[node] {
+            return;
+        }
+        self.crashes += 1;
+        self.exposed.extend(self.unconfirmed.iter().copied());
+        self.lives[node] += 1;
+        self.up[node] = false;
+        self.armed[node] = None;
+        let mut ends: Vec<ConnId> = self
+            .ends
+            .iter()
+            .filter(|(_, (owner, _))| *owner == Owner::Node(node))
+            .map(|(end, _)| *end)
+            .collect();
+        ends.sort_unstable();
+        let now = self.now;
+        for end in ends {
+            let Some((_, peer)) = self.ends.remove(&end) else {
+                continue;
+            };
+            let Some((peer_owner, _)) = self.ends.remove(&peer) else {
+                continue;
+            };
+            self.last_arrival.remove(&end);
+            self.last_arrival.remove(&peer);
+            match peer_owner {
+                Owner::Node(other) => {
+                    if self.up[other] {
+                        self.nodes[other].handle_disconnected(now, peer);
+                        self.drain(other);
+                    }
+                }
+                Owner::Producer(p) => {
+                    self.producers[p].ends.retain(|e| *e != peer);
+                    self.producers[p].in_flight.retain(|_, (_, e)| *e != peer);
+                }
+                Owner::Consumer(c) => {
+                    self.consumers[c].pending = None;
+                    self.consumers[c].acks.clear();
+                }
+            }
+        }
+        let ends = &self.ends;
+        self.pushes.retain(|(end, _), _| ends.contains_key(end));
+        // What survives: the durable prefix of the log, from its last durable checkpoint.
+        let config = self.configs[node].clone();
+        self.nodes[node] = match config {
+            NodeConfig::Leaf(config) => {
+                let log = &mut self.logs[node];
+                log.retain(|(durable_at, _, _)| *durable_at <= now);
+                let from = log
+                    .iter()
+                    .rposition(|(_, checkpoint, _)| *checkpoint)
+                    .unwrap_or(0);
+                log.drain(..from);
+                let operations = log.iter().map(|(_, _, records)| records.clone());
+                Box::new(Leaf::recover(config, now, operations))
+            }
+            other => other.build(),
+        };
+    }
+
+    /// A crashed node starts again and reconnects.
+    fn restart(&mut self, node: usize, root: usize) {
+        if self.up[node] {
+            return;
+        }
+        self.up[node] = true;
+        if let Some(parent) = self.parents[node]
+            && self.up[parent]
+        {
+            self.link(node, parent);
+        }
+        let children: Vec<usize> = (0..self.nodes.len())
+            .filter(|&c| self.parents[c] == Some(node) && self.up[c])
+            .collect();
+        for child in children {
+            self.link(child, node);
+        }
+        for p in 0..self.producers.len() {
+            if self.producers[p].targets.contains(&node) {
+                self.connect_producer(p, node);
+            }
+        }
+        if node == root {
+            for c in 0..self.consumers.len() {
+                self.connect_consumer(c, root);
+                let at = self.now + Duration::from_millis(1);
+                self.schedule(at, Event::Consume { consumer: c });
+            }
+        }
+        self.drain(node);
     }
 
     fn request(&mut self) -> u64 {
@@ -538,7 +752,7 @@ impl Sim {
         state.last_tick = self.now;
         state.owed = (state.owed + elapsed * state.spec.rate).min(1e6);
         let mut batches = Vec::new();
-        while state.owed >= 1.0 {
+        while state.owed >= 1.0 && !state.ends.is_empty() {
             let count = (state.owed.floor() as u32).min(state.spec.batch_max.max(1));
             state.owed -= f64::from(count);
             let end = state.ends[state.next_end % state.ends.len()];
@@ -556,7 +770,9 @@ impl Sim {
                 })
                 .collect();
             let request = self.request();
-            self.producers[producer].in_flight.insert(request, self.now);
+            self.producers[producer]
+                .in_flight
+                .insert(request, (self.now, end));
             self.send(end, Wire::Push(Push { request, messages }));
         }
         if self.now + tick < until {
@@ -584,6 +800,14 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
         nodes: Vec::new(),
         roles: Vec::new(),
         armed: Vec::new(),
+        lives: Vec::new(),
+        up: Vec::new(),
+        logs: Vec::new(),
+        configs: Vec::new(),
+        parents: Vec::new(),
+        unconfirmed: std::collections::BTreeSet::new(),
+        exposed: std::collections::HashSet::new(),
+        crashes: 0,
         ends: HashMap::new(),
         last_arrival: HashMap::new(),
         next_conn: 1,
@@ -612,25 +836,30 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
         index.insert(spec.name.clone(), i);
         let subtree = topology.subtree_leaves(&spec.name);
         let settings = spec.settings.clone();
-        let machine: Box<dyn Machine> = match spec.role {
-            Role::Root => Box::new(Root::new(RootConfig {
+        let config = match spec.role {
+            Role::Root => NodeConfig::Root(RootConfig {
                 name: spec.name.clone(),
                 settings: settings.clone(),
                 subtree,
-            })),
-            Role::Aggregator => Box::new(Aggregator::new(AggregatorConfig {
+            }),
+            Role::Aggregator => NodeConfig::Aggregator(AggregatorConfig {
                 name: spec.name.clone(),
                 settings: settings.clone(),
                 subtree,
-            })),
-            Role::Leaf => Box::new(Leaf::new(LeafConfig {
+            }),
+            Role::Leaf => NodeConfig::Leaf(LeafConfig {
                 name: spec.name.clone(),
                 id: spec.leaf_id.expect("validated: leaves have ids"),
                 settings: settings.clone(),
                 seed: seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9),
                 first_seq: 1,
-            })),
+            }),
         };
+        let machine = config.build();
+        sim.configs.push(config);
+        sim.lives.push(0);
+        sim.up.push(true);
+        sim.logs.push(Vec::new());
         if spec.role != Role::Leaf {
             let children = topology
                 .nodes
@@ -643,17 +872,16 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
         sim.roles.push(spec.role);
         sim.armed.push(None);
     }
+    sim.parents = topology
+        .nodes
+        .iter()
+        .map(|n| n.parent.as_ref().map(|p| index[p]))
+        .collect();
     // The tree's links.
-    for (child, spec) in topology.nodes.iter().enumerate() {
-        let Some(parent) = spec.parent.as_ref().map(|p| index[p]) else {
-            continue;
-        };
-        let (c, p) = sim.pair(Owner::Node(child), Owner::Node(parent));
-        let now = sim.now;
-        sim.nodes[parent].handle_connected(now, p, Link::Incoming);
-        sim.nodes[child].handle_connected(now, c, Link::Parent);
-        sim.drain(parent);
-        sim.drain(child);
+    for child in 0..sim.nodes.len() {
+        if let Some(parent) = sim.parents[child] {
+            sim.link(child, parent);
+        }
     }
     // Clients.
     let leaves: Vec<usize> = topology
@@ -668,12 +896,6 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
         .iter()
         .position(|n| n.role == Role::Root)
         .expect("validated: one root");
-    let hello = |peer| {
-        Wire::Hello(Hello {
-            protocol: PROTOCOL_VERSION,
-            peer,
-        })
-    };
     let begin = start + Duration::from_millis(workload.warmup_ms);
     let end = begin + Duration::from_millis(workload.duration_ms);
     for (p, spec) in workload.producers.iter().enumerate() {
@@ -688,36 +910,45 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
                 }
             },
         };
-        let mut ends = Vec::new();
-        for leaf in targets {
-            let (client, node) = sim.pair(Owner::Producer(p), Owner::Node(leaf));
-            let now = sim.now;
-            sim.nodes[leaf].handle_connected(now, node, Link::Incoming);
-            sim.send(client, hello(PeerKind::Producer));
-            ends.push(client);
-        }
         let from = begin + Duration::from_millis(spec.start_ms);
         sim.producers.push(ProducerState {
             spec: spec.clone(),
-            ends,
+            targets: targets.clone(),
+            ends: Vec::new(),
             next_end: p,
             owed: 0.0,
             last_tick: from,
             in_flight: HashMap::new(),
         });
+        for leaf in targets {
+            sim.connect_producer(p, leaf);
+        }
         sim.schedule(from, Event::Produce { producer: p });
     }
     for (c, spec) in workload.consumers.iter().enumerate() {
-        let (client, node) = sim.pair(Owner::Consumer(c), Owner::Node(root));
-        let now = sim.now;
-        sim.nodes[root].handle_connected(now, node, Link::Incoming);
-        sim.send(client, hello(PeerKind::Consumer));
         sim.consumers.push(ConsumerState {
             spec: spec.clone(),
-            end: client,
+            end: 0,
             pending: None,
+            acks: HashMap::new(),
         });
+        sim.connect_consumer(c, root);
         sim.schedule(begin, Event::Consume { consumer: c });
+    }
+    for fault in &workload.faults {
+        let Some(&node) = index.get(&fault.node) else {
+            return Err(SimError::Workload(format!(
+                "fault: {:?} is not a node of the topology",
+                fault.node
+            )));
+        };
+        sim.schedule(
+            begin + Duration::from_millis(fault.at_ms),
+            Event::Crash {
+                node,
+                restart_after: Duration::from_millis(fault.restart_after_ms),
+            },
+        );
     }
     sim.schedule(start + Duration::from_secs(1), Event::Report);
     sim.schedule(
@@ -741,7 +972,10 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
         sim.processed += 1;
         match event {
             Event::Deliver { to, msg } => sim.deliver(to, msg),
-            Event::Timer { node } => {
+            Event::Timer { node, life } => {
+                if life != sim.lives[node] || !sim.up[node] {
+                    continue;
+                }
                 if sim.armed[node] == Some(at) {
                     sim.armed[node] = None;
                 }
@@ -754,11 +988,23 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
                 }
                 sim.drain(node);
             }
-            Event::Stored { node, token } => {
+            Event::Stored { node, life, token } => {
+                if life != sim.lives[node] || !sim.up[node] {
+                    continue;
+                }
                 let now = sim.now;
                 sim.nodes[node].handle_storage_done(now, StorageDone { token });
                 sim.drain(node);
             }
+            Event::Crash {
+                node,
+                restart_after,
+            } => {
+                sim.crash(node);
+                let at = sim.now + restart_after;
+                sim.schedule(at, Event::Restart { node });
+            }
+            Event::Restart { node } => sim.restart(node, root),
             Event::Produce { producer } => {
                 let until = producer_ends[producer];
                 if sim.now < until {
@@ -784,8 +1030,10 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
                     Role::Root => 2,
                 });
                 for node in order {
-                    sim.nodes[node].report_tick(now);
-                    sim.drain(node);
+                    if sim.up[node] {
+                        sim.nodes[node].report_tick(now);
+                        sim.drain(node);
+                    }
                 }
                 sim.schedule(now + Duration::from_secs(1), Event::Report);
             }
@@ -835,6 +1083,13 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
         push_ack_us: Percentiles::of(&sim.push_ack),
         window_entries_max: sim.window_max,
         window_entries_bound: bound,
+        crashes: sim.crashes,
+        unexpected_duplicates: sim
+            .truth
+            .duplicate_ids
+            .iter()
+            .filter(|id| !sim.exposed.contains(id))
+            .count() as u64,
         events: sim.processed,
         series: sim.series,
     })

@@ -22,6 +22,11 @@
 //! start_ms = 0                # relative to the end of the warm-up
 //! # stop_ms = 1000
 //!
+//! [[fault]]                   # optional, scripted
+//! node = "leaf-3"
+//! at_ms = 400                 # crash (unsynced writes lost), then restart and recover
+//! restart_after_ms = 100
+//!
 //! [[consumer]]
 //! max = 16                    # messages per pop
 //! wait_ms = 100               # long-poll
@@ -221,6 +226,28 @@ pub struct Workload {
     /// Consumers.
     #[serde(default, rename = "consumer")]
     pub consumers: Vec<ConsumerSpec>,
+    /// Scripted faults.
+    #[serde(default, rename = "fault")]
+    pub faults: Vec<FaultSpec>,
+}
+
+/// A scripted fault: a node crashes (its connections drop; a leaf loses what its disk had not
+/// made durable) and restarts after a while (a leaf recovers from its log; an aggregator or
+/// the root starts empty, as its state is soft).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    /// The node.
+    pub node: String,
+    /// When it crashes, ms after the warm-up.
+    pub at_ms: u64,
+    /// How long it stays down.
+    #[serde(default = "restart_after_ms")]
+    pub restart_after_ms: u64,
+}
+
+fn restart_after_ms() -> u64 {
+    100
 }
 
 impl Workload {
