@@ -50,6 +50,8 @@ struct AggregatorCounters {
 
 /// See the module doc.
 pub struct Aggregator {
+    /// `offer_swap` of the settings.
+    swap: bool,
     name: String,
     reporter: Reporter,
     counters: AggregatorCounters,
@@ -66,6 +68,7 @@ impl Aggregator {
     /// Creates an aggregator with no children connected.
     pub fn new(config: AggregatorConfig) -> Aggregator {
         let reporter = Reporter::new(&config.settings);
+        let swap = config.settings.offer_swap;
         let name = config.name.clone();
         let upstream = Upstream::new(
             config.name.clone(),
@@ -79,6 +82,7 @@ impl Aggregator {
             config.subtree,
         );
         Aggregator {
+            swap,
             name,
             reporter,
             counters: AggregatorCounters::default(),
@@ -214,7 +218,7 @@ impl Aggregator {
             };
             let window = self.children.windows.get(&topic);
             if let Some(parent) = session {
-                offers.rebalance(credits);
+                offers.rebalance(credits, self.swap);
                 let below = window.and_then(|window| window.min_frontier());
                 let frontier = match (offers.best_unoffered(), below) {
                     (Some(a), Some(b)) => Some(a.min(b)),

@@ -133,6 +133,10 @@ pub struct Settings {
     pub report_interval_ms: u64,
     /// Most topics a report carries (the deepest are kept).
     pub report_topics_max: u32,
+    /// Whether a child swaps a more urgent entry in for the least urgent one its parent holds
+    /// when its credit is used up (the rule that keeps credits from inverting priorities).
+    /// Off only to measure what it is worth (`crest sim`).
+    pub offer_swap: bool,
 }
 
 /// Per-topic overrides of [`Settings`]; unset fields take the node's value.
@@ -208,6 +212,7 @@ impl Default for Settings {
             topics: BTreeMap::new(),
             report_interval_ms: 1_000,
             report_topics_max: 256,
+            offer_swap: true,
         }
     }
 }

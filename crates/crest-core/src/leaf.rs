@@ -1234,7 +1234,9 @@ impl Leaf {
                 continue;
             };
             if let Some(parent) = session {
-                topic.offers.rebalance(credits);
+                topic
+                    .offers
+                    .rebalance(credits, self.config.settings.offer_swap);
                 let frontier = topic.offers.best_unoffered();
                 if let Some(offer) = topic.offers.poll(&topic_name, frontier) {
                     self.transmits.push_back(Transmit {

@@ -115,8 +115,9 @@ impl OfferSet {
         self.unoffered.remove(key).is_some()
     }
 
-    /// Restores the rule of the module doc for `credits` (0 when there is no parent session).
-    pub(crate) fn rebalance(&mut self, credits: u32) {
+    /// Restores the rule of the module doc for `credits` (0 when there is no parent session);
+    /// without `swap`, offered entries stay until taken or retracted, whatever arrives.
+    pub(crate) fn rebalance(&mut self, credits: u32, swap: bool) {
         let credits = credits as usize;
         while self.offered.len() > credits {
             let (key, candidate) = self.offered.pop_last().expect("non-empty");
@@ -134,10 +135,12 @@ impl OfferSet {
             self.credit_stalls += 1;
         }
         // Swap while the best unoffered beats the worst offered; at most `credits` swaps.
-        while let (Some((&best, _)), Some((&worst, _))) = (
-            self.unoffered.first_key_value(),
-            self.offered.last_key_value(),
-        ) {
+        while swap
+            && let (Some((&best, _)), Some((&worst, _))) = (
+                self.unoffered.first_key_value(),
+                self.offered.last_key_value(),
+            )
+        {
             if best >= worst {
                 break;
             }
@@ -258,7 +261,7 @@ mod tests {
         for id in 1..=5 {
             set.insert(key(5, id), c(10));
         }
-        set.rebalance(3);
+        set.rebalance(3, true);
         let offer = set.poll("t", set.best_unoffered()).unwrap();
         let added: Vec<u64> = offer.adds.iter().map(|e| e.key.id.0).collect();
         assert_eq!(added, vec![1, 2, 3]);
@@ -266,7 +269,7 @@ mod tests {
 
         // A more urgent arrival displaces the least urgent offered entry.
         set.insert(key(0, 9), c(10));
-        set.rebalance(3);
+        set.rebalance(3, true);
         let offer = set.poll("t", set.best_unoffered()).unwrap();
         assert_eq!(
             offer.adds.iter().map(|e| e.key).collect::<Vec<_>>(),
@@ -280,7 +283,7 @@ mod tests {
     fn add_then_retract_in_one_diff_cancels() {
         let mut set = OfferSet::default();
         set.insert(key(1, 1), c(1));
-        set.rebalance(1);
+        set.rebalance(1, true);
         assert!(set.remove(&key(1, 1)));
         let offer = set.poll("t", None).unwrap();
         assert!(offer.adds.is_empty() && offer.retracts.is_empty());
@@ -293,10 +296,10 @@ mod tests {
         for id in 1..=3 {
             set.insert(key(1, id), c(1));
         }
-        set.rebalance(2);
+        set.rebalance(2, true);
         set.poll("t", set.best_unoffered());
         assert!(set.take(&key(1, 1), 1));
-        set.rebalance(2);
+        set.rebalance(2, true);
         let offer = set.poll("t", set.best_unoffered()).unwrap();
         assert!(offer.retracts.is_empty());
         assert_eq!(offer.adds[0].key, key(1, 3));
@@ -307,11 +310,11 @@ mod tests {
     fn reset_makes_everything_unoffered_and_reoffers_on_the_next_session() {
         let mut set = OfferSet::default();
         set.insert(key(1, 1), c(1));
-        set.rebalance(4);
+        set.rebalance(4, true);
         set.poll("t", None);
         set.reset();
         assert_eq!(set.offered_len(), 0);
-        set.rebalance(4);
+        set.rebalance(4, true);
         let offer = set.poll("t", None).unwrap();
         assert_eq!(offer.adds.len(), 1);
     }
