@@ -242,4 +242,37 @@ async fn crest_sim_is_reproducible_from_the_command_line() {
     );
     let (ok, text) = crest(args(&["sim", "--workload", "/nonexistent.toml"])).await;
     assert!(!ok && text.contains("nonexistent"), "{text}");
+    // An invariant violated: the command fails and names the seed that reproduces it (here a
+    // drain too short for leases cut by an aggregator crash to expire).
+    let short = dir.path().join("short.toml");
+    let scenario = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/sim/leaf-crash.toml"
+    ))
+    .unwrap();
+    let scenario: String = scenario
+        .lines()
+        .map(|l| {
+            if l.starts_with("drain_ms") {
+                "drain_ms = 1000"
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&short, scenario).unwrap();
+    let (ok, text) = crest(args(&[
+        "sim",
+        "--workload",
+        short.to_str().unwrap(),
+        "--seed",
+        "1",
+    ]))
+    .await;
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("invariants violated") && text.contains("reproduce with --seed 1"),
+        "{text}"
+    );
 }

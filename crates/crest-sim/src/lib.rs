@@ -176,6 +176,32 @@ pub struct SimReport {
 }
 
 impl SimReport {
+    /// The invariants that must hold at the end of every run, violated ones described: every
+    /// acknowledged message delivered, duplicates only of deliveries a crash left
+    /// unconfirmed, memory above the leaves within its bound.
+    pub fn violations(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.undelivered > 0 {
+            out.push(format!(
+                "{} acknowledged messages were never delivered (lengthen drain_ms if leases cut by a crash had not expired yet)",
+                self.undelivered
+            ));
+        }
+        if self.unexpected_duplicates > 0 {
+            out.push(format!(
+                "{} duplicate deliveries not explained by a crash",
+                self.unexpected_duplicates
+            ));
+        }
+        if self.window_entries_max > self.window_entries_bound {
+            out.push(format!(
+                "windows above the leaves held {} entries, over their bound {}",
+                self.window_entries_max, self.window_entries_bound
+            ));
+        }
+        out
+    }
+
     /// The report as text (deterministic).
     pub fn text(&self) -> String {
         let mut out = String::new();

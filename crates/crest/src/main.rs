@@ -926,6 +926,13 @@ fn sim(
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    let violations = report.violations();
+    if !violations.is_empty() {
+        bail!(
+            "invariants violated: {}; reproduce with --seed {seed} and the same files",
+            violations.join("; ")
+        );
+    }
     Ok(())
 }
 
