@@ -189,6 +189,7 @@ fn aggregator_merge(c: &mut Criterion) {
                     key: k,
                     size: 100,
                     since: Time(0),
+                    entered: Time(0),
                 }
             })
             .collect();
@@ -220,6 +221,7 @@ fn aggregator_merge(c: &mut Criterion) {
                         key: k,
                         size: 100,
                         since: Time(0),
+                        entered: Time(0),
                     }
                 })
                 .collect();

@@ -359,8 +359,10 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
     assert!(refreshes > 0, "bubble-up plot has no points:\n{dom}");
     let series = attribute(&dom, "bubble", "series");
     assert!(
-        series.contains("bubble_up_to_aggregator") && series.contains("bubble_up_to_root"),
-        "both levels plotted: {series}"
+        series.contains("bubble_up_to_aggregator")
+            && series.contains("hop_to_root")
+            && series.contains("bubble_up_to_root"),
+        "every level plotted: {series}"
     );
     let per_node = attribute(&dom, "bubble-nodes", "series");
     for node in ["root", "agg-1", "agg-2"] {

@@ -124,6 +124,7 @@ impl Aggregator {
                 Candidate {
                     size: entry.size,
                     since: entry.since,
+                    entered: now,
                 },
             );
         }

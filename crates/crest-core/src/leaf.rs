@@ -441,6 +441,7 @@ impl Leaf {
                     Candidate {
                         size: stored.payload.len() as u32,
                         since: now,
+                        entered: now,
                     },
                 ));
             }
@@ -809,7 +810,14 @@ impl Leaf {
             .get_mut(&topic)
             .expect("topic exists")
             .offers
-            .insert(key, Candidate { size, since: now });
+            .insert(
+                key,
+                Candidate {
+                    size,
+                    since: now,
+                    entered: now,
+                },
+            );
         self.dirty.insert(topic);
     }
 

@@ -36,6 +36,9 @@ pub enum Metric {
     BubbleToAggregator,
     /// From a leaf making a message available to its entry reaching the root's window, µs.
     BubbleToRoot,
+    /// The last hop alone: from the entry reaching the root's child (an aggregator's window,
+    /// or a leaf directly below the root) to the root's window, µs.
+    HopToRoot,
     /// At a leaf: push batch received to acknowledged (durable), µs.
     PushAck,
     /// At the root: pop received to answered, for pops that delivered something, µs.
@@ -50,9 +53,10 @@ pub enum Metric {
 
 impl Metric {
     /// Every metric, in order.
-    pub const ALL: [Metric; 7] = [
+    pub const ALL: [Metric; 8] = [
         Metric::BubbleToAggregator,
         Metric::BubbleToRoot,
+        Metric::HopToRoot,
         Metric::PushAck,
         Metric::Pop,
         Metric::ReserveRoundTrip,
@@ -65,6 +69,7 @@ impl Metric {
         match self {
             Metric::BubbleToAggregator => "bubble_up_to_aggregator",
             Metric::BubbleToRoot => "bubble_up_to_root",
+            Metric::HopToRoot => "hop_to_root",
             Metric::PushAck => "push_ack",
             Metric::Pop => "pop",
             Metric::ReserveRoundTrip => "reserve_round_trip",

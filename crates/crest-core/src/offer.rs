@@ -33,6 +33,8 @@ pub(crate) struct Candidate {
     pub(crate) size: u32,
     /// When the leaf made the message available (start of bubble-up latency).
     pub(crate) since: Time,
+    /// When this node got it.
+    pub(crate) entered: Time,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -189,6 +191,7 @@ impl OfferSet {
                         key,
                         size: candidate.size,
                         since: candidate.since,
+                        entered: candidate.entered,
                     });
                 }
                 Pending::Retract => {
@@ -244,6 +247,7 @@ mod tests {
         Candidate {
             size,
             since: Time(0),
+            entered: Time(0),
         }
     }
 

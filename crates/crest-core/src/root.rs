@@ -863,9 +863,9 @@ impl Machine for Root {
                     self.violations += 1;
                 }
                 for entry in &delta.added {
-                    self.reporter
-                        .recorder
-                        .record_since(now, Metric::BubbleToRoot, entry.since);
+                    let recorder = &mut self.reporter.recorder;
+                    recorder.record_since(now, Metric::BubbleToRoot, entry.since);
+                    recorder.record_since(now, Metric::HopToRoot, entry.entered);
                 }
                 self.dirty.insert(topic);
             }

@@ -1254,6 +1254,11 @@ fn reports_bubble_up_so_the_root_knows_the_whole_tree() {
         report.histograms[&Metric::BubbleToRoot].count() >= 8,
         "2 aggregators x 4 credits"
     );
+    assert_eq!(
+        report.histograms[&Metric::HopToRoot].count(),
+        report.histograms[&Metric::BubbleToRoot].count(),
+        "the last hop of every entry the root received"
+    );
     assert_eq!(report.histograms[&Metric::PopBatch].percentiles().max, 10);
     let jobs = report.stats.topic("jobs").expect("the topic");
     let ready: u64 = jobs.ready.iter().map(|(_, n)| n).sum();

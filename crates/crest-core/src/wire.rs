@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Bytes of a frame header (length and checksum).
 pub const FRAME_HEADER_BYTES: usize = 8;
 /// First byte written on a control stream.
@@ -171,6 +171,9 @@ pub struct OfferEntry {
     /// When the leaf made the message available (durable ack, delay over, release): the
     /// start of its bubble-up latency.
     pub since: Time,
+    /// When the sender got the entry (a leaf: `since`; an aggregator: when the entry reached
+    /// its window), so the parent can measure the last hop alone.
+    pub entered: Time,
 }
 
 /// A change to the set of entries a child offers its parent for one topic.
