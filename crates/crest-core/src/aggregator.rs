@@ -21,14 +21,14 @@ use crate::downstream::{Downstream, PeerKindTag, TopicMap, TopicSet};
 use crate::id::LeafId;
 use crate::machine::{ConnId, Link, Machine, NodeStats, Transmit};
 use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
-use crate::offer::{Candidate, OfferSet};
+use crate::offer::{Candidate, FlushPolicy, OfferSet};
 use crate::time::Time;
 use crate::upstream::Upstream;
 use crate::wire::{
     Confirm, Confirmed, ErrorCode, LeafAdmin, LeafAdminReply, Offer, Release, Reserve,
     ReserveDenied, ReserveOutcome, Reserved, Role, Stats, Wire,
 };
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 
 /// How an aggregator is set up.
 #[derive(Clone, Debug)]
@@ -39,6 +39,20 @@ pub struct AggregatorConfig {
     pub settings: Settings,
     /// Every leaf below this aggregator, per the topology.
     pub subtree: Vec<LeafId>,
+}
+
+/// Requests forwarded to one child and not answered yet: if the child's session ends, the
+/// aggregator answers them upward itself (`Unavailable`), so nothing above waits for ever.
+/// Bounded by what the root lets be outstanding (`root_pending_pops_max`,
+/// `root_pending_requests_max`).
+#[derive(Default)]
+struct Forwarded {
+    /// Reserve items by reservation number.
+    reserves: HashMap<u64, crate::key::Key>,
+    /// Confirms by tag, with their receipt counts.
+    confirms: HashMap<u64, usize>,
+    /// Admin requests by tag.
+    admins: HashSet<u64>,
 }
 
 #[derive(Default)]
@@ -52,12 +66,17 @@ struct AggregatorCounters {
 pub struct Aggregator {
     /// `offer_swap` of the settings.
     swap: bool,
+    flush_policy: FlushPolicy,
+    /// When offer changes that were held back must go (`None`: none are waiting).
+    offer_due: Option<Time>,
     name: String,
     reporter: Reporter,
     counters: AggregatorCounters,
     upstream: Upstream,
     children: Downstream,
     offers: TopicMap<OfferSet>,
+    /// Requests forwarded to each child and not answered yet.
+    forwarded: HashMap<ConnId, Forwarded>,
     dirty: TopicSet,
     transmits: VecDeque<Transmit>,
     closes: VecDeque<(ConnId, String)>,
@@ -69,6 +88,7 @@ impl Aggregator {
     pub fn new(config: AggregatorConfig) -> Aggregator {
         let reporter = Reporter::new(&config.settings);
         let swap = config.settings.offer_swap;
+        let flush_policy = FlushPolicy::new(&config.settings);
         let name = config.name.clone();
         let upstream = Upstream::new(
             config.name.clone(),
@@ -83,12 +103,15 @@ impl Aggregator {
         );
         Aggregator {
             swap,
+            flush_policy,
+            offer_due: None,
             name,
             reporter,
             counters: AggregatorCounters::default(),
             upstream,
             children,
             offers: Default::default(),
+            forwarded: HashMap::new(),
             dirty: Default::default(),
             transmits: VecDeque::new(),
             closes: VecDeque::new(),
@@ -134,7 +157,7 @@ impl Aggregator {
         self.dirty.insert(topic);
     }
 
-    fn handle_reserve(&mut self, mut reserve: Reserve) {
+    fn handle_reserve(&mut self, now: Time, mut reserve: Reserve) {
         self.counters.reserves += 1;
         let route = self.children.route(reserve.leaf);
         // What the child below has told us, for it to judge our takes by (see `offer`).
@@ -155,8 +178,16 @@ impl Aggregator {
             self.dirty.insert(topic);
         }
         reserve.offer_seq = applied_below;
+        // The freed credit above is refilled at once: the parent's next pop sees it.
+        self.flush_offers(now, true);
         match route {
-            Ok(child) => self.send(child, Wire::Reserve(reserve)),
+            Ok(child) => {
+                let forwarded = self.forwarded.entry(child).or_default();
+                for item in &reserve.items {
+                    forwarded.reserves.insert(item.reservation, item.key);
+                }
+                self.send(child, Wire::Reserve(reserve));
+            }
             Err(_) => {
                 let items = reserve
                     .items
@@ -174,7 +205,13 @@ impl Aggregator {
 
     fn handle_confirm(&mut self, confirm: Confirm) {
         match self.children.route(confirm.leaf) {
-            Ok(child) => self.send(child, Wire::Confirm(confirm)),
+            Ok(child) => {
+                let forwarded = self.forwarded.entry(child).or_default();
+                forwarded
+                    .confirms
+                    .insert(confirm.tag, confirm.receipts.len());
+                self.send(child, Wire::Confirm(confirm));
+            }
             Err(error) => {
                 let results = vec![Err(error); confirm.receipts.len()];
                 self.send_up(Wire::Confirmed(Confirmed {
@@ -187,7 +224,11 @@ impl Aggregator {
 
     fn handle_leaf_admin(&mut self, admin: LeafAdmin) {
         match self.children.route(admin.leaf) {
-            Ok(child) => self.send(child, Wire::LeafAdmin(admin)),
+            Ok(child) => {
+                let forwarded = self.forwarded.entry(child).or_default();
+                forwarded.admins.insert(admin.tag);
+                self.send(child, Wire::LeafAdmin(admin));
+            }
             Err(_) => self.send_up(Wire::LeafAdminReply(LeafAdminReply {
                 tag: admin.tag,
                 result: None,
@@ -202,6 +243,38 @@ impl Aggregator {
         }
     }
 
+    /// A child's session ended: what was forwarded to it will never be answered by it, so the
+    /// aggregator answers upward in its place (the leases, if granted, expire at the leaf).
+    fn answer_forwarded(&mut self, child: ConnId) {
+        let Some(forwarded) = self.forwarded.remove(&child) else {
+            return;
+        };
+        if !forwarded.reserves.is_empty() {
+            let mut items: Vec<ReserveOutcome> = forwarded
+                .reserves
+                .into_iter()
+                .map(|(reservation, key)| ReserveOutcome {
+                    reservation,
+                    key,
+                    result: Err(ReserveDenied::Unavailable),
+                })
+                .collect();
+            items.sort_by_key(|outcome| outcome.reservation);
+            self.send_up(Wire::Reserved(Reserved { items }));
+        }
+        let mut confirms: Vec<(u64, usize)> = forwarded.confirms.into_iter().collect();
+        confirms.sort_unstable();
+        for (tag, count) in confirms {
+            let results = vec![Err(crate::wire::ReceiptError::Unavailable); count];
+            self.send_up(Wire::Confirmed(Confirmed { tag, results }));
+        }
+        let mut admins: Vec<u64> = forwarded.admins.into_iter().collect();
+        admins.sort_unstable();
+        for tag in admins {
+            self.send_up(Wire::LeafAdminReply(LeafAdminReply { tag, result: None }));
+        }
+    }
+
     fn send_up(&mut self, msg: Wire) {
         // Answers for a parent session that ended are dropped: the root that asked is gone,
         // and the leases they carry expire at their leaves.
@@ -210,9 +283,13 @@ impl Aggregator {
         }
     }
 
-    fn flush_offers(&mut self) {
+    /// Sends each dirty topic's offer diff upward when the flush policy says so (or `force`);
+    /// diffs that may wait stay dirty until the linger deadline (`offer_due`).
+    fn flush_offers(&mut self, now: Time, force: bool) {
         let credits = self.upstream.credits();
         let session = self.upstream.session();
+        let force = force || self.offer_due.is_some_and(|due| due <= now);
+        let mut lingering = TopicSet::default();
         for topic in std::mem::take(&mut self.dirty) {
             let Some(offers) = self.offers.get_mut(&topic) else {
                 continue;
@@ -225,6 +302,10 @@ impl Aggregator {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
+                if !self.flush_policy.due(offers, frontier, force) {
+                    lingering.insert(topic);
+                    continue;
+                }
                 if let Some(offer) = offers.poll(&topic, frontier) {
                     self.transmits.push_back(Transmit {
                         conn: parent,
@@ -237,6 +318,12 @@ impl Aggregator {
                 self.children.windows.remove(&topic);
             }
         }
+        // A forced flush leaves nothing waiting, so a deadline still set is in the future.
+        self.offer_due = (!lingering.is_empty()).then(|| {
+            self.offer_due
+                .unwrap_or_else(|| self.flush_policy.deadline(now))
+        });
+        self.dirty = lingering;
     }
 
     fn reject_unexpected(&mut self, conn: ConnId, msg: &Wire) {
@@ -259,14 +346,17 @@ impl Machine for Aggregator {
         }
     }
 
-    fn handle_disconnected(&mut self, _now: Time, conn: ConnId) {
+    fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
         if self.upstream.disconnected(conn) {
             for offers in self.offers.values_mut() {
                 offers.reset();
             }
+            // The root that asked is gone: nobody waits for the answers any more.
+            self.forwarded.clear();
             return;
         }
         self.reporter.child_gone(conn);
+        self.answer_forwarded(conn);
         if let Some(removed) = self.children.disconnect(conn) {
             for (topic, keys) in removed {
                 if let Some(offers) = self.offers.get_mut(&topic) {
@@ -278,11 +368,11 @@ impl Machine for Aggregator {
             }
             // The child's frontiers left with it.
             self.dirty.extend(self.offers.keys().cloned());
-            self.flush_offers();
+            self.flush_offers(now, true);
         }
     }
 
-    fn handle_message(&mut self, _now: Time, conn: ConnId, msg: Wire) {
+    fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire) {
         if self.upstream.is(conn) {
             match msg {
                 Wire::Welcome(welcome) => {
@@ -290,7 +380,7 @@ impl Machine for Aggregator {
                         self.dirty.extend(self.offers.keys().cloned());
                     }
                 }
-                Wire::Reserve(reserve) => self.handle_reserve(reserve),
+                Wire::Reserve(reserve) => self.handle_reserve(now, reserve),
                 Wire::Confirm(confirm) => self.handle_confirm(confirm),
                 Wire::Release(release) => self.handle_release(release),
                 Wire::LeafAdmin(admin) => self.handle_leaf_admin(admin),
@@ -299,11 +389,30 @@ impl Machine for Aggregator {
             }
         } else if self.children.is_child(conn) {
             match msg {
-                Wire::Offer(offer) => self.handle_offer(_now, conn, offer),
+                Wire::Offer(offer) => self.handle_offer(now, conn, offer),
                 Wire::Report(report) => self.reporter.child_report(conn, report),
-                Wire::Reserved(reserved) => self.send_up(Wire::Reserved(reserved)),
-                Wire::Confirmed(confirmed) => self.send_up(Wire::Confirmed(confirmed)),
-                Wire::LeafAdminReply(reply) => self.send_up(Wire::LeafAdminReply(reply)),
+                Wire::Reserved(reserved) => {
+                    if let Some(forwarded) = self.forwarded.get_mut(&conn) {
+                        for outcome in &reserved.items {
+                            forwarded.reserves.remove(&outcome.reservation);
+                        }
+                    }
+                    // The child refilled us before answering: pass the refill up first.
+                    self.flush_offers(now, true);
+                    self.send_up(Wire::Reserved(reserved));
+                }
+                Wire::Confirmed(confirmed) => {
+                    if let Some(forwarded) = self.forwarded.get_mut(&conn) {
+                        forwarded.confirms.remove(&confirmed.tag);
+                    }
+                    self.send_up(Wire::Confirmed(confirmed));
+                }
+                Wire::LeafAdminReply(reply) => {
+                    if let Some(forwarded) = self.forwarded.get_mut(&conn) {
+                        forwarded.admins.remove(&reply.tag);
+                    }
+                    self.send_up(Wire::LeafAdminReply(reply));
+                }
                 other => self.reject_unexpected(conn, &other),
             }
         } else {
@@ -315,7 +424,7 @@ impl Machine for Aggregator {
                         self.closes.push_back((conn, "handshake refused".into()));
                     }
                     if let Some(old) = outcome.superseded {
-                        self.handle_disconnected(_now, old);
+                        self.handle_disconnected(now, old);
                         self.closes
                             .push_back((old, "superseded by a new session".into()));
                     }
@@ -323,10 +432,12 @@ impl Machine for Aggregator {
                 other => self.reject_unexpected(conn, &other),
             }
         }
-        self.flush_offers();
+        self.flush_offers(now, false);
     }
 
-    fn handle_timeout(&mut self, _now: Time) {}
+    fn handle_timeout(&mut self, now: Time) {
+        self.flush_offers(now, false);
+    }
 
     fn report_tick(&mut self, now: Time) {
         if let Some(parent) = self.upstream.session() {
@@ -344,7 +455,7 @@ impl Machine for Aggregator {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        None
+        self.offer_due
     }
 
     fn report(&mut self, now: Time) -> Report {

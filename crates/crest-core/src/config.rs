@@ -18,6 +18,9 @@ pub const PUSH_BATCH_MESSAGES_MAX_DEFAULT: u32 = 4096;
 pub const PUSH_BATCH_BYTES_MAX_DEFAULT: u32 = 4 * 1024 * 1024;
 /// Largest number of messages returned by one pop.
 pub const POP_MESSAGES_MAX_DEFAULT: u32 = 1000;
+/// How long a child gathers non-urgent offer changes, in microseconds (see
+/// [`Settings::offer_linger_us`]).
+pub const OFFER_LINGER_US_DEFAULT: u64 = 500;
 /// Room in a frame for everything that is not payload (headers, keys, metadata).
 pub const FRAME_OVERHEAD_BYTES: u32 = 1024 * 1024;
 
@@ -137,6 +140,25 @@ pub struct Settings {
     /// when its credit is used up (the rule that keeps credits from inverting priorities).
     /// Off only to measure what it is worth (`crest sim`).
     pub offer_swap: bool,
+    /// How long a child may hold back a change of its offers to gather more into one `Offer`,
+    /// in microseconds (0: every change goes at once). Urgent changes never wait (see
+    /// `offer_urgent_flush`), nor does the refill after a reserve.
+    pub offer_linger_us: u64,
+    /// A child sends its gathered offer changes of a topic once this many are waiting, linger
+    /// or not.
+    pub offer_batch_entries: u32,
+    /// Whether a change that would enter the front of what the parent holds from this child
+    /// (an entry more urgent than every one the parent holds from it, or a lower frontier) is
+    /// sent at once instead of waiting for the linger. Off only to measure what it is worth.
+    pub offer_urgent_flush: bool,
+    /// Most entries per topic the root keeps reserved ahead of pops (0: reserve-ahead off).
+    /// The buffer follows recent pop demand below this bound.
+    pub reserve_ahead_max: u32,
+    /// Most payload bytes all of the root's reserve-ahead buffers hold together.
+    pub reserve_ahead_bytes_max: u64,
+    /// Longest an entry stays reserved ahead before it is given back to its leaf, in
+    /// milliseconds.
+    pub reserve_ahead_hold_ms: u64,
 }
 
 /// Per-topic overrides of [`Settings`]; unset fields take the node's value.
@@ -213,6 +235,12 @@ impl Default for Settings {
             report_interval_ms: 1_000,
             report_topics_max: 256,
             offer_swap: true,
+            offer_linger_us: OFFER_LINGER_US_DEFAULT,
+            offer_batch_entries: 64,
+            offer_urgent_flush: true,
+            reserve_ahead_max: 256,
+            reserve_ahead_bytes_max: 8 * 1024 * 1024,
+            reserve_ahead_hold_ms: 200,
         }
     }
 }
@@ -234,7 +262,9 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 24] = [
+        let positive: [(&'static str, u64); 26] = [
+            ("reserve_ahead_hold_ms", self.reserve_ahead_hold_ms),
+            ("offer_batch_entries", self.offer_batch_entries.into()),
             ("report_interval_ms", self.report_interval_ms),
             ("report_topics_max", self.report_topics_max.into()),
             ("max_attempts", self.max_attempts.into()),
@@ -300,6 +330,22 @@ impl Settings {
                 format!(
                     "{} leaves no room for a push batch of push_batch_bytes_max {} plus {} bytes of headers",
                     self.frame_bytes_max, self.push_batch_bytes_max, FRAME_OVERHEAD_BYTES
+                ),
+            );
+        }
+        if self.offer_linger_us > 1_000_000 {
+            return fail(
+                "offer_linger_us",
+                format!("{} exceeds one second", self.offer_linger_us),
+            );
+        }
+        if self.reserve_ahead_hold_ms.saturating_mul(2) > self.lease_timeout_ms {
+            return fail(
+                "reserve_ahead_hold_ms",
+                format!(
+                    "{} must be at most half of lease_timeout_ms {}: an entry held ahead must \
+                     leave its consumer most of its lease",
+                    self.reserve_ahead_hold_ms, self.lease_timeout_ms
                 ),
             );
         }

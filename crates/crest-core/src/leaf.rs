@@ -39,7 +39,7 @@ use crate::id::{IdMap, LeafId, MESSAGE_SEQ_MAX, MessageId, Receipt};
 use crate::key::Key;
 use crate::machine::{ConnId, Link, Machine, NodeStats, StorageDone, StorageOp, Transmit};
 use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
-use crate::offer::{Candidate, OfferSet};
+use crate::offer::{Candidate, FlushPolicy, OfferSet};
 use crate::time::Time;
 use crate::upstream::Upstream;
 use crate::wire::{
@@ -257,6 +257,9 @@ pub struct Leaf {
     live_bytes: u64,
     /// When the time trigger takes a checkpoint (set once something is logged after one).
     checkpoint_due: Option<Time>,
+    /// When offer changes that were held back must go (`None`: none are waiting).
+    offer_due: Option<Time>,
+    flush_policy: FlushPolicy,
 }
 
 impl Leaf {
@@ -296,6 +299,8 @@ impl Leaf {
             logged_bytes: 0,
             live_bytes: 0,
             checkpoint_due: None,
+            offer_due: None,
+            flush_policy: FlushPolicy::new(&config.settings),
             config,
         }
     }
@@ -879,7 +884,7 @@ impl Leaf {
         self.log(now, None, records);
         // Refill the parent's window before answering, on the same stream: by the time the root
         // sees the answer it already holds this leaf's next entries, so its next pop is exact.
-        self.flush_offers();
+        self.flush_offers(now, true);
         self.send(conn, Wire::Reserved(Reserved { items: outcomes }));
     }
 
@@ -1233,10 +1238,14 @@ impl Leaf {
         }
     }
 
-    /// Sends each dirty topic's offer diff to the parent and forgets empty topics.
-    fn flush_offers(&mut self) {
+    /// Sends each dirty topic's offer diff to the parent when the flush policy says so (or
+    /// `force`), and forgets empty topics. Diffs that may wait stay dirty until the linger
+    /// deadline (`offer_due`).
+    fn flush_offers(&mut self, now: Time, force: bool) {
         let credits = self.upstream.credits();
         let session = self.upstream.session();
+        let force = force || self.offer_due.is_some_and(|due| due <= now);
+        let mut lingering = TopicSet::default();
         for topic_name in std::mem::take(&mut self.dirty) {
             let Some(topic) = self.topics.get_mut(&topic_name) else {
                 continue;
@@ -1246,6 +1255,10 @@ impl Leaf {
                     .offers
                     .rebalance(credits, self.config.settings.offer_swap);
                 let frontier = topic.offers.best_unoffered();
+                if !self.flush_policy.due(&topic.offers, frontier, force) {
+                    lingering.insert(topic_name);
+                    continue;
+                }
                 if let Some(offer) = topic.offers.poll(&topic_name, frontier) {
                     self.transmits.push_back(Transmit {
                         conn: parent,
@@ -1261,6 +1274,12 @@ impl Leaf {
                 self.topics.remove(&topic_name);
             }
         }
+        // A forced flush leaves nothing waiting, so a deadline still set is in the future.
+        self.offer_due = (!lingering.is_empty()).then(|| {
+            self.offer_due
+                .unwrap_or_else(|| self.flush_policy.deadline(now))
+        });
+        self.dirty = lingering;
     }
 
     fn has_pending_for(&self, topic: &Topic) -> bool {
@@ -1475,13 +1494,13 @@ impl Machine for Leaf {
                 other => self.reject_unexpected(conn, &other),
             }
         }
-        self.flush_offers();
+        self.flush_offers(now, false);
         self.maybe_checkpoint(now);
     }
 
     fn handle_timeout(&mut self, now: Time) {
         self.tick(now);
-        self.flush_offers();
+        self.flush_offers(now, false);
         self.maybe_checkpoint(now);
     }
 
@@ -1574,10 +1593,10 @@ impl Machine for Leaf {
             Some(reason) => Wire::error(Some(batch.request), ErrorCode::StorageFailed, reason),
         };
         self.send(batch.conn, reply);
-        self.flush_offers();
+        self.flush_offers(now, false);
     }
 
-    fn handle_storage_failed(&mut self, _now: Time, token: u64, reason: &str) {
+    fn handle_storage_failed(&mut self, now: Time, token: u64, reason: &str) {
         if let Some((conn, mut confirmed)) = self.confirms.remove(&token) {
             // Applied in memory but not logged: after a restart the messages may come back
             // (at-least-once). The consumer is told to retry.
@@ -1630,7 +1649,7 @@ impl Machine for Leaf {
             Wire::error(Some(batch.request), ErrorCode::StorageFailed, text),
         );
         self.dirty.extend(topics);
-        self.flush_offers();
+        self.flush_offers(now, false);
     }
 
     fn poll_storage(&mut self) -> Option<StorageOp> {
@@ -1652,6 +1671,7 @@ impl Machine for Leaf {
             self.expiries.first().map(|(at, _)| *at),
             self.dedup_expiry.first_key_value().map(|((at, _), _)| *at),
             self.checkpoint_due,
+            self.offer_due,
         ]
         .into_iter()
         .flatten()

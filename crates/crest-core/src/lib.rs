@@ -15,6 +15,7 @@
 //! - [`leaf`], [`aggregator`], [`root`]: the state machines.
 
 pub mod aggregator;
+mod ahead;
 pub mod config;
 mod downstream;
 pub mod id;

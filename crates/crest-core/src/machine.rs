@@ -137,6 +137,8 @@ pub struct NodeStats {
     pub parent_connected: bool,
     /// Pops waiting (root).
     pub pending_pops: u64,
+    /// Entries held reserved ahead of pops (root).
+    pub ahead_entries: u64,
     /// Protocol violations seen (offers over credit, unexpected messages).
     pub violations: u64,
 }

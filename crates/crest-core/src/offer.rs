@@ -26,6 +26,42 @@ use crate::time::Time;
 use crate::wire::{Offer, OfferEntry};
 use std::collections::{BTreeMap, HashMap};
 
+/// When a child sends the offer changes it gathered for a topic (see the settings
+/// `offer_linger_us`, `offer_batch_entries`, `offer_urgent_flush`).
+///
+/// Changes go at once when they are urgent ([`OfferSet::is_urgent`]), when `batch` of them
+/// are waiting, or when the caller forces it (the linger ran out, or a reserve took entries
+/// and the parent must be refilled before the answer); otherwise they wait up to `linger`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FlushPolicy {
+    linger: std::time::Duration,
+    batch: usize,
+    urgent: bool,
+}
+
+impl FlushPolicy {
+    pub(crate) fn new(settings: &crate::config::Settings) -> FlushPolicy {
+        FlushPolicy {
+            linger: std::time::Duration::from_micros(settings.offer_linger_us),
+            batch: settings.offer_batch_entries.max(1) as usize,
+            urgent: settings.offer_urgent_flush,
+        }
+    }
+
+    /// Whether `set`'s diff (with the child's whole frontier now `frontier`) goes now.
+    pub(crate) fn due(&self, set: &OfferSet, frontier: Option<Key>, force: bool) -> bool {
+        force
+            || self.linger.is_zero()
+            || set.pending_len() >= self.batch
+            || (self.urgent && set.is_urgent(frontier))
+    }
+
+    /// When changes that start waiting at `now` must be sent at the latest.
+    pub(crate) fn deadline(&self, now: Time) -> Time {
+        now + self.linger
+    }
+}
+
 /// What a candidate carries besides its key.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct Candidate {
@@ -167,6 +203,44 @@ impl OfferSet {
                 self.pending.insert(key, op);
             }
         }
+    }
+
+    /// Whether the unsent diff must go at once rather than linger, for a child whose whole
+    /// frontier is now `frontier`:
+    /// - nothing was sent yet this session (the parent knows nothing of this child);
+    /// - the frontier moved down (more urgent): the parent's certainty depends on it;
+    /// - an add would enter the front of what the parent holds from this child: it is more
+    ///   urgent than every entry the parent already holds from it (or it holds none).
+    pub(crate) fn is_urgent(&self, frontier: Option<Key>) -> bool {
+        let Some(sent) = self.sent_frontier else {
+            return true;
+        };
+        // `None` is "nothing unoffered": above every key.
+        let lower = match (frontier, sent) {
+            (Some(now), Some(before)) => now < before,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if lower {
+            return true;
+        }
+        let Some(best_add) = self.pending.iter().find_map(|(key, op)| match op {
+            Pending::Add(_) => Some(*key),
+            Pending::Retract => None,
+        }) else {
+            return false;
+        };
+        // The parent's best entry from us: the first offered one whose add was sent.
+        let held_best = self
+            .offered
+            .keys()
+            .find(|key| !matches!(self.pending.get(key), Some(Pending::Add(_))));
+        held_best.is_none_or(|held| best_add < *held)
+    }
+
+    /// Number of changes waiting to be sent.
+    pub(crate) fn pending_len(&self) -> usize {
+        self.pending.len()
     }
 
     /// The most urgent candidate the parent does not hold.

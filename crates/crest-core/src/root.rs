@@ -27,6 +27,7 @@
 //! owning the named ids, or every leaf of the tree); the answers are merged, and leaves that
 //! cannot be reached are named in the reply.
 
+use crate::ahead::{AheadBuffer, Held};
 use crate::config::{FRAME_OVERHEAD_BYTES, Settings};
 use crate::downstream::{Downstream, PeerKindTag, Topic, TopicMap, TopicSet};
 use crate::id::{LeafId, Receipt};
@@ -70,14 +71,29 @@ struct PendingPop {
     bytes: u64,
     outstanding: usize,
     deliveries: Vec<(Key, Delivery)>,
+    /// Whether it holds deliveries from the reserve-ahead buffer: it is then answered with
+    /// them rather than wait a round trip for more.
+    from_ahead: bool,
     /// When the pop arrived.
     arrived: Time,
 }
 
+/// Who a reservation is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReservedFor {
+    /// A waiting pop.
+    Pop(u64),
+    /// The topic's reserve-ahead buffer.
+    Ahead,
+}
+
 #[derive(Debug)]
 struct Reservation {
-    pop: u64,
+    purpose: ReservedFor,
+    topic: Topic,
     child: ConnId,
+    /// Payload size of the entry (reserve-ahead bytes are counted from the reserve on).
+    size: u32,
     /// When the reserve was sent.
     sent: Time,
 }
@@ -92,6 +108,14 @@ struct RootCounters {
     settle_requests: u64,
     admin_requests: u64,
     offers_received: u64,
+    /// Entries reserved for the reserve-ahead buffers.
+    reserved_ahead: u64,
+    /// Deliveries served from them.
+    ahead_hits: u64,
+    /// Entries given back unused after `reserve_ahead_hold_ms`.
+    ahead_released: u64,
+    /// Buffered grants dropped because their leaf offered the entry again.
+    ahead_revoked: u64,
 }
 
 #[derive(Debug)]
@@ -149,6 +173,14 @@ pub struct Root {
     name: String,
     reporter: Reporter,
     counters: RootCounters,
+    /// Reserve-ahead buffers by topic (see [`crate::ahead`]).
+    ahead: TopicMap<AheadBuffer>,
+    /// Payload bytes held or expected in all reserve-ahead buffers.
+    ahead_bytes: u64,
+    /// When each held entry is given back: `(deadline, key, topic)`.
+    ahead_expiry: BTreeSet<(Time, Key, Topic)>,
+    /// Smoothed reserve round trip, in microseconds (sizes the reserve-ahead buffers).
+    round_trip_us: u64,
 }
 
 impl Root {
@@ -183,6 +215,10 @@ impl Root {
             name,
             reporter,
             counters: RootCounters::default(),
+            ahead: Default::default(),
+            ahead_bytes: 0,
+            ahead_expiry: BTreeSet::new(),
+            round_trip_us: 1_000,
         }
     }
 
@@ -253,6 +289,7 @@ impl Root {
             bytes: 0,
             outstanding: 0,
             deliveries: Vec::new(),
+            from_ahead: false,
             arrived: now,
         };
         self.counters.pops += 1;
@@ -263,34 +300,76 @@ impl Root {
         self.dirty.insert(topic);
     }
 
-    /// Hands window entries to the waiting pops of `topic`, then answers finished pops.
+    /// Hands entries to the waiting pops of `topic` in key order — from the window (a reserve
+    /// to the leaf) or from the reserve-ahead buffer (granted already) —, answers finished
+    /// pops, then tops the buffer up.
     fn serve(&mut self, now: Time, topic: &Topic) {
-        let Some(queue) = self.waiting.get(topic) else {
-            return;
-        };
-        let queue: Vec<u64> = queue.iter().copied().collect();
+        let queue: Vec<u64> = self
+            .waiting
+            .get(topic)
+            .map(|queue| queue.iter().copied().collect())
+            .unwrap_or_default();
         let budget = u64::from(self.settings.frame_bytes_max - FRAME_OVERHEAD_BYTES);
         let per_delivery =
             u64::from(self.settings.metadata_bytes_max + self.settings.topic_bytes_max) + 128;
         for &pop_id in &queue {
-            let Some(window) = self.children.windows.get_mut(topic) else {
-                break;
-            };
             let pop = self.pops.get_mut(&pop_id).expect("queued pops exist");
-            // Entries taken for this pop, grouped by the child and leaf they go to.
+            let mut window = self.children.windows.get_mut(topic);
+            let mut buffer = self.ahead.get_mut(topic);
+            // Entries taken from the window for this pop, grouped by the child and leaf they
+            // go to; buffered deliveries whose lease must be extended to the pop's, by leaf.
             let mut groups: BTreeMap<(ConnId, LeafId), Vec<ReserveItem>> = BTreeMap::new();
+            let mut extends: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
             while pop.deliveries.len() + pop.outstanding < pop.max {
-                let Some((key, slot)) = window.first() else {
-                    break;
+                let in_window = window.as_ref().and_then(|window| window.first());
+                let in_buffer = buffer.as_ref().and_then(|buffer| buffer.first());
+                let (key, from_buffer) = match (in_window, in_buffer) {
+                    (Some((w, _)), Some(b)) if b < w => (b, true),
+                    (Some((w, _)), _) => (w, false),
+                    (None, Some(b)) => (b, true),
+                    (None, None) => break,
                 };
                 if key.priority > pop.max_priority {
                     break;
                 }
-                if !window.is_certain(&key) && now < pop.order_deadline {
+                let certain = window.as_ref().is_none_or(|window| window.is_certain(&key));
+                if !certain && now < pop.order_deadline {
                     break;
                 }
-                let cost = u64::from(slot.size) + per_delivery;
                 let taken = pop.deliveries.len() + pop.outstanding;
+                if from_buffer {
+                    let buffer = buffer.as_mut().expect("picked from it");
+                    let size = buffer.held[&key].delivery.payload.len() as u64;
+                    let cost = size + per_delivery;
+                    if taken > 0 && pop.bytes + cost > budget {
+                        break;
+                    }
+                    let mut held = buffer.held.remove(&key).expect("picked from it");
+                    self.ahead_bytes -= size;
+                    let expiry = held.reserved_at
+                        + Duration::from_millis(self.settings.reserve_ahead_hold_ms);
+                    self.ahead_expiry.remove(&(expiry, key, topic.clone()));
+                    if held.lease_ms != pop.lease_ms {
+                        held.delivery.lease_deadline = now + Duration::from_millis(pop.lease_ms);
+                        extends
+                            .entry(key.id.leaf())
+                            .or_default()
+                            .push(held.delivery.receipt());
+                    }
+                    pop.bytes += cost;
+                    pop.deliveries.push((key, held.delivery));
+                    pop.from_ahead = true;
+                    self.counters.ahead_hits += 1;
+                    continue;
+                }
+                // Answer with what the buffer gave rather than wait a round trip for more:
+                // everything taken is more urgent than this entry, so the order holds.
+                if pop.from_ahead {
+                    break;
+                }
+                let window = window.as_mut().expect("picked from it");
+                let (_, slot) = in_window.expect("picked from it");
+                let cost = u64::from(slot.size) + per_delivery;
                 if taken > 0 && pop.bytes + cost > budget {
                     break;
                 }
@@ -302,8 +381,10 @@ impl Root {
                 self.reservations.insert(
                     reservation,
                     Reservation {
-                        pop: pop_id,
+                        purpose: ReservedFor::Pop(pop_id),
+                        topic: topic.clone(),
                         child: slot.child,
+                        size: slot.size,
                         sent: now,
                     },
                 );
@@ -314,24 +395,144 @@ impl Root {
             }
             let lease_ms = pop.lease_ms;
             for ((child, leaf), items) in groups {
-                let reserve = Reserve {
-                    leaf,
-                    topic: topic.to_string(),
-                    lease_ms,
-                    items,
-                    offer_seq: window.applied(child),
-                };
+                let offer_seq = window.as_ref().map_or(0, |window| window.applied(child));
                 self.counters.reserves += 1;
                 self.transmits.push_back(Transmit {
                     conn: child,
-                    msg: Wire::Reserve(reserve),
+                    msg: Wire::Reserve(Reserve {
+                        leaf,
+                        topic: topic.to_string(),
+                        lease_ms,
+                        items,
+                        offer_seq,
+                    }),
                 });
+            }
+            for (leaf, receipts) in extends {
+                self.extend_unanswered(leaf, receipts, lease_ms);
             }
         }
         for pop_id in queue {
             let pop = &self.pops[&pop_id];
             if pop.outstanding == 0 && (!pop.deliveries.is_empty() || now >= pop.deadline) {
                 self.answer_pop(now, pop_id);
+            }
+        }
+        self.top_up(now, topic);
+    }
+
+    /// Moves the visibility timeout of buffered deliveries handed to a pop that asked for
+    /// another one. Nobody waits for the answer: a refused extend shows on the consumer's ack.
+    fn extend_unanswered(&mut self, leaf: LeafId, receipts: Vec<Receipt>, lease_ms: u64) {
+        let Ok(child) = self.children.route(leaf) else {
+            return;
+        };
+        // A tag the root never registers: the leaf's `Confirmed` is dropped on arrival.
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.send(
+            child,
+            Wire::Confirm(Confirm {
+                tag,
+                leaf,
+                op: Settle::Extend { lease_ms },
+                receipts,
+            }),
+        );
+    }
+
+    /// Reserves the topic's next certain entries into its reserve-ahead buffer, up to what
+    /// recent demand asks for (see [`crate::ahead`]).
+    fn top_up(&mut self, now: Time, topic: &Topic) {
+        let s = &self.settings;
+        let lease_ms = s.topic_policy(topic).lease_timeout_ms;
+        // A topic whose leases are short gets none: a held entry must leave its consumer most
+        // of its lease.
+        if s.reserve_ahead_max == 0 || lease_ms < s.reserve_ahead_hold_ms.saturating_mul(2) {
+            return;
+        }
+        let (Some(buffer), Some(window)) = (
+            self.ahead.get_mut(topic),
+            self.children.windows.get_mut(topic),
+        ) else {
+            return;
+        };
+        buffer.demand.roll(now);
+        let target = buffer
+            .demand
+            .target(self.round_trip_us, s.reserve_ahead_max);
+        let mut groups: BTreeMap<(ConnId, LeafId), Vec<ReserveItem>> = BTreeMap::new();
+        while buffer.len() < target {
+            let Some((key, slot)) = window.first() else {
+                break;
+            };
+            if !window.is_certain(&key)
+                || self.ahead_bytes + u64::from(slot.size) > s.reserve_ahead_bytes_max
+            {
+                break;
+            }
+            window.take(&key);
+            self.ahead_bytes += u64::from(slot.size);
+            buffer.outstanding += 1;
+            let reservation = self.next_reservation;
+            self.next_reservation += 1;
+            self.reservations.insert(
+                reservation,
+                Reservation {
+                    purpose: ReservedFor::Ahead,
+                    topic: topic.clone(),
+                    child: slot.child,
+                    size: slot.size,
+                    sent: now,
+                },
+            );
+            groups
+                .entry((slot.child, key.id.leaf()))
+                .or_default()
+                .push(ReserveItem { reservation, key });
+        }
+        for ((child, leaf), items) in groups {
+            self.counters.reserves += 1;
+            self.counters.reserved_ahead += items.len() as u64;
+            let offer_seq = window.applied(child);
+            self.transmits.push_back(Transmit {
+                conn: child,
+                msg: Wire::Reserve(Reserve {
+                    leaf,
+                    topic: topic.to_string(),
+                    lease_ms,
+                    items,
+                    offer_seq,
+                }),
+            });
+        }
+    }
+
+    /// Gives back buffered entries held for `reserve_ahead_hold_ms` (available again at their
+    /// leaf, attempt returned).
+    fn release_stale_ahead(&mut self, now: Time) {
+        let mut by_leaf: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
+        while let Some((at, _, _)) = self.ahead_expiry.first() {
+            if *at > now {
+                break;
+            }
+            let (_, key, topic) = self.ahead_expiry.pop_first().expect("present");
+            let Some(buffer) = self.ahead.get_mut(&topic) else {
+                continue;
+            };
+            if let Some(held) = buffer.held.remove(&key) {
+                self.ahead_bytes -= held.delivery.payload.len() as u64;
+                self.counters.ahead_released += 1;
+                by_leaf
+                    .entry(key.id.leaf())
+                    .or_default()
+                    .push(held.delivery.receipt());
+            }
+            self.dirty.insert(topic);
+        }
+        for (leaf, receipts) in by_leaf {
+            if let Ok(child) = self.children.route(leaf) {
+                self.send(child, Wire::Release(Release { leaf, receipts }));
             }
         }
     }
@@ -342,6 +543,13 @@ impl Root {
             self.counters.empty_pops += 1;
         } else {
             self.counters.deliveries += pop.deliveries.len() as u64;
+            if self.settings.reserve_ahead_max > 0 {
+                self.ahead
+                    .entry(pop.topic.clone())
+                    .or_default()
+                    .demand
+                    .taken(now, pop.deliveries.len() as u64);
+            }
             let recorder = &mut self.reporter.recorder;
             recorder.record_since(now, Metric::Pop, pop.arrived);
             recorder.record(now, Metric::PopBatch, pop.deliveries.len() as u64);
@@ -375,31 +583,60 @@ impl Root {
             if outcome.result.is_err() {
                 self.counters.reserves_denied += 1;
             }
-            let reservation = self.reservations.remove(&outcome.reservation);
-            if let Some(reservation) = &reservation {
-                self.reporter.recorder.record_since(
-                    now,
-                    Metric::ReserveRoundTrip,
-                    reservation.sent,
-                );
-            }
-            let pop = reservation.and_then(|reservation| self.pops.get_mut(&reservation.pop));
-            match (pop, outcome.result) {
-                (Some(pop), result) => {
-                    pop.outstanding -= 1;
-                    if let Ok(delivery) = result {
-                        pop.deliveries.push((outcome.key, delivery));
-                    }
-                    self.dirty.insert(pop.topic.clone());
-                }
+            let Some(reservation) = self.reservations.remove(&outcome.reservation) else {
                 // Nobody waits for this grant any more: end the lease now.
-                (None, Ok(delivery)) => {
-                    orphans
-                        .entry(delivery.id.leaf())
-                        .or_default()
-                        .push(delivery.receipt());
+                if let Ok(delivery) = outcome.result {
+                    let leaf = delivery.id.leaf();
+                    orphans.entry(leaf).or_default().push(delivery.receipt());
                 }
-                (None, Err(_)) => {}
+                continue;
+            };
+            let round_trip = now.saturating_since(reservation.sent);
+            self.reporter
+                .recorder
+                .record_since(now, Metric::ReserveRoundTrip, reservation.sent);
+            let sample = round_trip.as_micros() as u64;
+            self.round_trip_us = (self.round_trip_us * 7 + sample) / 8;
+            match reservation.purpose {
+                ReservedFor::Pop(pop_id) => match (self.pops.get_mut(&pop_id), outcome.result) {
+                    (Some(pop), result) => {
+                        pop.outstanding -= 1;
+                        if let Ok(delivery) = result {
+                            pop.deliveries.push((outcome.key, delivery));
+                        }
+                        self.dirty.insert(pop.topic.clone());
+                    }
+                    (None, Ok(delivery)) => {
+                        let leaf = delivery.id.leaf();
+                        orphans.entry(leaf).or_default().push(delivery.receipt());
+                    }
+                    (None, Err(_)) => {}
+                },
+                ReservedFor::Ahead => {
+                    let topic = reservation.topic;
+                    let buffer = self.ahead.entry(topic.clone()).or_default();
+                    buffer.outstanding -= 1;
+                    self.ahead_bytes -= u64::from(reservation.size);
+                    if let Ok(delivery) = outcome.result {
+                        self.ahead_bytes += delivery.payload.len() as u64;
+                        let hold = Duration::from_millis(self.settings.reserve_ahead_hold_ms);
+                        self.ahead_expiry.insert((
+                            reservation.sent + hold,
+                            outcome.key,
+                            topic.clone(),
+                        ));
+                        let lease_ms = self.settings.topic_policy(&topic).lease_timeout_ms;
+                        buffer.held.insert(
+                            outcome.key,
+                            Held {
+                                delivery,
+                                reserved_at: reservation.sent,
+                                lease_ms,
+                            },
+                        );
+                    }
+                    self.dirty.insert(topic);
+                }
             }
         }
         for (leaf, receipts) in orphans {
@@ -726,9 +963,21 @@ impl Root {
             .collect();
         for id in lost {
             let reservation = self.reservations.remove(&id).expect("present");
-            if let Some(pop) = self.pops.get_mut(&reservation.pop) {
-                pop.outstanding -= 1;
-                self.dirty.insert(pop.topic.clone());
+            match reservation.purpose {
+                ReservedFor::Pop(pop_id) => {
+                    if let Some(pop) = self.pops.get_mut(&pop_id) {
+                        pop.outstanding -= 1;
+                        self.dirty.insert(pop.topic.clone());
+                    }
+                }
+                ReservedFor::Ahead => {
+                    // If the leaf granted it, the lease expires there unused.
+                    if let Some(buffer) = self.ahead.get_mut(&reservation.topic) {
+                        buffer.outstanding -= 1;
+                    }
+                    self.ahead_bytes -= u64::from(reservation.size);
+                    self.dirty.insert(reservation.topic);
+                }
             }
         }
         let lost: Vec<u64> = self
@@ -797,6 +1046,13 @@ impl Root {
                 .is_none_or(|w| w.is_idle());
             if idle && !self.waiting.contains_key(&topic) {
                 self.children.windows.remove(&topic);
+            }
+            if self
+                .ahead
+                .get(&topic)
+                .is_some_and(|buffer| buffer.is_idle())
+            {
+                self.ahead.remove(&topic);
             }
         }
     }
@@ -867,6 +1123,21 @@ impl Machine for Root {
                     recorder.record_since(now, Metric::BubbleToRoot, entry.since);
                     recorder.record_since(now, Metric::HopToRoot, entry.entered);
                 }
+                // An entry offered again while its grant waits in the reserve-ahead buffer is
+                // no longer leased at its leaf (the leaf restarted, or the lease ended): the
+                // grant is dead and must not be delivered.
+                if let Some(buffer) = self.ahead.get_mut(&topic) {
+                    for entry in &delta.added {
+                        if let Some(held) = buffer.held.remove(&entry.key) {
+                            self.ahead_bytes -= held.delivery.payload.len() as u64;
+                            let expiry = held.reserved_at
+                                + Duration::from_millis(self.settings.reserve_ahead_hold_ms);
+                            self.ahead_expiry
+                                .remove(&(expiry, entry.key, topic.clone()));
+                            self.counters.ahead_revoked += 1;
+                        }
+                    }
+                }
                 self.dirty.insert(topic);
             }
             (Some(crate::downstream::Peer::Child { .. }), Wire::Report(report)) => {
@@ -933,6 +1204,7 @@ impl Machine for Root {
                 self.dirty.insert(pop.topic.clone());
             }
         }
+        self.release_stale_ahead(now);
         self.serve_dirty(now);
     }
 
@@ -945,7 +1217,9 @@ impl Machine for Root {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        self.timers.first().map(|(at, _)| *at)
+        let pops = self.timers.first().map(|(at, _)| *at);
+        let ahead = self.ahead_expiry.first().map(|(at, _, _)| *at);
+        pops.into_iter().chain(ahead).min()
     }
 
     fn stats(&self) -> NodeStats {
@@ -953,6 +1227,7 @@ impl Machine for Root {
             window_entries: self.children.window_entries() as u64,
             children: self.children.children() as u64,
             pending_pops: self.pops.len() as u64,
+            ahead_entries: self.ahead.values().map(|b| b.held.len() as u64).sum(),
             violations: self.violations,
             ..NodeStats::default()
         }
@@ -969,6 +1244,10 @@ impl Machine for Root {
             ("settle_requests", c.settle_requests),
             ("admin_requests", c.admin_requests),
             ("offers_received", c.offers_received),
+            ("reserved_ahead", c.reserved_ahead),
+            ("ahead_hits", c.ahead_hits),
+            ("ahead_released", c.ahead_released),
+            ("ahead_revoked", c.ahead_revoked),
             ("protocol_violations", self.violations),
         ];
         let gauges = [
@@ -976,6 +1255,11 @@ impl Machine for Root {
             ("children", self.children.children() as u64),
             ("pending_pops", self.pops.len() as u64),
             ("reservations", self.reservations.len() as u64),
+            (
+                "ahead_entries",
+                self.ahead.values().map(|b| b.held.len() as u64).sum(),
+            ),
+            ("ahead_bytes", self.ahead_bytes),
             ("topics", self.children.windows.len() as u64),
         ];
         let own = OwnReport {

@@ -198,6 +198,38 @@ impl Topology {
         Ok(topology)
     }
 
+    /// Overrides one setting on every node: `name=value`, the value in TOML (`offer_swap=false`,
+    /// `offer_linger_us=0`). For measuring what a setting is worth without editing files.
+    ///
+    /// # Errors
+    /// [`TopologyError::Syntax`] for a malformed assignment, or the node whose settings the
+    /// value makes invalid.
+    pub fn set_setting(&mut self, assignment: &str) -> Result<(), TopologyError> {
+        let syntax = |problem: String| TopologyError::Syntax(format!("{assignment:?}: {problem}"));
+        let (name, _) = assignment
+            .split_once('=')
+            .ok_or_else(|| syntax("expected name=value".into()))?;
+        let patch: toml::Table = toml::from_str(assignment).map_err(|e| syntax(e.to_string()))?;
+        if patch.len() != 1 {
+            return Err(syntax("expected exactly one name=value".into()));
+        }
+        for node in &mut self.nodes {
+            let fail = |problem: String| TopologyError::Node {
+                node: node.name.clone(),
+                problem,
+            };
+            let mut table = toml::Table::try_from(&node.settings)
+                .map_err(|e| fail(format!("settings: {e}")))?;
+            table.extend(patch.clone());
+            let settings: Settings = table.try_into().map_err(|e: toml::de::Error| {
+                fail(format!("setting {}: {}", name.trim(), e.message()))
+            })?;
+            settings.validate().map_err(|e| fail(e.to_string()))?;
+            node.settings = settings;
+        }
+        Ok(())
+    }
+
     fn check_tree(&self) -> Result<(), TopologyError> {
         let roots: Vec<&NodeSpec> = self.nodes.iter().filter(|n| n.role == Role::Root).collect();
         if roots.len() != 1 {
@@ -360,6 +392,26 @@ mod tests {
         assert_eq!(topology.node("agg").unwrap().settings.credits_per_topic, 8);
         assert_eq!(topology.subtree_leaves("root"), vec![LeafId(1), LeafId(9)]);
         assert_eq!(topology.subtree_leaves("agg"), vec![LeafId(1)]);
+    }
+
+    #[test]
+    fn a_setting_is_overridden_on_every_node_and_bad_values_are_named() {
+        let mut topology = Topology::parse(SMALL).unwrap();
+        topology.set_setting("offer_swap=false").unwrap();
+        topology.set_setting("credits_per_topic = 16").unwrap();
+        for node in &topology.nodes {
+            assert!(!node.settings.offer_swap, "{}", node.name);
+            assert_eq!(node.settings.credits_per_topic, 16);
+        }
+        let error = topology.set_setting("credits_per_topic=0").unwrap_err();
+        assert!(error.to_string().contains("credits_per_topic"), "{error}");
+        let error = topology.set_setting("no_such_setting=1").unwrap_err();
+        assert!(error.to_string().contains("no_such_setting"), "{error}");
+        assert!(topology.set_setting("offer_swap").is_err(), "no value");
+        assert_eq!(
+            topology.nodes[0].settings.credits_per_topic, 16,
+            "unchanged"
+        );
     }
 
     #[test]

@@ -17,13 +17,22 @@
 //! - **pop latency** (consumer request to answer, pops that delivered) and **push-ack latency**;
 //! - the largest window held above the leaves (memory bound), throughput, and a time series.
 //!
-//! Not yet: faults (crashes, partitions, loss), duplication and reordering across connections,
-//! the invariant checkers that run throughout; see the project's issue tracker.
+//! Faults: scripted or seed-drawn node crashes (a leaf keeps the durable prefix of its log and
+//! recovers from it; an aggregator or the root restarts empty) and partitions (traffic across
+//! the cut waits, or the connections end at the idle timeout and reconnect at the heal), and
+//! lost packets (QUIC retransmits: delay with head-of-line blocking; see [`LinkModel`]).
+//!
+//! Invariant checkers: one runs throughout — no message is ever granted a lease while another
+//! lease of it is live (watched on every `Reserved` a leaf sends and every `Confirm` and
+//! `Release` it receives) —, the others at the end ([`SimReport::violations`]): every
+//! acknowledged message delivered once the faults stopped (liveness), duplicates only of
+//! deliveries a crash left unconfirmed, memory above the leaves within its bound.
 
 mod workload;
 
 pub use workload::{
-    ConsumerSpec, DiskModel, FaultSpec, LinkModel, PriorityMix, ProducerSpec, Workload,
+    ConsumerSpec, DiskModel, FaultSpec, LinkModel, PartitionSpec, PriorityMix, ProducerSpec,
+    RandomFaults, Workload,
 };
 
 use bytes::Bytes;
@@ -68,6 +77,27 @@ impl Rng {
     fn below(&mut self, bound: u64) -> u64 {
         if bound == 0 { 0 } else { self.next() % bound }
     }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A partition in force.
+struct Cut {
+    index: usize,
+    nodes: Vec<usize>,
+    heal_at: Time,
+    /// Whether it outlasted the idle timeout (its connections ended).
+    timed_out: bool,
+}
+
+impl Cut {
+    fn separates(&self, a: Owner, b: Owner) -> bool {
+        let inside = |owner: Owner| matches!(owner, Owner::Node(n) if self.nodes.contains(&n));
+        inside(a) != inside(b)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +122,12 @@ enum Event {
     },
     /// A crashed node starts again.
     Restart { node: usize },
+    /// A partition starts.
+    PartitionStart { index: usize },
+    /// A partition has lasted the idle timeout: connections across it end.
+    PartitionTimeout { index: usize },
+    /// A partition heals.
+    PartitionHeal { index: usize },
     /// A producer may send.
     Produce { producer: usize },
     /// A consumer pops (when it paces itself).
@@ -166,6 +202,16 @@ pub struct SimReport {
     pub window_entries_bound: u64,
     /// Node crashes injected.
     pub crashes: u64,
+    /// Partitions injected.
+    pub partitions: u64,
+    /// Connections ended by partitions that outlasted the idle timeout.
+    pub partition_disconnects: u64,
+    /// Packets lost (and retransmitted).
+    pub packets_lost: u64,
+    /// Leases granted while another lease of the same message was live: must be 0.
+    pub lease_violations: u64,
+    /// The first of those, described.
+    pub lease_violation: Option<String>,
     /// Duplicate deliveries of messages that were not delivered-and-unconfirmed when a node
     /// crashed (at-least-once allows duplicates only of those): must be 0.
     pub unexpected_duplicates: u64,
@@ -191,6 +237,13 @@ impl SimReport {
             out.push(format!(
                 "{} duplicate deliveries not explained by a crash",
                 self.unexpected_duplicates
+            ));
+        }
+        if self.lease_violations > 0 {
+            out.push(format!(
+                "{} leases granted while another lease of the message was live (first: {})",
+                self.lease_violations,
+                self.lease_violation.as_deref().unwrap_or("?")
             ));
         }
         if self.window_entries_max > self.window_entries_bound {
@@ -226,11 +279,17 @@ impl SimReport {
             "  windows above the leaves: at most {} entries (bound {})",
             self.window_entries_max, self.window_entries_bound
         );
-        if self.crashes > 0 {
+        if self.crashes + self.partitions + self.packets_lost > 0 {
             let _ = writeln!(
                 out,
-                "  crashes {}  unexpected duplicates {}",
-                self.crashes, self.unexpected_duplicates
+                "  faults: crashes {}  partitions {} ({} connections ended)  packets lost {}  \
+                 unexpected duplicates {}  lease violations {}",
+                self.crashes,
+                self.partitions,
+                self.partition_disconnects,
+                self.packets_lost,
+                self.unexpected_duplicates,
+                self.lease_violations
             );
         }
         let _ = writeln!(
@@ -393,6 +452,24 @@ struct Sim {
     /// them again.
     exposed: std::collections::HashSet<MessageId>,
     crashes: u64,
+    /// Partitions by index: the nodes cut off and how long.
+    partition_specs: Vec<(Vec<usize>, Duration)>,
+    /// Partitions in force.
+    cuts: Vec<Cut>,
+    partitions: u64,
+    partition_disconnects: u64,
+    packets_lost: u64,
+    /// Connections idle this long end (the nodes' `idle_timeout_ms`).
+    idle_timeout: Duration,
+    /// The root's index.
+    root: usize,
+    /// Each node's leaf id (leaves only).
+    leaf_ids: Vec<Option<crest_core::id::LeafId>>,
+    /// The lease checker: the latest lease granted of each message, `(token, deadline)`,
+    /// until it ends (ack, nack, release, or its leaf's crash).
+    leases: HashMap<MessageId, (u64, Time)>,
+    lease_violations: u64,
+    lease_violation: Option<String>,
     ends: HashMap<ConnId, (Owner, ConnId)>,
     /// Last arrival time scheduled per receiving end (links keep order).
     last_arrival: HashMap<ConnId, Time>,
@@ -434,12 +511,38 @@ impl Sim {
 
     /// Sends `msg` from the end `from` across its link.
     fn send(&mut self, from: ConnId, msg: Wire) {
-        let Some(&(_, to)) = self.ends.get(&from) else {
+        let Some(&(from_owner, to)) = self.ends.get(&from) else {
             return;
         };
         let jitter = self.rng.below(self.link.jitter_us * 2 + 1);
-        let latency = (self.link.latency_us + jitter).saturating_sub(self.link.jitter_us);
+        let mut latency = (self.link.latency_us + jitter).saturating_sub(self.link.jitter_us);
+        if self.link.loss > 0.0 {
+            let retransmit = match self.link.retransmit_us {
+                0 => self.link.latency_us * 3,
+                us => us,
+            };
+            // Lost again with the same probability; bounded like QUIC's own probes.
+            for _ in 0..8 {
+                if self.rng.unit() >= self.link.loss {
+                    break;
+                }
+                self.packets_lost += 1;
+                latency += retransmit;
+            }
+        }
         let mut at = self.now + Duration::from_micros(latency);
+        // Across a partition, QUIC keeps retransmitting: the message arrives after the heal.
+        let to_owner = self.ends.get(&to).map(|(owner, _)| *owner);
+        if let Some(to_owner) = to_owner
+            && let Some(heal) = self
+                .cuts
+                .iter()
+                .filter(|cut| cut.separates(from_owner, to_owner))
+                .map(|cut| cut.heal_at)
+                .max()
+        {
+            at = at.max(heal + Duration::from_micros(self.link.latency_us));
+        }
         if let Some(last) = self.last_arrival.get(&to) {
             at = at.max(*last);
         }
@@ -506,6 +609,26 @@ impl Sim {
                     self.push_errors += 1;
                 }
             }
+            (Role::Leaf, Wire::Reserved(reserved)) => {
+                for outcome in &reserved.items {
+                    let Ok(delivery) = &outcome.result else {
+                        continue;
+                    };
+                    let grant = (delivery.token, delivery.lease_deadline);
+                    if let Some((token, deadline)) = self.leases.insert(delivery.id, grant)
+                        && deadline > self.now
+                    {
+                        self.lease_violations += 1;
+                        self.lease_violation.get_or_insert_with(|| {
+                            format!(
+                                "message {} leased with token {:x} at {:?} while its lease {:x} \
+                                 was live until {:?}",
+                                delivery.id, delivery.token, self.now, token, deadline
+                            )
+                        });
+                    }
+                }
+            }
             (Role::Root, Wire::PopReply(reply)) => {
                 for delivery in &reply.deliveries {
                     self.unconfirmed.insert(delivery.id);
@@ -521,6 +644,36 @@ impl Sim {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// The lease checker's view of a settle reaching a leaf: a receipt with the live token
+    /// ends (ack, nack, release) or moves (extend) the lease, exactly as the leaf judges it.
+    fn observe_settle(&mut self, msg: &Wire) {
+        let (receipts, extend) = match msg {
+            Wire::Confirm(confirm) => match confirm.op {
+                Settle::Extend { lease_ms } => (&confirm.receipts, Some(lease_ms)),
+                _ => (&confirm.receipts, None),
+            },
+            Wire::Release(release) => (&release.receipts, None),
+            _ => return,
+        };
+        for receipt in receipts {
+            let Some(&(token, deadline)) = self.leases.get(&receipt.id) else {
+                continue;
+            };
+            if token != receipt.token || deadline <= self.now {
+                continue;
+            }
+            match extend {
+                None => {
+                    self.leases.remove(&receipt.id);
+                }
+                Some(lease_ms) => {
+                    let deadline = self.now + Duration::from_millis(lease_ms);
+                    self.leases.insert(receipt.id, (token, deadline));
+                }
+            }
         }
     }
 
@@ -547,10 +700,14 @@ impl Sim {
                     let priorities = push.messages.iter().map(|m| m.priority).collect();
                     self.pushes.insert((to, push.request), priorities);
                 }
+                if self.roles[node] == Role::Leaf {
+                    self.observe_settle(&msg);
+                }
                 self.nodes[node].handle_message(self.now, to, msg);
                 self.drain(node);
                 if matches!(self.roles[node], Role::Root | Role::Aggregator) {
-                    let entries = self.nodes[node].stats().window_entries;
+                    let stats = self.nodes[node].stats();
+                    let entries = stats.window_entries + stats.ahead_entries;
                     self.window_max = self.window_max.max(entries);
                 }
             }
@@ -652,6 +809,138 @@ impl Sim {
         self.consumers[c].pending = None;
     }
 
+    /// Ends the connection with the end `end`: both ends vanish with what is in flight on them,
+    /// and the owners that are up (but `skip`) are told.
+    fn close_conn(&mut self, end: ConnId, skip: Option<usize>) {
+        let Some((owner, peer)) = self.ends.remove(&end) else {
+            return;
+        };
+        let Some((peer_owner, _)) = self.ends.remove(&peer) else {
+            return;
+        };
+        self.last_arrival.remove(&end);
+        self.last_arrival.remove(&peer);
+        let now = self.now;
+        for (owner, end) in [(owner, end), (peer_owner, peer)] {
+            match owner {
+                Owner::Node(node) => {
+                    if Some(node) != skip && self.up[node] {
+                        self.nodes[node].handle_disconnected(now, end);
+                        self.drain(node);
+                    }
+                }
+                Owner::Producer(p) => {
+                    self.producers[p].ends.retain(|e| *e != end);
+                    self.producers[p].in_flight.retain(|_, (_, e)| *e != end);
+                }
+                Owner::Consumer(c) => {
+                    self.consumers[c].pending = None;
+                    self.consumers[c].acks.clear();
+                }
+            }
+        }
+        let ends = &self.ends;
+        self.pushes.retain(|(end, _), _| ends.contains_key(end));
+    }
+
+    /// Whether a connection joins `a` and `b`.
+    fn connected(&self, a: Owner, b: Owner) -> bool {
+        self.ends
+            .values()
+            .any(|(owner, peer)| *owner == a && self.ends.get(peer).is_some_and(|(o, _)| *o == b))
+    }
+
+    /// Whether a partition whose connections ended still separates `a` and `b`.
+    fn cut_off(&self, a: Owner, b: Owner) -> bool {
+        self.cuts
+            .iter()
+            .any(|cut| cut.timed_out && cut.separates(a, b))
+    }
+
+    /// A partition starts: traffic across it waits for the heal (see [`Sim::send`]).
+    fn partition_start(&mut self, index: usize) {
+        let (nodes, lasts) = self.partition_specs[index].clone();
+        self.partitions += 1;
+        self.cuts.push(Cut {
+            index,
+            nodes,
+            heal_at: self.now + lasts,
+            timed_out: false,
+        });
+        if lasts >= self.idle_timeout {
+            let at = self.now + self.idle_timeout;
+            self.schedule(at, Event::PartitionTimeout { index });
+        }
+        let at = self.now + lasts;
+        self.schedule(at, Event::PartitionHeal { index });
+    }
+
+    /// A partition outlasted the idle timeout: every connection across it ends.
+    fn partition_timeout(&mut self, index: usize) {
+        let Some(cut) = self.cuts.iter_mut().find(|cut| cut.index == index) else {
+            return;
+        };
+        cut.timed_out = true;
+        let cut = &self
+            .cuts
+            .iter()
+            .find(|cut| cut.index == index)
+            .expect("found");
+        let mut across: Vec<ConnId> = self
+            .ends
+            .iter()
+            .filter(|(end, (owner, peer))| {
+                *end < peer
+                    && self
+                        .ends
+                        .get(peer)
+                        .is_some_and(|(o, _)| cut.separates(*owner, *o))
+            })
+            .map(|(end, _)| *end)
+            .collect();
+        across.sort_unstable();
+        // Deliveries on their way may be lost with their connection: at-least-once may
+        // deliver them again.
+        self.exposed.extend(self.unconfirmed.iter().copied());
+        for end in across {
+            self.partition_disconnects += 1;
+            self.close_conn(end, None);
+        }
+    }
+
+    /// A partition heals: connections it ended are made again.
+    fn partition_heal(&mut self, index: usize) {
+        self.cuts.retain(|cut| cut.index != index);
+        for child in 0..self.nodes.len() {
+            let Some(parent) = self.parents[child] else {
+                continue;
+            };
+            let (c, p) = (Owner::Node(child), Owner::Node(parent));
+            if self.up[child] && self.up[parent] && !self.cut_off(c, p) && !self.connected(c, p) {
+                self.link(child, parent);
+            }
+        }
+        for producer in 0..self.producers.len() {
+            for leaf in self.producers[producer].targets.clone() {
+                let (a, b) = (Owner::Producer(producer), Owner::Node(leaf));
+                if self.up[leaf] && !self.cut_off(a, b) && !self.connected(a, b) {
+                    self.connect_producer(producer, leaf);
+                    self.drain(leaf);
+                }
+            }
+        }
+        let root = self.root;
+        for consumer in 0..self.consumers.len() {
+            let (a, b) = (Owner::Consumer(consumer), Owner::Node(root));
+            if self.up[root] && !self.cut_off(a, b) && !self.connected(a, b) {
+                self.connect_consumer(consumer, root);
+                self.drain(root);
+                let at = self.now + Duration::from_millis(1);
+                self.schedule(at, Event::Consume { consumer });
+            }
+        }
+    }
+
     /// A node crashes: its connections drop, a leaf keeps only what its disk made durable.
     fn crash(&mut self, node: usize) {
         if !self.up[node] {
@@ -669,35 +958,22 @@ impl Sim {
             .map(|(end, _)| *end)
             .collect();
         ends.sort_unstable();
-        let now = self.now;
         for end in ends {
-            let Some((_, peer)) = self.ends.remove(&end) else {
-                continue;
-            };
-            let Some((peer_owner, _)) = self.ends.remove(&peer) else {
-                continue;
-            };
-            self.last_arrival.remove(&end);
-            self.last_arrival.remove(&peer);
-            match peer_owner {
-                Owner::Node(other) => {
-                    if self.up[other] {
-                        self.nodes[other].handle_disconnected(now, peer);
-                        self.drain(other);
-                    }
-                }
-                Owner::Producer(p) => {
-                    self.producers[p].ends.retain(|e| *e != peer);
-                    self.producers[p].in_flight.retain(|_, (_, e)| *e != peer);
-                }
-                Owner::Consumer(c) => {
-                    self.consumers[c].pending = None;
-                    self.consumers[c].acks.clear();
+            self.close_conn(end, Some(node));
+        }
+        // Its leases die with it (a leaf's) or stay with their leaf (the others'). A message
+        // leased when its leaf crashed comes back available: at-least-once may deliver it
+        // again, whether its grant had reached a consumer yet or not.
+        if let Some(leaf) = self.leaf_ids[node] {
+            let now = self.now;
+            for (id, (_, deadline)) in &self.leases {
+                if id.leaf() == leaf && *deadline > now {
+                    self.exposed.insert(*id);
                 }
             }
+            self.leases.retain(|id, _| id.leaf() != leaf);
         }
-        let ends = &self.ends;
-        self.pushes.retain(|(end, _), _| ends.contains_key(end));
+        let now = self.now;
         // What survives: the durable prefix of the log, from its last durable checkpoint.
         let config = self.configs[node].clone();
         self.nodes[node] = match config {
@@ -834,6 +1110,17 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
         unconfirmed: std::collections::BTreeSet::new(),
         exposed: std::collections::HashSet::new(),
         crashes: 0,
+        partition_specs: Vec::new(),
+        cuts: Vec::new(),
+        partitions: 0,
+        partition_disconnects: 0,
+        packets_lost: 0,
+        idle_timeout: Duration::from_millis(topology.root().settings.idle_timeout_ms),
+        root: 0,
+        leaf_ids: topology.nodes.iter().map(|n| n.leaf_id).collect(),
+        leases: HashMap::new(),
+        lease_violations: 0,
+        lease_violation: None,
         ends: HashMap::new(),
         last_arrival: HashMap::new(),
         next_conn: 1,
@@ -892,7 +1179,12 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
                 .iter()
                 .filter(|n| n.parent.as_deref() == Some(&spec.name))
                 .count() as u64;
-            bound = bound.max(u64::from(settings.credits_per_topic) * children);
+            // The root also holds its reserve-ahead buffer (one topic here).
+            let ahead = match spec.role {
+                Role::Root => u64::from(settings.reserve_ahead_max),
+                _ => 0,
+            };
+            bound = bound.max(u64::from(settings.credits_per_topic) * children + ahead);
         }
         sim.nodes.push(machine);
         sim.roles.push(spec.role);
@@ -922,6 +1214,7 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
         .iter()
         .position(|n| n.role == Role::Root)
         .expect("validated: one root");
+    sim.root = root;
     let begin = start + Duration::from_millis(workload.warmup_ms);
     let end = begin + Duration::from_millis(workload.duration_ms);
     for (p, spec) in workload.producers.iter().enumerate() {
@@ -961,6 +1254,7 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
         sim.connect_consumer(c, root);
         sim.schedule(begin, Event::Consume { consumer: c });
     }
+    let mut crashes: Vec<(usize, u64, u64)> = Vec::new();
     for fault in &workload.faults {
         let Some(&node) = index.get(&fault.node) else {
             return Err(SimError::Workload(format!(
@@ -968,12 +1262,52 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
                 fault.node
             )));
         };
+        crashes.push((node, fault.at_ms, fault.restart_after_ms));
+    }
+    let mut partitions: Vec<(Vec<usize>, u64, u64)> = Vec::new();
+    for partition in &workload.partitions {
+        let mut nodes = Vec::new();
+        for name in &partition.nodes {
+            let Some(&node) = index.get(name) else {
+                return Err(SimError::Workload(format!(
+                    "partition: {name:?} is not a node of the topology"
+                )));
+            };
+            nodes.push(node);
+        }
+        partitions.push((nodes, partition.at_ms, partition.heal_after_ms));
+    }
+    // Faults drawn from the seed, from a generator of their own (the links' draws stay put).
+    let random = workload.random_faults;
+    let mut chaos = Rng(seed ^ 0x5eed_fa17_c0de_0001);
+    let draw = |chaos: &mut Rng| {
+        let node = chaos.below(sim.nodes.len() as u64) as usize;
+        let at = chaos.below(workload.duration_ms);
+        let lasts = 10 + chaos.below(random.down_ms_max.saturating_sub(9));
+        (node, at, lasts)
+    };
+    for _ in 0..random.crashes {
+        crashes.push(draw(&mut chaos));
+    }
+    for _ in 0..random.partitions {
+        let (node, at, lasts) = draw(&mut chaos);
+        partitions.push((vec![node], at, lasts));
+    }
+    for (node, at_ms, down_ms) in crashes {
         sim.schedule(
-            begin + Duration::from_millis(fault.at_ms),
+            begin + Duration::from_millis(at_ms),
             Event::Crash {
                 node,
-                restart_after: Duration::from_millis(fault.restart_after_ms),
+                restart_after: Duration::from_millis(down_ms),
             },
+        );
+    }
+    for (index, (nodes, at_ms, lasts_ms)) in partitions.into_iter().enumerate() {
+        sim.partition_specs
+            .push((nodes, Duration::from_millis(lasts_ms)));
+        sim.schedule(
+            begin + Duration::from_millis(at_ms),
+            Event::PartitionStart { index },
         );
     }
     sim.schedule(start + Duration::from_secs(1), Event::Report);
@@ -1031,6 +1365,9 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
                 sim.schedule(at, Event::Restart { node });
             }
             Event::Restart { node } => sim.restart(node, root),
+            Event::PartitionStart { index } => sim.partition_start(index),
+            Event::PartitionTimeout { index } => sim.partition_timeout(index),
+            Event::PartitionHeal { index } => sim.partition_heal(index),
             Event::Produce { producer } => {
                 let until = producer_ends[producer];
                 if sim.now < until {
@@ -1110,6 +1447,11 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
         window_entries_max: sim.window_max,
         window_entries_bound: bound,
         crashes: sim.crashes,
+        partitions: sim.partitions,
+        partition_disconnects: sim.partition_disconnects,
+        packets_lost: sim.packets_lost,
+        lease_violations: sim.lease_violations,
+        lease_violation: sim.lease_violation,
         unexpected_duplicates: sim
             .truth
             .duplicate_ids

