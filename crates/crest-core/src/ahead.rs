@@ -63,6 +63,13 @@ impl Demand {
         self.period_start = now;
     }
 
+    /// Forgets the demand measured so far: entries held for the whole hold time went unused,
+    /// so there is none (new pops measure it again).
+    pub(crate) fn reset(&mut self) {
+        self.rate = 0;
+        self.count = 0;
+    }
+
     /// Entries to keep reserved ahead for a reserve round trip of `round_trip_us`.
     pub(crate) fn target(&self, round_trip_us: u64, max: u32) -> usize {
         let wanted = self.rate.saturating_mul(round_trip_us).saturating_mul(2) / 1_000_000;
@@ -104,9 +111,13 @@ impl AheadBuffer {
         self.held.len() + self.outstanding
     }
 
-    /// Whether the buffer holds nothing, expects nothing and sees no demand.
+    /// Whether the buffer holds nothing, expects nothing and sees no demand (none measured,
+    /// none counted in the current period).
     pub(crate) fn is_idle(&self) -> bool {
-        self.held.is_empty() && self.outstanding == 0 && self.demand.rate == 0
+        self.held.is_empty()
+            && self.outstanding == 0
+            && self.demand.rate == 0
+            && self.demand.count == 0
     }
 }
 

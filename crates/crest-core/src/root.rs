@@ -181,7 +181,15 @@ pub struct Root {
     ahead_expiry: BTreeSet<(Time, Key, Topic)>,
     /// Smoothed reserve round trip, in microseconds (sizes the reserve-ahead buffers).
     round_trip_us: u64,
+    /// Buffered grants whose leaf became unreachable (its child's session ended): not
+    /// delivered — an ack could not reach the leaf —, and given back once the leaf is
+    /// reachable again. Bounded: the oldest are forgotten past `PARKED_PER_AHEAD_MAX ×
+    /// reserve_ahead_max` (their leases then expire at the leaf).
+    parked: VecDeque<(LeafId, Receipt)>,
 }
+
+/// See [`Root::parked`].
+const PARKED_PER_AHEAD_MAX: usize = 16;
 
 impl Root {
     /// Creates a root with no children connected.
@@ -219,6 +227,7 @@ impl Root {
             ahead_bytes: 0,
             ahead_expiry: BTreeSet::new(),
             round_trip_us: 1_000,
+            parked: VecDeque::new(),
         }
     }
 
@@ -508,6 +517,50 @@ impl Root {
         }
     }
 
+    /// Moves buffered grants whose leaf has no route any more to [`Root::parked`].
+    fn park_unreachable(&mut self) {
+        let hold = Duration::from_millis(self.settings.reserve_ahead_hold_ms);
+        for (topic, buffer) in self.ahead.iter_mut() {
+            let unreachable: Vec<Key> = buffer
+                .held
+                .keys()
+                .filter(|key| self.children.route(key.id.leaf()).is_err())
+                .copied()
+                .collect();
+            for key in unreachable {
+                let held = buffer.held.remove(&key).expect("listed");
+                self.ahead_bytes -= held.delivery.payload.len() as u64;
+                self.ahead_expiry
+                    .remove(&(held.reserved_at + hold, key, topic.clone()));
+                self.parked
+                    .push_back((key.id.leaf(), held.delivery.receipt()));
+            }
+        }
+        let bound = PARKED_PER_AHEAD_MAX * self.settings.reserve_ahead_max.max(1) as usize;
+        while self.parked.len() > bound {
+            self.parked.pop_front();
+        }
+    }
+
+    /// Gives parked grants back to their leaves that are reachable again.
+    fn release_parked(&mut self) {
+        let mut by_leaf: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
+        let children = &self.children;
+        self.parked.retain(|(leaf, receipt)| {
+            if children.route(*leaf).is_err() {
+                return true;
+            }
+            by_leaf.entry(*leaf).or_default().push(*receipt);
+            false
+        });
+        for (leaf, receipts) in by_leaf {
+            self.counters.ahead_released += receipts.len() as u64;
+            if let Ok(child) = self.children.route(leaf) {
+                self.send(child, Wire::Release(Release { leaf, receipts }));
+            }
+        }
+    }
+
     /// Gives back buffered entries held for `reserve_ahead_hold_ms` (available again at their
     /// leaf, attempt returned).
     fn release_stale_ahead(&mut self, now: Time) {
@@ -521,6 +574,9 @@ impl Root {
                 continue;
             };
             if let Some(held) = buffer.held.remove(&key) {
+                // Held unused for the whole hold time: the demand that asked for it is gone,
+                // and refilling now would only lease and release again.
+                buffer.demand.reset();
                 self.ahead_bytes -= held.delivery.payload.len() as u64;
                 self.counters.ahead_released += 1;
                 by_leaf
@@ -955,6 +1011,7 @@ impl Root {
             self.dirty
                 .extend(removed.into_iter().map(|(topic, _)| topic));
         }
+        self.park_unreachable();
         let lost: Vec<u64> = self
             .reservations
             .iter()
@@ -1170,6 +1227,9 @@ impl Machine for Root {
                     self.child_gone(old);
                     self.closes
                         .push_back((old, "superseded by a new session".into()));
+                }
+                if !self.parked.is_empty() {
+                    self.release_parked();
                 }
             }
             (

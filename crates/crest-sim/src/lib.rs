@@ -45,7 +45,8 @@ use crest_core::root::{Root, RootConfig};
 use crest_core::time::Time;
 use crest_core::topology::Topology;
 use crest_core::wire::{
-    Ack, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Role, Settle, Wire,
+    Ack, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, ReceiptError, Role, Settle,
+    Wire,
 };
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -122,6 +123,12 @@ enum Event {
     },
     /// A crashed node starts again.
     Restart { node: usize },
+    /// A consumer acknowledges again receipts whose leaf was unreachable.
+    Reack {
+        consumer: usize,
+        receipts: Vec<Receipt>,
+        tries: u32,
+    },
     /// A partition starts.
     PartitionStart { index: usize },
     /// A partition has lasted the idle timeout: connections across it end.
@@ -137,6 +144,11 @@ enum Event {
     /// A time-series sample.
     Sample,
 }
+
+/// How often a simulated consumer sends an ack that found its leaf unreachable.
+const ACK_TRIES_MAX: u32 = 10;
+/// How long it waits between two tries.
+const ACK_RETRY_AFTER: Duration = Duration::from_millis(20);
 
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, u64::MAX / 4, 3).expect("valid bounds")
@@ -420,8 +432,8 @@ struct ConsumerState {
     end: ConnId,
     /// The pop in flight: (request, sent at).
     pending: Option<(u64, Time)>,
-    /// Ack requests in flight: request → the messages acknowledged.
-    acks: HashMap<u64, Vec<MessageId>>,
+    /// Ack requests in flight: request → the receipts and how many times they were sent.
+    acks: HashMap<u64, (Vec<Receipt>, u32)>,
 }
 
 struct Sim {
@@ -730,12 +742,33 @@ impl Sim {
             },
             Owner::Consumer(consumer) => {
                 if let Wire::AckReply(reply) = &msg
-                    && let Some(ids) = self.consumers[consumer].acks.remove(&reply.request)
+                    && let Some((receipts, tries)) =
+                        self.consumers[consumer].acks.remove(&reply.request)
                 {
-                    for (id, result) in ids.iter().zip(&reply.results) {
-                        if result.is_ok() {
-                            self.unconfirmed.remove(id);
+                    let mut retry = Vec::new();
+                    for (receipt, result) in receipts.iter().zip(&reply.results) {
+                        match result {
+                            Ok(()) => {
+                                self.unconfirmed.remove(&receipt.id);
+                            }
+                            // The leaf cannot be reached right now (a node on the way
+                            // restarts); the lease is still live: a consumer retries.
+                            Err(ReceiptError::Unavailable) if tries < ACK_TRIES_MAX => {
+                                retry.push(*receipt);
+                            }
+                            Err(_) => {}
                         }
+                    }
+                    if !retry.is_empty() {
+                        let at = self.now + ACK_RETRY_AFTER;
+                        self.schedule(
+                            at,
+                            Event::Reack {
+                                consumer,
+                                receipts: retry,
+                                tries: tries + 1,
+                            },
+                        );
                     }
                 }
                 if let Wire::PopReply(reply) = msg {
@@ -752,18 +785,7 @@ impl Sim {
                         self.pop_latency.saturating_record(micros.max(1));
                         let receipts: Vec<Receipt> =
                             reply.deliveries.iter().map(|d| d.receipt()).collect();
-                        let request = self.request();
-                        let ids = reply.deliveries.iter().map(|d| d.id).collect();
-                        self.consumers[consumer].acks.insert(request, ids);
-                        let end = self.consumers[consumer].end;
-                        self.send(
-                            end,
-                            Wire::Ack(Ack {
-                                request,
-                                op: Settle::Ack,
-                                receipts,
-                            }),
-                        );
+                        self.ack(consumer, receipts, 1);
                     }
                     if self.consumers[consumer].spec.rate <= 0.0 {
                         self.pop(consumer);
@@ -771,6 +793,23 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// Consumer `consumer` acknowledges `receipts` (the `tries`-th time).
+    fn ack(&mut self, consumer: usize, receipts: Vec<Receipt>, tries: u32) {
+        let request = self.request();
+        self.consumers[consumer]
+            .acks
+            .insert(request, (receipts.clone(), tries));
+        let end = self.consumers[consumer].end;
+        self.send(
+            end,
+            Wire::Ack(Ack {
+                request,
+                op: Settle::Ack,
+                receipts,
+            }),
+        );
     }
 
     /// Connects `child` to `parent` (both up).
@@ -1365,6 +1404,11 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
                 sim.schedule(at, Event::Restart { node });
             }
             Event::Restart { node } => sim.restart(node, root),
+            Event::Reack {
+                consumer,
+                receipts,
+                tries,
+            } => sim.ack(consumer, receipts, tries),
             Event::PartitionStart { index } => sim.partition_start(index),
             Event::PartitionTimeout { index } => sim.partition_timeout(index),
             Event::PartitionHeal { index } => sim.partition_heal(index),
