@@ -1313,6 +1313,15 @@ fn tree_with(settings: Settings) -> Tree {
     }
 }
 
+/// Settings with reserve-ahead on (it is off by default).
+fn ahead_settings() -> Settings {
+    Settings {
+        credits_per_topic: 16,
+        reserve_ahead_max: 256,
+        ..Settings::default()
+    }
+}
+
 fn root_counter(t: &mut Tree, name: &str) -> u64 {
     let now = t.h.now;
     let report = t.h.nodes[t.root].report(now);
@@ -1374,7 +1383,7 @@ fn reserve_ahead_serves_pops_without_a_round_trip_and_a_more_urgent_arrival_stil
     // from the buffer without a reserve; an entry more urgent than everything buffered,
     // arriving later, is still popped first. Method: pops of one every 5 ms (virtual) build
     // demand; count the root's reserves; then push an urgent message to another leaf.
-    let mut t = tree(16);
+    let mut t = tree_with(ahead_settings());
     t.h.push(t.producers[0], "jobs", &[5; 20]);
     for _ in 0..10 {
         let delivery = t.h.pop(t.consumer, "jobs", 1).remove(0);
@@ -1419,7 +1428,7 @@ fn reserved_ahead_entries_nobody_pops_go_back_to_their_leaf() {
     // Goal: a buffer whose consumers stopped does not keep messages leased. Method: build
     // demand, stop popping, advance past reserve_ahead_hold_ms: the leaf holds no lease and
     // the messages are popped later with their first attempt.
-    let mut t = tree(16);
+    let mut t = tree_with(ahead_settings());
     let ids = t.h.push(t.producers[0], "jobs", &[5; 10]);
     for _ in 0..5 {
         let delivery = t.h.pop(t.consumer, "jobs", 1).remove(0);
