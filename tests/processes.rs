@@ -7,6 +7,7 @@
 use crest::core::topology::Topology;
 use crest::sdk::{
     ClientTls, Consumer, ConsumerConfig, Delivery, MessageId, Producer, ProducerConfig, Receipt,
+    ReceiptError,
 };
 use std::collections::HashSet;
 use std::net::UdpSocket;
@@ -181,8 +182,7 @@ async fn pop_and_ack(
         }
         let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
         if !receipts.is_empty() {
-            let results = consumer.ack_many(&receipts).await.unwrap();
-            assert!(results.iter().all(Result::is_ok), "{results:?}");
+            ack_until_applied(consumer, receipts).await;
         }
         for delivery in batch {
             assert!(
@@ -191,6 +191,37 @@ async fn pop_and_ack(
                 delivery.id
             );
         }
+    }
+}
+
+/// Acks `receipts` as a consumer must: an ack refused as `Unavailable` (a node between the root
+/// and the leaf was just killed and has not been replaced yet) did nothing, and the lease is
+/// still live, so it is sent again until it is applied. On a retry, `UnknownMessage` means an
+/// earlier try was applied but its answer was lost with the node. Anything else fails.
+async fn ack_until_applied(consumer: &Consumer, mut receipts: Vec<Receipt>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut retry = false;
+    loop {
+        let results = consumer.ack_many(&receipts).await.unwrap();
+        let mut pending = Vec::new();
+        for (receipt, result) in receipts.iter().zip(&results) {
+            match result {
+                Ok(()) => {}
+                Err(ReceiptError::UnknownMessage) if retry => {}
+                Err(ReceiptError::Unavailable) => pending.push(*receipt),
+                Err(error) => panic!("ack of {} refused: {error:?}", receipt.id),
+            }
+        }
+        if pending.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acks still refused as Unavailable after 15 s: {pending:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        receipts = pending;
+        retry = true;
     }
 }
 

@@ -151,9 +151,8 @@ pub struct Settings {
     /// (an entry more urgent than every one the parent holds from it, or a lower frontier) is
     /// sent at once instead of waiting for the linger. Off only to measure what it is worth.
     pub offer_urgent_flush: bool,
-    /// Most entries per topic the root keeps reserved ahead of pops (0, the default:
-    /// reserve-ahead off). The buffer follows recent pop demand below this bound. Off by
-    /// default until a stall it provokes on real QUIC links is understood (see the README).
+    /// Most entries per topic the root keeps reserved ahead of pops (0: reserve-ahead off).
+    /// The buffer follows recent pop demand below this bound.
     pub reserve_ahead_max: u32,
     /// Most payload bytes all of the root's reserve-ahead buffers hold together.
     pub reserve_ahead_bytes_max: u64,
@@ -239,7 +238,7 @@ impl Default for Settings {
             offer_linger_us: OFFER_LINGER_US_DEFAULT,
             offer_batch_entries: 64,
             offer_urgent_flush: true,
-            reserve_ahead_max: 0,
+            reserve_ahead_max: 1024,
             reserve_ahead_bytes_max: 8 * 1024 * 1024,
             reserve_ahead_hold_ms: 200,
         }

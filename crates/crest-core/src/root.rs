@@ -371,9 +371,11 @@ impl Root {
                     self.counters.ahead_hits += 1;
                     continue;
                 }
-                // Answer with what the buffer gave rather than wait a round trip for more:
-                // everything taken is more urgent than this entry, so the order holds.
-                if pop.from_ahead {
+                // Answer with what the buffer gave rather than wait a round trip for more —
+                // everything taken is more urgent than this entry, so the order holds —, once
+                // the buffer filled at least half the pop (a buffer smaller than the demand
+                // must not shrink every batch).
+                if pop.from_ahead && pop.deliveries.len() * 2 >= pop.max {
                     break;
                 }
                 let window = window.as_mut().expect("picked from it");
@@ -1012,12 +1014,15 @@ impl Root {
                 .extend(removed.into_iter().map(|(topic, _)| topic));
         }
         self.park_unreachable();
-        let lost: Vec<u64> = self
+        // In id order: the answers this produces go out in an order that does not depend on
+        // hashing (the simulator's runs are reproducible).
+        let mut lost: Vec<u64> = self
             .reservations
             .iter()
             .filter(|(_, r)| r.child == conn)
             .map(|(id, _)| *id)
             .collect();
+        lost.sort_unstable();
         for id in lost {
             let reservation = self.reservations.remove(&id).expect("present");
             match reservation.purpose {
@@ -1037,22 +1042,24 @@ impl Root {
                 }
             }
         }
-        let lost: Vec<u64> = self
+        let mut lost: Vec<u64> = self
             .confirms
             .iter()
             .filter(|(_, c)| c.child == conn)
             .map(|(t, _)| *t)
             .collect();
+        lost.sort_unstable();
         for tag in lost {
             let confirm = self.confirms.remove(&tag).expect("present");
             self.fill_confirm(confirm, |_| Err(ReceiptError::Unavailable));
         }
-        let lost: Vec<u64> = self
+        let mut lost: Vec<u64> = self
             .leaf_admins
             .iter()
             .filter(|(_, a)| a.child == conn)
             .map(|(t, _)| *t)
             .collect();
+        lost.sort_unstable();
         for tag in lost {
             let pending = self.leaf_admins.remove(&tag).expect("present");
             self.merge_admin(pending, None);
@@ -1062,12 +1069,13 @@ impl Root {
     }
 
     fn consumer_gone(&mut self, conn: ConnId) {
-        let pops: Vec<u64> = self
+        let mut pops: Vec<u64> = self
             .pops
             .iter()
             .filter(|(_, p)| p.conn == conn)
             .map(|(id, _)| *id)
             .collect();
+        pops.sort_unstable();
         for pop_id in pops {
             let pop = self.pops.remove(&pop_id).expect("present");
             self.timers.remove(&(pop.deadline, pop_id));

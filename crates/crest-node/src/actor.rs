@@ -62,6 +62,25 @@ pub(crate) enum NodeMsg {
     ReportTick(Arc<AtomicBool>),
 }
 
+impl NodeMsg {
+    /// The message's kind, for logs.
+    fn kind(&self) -> &'static str {
+        match self {
+            NodeMsg::Connected { .. } => "connected",
+            NodeMsg::Disconnected { .. } => "disconnected",
+            NodeMsg::Frame { msg, .. } => msg.name(),
+            NodeMsg::Tick => "tick",
+            NodeMsg::Stored(_) => "stored",
+            NodeMsg::Stats(_) => "stats",
+            NodeMsg::Report(_) => "report",
+            NodeMsg::ReportTick(_) => "report tick",
+        }
+    }
+}
+
+/// A handler that runs this long is logged as a warning.
+const SLOW_HANDLER: Duration = Duration::from_millis(50);
+
 /// Read-only configuration of the actor (mutable state lives in [`NodeState`]).
 pub(crate) struct NodeActor;
 
@@ -200,6 +219,8 @@ impl Actor for NodeActor {
         state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
         let now = state.now();
+        let started = std::time::Instant::now();
+        let kind = message.kind();
         match message {
             NodeMsg::Connected { conn, link, handle } => {
                 state.conns.insert(conn, handle);
@@ -254,6 +275,12 @@ impl Actor for NodeActor {
             }
         }
         state.drive(&myself);
+        // A handler runs on a runtime worker without yielding: one this slow starves the tasks
+        // queued behind it on that worker (connection drivers included).
+        let elapsed = started.elapsed();
+        if elapsed >= SLOW_HANDLER {
+            tracing::warn!(kind, ?elapsed, "slow actor handler");
+        }
         Ok(())
     }
 
