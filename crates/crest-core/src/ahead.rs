@@ -22,7 +22,7 @@
 use crate::key::Key;
 use crate::time::Time;
 use crate::wire::Delivery;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Length of one demand-measuring period, in microseconds.
 const DEMAND_PERIOD_US: u64 = 10_000;
@@ -94,8 +94,9 @@ pub(crate) struct Held {
 pub(crate) struct AheadBuffer {
     /// Granted deliveries by key.
     pub(crate) held: BTreeMap<Key, Held>,
-    /// Reserves sent ahead and not answered yet.
-    pub(crate) outstanding: usize,
+    /// Entries reserved ahead whose answer has not come yet: a pop must not serve an entry
+    /// less urgent than one of these before it arrives (or the pop's order wait ends).
+    pub(crate) outstanding: BTreeSet<Key>,
     /// Demand of the topic's pops.
     pub(crate) demand: Demand,
 }
@@ -108,14 +109,19 @@ impl AheadBuffer {
 
     /// Entries held or on their way.
     pub(crate) fn len(&self) -> usize {
-        self.held.len() + self.outstanding
+        self.held.len() + self.outstanding.len()
+    }
+
+    /// The most urgent entry whose grant is on its way.
+    pub(crate) fn first_awaited(&self) -> Option<Key> {
+        self.outstanding.first().copied()
     }
 
     /// Whether the buffer holds nothing, expects nothing and sees no demand (none measured,
     /// none counted in the current period).
     pub(crate) fn is_idle(&self) -> bool {
         self.held.is_empty()
-            && self.outstanding == 0
+            && self.outstanding.is_empty()
             && self.demand.rate == 0
             && self.demand.count == 0
     }

@@ -91,6 +91,8 @@ enum ReservedFor {
 struct Reservation {
     purpose: ReservedFor,
     topic: Topic,
+    /// The entry reserved.
+    key: Key,
     child: ConnId,
     /// Payload size of the entry (reserve-ahead bytes are counted from the reserve on).
     size: u32,
@@ -342,7 +344,12 @@ impl Root {
                     break;
                 }
                 let certain = window.as_ref().is_none_or(|window| window.is_certain(&key));
-                if !certain && now < pop.order_deadline {
+                // A grant reserved ahead for a more urgent entry is on its way: wait for it.
+                let awaited = buffer
+                    .as_ref()
+                    .and_then(|buffer| buffer.first_awaited())
+                    .is_some_and(|awaited| awaited < key);
+                if (!certain || awaited) && now < pop.order_deadline {
                     break;
                 }
                 let taken = pop.deliveries.len() + pop.outstanding;
@@ -394,6 +401,7 @@ impl Root {
                     Reservation {
                         purpose: ReservedFor::Pop(pop_id),
                         topic: topic.clone(),
+                        key,
                         child: slot.child,
                         size: slot.size,
                         sent: now,
@@ -423,9 +431,21 @@ impl Root {
                 self.extend_unanswered(leaf, receipts, lease_ms);
             }
         }
+        // A pop with nothing yet is not answered empty while a grant reserved ahead within its
+        // filter is on its way (it waits at most until its order deadline).
+        let awaited = self
+            .ahead
+            .get(topic)
+            .and_then(|buffer| buffer.first_awaited());
         for pop_id in queue {
             let pop = &self.pops[&pop_id];
-            if pop.outstanding == 0 && (!pop.deliveries.is_empty() || now >= pop.deadline) {
+            let grant_coming = pop.deliveries.is_empty()
+                && now < pop.order_deadline
+                && awaited.is_some_and(|key| key.priority <= pop.max_priority);
+            if pop.outstanding == 0
+                && !grant_coming
+                && (!pop.deliveries.is_empty() || now >= pop.deadline)
+            {
                 self.answer_pop(now, pop_id);
             }
         }
@@ -484,7 +504,7 @@ impl Root {
             }
             window.take(&key);
             self.ahead_bytes += u64::from(slot.size);
-            buffer.outstanding += 1;
+            buffer.outstanding.insert(key);
             let reservation = self.next_reservation;
             self.next_reservation += 1;
             self.reservations.insert(
@@ -492,6 +512,7 @@ impl Root {
                 Reservation {
                     purpose: ReservedFor::Ahead,
                     topic: topic.clone(),
+                    key,
                     child: slot.child,
                     size: slot.size,
                     sent: now,
@@ -673,7 +694,7 @@ impl Root {
                 ReservedFor::Ahead => {
                     let topic = reservation.topic;
                     let buffer = self.ahead.entry(topic.clone()).or_default();
-                    buffer.outstanding -= 1;
+                    buffer.outstanding.remove(&outcome.key);
                     self.ahead_bytes -= u64::from(reservation.size);
                     if let Ok(delivery) = outcome.result {
                         self.ahead_bytes += delivery.payload.len() as u64;
@@ -1035,7 +1056,7 @@ impl Root {
                 ReservedFor::Ahead => {
                     // If the leaf granted it, the lease expires there unused.
                     if let Some(buffer) = self.ahead.get_mut(&reservation.topic) {
-                        buffer.outstanding -= 1;
+                        buffer.outstanding.remove(&reservation.key);
                     }
                     self.ahead_bytes -= u64::from(reservation.size);
                     self.dirty.insert(reservation.topic);
