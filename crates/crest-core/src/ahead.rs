@@ -22,7 +22,7 @@
 use crate::key::Key;
 use crate::time::Time;
 use crate::wire::Delivery;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// Length of one demand-measuring period, in microseconds.
 const DEMAND_PERIOD_US: u64 = 10_000;
@@ -94,9 +94,10 @@ pub(crate) struct Held {
 pub(crate) struct AheadBuffer {
     /// Granted deliveries by key.
     pub(crate) held: BTreeMap<Key, Held>,
-    /// Entries reserved ahead whose answer has not come yet: a pop must not serve an entry
-    /// less urgent than one of these before it arrives (or the pop's order wait ends).
-    pub(crate) outstanding: BTreeSet<Key>,
+    /// Entries reserved ahead whose answer has not come yet, with their reservation numbers.
+    /// A pop whose next entry is one of these claims the reservation (it becomes the pop's
+    /// own reserve), so it never serves a less urgent entry before it.
+    pub(crate) outstanding: BTreeMap<Key, u64>,
     /// Demand of the topic's pops.
     pub(crate) demand: Demand,
 }
@@ -112,9 +113,11 @@ impl AheadBuffer {
         self.held.len() + self.outstanding.len()
     }
 
-    /// The most urgent entry whose grant is on its way.
-    pub(crate) fn first_awaited(&self) -> Option<Key> {
-        self.outstanding.first().copied()
+    /// The most urgent entry whose grant is on its way, with its reservation number.
+    pub(crate) fn first_awaited(&self) -> Option<(Key, u64)> {
+        self.outstanding
+            .first_key_value()
+            .map(|(key, reservation)| (*key, *reservation))
     }
 
     /// Whether the buffer holds nothing, expects nothing and sees no demand (none measured,

@@ -78,6 +78,17 @@ struct PendingPop {
     arrived: Time,
 }
 
+/// Where a pop's next entry comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The window: it must be reserved.
+    Window,
+    /// The reserve-ahead buffer: granted already.
+    Buffer,
+    /// A reserve-ahead grant on its way (its reservation number).
+    Awaited(u64),
+}
+
 /// Who a reservation is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ReservedFor {
@@ -334,25 +345,51 @@ impl Root {
             while pop.deliveries.len() + pop.outstanding < pop.max {
                 let in_window = window.as_ref().and_then(|window| window.first());
                 let in_buffer = buffer.as_ref().and_then(|buffer| buffer.first());
-                let (key, from_buffer) = match (in_window, in_buffer) {
-                    (Some((w, _)), Some(b)) if b < w => (b, true),
-                    (Some((w, _)), _) => (w, false),
-                    (None, Some(b)) => (b, true),
-                    (None, None) => break,
+                let awaited = buffer.as_ref().and_then(|buffer| buffer.first_awaited());
+                // The most urgent of the window, the buffer and the grants on their way.
+                let mut next = in_window.map(|(key, _)| (key, Source::Window));
+                for candidate in [
+                    in_buffer.map(|key| (key, Source::Buffer)),
+                    awaited.map(|(key, reservation)| (key, Source::Awaited(reservation))),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    if next.is_none_or(|(best, _)| candidate.0 < best) {
+                        next = Some(candidate);
+                    }
+                }
+                let Some((key, source)) = next else {
+                    break;
                 };
                 if key.priority > pop.max_priority {
                     break;
                 }
                 let certain = window.as_ref().is_none_or(|window| window.is_certain(&key));
-                // A grant reserved ahead for a more urgent entry is on its way: wait for it.
-                let awaited = buffer
-                    .as_ref()
-                    .and_then(|buffer| buffer.first_awaited())
-                    .is_some_and(|awaited| awaited < key);
-                if (!certain || awaited) && now < pop.order_deadline {
+                if !certain && now < pop.order_deadline {
                     break;
                 }
                 let taken = pop.deliveries.len() + pop.outstanding;
+                if let Source::Awaited(reservation) = source {
+                    // Its grant is on its way: the pop claims the reservation and waits for it
+                    // like one of its own reserves (never passing over it).
+                    let ahead = self
+                        .reservations
+                        .get_mut(&reservation)
+                        .expect("outstanding");
+                    let cost = u64::from(ahead.size) + per_delivery;
+                    if taken > 0 && pop.bytes + cost > budget {
+                        break;
+                    }
+                    ahead.purpose = ReservedFor::Pop(pop_id);
+                    self.ahead_bytes -= u64::from(ahead.size);
+                    let buffer = buffer.as_mut().expect("picked from it");
+                    buffer.outstanding.remove(&key);
+                    pop.bytes += cost;
+                    pop.outstanding += 1;
+                    continue;
+                }
+                let from_buffer = source == Source::Buffer;
                 if from_buffer {
                     let buffer = buffer.as_mut().expect("picked from it");
                     let size = buffer.held[&key].delivery.payload.len() as u64;
@@ -431,21 +468,9 @@ impl Root {
                 self.extend_unanswered(leaf, receipts, lease_ms);
             }
         }
-        // A pop with nothing yet is not answered empty while a grant reserved ahead within its
-        // filter is on its way (it waits at most until its order deadline).
-        let awaited = self
-            .ahead
-            .get(topic)
-            .and_then(|buffer| buffer.first_awaited());
         for pop_id in queue {
             let pop = &self.pops[&pop_id];
-            let grant_coming = pop.deliveries.is_empty()
-                && now < pop.order_deadline
-                && awaited.is_some_and(|key| key.priority <= pop.max_priority);
-            if pop.outstanding == 0
-                && !grant_coming
-                && (!pop.deliveries.is_empty() || now >= pop.deadline)
-            {
+            if pop.outstanding == 0 && (!pop.deliveries.is_empty() || now >= pop.deadline) {
                 self.answer_pop(now, pop_id);
             }
         }
@@ -504,9 +529,9 @@ impl Root {
             }
             window.take(&key);
             self.ahead_bytes += u64::from(slot.size);
-            buffer.outstanding.insert(key);
             let reservation = self.next_reservation;
             self.next_reservation += 1;
+            buffer.outstanding.insert(key, reservation);
             self.reservations.insert(
                 reservation,
                 Reservation {
