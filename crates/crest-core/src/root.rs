@@ -36,6 +36,7 @@ use crate::leaf::validate_topic;
 use crate::machine::{ConnId, Link, Machine, NodeStats, Transmit};
 use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
 use crate::time::Time;
+use crate::window::{Slot, Window};
 use crate::wire::{
     Ack, AckReply, Admin, AdminOp, AdminReply, AdminResult, Confirm, Confirmed, Delivery,
     ErrorCode, LeafAdmin, LeafAdminReply, Pop, PopReply, ReceiptError, Release, Reserve,
@@ -76,6 +77,66 @@ struct PendingPop {
     from_ahead: bool,
     /// When the pop arrived.
     arrived: Time,
+}
+
+/// Reservations waiting for their leaf's answer, by number.
+#[derive(Debug, Default)]
+struct Reservations {
+    by_number: HashMap<u64, Reservation>,
+    next: u64,
+}
+
+impl Reservations {
+    /// Registers a reservation of `key` (offered by `slot.child`) sent at `now`; returns its
+    /// number.
+    fn add(&mut self, purpose: ReservedFor, topic: &Topic, key: Key, slot: Slot, now: Time) -> u64 {
+        self.next += 1;
+        let reservation = Reservation {
+            purpose,
+            topic: topic.clone(),
+            key,
+            child: slot.child,
+            size: slot.size,
+            sent: now,
+        };
+        self.by_number.insert(self.next, reservation);
+        self.next
+    }
+}
+
+impl std::ops::Deref for Reservations {
+    type Target = HashMap<u64, Reservation>;
+    fn deref(&self) -> &Self::Target {
+        &self.by_number
+    }
+}
+
+impl std::ops::DerefMut for Reservations {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.by_number
+    }
+}
+
+/// One `Reserve` per (child, leaf) group, each carrying the last offer of `topic` applied from
+/// that child (see [`Reserve::offer_seq`]).
+fn reserves(
+    topic: &Topic,
+    lease_ms: u64,
+    groups: BTreeMap<(ConnId, LeafId), Vec<ReserveItem>>,
+    window: Option<&Window>,
+) -> impl Iterator<Item = Transmit> {
+    groups
+        .into_iter()
+        .map(move |((child, leaf), items)| Transmit {
+            conn: child,
+            msg: Wire::Reserve(Reserve {
+                leaf,
+                topic: topic.to_string(),
+                lease_ms,
+                items,
+                offer_seq: window.map_or(0, |window| window.applied(child)),
+            }),
+        })
 }
 
 /// Where a pop's next entry comes from.
@@ -171,8 +232,7 @@ pub struct Root {
     waiting: TopicMap<VecDeque<u64>>,
     pops: HashMap<u64, PendingPop>,
     next_pop: u64,
-    reservations: HashMap<u64, Reservation>,
-    next_reservation: u64,
+    reservations: Reservations,
     confirms: HashMap<u64, PendingConfirm>,
     acks: HashMap<u64, PendingAck>,
     admins: HashMap<u64, PendingAdmin>,
@@ -221,8 +281,7 @@ impl Root {
             waiting: Default::default(),
             pops: HashMap::new(),
             next_pop: 1,
-            reservations: HashMap::new(),
-            next_reservation: 1,
+            reservations: Reservations::default(),
             confirms: HashMap::new(),
             acks: HashMap::new(),
             admins: HashMap::new(),
@@ -431,39 +490,18 @@ impl Root {
                 window.take(&key);
                 pop.bytes += cost;
                 pop.outstanding += 1;
-                let reservation = self.next_reservation;
-                self.next_reservation += 1;
-                self.reservations.insert(
-                    reservation,
-                    Reservation {
-                        purpose: ReservedFor::Pop(pop_id),
-                        topic: topic.clone(),
-                        key,
-                        child: slot.child,
-                        size: slot.size,
-                        sent: now,
-                    },
-                );
+                let purpose = ReservedFor::Pop(pop_id);
+                let reservation = self.reservations.add(purpose, topic, key, slot, now);
                 groups
                     .entry((slot.child, key.id.leaf()))
                     .or_default()
                     .push(ReserveItem { reservation, key });
             }
             let lease_ms = pop.lease_ms;
-            for ((child, leaf), items) in groups {
-                let offer_seq = window.as_ref().map_or(0, |window| window.applied(child));
-                self.counters.reserves += 1;
-                self.transmits.push_back(Transmit {
-                    conn: child,
-                    msg: Wire::Reserve(Reserve {
-                        leaf,
-                        topic: topic.to_string(),
-                        lease_ms,
-                        items,
-                        offer_seq,
-                    }),
-                });
-            }
+            let window = window.as_deref();
+            self.counters.reserves += groups.len() as u64;
+            self.transmits
+                .extend(reserves(topic, lease_ms, groups, window));
             for (leaf, receipts) in extends {
                 self.extend_unanswered(leaf, receipts, lease_ms);
             }
@@ -529,40 +567,20 @@ impl Root {
             }
             window.take(&key);
             self.ahead_bytes += u64::from(slot.size);
-            let reservation = self.next_reservation;
-            self.next_reservation += 1;
+            let reservation = self
+                .reservations
+                .add(ReservedFor::Ahead, topic, key, slot, now);
             buffer.outstanding.insert(key, reservation);
-            self.reservations.insert(
-                reservation,
-                Reservation {
-                    purpose: ReservedFor::Ahead,
-                    topic: topic.clone(),
-                    key,
-                    child: slot.child,
-                    size: slot.size,
-                    sent: now,
-                },
-            );
             groups
                 .entry((slot.child, key.id.leaf()))
                 .or_default()
                 .push(ReserveItem { reservation, key });
         }
-        for ((child, leaf), items) in groups {
-            self.counters.reserves += 1;
-            self.counters.reserved_ahead += items.len() as u64;
-            let offer_seq = window.applied(child);
-            self.transmits.push_back(Transmit {
-                conn: child,
-                msg: Wire::Reserve(Reserve {
-                    leaf,
-                    topic: topic.to_string(),
-                    lease_ms,
-                    items,
-                    offer_seq,
-                }),
-            });
-        }
+        self.counters.reserves += groups.len() as u64;
+        self.counters.reserved_ahead +=
+            groups.values().map(|items| items.len() as u64).sum::<u64>();
+        self.transmits
+            .extend(reserves(topic, lease_ms, groups, Some(window)));
     }
 
     /// Moves buffered grants whose leaf has no route any more to [`Root::parked`].

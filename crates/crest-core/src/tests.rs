@@ -318,37 +318,7 @@ struct Tree {
 }
 
 fn tree(credits: u32) -> Tree {
-    let mut h = Harness::new();
-    let all: Vec<LeafId> = (1..=4).map(LeafId).collect();
-    let root = h.add(Box::new(Root::new(RootConfig {
-        name: "root".into(),
-        settings: settings(credits),
-        subtree: all.clone(),
-    })));
-    let aggs = [0, 1].map(|i| {
-        h.add(Box::new(Aggregator::new(AggregatorConfig {
-            name: format!("agg-{i}"),
-            settings: settings(credits),
-            subtree: all[i * 2..i * 2 + 2].to_vec(),
-        })))
-    });
-    let leaves = [1u16, 2, 3, 4].map(|id| h.add(leaf(id, credits)));
-    for agg in aggs {
-        h.link(agg, root);
-    }
-    for (i, leaf) in leaves.iter().enumerate() {
-        h.link(*leaf, aggs[i / 2]);
-    }
-    let producers = leaves.map(|leaf| h.client(leaf, PeerKind::Producer));
-    let consumer = h.client(root, PeerKind::Consumer);
-    Tree {
-        h,
-        root,
-        aggs,
-        leaves,
-        producers,
-        consumer,
-    }
+    tree_with(settings(credits))
 }
 
 /// A small deterministic generator for test data.
