@@ -19,8 +19,9 @@ pub const PUSH_BATCH_BYTES_MAX_DEFAULT: u32 = 4 * 1024 * 1024;
 /// Largest number of messages returned by one pop.
 pub const POP_MESSAGES_MAX_DEFAULT: u32 = 1000;
 /// How long a child gathers non-urgent offer changes, in microseconds (see
-/// [`Settings::offer_linger_us`]).
-pub const OFFER_LINGER_US_DEFAULT: u64 = 500;
+/// [`Settings::offer_linger_us`]). 0: measured, a linger bought nothing on this machine's real
+/// tree and cost latency in the simulator (README, Flow control).
+pub const OFFER_LINGER_US_DEFAULT: u64 = 0;
 /// Room in a frame for everything that is not payload (headers, keys, metadata).
 pub const FRAME_OVERHEAD_BYTES: u32 = 1024 * 1024;
 
@@ -151,8 +152,10 @@ pub struct Settings {
     /// (an entry more urgent than every one the parent holds from it, or a lower frontier) is
     /// sent at once instead of waiting for the linger. Off only to measure what it is worth.
     pub offer_urgent_flush: bool,
-    /// Most entries per topic the root keeps reserved ahead of pops (0: reserve-ahead off).
-    /// The buffer follows recent pop demand below this bound.
+    /// Most entries per topic the root keeps reserved ahead of pops (0, the default:
+    /// reserve-ahead off; measured, it pays where a reserve crosses real network latency and
+    /// cost pop throughput on a loopback tree). The buffer follows recent pop demand below
+    /// this bound.
     pub reserve_ahead_max: u32,
     /// Most payload bytes all of the root's reserve-ahead buffers hold together.
     pub reserve_ahead_bytes_max: u64,
@@ -238,7 +241,7 @@ impl Default for Settings {
             offer_linger_us: OFFER_LINGER_US_DEFAULT,
             offer_batch_entries: 64,
             offer_urgent_flush: true,
-            reserve_ahead_max: 1024,
+            reserve_ahead_max: 0,
             reserve_ahead_bytes_max: 8 * 1024 * 1024,
             reserve_ahead_hold_ms: 200,
         }

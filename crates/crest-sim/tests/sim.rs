@@ -127,12 +127,13 @@ fn crashes_lose_nothing_acknowledged_and_duplicate_only_what_was_in_flight() {
     // leaf waited for its delete records to be durable before confirming an ack, a seed of
     // this test found confirmed acks undone by the crash).
     let topology = Topology::parse(LOCAL).unwrap();
-    // Seeds alternate reserve-ahead on (the default: its grants must not outlive their leaf's
-    // crash) and off (the plain path).
-    let mut plain = topology.clone();
-    plain.set_setting("reserve_ahead_max=0").unwrap();
+    // Seeds alternate the defaults and reserve-ahead with a linger (their grants must not
+    // outlive their leaf's crash).
+    let mut tuned = topology.clone();
+    tuned.set_setting("reserve_ahead_max=1024").unwrap();
+    tuned.set_setting("offer_linger_us=500").unwrap();
     let workload = Workload::parse(LEAF_CRASH).unwrap();
-    for (seed, topology) in (1..=4).zip([&topology, &plain, &topology, &plain]) {
+    for (seed, topology) in (1..=4).zip([&topology, &tuned, &topology, &tuned]) {
         let report = run(topology, &workload, seed).unwrap();
         let text = report.text();
         assert_eq!(report.crashes, 2, "seed {seed}\n{text}");
@@ -197,10 +198,12 @@ fn a_million_messages_never_grow_the_windows_above_their_credit_bound() {
         "the backlog stayed below: {}",
         report.text()
     );
-    // Two aggregators' windows at the root (2 × 256) plus its reserve-ahead buffer (1024).
-    assert_eq!(report.window_entries_bound, 512 + 1024);
-    assert!(
-        (512..=1536).contains(&report.window_entries_max),
+    // Two aggregators' windows at the root (2 × 256); reserve-ahead (off by default) would
+    // add its buffer to the bound.
+    assert_eq!(report.window_entries_bound, 512);
+    assert_eq!(
+        report.window_entries_max,
+        512,
         "full, never over: {}",
         report.text()
     );
@@ -240,11 +243,12 @@ fn seed_drawn_crashes_and_partitions_keep_every_invariant() {
     // checkers (no acknowledged message lost, leases exclusive, duplicates only from crashes,
     // windows within bound) must hold on every one; a failure names the seed.
     let topology = Topology::parse(SIXTEEN).unwrap();
-    let mut plain = topology.clone();
-    plain.set_setting("reserve_ahead_max=0").unwrap();
+    let mut tuned = topology.clone();
+    tuned.set_setting("reserve_ahead_max=1024").unwrap();
+    tuned.set_setting("offer_linger_us=500").unwrap();
     let workload = Workload::parse(CHAOS).unwrap();
     let mut faults = 0;
-    for (seed, topology) in (1..=4).zip([&topology, &plain, &topology, &plain]) {
+    for (seed, topology) in (1..=4).zip([&topology, &tuned, &topology, &tuned]) {
         let report = run(topology, &workload, seed).unwrap();
         faults += report.crashes + report.partitions;
         assert!(
