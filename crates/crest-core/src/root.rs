@@ -89,7 +89,7 @@ struct Reservations {
 impl Reservations {
     /// Registers a reservation of `key` (offered by `slot.child`) sent at `now`; returns its
     /// number.
-    fn add(&mut self, purpose: ReservedFor, topic: &Topic, key: Key, slot: Slot, now: Time) -> u64 {
+    fn add(&mut self, purpose: ReservedFor, topic: &Topic, key: Key, slot: Slot, at: Sent) -> u64 {
         self.next += 1;
         let reservation = Reservation {
             purpose,
@@ -97,7 +97,8 @@ impl Reservations {
             key,
             child: slot.child,
             size: slot.size,
-            sent: now,
+            lease_ms: at.lease_ms,
+            sent: at.now,
         };
         self.by_number.insert(self.next, reservation);
         self.next
@@ -139,6 +140,13 @@ fn reserves(
         })
 }
 
+/// When a reserve is sent, and the visibility timeout it asks for.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    now: Time,
+    lease_ms: u64,
+}
+
 /// Where a pop's next entry comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Source {
@@ -168,6 +176,8 @@ struct Reservation {
     child: ConnId,
     /// Payload size of the entry (reserve-ahead bytes are counted from the reserve on).
     size: u32,
+    /// The visibility timeout the reserve asked for, in milliseconds.
+    lease_ms: u64,
     /// When the reserve was sent.
     sent: Time,
 }
@@ -491,7 +501,11 @@ impl Root {
                 pop.bytes += cost;
                 pop.outstanding += 1;
                 let purpose = ReservedFor::Pop(pop_id);
-                let reservation = self.reservations.add(purpose, topic, key, slot, now);
+                let sent = Sent {
+                    now,
+                    lease_ms: pop.lease_ms,
+                };
+                let reservation = self.reservations.add(purpose, topic, key, slot, sent);
                 groups
                     .entry((slot.child, key.id.leaf()))
                     .or_default()
@@ -567,9 +581,10 @@ impl Root {
             }
             window.take(&key);
             self.ahead_bytes += u64::from(slot.size);
+            let sent = Sent { now, lease_ms };
             let reservation = self
                 .reservations
-                .add(ReservedFor::Ahead, topic, key, slot, now);
+                .add(ReservedFor::Ahead, topic, key, slot, sent);
             buffer.outstanding.insert(key, reservation);
             groups
                 .entry((slot.child, key.id.leaf()))
@@ -701,6 +716,7 @@ impl Root {
 
     fn handle_reserved(&mut self, now: Time, reserved: Reserved) {
         let mut orphans: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
+        let mut extends: Vec<(Receipt, u64)> = Vec::new();
         for outcome in reserved.items {
             if outcome.result.is_err() {
                 self.counters.reserves_denied += 1;
@@ -723,7 +739,14 @@ impl Root {
                 ReservedFor::Pop(pop_id) => match (self.pops.get_mut(&pop_id), outcome.result) {
                     (Some(pop), result) => {
                         pop.outstanding -= 1;
-                        if let Ok(delivery) = result {
+                        if let Ok(mut delivery) = result {
+                            // A grant reserved ahead and claimed by a pop that asked for
+                            // another visibility timeout is extended to it, as a buffered one.
+                            if reservation.lease_ms != pop.lease_ms {
+                                let lease_ms = pop.lease_ms;
+                                delivery.lease_deadline = now + Duration::from_millis(lease_ms);
+                                extends.push((delivery.receipt(), lease_ms));
+                            }
                             pop.deliveries.push((outcome.key, delivery));
                         }
                         self.dirty.insert(pop.topic.clone());
@@ -747,7 +770,7 @@ impl Root {
                             outcome.key,
                             topic.clone(),
                         ));
-                        let lease_ms = self.settings.topic_policy(&topic).lease_timeout_ms;
+                        let lease_ms = reservation.lease_ms;
                         buffer.held.insert(
                             outcome.key,
                             Held {
@@ -765,6 +788,9 @@ impl Root {
             if let Ok(child) = self.children.route(leaf) {
                 self.send(child, Wire::Release(Release { leaf, receipts }));
             }
+        }
+        for (receipt, lease_ms) in extends {
+            self.extend_unanswered(receipt.id.leaf(), vec![receipt], lease_ms);
         }
     }
 

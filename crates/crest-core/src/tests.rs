@@ -1553,3 +1553,59 @@ fn a_pop_never_passes_over_a_grant_reserved_ahead_that_is_still_on_its_way() {
         "the buffer served most pops"
     );
 }
+
+#[test]
+fn grants_reserved_ahead_get_the_visibility_timeout_the_pop_asked_for() {
+    // Goal: a pop that asks for its own visibility timeout gets it on deliveries from the
+    // reserve-ahead buffer and on grants it claims while they are on their way. Method: build
+    // demand, then queue pops back to back asking for 60 s (the topic default is 30 s); ack
+    // 40 s later: only leases extended to 60 s at their leaf accept the ack.
+    let mut t = tree_with(ahead_settings());
+    t.h.push(t.producers[0], "jobs", &[5; 12]);
+    for _ in 0..5 {
+        let delivery = t.h.pop(t.consumer, "jobs", 1).remove(0);
+        t.h.ack(t.consumer, vec![delivery.receipt()]);
+        t.h.advance(Duration::from_millis(5));
+    }
+    let hits = root_counter(&mut t, "ahead_hits");
+    for request in [2_000, 2_001, 2_002] {
+        t.h.send_later(
+            t.consumer,
+            Wire::Pop(Pop {
+                request,
+                topic: "jobs".into(),
+                max: 2,
+                lease_ms: Some(60_000),
+                ..Pop::default()
+            }),
+        );
+    }
+    t.h.run();
+    let popped_at = t.h.now;
+    let mut receipts = Vec::new();
+    for _ in 0..3 {
+        let Wire::PopReply(reply) = t.h.recv(t.consumer) else {
+            panic!("a pop reply");
+        };
+        for delivery in reply.deliveries {
+            assert!(
+                delivery.lease_deadline >= popped_at + Duration::from_secs(59),
+                "{delivery:?}"
+            );
+            receipts.push(delivery.receipt());
+        }
+    }
+    // A pop half filled from the buffer is answered at once: between 3 and 6 deliveries.
+    assert!((3..=6).contains(&receipts.len()), "{receipts:?}");
+    assert!(
+        root_counter(&mut t, "ahead_hits") > hits,
+        "some came from the buffer"
+    );
+    t.h.advance(Duration::from_secs(40));
+    let count = receipts.len();
+    assert_eq!(
+        t.h.ack(t.consumer, receipts),
+        vec![Ok(()); count],
+        "every lease was extended to 60 s at its leaf"
+    );
+}
