@@ -1292,6 +1292,19 @@ fn ahead_settings() -> Settings {
     }
 }
 
+/// Pops and acks one message of "jobs" every 5 ms (virtual), `count` times, so the root
+/// measures a steady demand; returns the ids in pop order.
+fn pop_steadily(t: &mut Tree, count: usize) -> Vec<MessageId> {
+    let mut ids = Vec::with_capacity(count);
+    for _ in 0..count {
+        let delivery = t.h.pop(t.consumer, "jobs", 1).remove(0);
+        assert_eq!(t.h.ack(t.consumer, vec![delivery.receipt()]), vec![Ok(())]);
+        ids.push(delivery.id);
+        t.h.advance(Duration::from_millis(5));
+    }
+    ids
+}
+
 fn root_counter(t: &mut Tree, name: &str) -> u64 {
     let now = t.h.now;
     let report = t.h.nodes[t.root].report(now);
@@ -1355,11 +1368,7 @@ fn reserve_ahead_serves_pops_without_a_round_trip_and_a_more_urgent_arrival_stil
     // demand; count the root's reserves; then push an urgent message to another leaf.
     let mut t = tree_with(ahead_settings());
     t.h.push(t.producers[0], "jobs", &[5; 20]);
-    for _ in 0..10 {
-        let delivery = t.h.pop(t.consumer, "jobs", 1).remove(0);
-        assert_eq!(t.h.ack(t.consumer, vec![delivery.receipt()]), vec![Ok(())]);
-        t.h.advance(Duration::from_millis(5));
-    }
+    pop_steadily(&mut t, 10);
     assert!(
         t.h.nodes[t.root].stats().ahead_entries >= 1,
         "entries reserved ahead"
@@ -1400,11 +1409,7 @@ fn reserved_ahead_entries_nobody_pops_go_back_to_their_leaf() {
     // the messages are popped later with their first attempt.
     let mut t = tree_with(ahead_settings());
     let ids = t.h.push(t.producers[0], "jobs", &[5; 10]);
-    for _ in 0..5 {
-        let delivery = t.h.pop(t.consumer, "jobs", 1).remove(0);
-        t.h.ack(t.consumer, vec![delivery.receipt()]);
-        t.h.advance(Duration::from_millis(5));
-    }
+    pop_steadily(&mut t, 5);
     assert!(t.h.nodes[t.root].stats().ahead_entries >= 1);
     assert!(t.h.nodes[t.leaves[0]].stats().leased >= 1);
     t.h.advance(Duration::from_millis(
@@ -1515,12 +1520,7 @@ fn a_pop_never_passes_over_a_grant_reserved_ahead_that_is_still_on_its_way() {
     let mut t = tree_with(ahead_settings());
     let ids = t.h.push(t.producers[0], "jobs", &[5; 21]);
     let mut popped = Vec::new();
-    for _ in 0..5 {
-        let delivery = t.h.pop(t.consumer, "jobs", 1).remove(0);
-        t.h.ack(t.consumer, vec![delivery.receipt()]);
-        popped.push(delivery.id);
-        t.h.advance(Duration::from_millis(5));
-    }
+    popped.extend(pop_steadily(&mut t, 5));
     assert!(t.h.nodes[t.root].stats().ahead_entries >= 1);
     while popped.len() < ids.len() {
         for request in [1_000, 1_001] {
@@ -1562,11 +1562,7 @@ fn grants_reserved_ahead_get_the_visibility_timeout_the_pop_asked_for() {
     // 40 s later: only leases extended to 60 s at their leaf accept the ack.
     let mut t = tree_with(ahead_settings());
     t.h.push(t.producers[0], "jobs", &[5; 12]);
-    for _ in 0..5 {
-        let delivery = t.h.pop(t.consumer, "jobs", 1).remove(0);
-        t.h.ack(t.consumer, vec![delivery.receipt()]);
-        t.h.advance(Duration::from_millis(5));
-    }
+    pop_steadily(&mut t, 5);
     let hits = root_counter(&mut t, "ahead_hits");
     for request in [2_000, 2_001, 2_002] {
         t.h.send_later(
