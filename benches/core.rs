@@ -116,7 +116,7 @@ fn leaf_enqueue(c: &mut Criterion) {
                 leaf.handle_message(now, 2, batch);
                 while let Some(op) = leaf.poll_storage() {
                     if let Some(token) = op.token() {
-                        leaf.handle_storage_done(now, StorageDone { token });
+                        leaf.handle_storage_done(now, StorageDone::new(token));
                     }
                 }
                 while let Some(t) = leaf.poll_transmit() {

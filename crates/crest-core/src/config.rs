@@ -111,6 +111,16 @@ pub struct Settings {
     /// A leaf takes a checkpoint at the latest this long after logging something new, in
     /// milliseconds.
     pub checkpoint_interval_ms: u64,
+    /// Bytes of message bodies (metadata and payload) a leaf with a log keeps in memory after
+    /// they are durable, so that their delivery needs no read. Bodies beyond it are read back
+    /// from the log when reserved: memory per queued message is then its index entry only.
+    pub leaf_body_cache_bytes: u64,
+    /// A sealed log segment is compacted (its live messages rewritten at the end of the log,
+    /// so that the next checkpoint can delete it) once the bodies still live in it take less
+    /// than this percentage of `wal_segment_bytes_max` (0: never compact).
+    pub compaction_live_pct: u32,
+    /// Messages one compaction step reads and rewrites at most.
+    pub compaction_batch_messages: u32,
     /// Longest delay between reconnect attempts, in milliseconds.
     pub reconnect_backoff_max_ms: u64,
     /// Deliveries of a message before it moves to its topic's dead-letter queue (the
@@ -226,6 +236,9 @@ impl Default for Settings {
             wal_write_batch_bytes_max: 8 * 1024 * 1024,
             checkpoint_log_bytes: 256 * 1024 * 1024,
             checkpoint_interval_ms: 300_000,
+            leaf_body_cache_bytes: 64 * 1024 * 1024,
+            compaction_live_pct: 25,
+            compaction_batch_messages: 1024,
             reconnect_backoff_max_ms: 2_000,
             max_attempts: 10,
             dedup_window_ms: 5 * 60 * 1000,
@@ -265,7 +278,11 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 26] = [
+        let positive: [(&'static str, u64); 27] = [
+            (
+                "compaction_batch_messages",
+                self.compaction_batch_messages.into(),
+            ),
             ("reserve_ahead_hold_ms", self.reserve_ahead_hold_ms),
             ("offer_batch_entries", self.offer_batch_entries.into()),
             ("report_interval_ms", self.report_interval_ms),
@@ -334,6 +351,22 @@ impl Settings {
                     "{} leaves no room for a push batch of push_batch_bytes_max {} plus {} bytes of headers",
                     self.frame_bytes_max, self.push_batch_bytes_max, FRAME_OVERHEAD_BYTES
                 ),
+            );
+        }
+        // Body locations address a segment with 32-bit offsets.
+        if self.wal_segment_bytes_max > u64::from(u32::MAX) - u64::from(self.frame_bytes_max) {
+            return fail(
+                "wal_segment_bytes_max",
+                format!(
+                    "{} leaves no room below 4 GiB for a record of frame_bytes_max {}",
+                    self.wal_segment_bytes_max, self.frame_bytes_max
+                ),
+            );
+        }
+        if self.compaction_live_pct > 100 {
+            return fail(
+                "compaction_live_pct",
+                format!("{} exceeds 100", self.compaction_live_pct),
             );
         }
         if self.offer_linger_us > 1_000_000 {

@@ -52,6 +52,39 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Where a message's body lies in the log: the bytes of its `Enqueue` record (as encoded in
+/// the record's body) in segment `segment`, and their crc32. A 32-bit offset is enough:
+/// segments are bounded below 4 GiB (`wal_segment_bytes_max`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Location {
+    /// The segment's sequence number.
+    pub segment: u32,
+    /// Offset of the encoded `Enqueue` record in the segment file.
+    pub offset: u32,
+    /// Its length.
+    pub len: u32,
+    /// crc32 of those bytes: a read that does not match fails rather than deliver damage.
+    pub crc: u32,
+}
+
+/// What a leaf does not need in memory to order and route a message: its producer metadata
+/// and payload.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct MessageBody {
+    /// Producer metadata.
+    pub metadata: Vec<(String, String)>,
+    /// The payload.
+    pub payload: Bytes,
+}
+
+impl MessageBody {
+    /// Bytes it takes (metadata strings and payload).
+    pub fn bytes(&self) -> u64 {
+        let metadata: usize = self.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+        (metadata + self.payload.len()) as u64
+    }
+}
+
 /// One record of the leaf's log.
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum LogRecord {
@@ -73,7 +106,7 @@ pub enum LogRecord {
         dedup_key: Option<String>,
         /// Producer metadata.
         metadata: Vec<(String, String)>,
-        /// The payload.
+        /// The payload (the last field: its bytes end the record's encoding).
         payload: Bytes,
     },
     /// A lease was granted.
@@ -114,6 +147,29 @@ pub enum LogRecord {
         /// The message.
         id: MessageId,
     },
+    /// A message whose body is in the log: what checkpoints hold, and what recovery reads an
+    /// `Enqueue` record as (with `location` where it found it). For a message the leaf already
+    /// holds, it only moves the body (compaction rewrote it).
+    Index {
+        /// Its id.
+        id: MessageId,
+        /// Its topic.
+        topic: String,
+        /// Its priority.
+        priority: u32,
+        /// When it is ready.
+        ready_at: Time,
+        /// When it was accepted.
+        enqueued_at: Time,
+        /// When it expires (`None`: never).
+        expires_at: Option<Time>,
+        /// Its dedup key (recovery of an `Enqueue` only; checkpoints log keys as `Dedup`).
+        dedup_key: Option<String>,
+        /// Payload bytes.
+        size: u32,
+        /// Where its body is.
+        location: Location,
+    },
     /// A dedup key whose window is still open (checkpoints only: it may outlive its message).
     Dedup {
         /// The topic.
@@ -143,6 +199,18 @@ pub struct LeafConfig {
     pub first_seq: u64,
 }
 
+/// What recovery reads of a message besides its body.
+struct Head {
+    id: MessageId,
+    topic: String,
+    priority: u32,
+    ready_at: Time,
+    enqueued_at: Time,
+    expires_at: Option<Time>,
+    dedup_key: Option<String>,
+    size: u32,
+}
+
 #[derive(Debug)]
 struct Lease {
     token: u64,
@@ -170,11 +238,51 @@ struct Stored {
     enqueued_at: Time,
     /// `Time::MAX`: never.
     expires_at: Time,
-    metadata: Vec<(String, String)>,
-    payload: Bytes,
+    /// Payload bytes.
+    size: u32,
     /// Leases granted so far (given back when the root releases an undelivered grant).
     attempt: u32,
+    /// Where its body is in the log (`None`: pending, or a store that keeps no bodies).
+    location: Option<Location>,
+    /// Its body, when held in memory: always without a location, within
+    /// `leaf_body_cache_bytes` with one.
+    body: Option<Box<MessageBody>>,
     state: State,
+}
+
+/// How much of a log segment's bodies are still live, and which messages had theirs there.
+#[derive(Debug, Default)]
+struct SegmentUse {
+    live: u64,
+    live_bytes: u64,
+    /// Messages whose bodies were placed here (some may since be gone or moved).
+    ids: Vec<MessageId>,
+}
+
+/// An answer that waits for bodies to be read from the log.
+#[derive(Debug)]
+enum Waiting {
+    Reserved(Vec<ReserveOutcome>),
+    DeadLetters { tag: u64, letters: Vec<DeadLetter> },
+}
+
+#[derive(Debug)]
+struct Answer {
+    conn: ConnId,
+    /// The read it waits for (`None`: ready to send).
+    read: Option<u64>,
+    /// Which items miss their bodies.
+    missing: Vec<usize>,
+    waiting: Waiting,
+}
+
+/// The one compaction step under way: a segment's live bodies being read, then rewritten.
+#[derive(Debug)]
+struct Compaction {
+    token: u64,
+    segment: u32,
+    writing: bool,
+    items: Vec<(MessageId, Location)>,
 }
 
 #[derive(Debug, Default)]
@@ -260,6 +368,17 @@ pub struct Leaf {
     /// When offer changes that were held back must go (`None`: none are waiting).
     offer_due: Option<Time>,
     flush_policy: FlushPolicy,
+    /// Bytes of bodies held in memory (see `Stored::body`).
+    body_bytes: u64,
+    /// Log segments holding live bodies.
+    segments: BTreeMap<u32, SegmentUse>,
+    /// The newest segment a body was placed in (the one being written).
+    newest_segment: u32,
+    /// Sealed segments whose live bodies fell below `compaction_live_pct`.
+    compactable: BTreeSet<u32>,
+    compaction: Option<Compaction>,
+    /// Answers in the order they must go, some waiting for reads.
+    answers: VecDeque<Answer>,
 }
 
 impl Leaf {
@@ -301,6 +420,12 @@ impl Leaf {
             checkpoint_due: None,
             offer_due: None,
             flush_policy: FlushPolicy::new(&config.settings),
+            body_bytes: 0,
+            segments: BTreeMap::new(),
+            newest_segment: 0,
+            compactable: BTreeSet::new(),
+            compaction: None,
+            answers: VecDeque::new(),
             config,
         }
     }
@@ -322,100 +447,14 @@ impl Leaf {
         let enqueues = operations
             .iter()
             .flatten()
-            .filter(|r| matches!(r, LogRecord::Enqueue { .. }))
+            .filter(|r| matches!(r, LogRecord::Enqueue { .. } | LogRecord::Index { .. }))
             .count();
         leaf.messages.reserve(enqueues);
-        let mut seq_max = 0;
         // Consecutive records mostly share a topic: remember the last one instead of hashing
         // its name for every record.
         let mut last_topic: Option<Topic> = None;
         for record in operations.into_iter().flatten() {
-            match record {
-                LogRecord::Enqueue {
-                    id,
-                    topic,
-                    priority,
-                    ready_at,
-                    enqueued_at,
-                    expires_at,
-                    dedup_key,
-                    metadata,
-                    payload,
-                } => {
-                    seq_max = seq_max.max(id.seq());
-                    let topic = match &last_topic {
-                        Some(last) if **last == *topic => last.clone(),
-                        _ => {
-                            let interned = leaf.topic(&topic);
-                            last_topic = Some(interned.clone());
-                            interned
-                        }
-                    };
-                    if let Some(key) = dedup_key {
-                        let window = leaf.policy(&topic).dedup_window_ms;
-                        let until = enqueued_at + Duration::from_millis(window);
-                        leaf.remember_dedup(&topic, key.into(), DedupEntry { id, until });
-                    }
-                    let stored = Stored {
-                        topic,
-                        key: Key {
-                            priority,
-                            ready_at,
-                            id,
-                        },
-                        enqueued_at,
-                        expires_at: expires_at.unwrap_or(Time::MAX),
-                        metadata,
-                        payload,
-                        attempt: 0,
-                        state: State::Available,
-                    };
-                    let bytes = stored_bytes(&stored);
-                    if leaf.messages.insert(id, stored).is_none() {
-                        leaf.live_bytes += bytes;
-                    }
-                }
-                LogRecord::Lease { id, attempt, .. } => {
-                    if let Some(stored) = leaf.messages.get_mut(&id) {
-                        stored.attempt = attempt;
-                    }
-                }
-                LogRecord::Release {
-                    id,
-                    attempt,
-                    ready_at,
-                } => {
-                    if let Some(stored) = leaf.messages.get_mut(&id) {
-                        stored.attempt = attempt;
-                        stored.key.ready_at = ready_at;
-                    }
-                }
-                LogRecord::Dead { id, reason, at } => {
-                    if let Some(stored) = leaf.messages.get_mut(&id) {
-                        stored.state = State::Dead(Box::new(Death { at, reason }));
-                    }
-                }
-                LogRecord::Redrive { id } => {
-                    if let Some(stored) = leaf.messages.get_mut(&id) {
-                        stored.state = State::Available;
-                        stored.attempt = 0;
-                    }
-                }
-                LogRecord::Delete { id } => {
-                    if let Some(stored) = leaf.messages.remove(&id) {
-                        leaf.live_bytes -= stored_bytes(&stored);
-                    }
-                }
-                LogRecord::Dedup {
-                    topic,
-                    key,
-                    id,
-                    until,
-                } => {
-                    let topic = leaf.topic(&topic);
-                    leaf.remember_dedup(&topic, key.into(), DedupEntry { id, until });
-                }
-            }
+            leaf.replay(record, &mut last_topic);
         }
         // Settle every message's state as of `now`, then build each topic's index in bulk
         // (sorting once beats a million ordered inserts).
@@ -444,7 +483,7 @@ impl Leaf {
                 by_topic.entry(stored.topic.clone()).or_default().push((
                     stored.key,
                     Candidate {
-                        size: stored.payload.len() as u32,
+                        size: stored.size,
                         since: now,
                         entered: now,
                     },
@@ -456,6 +495,19 @@ impl Leaf {
             leaf.live_bytes -= stored_bytes(&stored);
             leaf.counters.expired += 1;
         }
+        for (id, stored) in leaf.messages.iter() {
+            if let Some(location) = &stored.location {
+                place_body(&mut leaf.segments, *id, location);
+            }
+            if let Some(body) = &stored.body {
+                leaf.body_bytes += body.bytes();
+            }
+        }
+        leaf.newest_segment = leaf.segments.keys().last().copied().unwrap_or(0);
+        let segments: Vec<u32> = leaf.segments.keys().copied().collect();
+        for segment in segments {
+            leaf.check_compactable(segment);
+        }
         for (name, entries) in by_topic {
             let topic = leaf.topics.get_mut(&name).expect("interned above");
             topic.offers = OfferSet::from_unoffered(entries);
@@ -465,8 +517,156 @@ impl Leaf {
             .retain(|name, topic| topic.messages > 0 || leaf.dedup.contains_key(name));
         leaf.dirty.clear();
         leaf.dirty.extend(leaf.topics.keys().cloned());
-        leaf.next_seq = leaf.next_seq.max(seq_max + 1).min(MESSAGE_SEQ_MAX);
         leaf
+    }
+
+    /// Recovery: a message's record. A message the leaf already holds only moves its body
+    /// (compaction rewrote it elsewhere).
+    fn recover_message(
+        &mut self,
+        head: Head,
+        place: Result<Location, Box<MessageBody>>,
+        last_topic: &mut Option<Topic>,
+    ) {
+        let (location, body) = match place {
+            Ok(location) => (Some(location), None),
+            Err(body) => (None, Some(body)),
+        };
+        if let Some(stored) = self.messages.get_mut(&head.id) {
+            self.live_bytes -= stored_bytes(stored);
+            stored.location = location;
+            stored.body = body;
+            self.live_bytes += stored_bytes(stored);
+            return;
+        }
+        // Consecutive records mostly share a topic: reuse the last one instead of hashing its
+        // name for every record.
+        let topic = match last_topic {
+            Some(last) if **last == *head.topic => last.clone(),
+            _ => {
+                let interned = self.topic(&head.topic);
+                *last_topic = Some(interned.clone());
+                interned
+            }
+        };
+        if let Some(key) = head.dedup_key {
+            let window = self.policy(&topic).dedup_window_ms;
+            let until = head.enqueued_at + Duration::from_millis(window);
+            let entry = DedupEntry { id: head.id, until };
+            self.remember_dedup(&topic, key.into(), entry);
+        }
+        // Ids are never reused, not even those of messages deleted since.
+        self.next_seq = self.next_seq.max(head.id.seq() + 1).min(MESSAGE_SEQ_MAX);
+        let stored = Stored {
+            topic,
+            key: Key {
+                priority: head.priority,
+                ready_at: head.ready_at,
+                id: head.id,
+            },
+            enqueued_at: head.enqueued_at,
+            expires_at: head.expires_at.unwrap_or(Time::MAX),
+            size: head.size,
+            attempt: 0,
+            location,
+            body,
+            state: State::Available,
+        };
+        self.live_bytes += stored_bytes(&stored);
+        self.messages.insert(head.id, stored);
+    }
+
+    /// Recovery: one record of the log.
+    fn replay(&mut self, record: LogRecord, last_topic: &mut Option<Topic>) {
+        match record {
+            LogRecord::Enqueue {
+                id,
+                topic,
+                priority,
+                ready_at,
+                enqueued_at,
+                expires_at,
+                dedup_key,
+                metadata,
+                payload,
+            } => {
+                let head = Head {
+                    id,
+                    topic,
+                    priority,
+                    ready_at,
+                    enqueued_at,
+                    expires_at,
+                    dedup_key,
+                    size: payload.len() as u32,
+                };
+                let body = Box::new(MessageBody { metadata, payload });
+                self.recover_message(head, Err(body), last_topic);
+            }
+            LogRecord::Index {
+                id,
+                topic,
+                priority,
+                ready_at,
+                enqueued_at,
+                expires_at,
+                dedup_key,
+                size,
+                location,
+            } => {
+                let head = Head {
+                    id,
+                    topic,
+                    priority,
+                    ready_at,
+                    enqueued_at,
+                    expires_at,
+                    dedup_key,
+                    size,
+                };
+                self.recover_message(head, Ok(location), last_topic);
+            }
+            LogRecord::Lease { id, attempt, .. } => {
+                if let Some(stored) = self.messages.get_mut(&id) {
+                    stored.attempt = attempt;
+                }
+            }
+            LogRecord::Release {
+                id,
+                attempt,
+                ready_at,
+            } => {
+                if let Some(stored) = self.messages.get_mut(&id) {
+                    stored.attempt = attempt;
+                    stored.key.ready_at = ready_at;
+                }
+            }
+            LogRecord::Dead { id, reason, at } => {
+                if let Some(stored) = self.messages.get_mut(&id) {
+                    stored.state = State::Dead(Box::new(Death { at, reason }));
+                }
+            }
+            LogRecord::Redrive { id } => {
+                if let Some(stored) = self.messages.get_mut(&id) {
+                    stored.state = State::Available;
+                    stored.attempt = 0;
+                }
+            }
+            LogRecord::Delete { id } => {
+                if let Some(stored) = self.messages.remove(&id) {
+                    self.live_bytes -= stored_bytes(&stored);
+                }
+            }
+            LogRecord::Dedup {
+                topic,
+                key,
+                id,
+                until,
+            } => {
+                let topic = self.topic(&topic);
+                self.remember_dedup(&topic, key.into(), DedupEntry { id, until });
+            }
+        }
     }
 
     /// This leaf's id.
@@ -685,9 +885,13 @@ impl Leaf {
                 },
                 enqueued_at: now,
                 expires_at: expires_at.unwrap_or(Time::MAX),
-                metadata: message.metadata,
-                payload: message.payload,
+                size: message.payload.len() as u32,
                 attempt: 0,
+                location: None,
+                body: Some(Box::new(MessageBody {
+                    metadata: message.metadata,
+                    payload: message.payload,
+                })),
                 state: State::Available,
             };
             messages.push((id, stored));
@@ -735,40 +939,55 @@ impl Leaf {
             return;
         }
         let records = self.snapshot();
+        let compaction = self.compaction.as_ref().filter(|c| c.writing);
         let includes = self
             .pending
             .keys()
             .chain(self.confirms.keys())
             .copied()
+            .chain(compaction.map(|c| c.token))
             .collect();
+        let segments = self.segments.keys().copied().collect();
         self.logged_bytes = 0;
         self.checkpoint_due = None;
-        self.storage
-            .push_back(StorageOp::Checkpoint { records, includes });
+        self.storage.push_back(StorageOp::Checkpoint {
+            records,
+            includes,
+            segments,
+        });
     }
 
-    /// The leaf's whole state as log records: replaying them rebuilds it (see `recover`).
-    /// Pending batches are included: their records precede the checkpoint in the log (and the
-    /// log abandons the checkpoint if one of them fails to be written).
+    /// The leaf's state as log records, except the batches still pending (the log replays
+    /// their appends after the snapshot: see [`StorageOp::Checkpoint`]). Replaying them
+    /// rebuilds the leaf (see `recover`). Bodies in the log are referred to, not copied.
     fn snapshot(&self) -> Vec<LogRecord> {
-        let pending = self
-            .pending
-            .values()
-            .flat_map(|batch| batch.messages.iter().map(|(id, m)| (id, m)));
-        let mut records = Vec::with_capacity(
-            self.messages.len() + self.pending_messages as usize + self.dedup_len(),
-        );
-        for (id, stored) in self.messages.iter().chain(pending) {
-            records.push(LogRecord::Enqueue {
-                id: *id,
-                topic: stored.topic.to_string(),
-                priority: stored.key.priority,
-                ready_at: stored.key.ready_at,
-                enqueued_at: stored.enqueued_at,
-                expires_at: (stored.expires_at != Time::MAX).then_some(stored.expires_at),
-                dedup_key: None,
-                metadata: stored.metadata.clone(),
-                payload: stored.payload.clone(),
+        let mut records = Vec::with_capacity(self.messages.len() + self.dedup_len());
+        for (id, stored) in self.messages.iter() {
+            let expires_at = (stored.expires_at != Time::MAX).then_some(stored.expires_at);
+            records.push(match (stored.location, &stored.body) {
+                (Some(location), _) => LogRecord::Index {
+                    id: *id,
+                    topic: stored.topic.to_string(),
+                    priority: stored.key.priority,
+                    ready_at: stored.key.ready_at,
+                    enqueued_at: stored.enqueued_at,
+                    expires_at,
+                    dedup_key: None,
+                    size: stored.size,
+                    location,
+                },
+                (None, Some(body)) => LogRecord::Enqueue {
+                    id: *id,
+                    topic: stored.topic.to_string(),
+                    priority: stored.key.priority,
+                    ready_at: stored.key.ready_at,
+                    enqueued_at: stored.enqueued_at,
+                    expires_at,
+                    dedup_key: None,
+                    metadata: body.metadata.clone(),
+                    payload: body.payload.clone(),
+                },
+                (None, None) => unreachable!("a body is dropped only once it has a location"),
             });
             if stored.attempt > 0 {
                 records.push(LogRecord::Lease {
@@ -806,11 +1025,7 @@ impl Leaf {
             return;
         }
         stored.state = State::Available;
-        let (topic, key, size) = (
-            stored.topic.clone(),
-            stored.key,
-            stored.payload.len() as u32,
-        );
+        let (topic, key, size) = (stored.topic.clone(), stored.key, stored.size);
         self.topics
             .get_mut(&topic)
             .expect("topic exists")
@@ -848,12 +1063,71 @@ impl Leaf {
         self.expiries.remove(&(stored.expires_at, id));
         self.live_bytes -= stored_bytes(&stored);
         self.dirty.insert(stored.topic.clone());
+        if let Some(body) = &stored.body {
+            self.body_bytes -= body.bytes();
+        }
+        if let Some(location) = stored.location {
+            self.unplace_body(&location);
+        }
         stored
+    }
+
+    /// A body left `location` (its message is gone, or its body moved).
+    fn unplace_body(&mut self, location: &Location) {
+        let Some(segment) = self.segments.get_mut(&location.segment) else {
+            return;
+        };
+        segment.live -= 1;
+        segment.live_bytes -= u64::from(location.len);
+        if segment.live == 0 {
+            self.segments.remove(&location.segment);
+            self.compactable.remove(&location.segment);
+        } else {
+            self.check_compactable(location.segment);
+        }
+    }
+
+    /// Marks a sealed segment for compaction once its live bodies are few enough.
+    fn check_compactable(&mut self, segment: u32) {
+        let s = &self.config.settings;
+        let Some(used) = self.segments.get(&segment) else {
+            return;
+        };
+        let threshold = s.wal_segment_bytes_max / 100 * u64::from(s.compaction_live_pct);
+        if segment < self.newest_segment && used.live_bytes < threshold {
+            self.compactable.insert(segment);
+        }
+    }
+
+    /// A stored message's body is durable at `location`: the message keeps it in memory
+    /// within `leaf_body_cache_bytes`, and drops it beyond.
+    fn body_stored(&mut self, id: MessageId, location: Location) {
+        if location.segment > self.newest_segment {
+            let sealed = self.newest_segment;
+            self.newest_segment = location.segment;
+            self.check_compactable(sealed);
+        }
+        place_body(&mut self.segments, id, &location);
+        let cache = self.config.settings.leaf_body_cache_bytes;
+        let stored = self.messages.get_mut(&id).expect("message exists");
+        if let Some(old) = stored.location.replace(location) {
+            self.unplace_body(&old);
+        }
+        let stored = self.messages.get_mut(&id).expect("message exists");
+        if let Some(body) = &stored.body
+            && self.body_bytes > cache
+        {
+            self.body_bytes -= body.bytes();
+            self.live_bytes -= stored_bytes(stored);
+            stored.body = None;
+            self.live_bytes += stored_bytes(stored);
+        }
     }
 
     fn handle_reserve(&mut self, now: Time, conn: ConnId, reserve: Reserve) {
         let mut outcomes = Vec::with_capacity(reserve.items.len());
         let mut records = Vec::new();
+        let mut missing = Vec::new();
         for item in reserve.items {
             let id = item.key.id;
             let result = match self.messages.get(&id).map(|m| (&m.state, m.expires_at)) {
@@ -867,29 +1141,43 @@ impl Leaf {
                     Ok(self.lease(now, id, reserve.lease_ms, reserve.offer_seq))
                 }
             };
-            if let Ok(delivery) = &result {
+            if let Ok((delivery, cached)) = &result {
                 self.counters.leased += 1;
                 records.push(LogRecord::Lease {
                     id,
                     attempt: delivery.attempt,
                     deadline: delivery.lease_deadline,
                 });
+                if !cached {
+                    missing.push(outcomes.len());
+                }
             }
             outcomes.push(ReserveOutcome {
                 reservation: item.reservation,
                 key: item.key,
-                result,
+                result: result.map(|(delivery, _)| delivery),
             });
         }
         self.log(now, None, records);
         // Refill the parent's window before answering, on the same stream: by the time the root
         // sees the answer it already holds this leaf's next entries, so its next pop is exact.
         self.flush_offers(now, true);
-        self.send(conn, Wire::Reserved(Reserved { items: outcomes }));
+        let ids: Vec<MessageId> = missing
+            .iter()
+            .map(|&index| outcomes[index].key.id)
+            .collect();
+        self.answer(conn, Waiting::Reserved(outcomes), missing, &ids);
     }
 
     /// Leases an available message; `offer_seq` is the parent's [`Reserve::offer_seq`].
-    fn lease(&mut self, now: Time, id: MessageId, lease_ms: u64, offer_seq: u64) -> Delivery {
+    /// Also says whether the delivery carries its body (`false`: it must be read).
+    fn lease(
+        &mut self,
+        now: Time,
+        id: MessageId,
+        lease_ms: u64,
+        offer_seq: u64,
+    ) -> (Delivery, bool) {
         let lease_ms = lease_ms.clamp(1, self.config.settings.lease_timeout_max_ms);
         let token = self.next_lease_token();
         let deadline = now + Duration::from_millis(lease_ms);
@@ -900,7 +1188,10 @@ impl Leaf {
         stored.attempt += 1;
         stored.state = State::Leased(Lease { token, deadline });
         self.leases.insert((deadline, id));
-        Delivery {
+        let body = stored.body.as_deref().cloned();
+        let cached = body.is_some();
+        let body = body.unwrap_or_default();
+        let delivery = Delivery {
             id,
             token,
             topic: stored.topic.to_string(),
@@ -908,9 +1199,112 @@ impl Leaf {
             attempt: stored.attempt,
             enqueued_at: stored.enqueued_at,
             lease_deadline: deadline,
-            metadata: stored.metadata.clone(),
-            payload: stored.payload.clone(),
+            metadata: body.metadata,
+            payload: body.payload,
+        };
+        (delivery, cached)
+    }
+
+    /// Sends an answer once the bodies of `ids` (those of the items at `missing`) are read
+    /// from the log, after every answer queued before it.
+    fn answer(&mut self, conn: ConnId, waiting: Waiting, missing: Vec<usize>, ids: &[MessageId]) {
+        let read = if ids.is_empty() {
+            None
+        } else {
+            let token = self.next_token;
+            self.next_token += 1;
+            let locations = ids
+                .iter()
+                .map(|id| {
+                    self.messages[id]
+                        .location
+                        .expect("a body not in memory is in the log")
+                })
+                .collect();
+            self.storage.push_back(StorageOp::Read { token, locations });
+            Some(token)
+        };
+        self.answers.push_back(Answer {
+            conn,
+            read,
+            missing,
+            waiting,
+        });
+        self.send_answers();
+    }
+
+    /// Sends the answers at the front of the queue that wait for nothing.
+    fn send_answers(&mut self) {
+        while self.answers.front().is_some_and(|a| a.read.is_none()) {
+            let answer = self.answers.pop_front().expect("checked");
+            let msg = match answer.waiting {
+                Waiting::Reserved(items) => Wire::Reserved(Reserved { items }),
+                Waiting::DeadLetters { tag, letters } => Wire::LeafAdminReply(LeafAdminReply {
+                    tag,
+                    result: Some(AdminResult::DeadLetters(letters)),
+                }),
+            };
+            self.send(answer.conn, msg);
         }
+    }
+
+    /// Bodies read for an answer: filled in, or, where a read failed, the message is moved to
+    /// the dead letters with the reason (a reserve of it is denied; a listing omits it).
+    fn bodies_read(
+        &mut self,
+        now: Time,
+        token: u64,
+        bodies: Vec<Result<MessageBody, String>>,
+    ) -> bool {
+        let Some(index) = self.answers.iter().position(|a| a.read == Some(token)) else {
+            return false;
+        };
+        let mut answer = std::mem::replace(
+            &mut self.answers[index],
+            Answer {
+                conn: 0,
+                read: None,
+                missing: Vec::new(),
+                waiting: Waiting::Reserved(Vec::new()),
+            },
+        );
+        answer.read = None;
+        let mut records = Vec::new();
+        for (&item, body) in answer.missing.iter().zip(bodies) {
+            match (&mut answer.waiting, body) {
+                (Waiting::Reserved(items), Ok(body)) => {
+                    if let Ok(delivery) = &mut items[item].result {
+                        delivery.metadata = body.metadata;
+                        delivery.payload = body.payload;
+                    }
+                }
+                (Waiting::Reserved(items), Err(error)) => {
+                    let id = items[item].key.id;
+                    items[item].result = Err(ReserveDenied::Gone);
+                    if self.messages.contains_key(&id) {
+                        self.end_lease(id);
+                        let reason = format!("body unreadable from the log: {error}");
+                        tracing::error!(%id, %reason, "message moved to the dead letters");
+                        self.move_to_dead(now, id, reason, &mut records);
+                    }
+                }
+                (Waiting::DeadLetters { letters, .. }, Ok(body)) => {
+                    letters[item].metadata = body.metadata;
+                    letters[item].payload = body.payload;
+                }
+                (Waiting::DeadLetters { letters, .. }, Err(error)) => {
+                    tracing::error!(id = %letters[item].id, %error, "dead letter body unreadable");
+                    letters[item].reason = format!(
+                        "{} (body unreadable from the log: {error})",
+                        letters[item].reason
+                    );
+                }
+            }
+        }
+        self.answers[index] = answer;
+        self.log(now, None, records);
+        self.send_answers();
+        true
     }
 
     /// Deletes a message whose time to live passed.
@@ -964,20 +1358,7 @@ impl Leaf {
             .topic_policy(&stored.topic)
             .max_attempts;
         if stored.attempt >= max_attempts {
-            self.expiries.remove(&(stored.expires_at, id));
-            stored.state = State::Dead(Box::new(Death {
-                at: now,
-                reason: reason.clone(),
-            }));
-            let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
-            topic.dead.insert((now, id));
-            self.dirty.insert(stored.topic.clone());
-            self.counters.dead_lettered += 1;
-            records.push(LogRecord::Dead {
-                id,
-                reason,
-                at: now,
-            });
+            self.move_to_dead(now, id, reason, records);
             return;
         }
         if delay_ms > 0 {
@@ -990,6 +1371,31 @@ impl Leaf {
             ready_at: stored.key.ready_at,
         });
         self.make_ready_or_delayed(now, id);
+    }
+
+    /// Moves a message whose lease has ended to its topic's dead letters.
+    fn move_to_dead(
+        &mut self,
+        now: Time,
+        id: MessageId,
+        reason: String,
+        records: &mut Vec<LogRecord>,
+    ) {
+        let stored = self.messages.get_mut(&id).expect("message exists");
+        self.expiries.remove(&(stored.expires_at, id));
+        stored.state = State::Dead(Box::new(Death {
+            at: now,
+            reason: reason.clone(),
+        }));
+        let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
+        topic.dead.insert((now, id));
+        self.dirty.insert(stored.topic.clone());
+        self.counters.dead_lettered += 1;
+        records.push(LogRecord::Dead {
+            id,
+            reason,
+            at: now,
+        });
     }
 
     fn handle_confirm(&mut self, now: Time, conn: ConnId, confirm: Confirm) {
@@ -1061,6 +1467,118 @@ impl Leaf {
         self.log(now, None, records);
     }
 
+    /// Starts a compaction step when none is under way and a segment qualifies: reads up to
+    /// `compaction_batch_messages` of the bodies still live in it.
+    fn maybe_compact(&mut self, _now: Time) {
+        if self.compaction.is_some() || self.config.settings.compaction_live_pct == 0 {
+            return;
+        }
+        let batch = self.config.settings.compaction_batch_messages as usize;
+        while let Some(&segment) = self.compactable.first() {
+            let Some(used) = self.segments.get_mut(&segment) else {
+                self.compactable.pop_first();
+                continue;
+            };
+            let mut items = Vec::new();
+            let mut scanned = 0;
+            for id in &used.ids {
+                scanned += 1;
+                if let Some(location) = self.messages.get(id).and_then(|m| m.location)
+                    && location.segment == segment
+                {
+                    items.push((*id, location));
+                    if items.len() == batch {
+                        break;
+                    }
+                }
+            }
+            used.ids.drain(..scanned);
+            if items.is_empty() {
+                self.compactable.pop_first();
+                continue;
+            }
+            let token = self.next_token;
+            self.next_token += 1;
+            let locations = items.iter().map(|(_, location)| *location).collect();
+            self.storage.push_back(StorageOp::Read { token, locations });
+            self.compaction = Some(Compaction {
+                token,
+                segment,
+                writing: false,
+                items,
+            });
+            return;
+        }
+    }
+
+    /// A compaction step's bodies are read: those still live where they were are appended
+    /// again at the end of the log.
+    fn compaction_read(&mut self, now: Time, bodies: Vec<Result<MessageBody, String>>) {
+        let Some(mut step) = self.compaction.take() else {
+            return;
+        };
+        let mut records = Vec::new();
+        let mut moving = Vec::new();
+        for ((id, location), body) in step.items.into_iter().zip(bodies) {
+            let Some(stored) = self.messages.get(&id) else {
+                continue;
+            };
+            if stored.location != Some(location) {
+                continue;
+            }
+            let body = match body {
+                Ok(body) => body,
+                Err(error) => {
+                    // Left in place: its delivery will fail the same way and dead-letter it.
+                    tracing::error!(%id, %error, "compaction cannot read a body; it stays");
+                    continue;
+                }
+            };
+            records.push(LogRecord::Enqueue {
+                id,
+                topic: stored.topic.to_string(),
+                priority: stored.key.priority,
+                ready_at: stored.key.ready_at,
+                enqueued_at: stored.enqueued_at,
+                expires_at: (stored.expires_at != Time::MAX).then_some(stored.expires_at),
+                dedup_key: None,
+                metadata: body.metadata,
+                payload: body.payload,
+            });
+            moving.push((id, location));
+        }
+        if records.is_empty() {
+            return;
+        }
+        let token = self.next_token;
+        self.next_token += 1;
+        step.token = token;
+        step.writing = true;
+        step.items = moving;
+        self.compaction = Some(step);
+        self.log(now, Some(token), records);
+    }
+
+    /// A compaction step's bodies are in their new places.
+    fn compaction_written(&mut self, now: Time, locations: Vec<Location>) {
+        let Some(step) = self.compaction.take() else {
+            return;
+        };
+        if locations.len() == step.items.len() {
+            for ((id, old), new) in step.items.into_iter().zip(locations) {
+                if self
+                    .messages
+                    .get(&id)
+                    .is_some_and(|m| m.location == Some(old))
+                {
+                    self.body_stored(id, new);
+                }
+            }
+        }
+        self.check_compactable(step.segment);
+        self.maybe_compact(now);
+    }
+
     /// Everything time moves: lease deadlines, delays, time to live, dedup windows.
     fn tick(&mut self, now: Time) {
         let mut records = Vec::new();
@@ -1103,7 +1621,15 @@ impl Leaf {
         let mut records = Vec::new();
         let result = match &admin.op {
             AdminOp::DeadLetters { topic, limit } => {
-                AdminResult::DeadLetters(self.dead_letters(topic, *limit as usize))
+                // Bodies in the log are read first; the reply waits for them.
+                let (letters, missing) = self.dead_letters(topic, *limit as usize);
+                let ids: Vec<MessageId> = missing.iter().map(|&i| letters[i].id).collect();
+                let waiting = Waiting::DeadLetters {
+                    tag: admin.tag,
+                    letters,
+                };
+                self.answer(conn, waiting, missing, &ids);
+                return;
             }
             AdminOp::Redrive { topic, ids } => {
                 let ids = self.dead_ids(topic, ids);
@@ -1166,25 +1692,36 @@ impl Leaf {
         wanted
     }
 
-    /// Up to `limit` dead letters of `topic`, oldest death first, within a frame's room.
-    fn dead_letters(&self, topic: &str, limit: usize) -> Vec<DeadLetter> {
+    /// Up to `limit` dead letters of `topic`, oldest death first, within a frame's room, and
+    /// which of them miss their bodies (in the log, to be read).
+    fn dead_letters(&self, topic: &str, limit: usize) -> (Vec<DeadLetter>, Vec<usize>) {
         let Some(leaf_topic) = self.topics.get(topic) else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
         let s = &self.config.settings;
         let budget = u64::from(s.frame_bytes_max - crate::config::FRAME_OVERHEAD_BYTES);
         let mut bytes = 0;
         let mut out = Vec::new();
+        let mut missing = Vec::new();
         for (_, id) in leaf_topic.dead.iter().take(limit) {
             let stored = &self.messages[id];
             let State::Dead(death) = &stored.state else {
                 continue;
             };
-            let cost = stored_bytes(stored) + death.reason.len() as u64;
+            let body_bytes = match (&stored.body, &stored.location) {
+                (Some(body), _) => body.bytes(),
+                (None, Some(location)) => u64::from(location.len),
+                (None, None) => 0,
+            };
+            let cost = stored_bytes(stored) + body_bytes + death.reason.len() as u64;
             if !out.is_empty() && bytes + cost > budget {
                 break;
             }
             bytes += cost;
+            if stored.body.is_none() {
+                missing.push(out.len());
+            }
+            let body = stored.body.as_deref().cloned().unwrap_or_default();
             out.push(DeadLetter {
                 id: *id,
                 topic: topic.to_string(),
@@ -1193,11 +1730,11 @@ impl Leaf {
                 reason: death.reason.clone(),
                 enqueued_at: stored.enqueued_at,
                 dead_at: death.at,
-                metadata: stored.metadata.clone(),
-                payload: stored.payload.clone(),
+                metadata: body.metadata,
+                payload: body.payload,
             });
         }
-        out
+        (out, missing)
     }
 
     /// Depths per topic (one scan of the leaf's messages) and the leaf's counters.
@@ -1339,10 +1876,21 @@ fn record_bytes(record: &LogRecord) -> u64 {
     }
 }
 
-/// Approximate size of a message in a snapshot.
+/// Approximate size of a message in a snapshot (a body in the log is referred to, not copied).
 fn stored_bytes(stored: &Stored) -> u64 {
-    let metadata: usize = stored.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
-    (72 + stored.topic.len() + metadata + stored.payload.len()) as u64
+    let body = match (&stored.location, &stored.body) {
+        (None, Some(body)) => body.bytes(),
+        _ => 0,
+    };
+    72 + stored.topic.len() as u64 + body
+}
+
+/// Adds a body at `location` to its segment's use.
+fn place_body(segments: &mut BTreeMap<u32, SegmentUse>, id: MessageId, location: &Location) {
+    let used = segments.entry(location.segment).or_default();
+    used.live += 1;
+    used.live_bytes += u64::from(location.len);
+    used.ids.push(id);
 }
 
 /// Checks one message of a push batch against the settings.
@@ -1496,12 +2044,14 @@ impl Machine for Leaf {
         }
         self.flush_offers(now, false);
         self.maybe_checkpoint(now);
+        self.maybe_compact(now);
     }
 
     fn handle_timeout(&mut self, now: Time) {
         self.tick(now);
         self.flush_offers(now, false);
         self.maybe_checkpoint(now);
+        self.maybe_compact(now);
     }
 
     fn report_tick(&mut self, now: Time) {
@@ -1563,9 +2113,30 @@ impl Machine for Leaf {
             self.send(conn, Wire::Confirmed(confirmed));
             return;
         }
+        if self
+            .compaction
+            .as_ref()
+            .is_some_and(|c| c.writing && c.token == done.token)
+        {
+            self.compaction_written(now, done.locations);
+            return;
+        }
         let Some(batch) = self.pending.remove(&done.token) else {
             return;
         };
+        // One location per message the batch enqueues, or none from a store that keeps no
+        // bodies (they stay in memory).
+        let mut locations = done.locations.into_iter();
+        if locations.len() != batch.messages.len() {
+            if locations.len() != 0 {
+                tracing::error!(
+                    locations = locations.len(),
+                    messages = batch.messages.len(),
+                    "storage reported locations that do not match the batch; bodies stay in memory"
+                );
+            }
+            locations = Vec::new().into_iter();
+        }
         self.pending_messages -= batch.messages.len() as u64;
         if batch.failed.is_none() {
             self.counters.pushed += batch.messages.len() as u64;
@@ -1582,7 +2153,13 @@ impl Machine for Leaf {
             if stored.expires_at != Time::MAX {
                 self.expiries.insert((stored.expires_at, id));
             }
+            if let Some(body) = &stored.body {
+                self.body_bytes += body.bytes();
+            }
             self.messages.insert(id, stored);
+            if let Some(location) = locations.next() {
+                self.body_stored(id, location);
+            }
             self.make_ready_or_delayed(now, id);
         }
         let reply = match batch.failed {
@@ -1596,7 +2173,35 @@ impl Machine for Leaf {
         self.flush_offers(now, false);
     }
 
+    fn handle_storage_read(
+        &mut self,
+        now: Time,
+        token: u64,
+        bodies: Vec<Result<MessageBody, String>>,
+    ) {
+        if self
+            .compaction
+            .as_ref()
+            .is_some_and(|c| !c.writing && c.token == token)
+        {
+            self.compaction_read(now, bodies);
+        } else {
+            self.bodies_read(now, token, bodies);
+        }
+        self.maybe_compact(now);
+    }
+
     fn handle_storage_failed(&mut self, now: Time, token: u64, reason: &str) {
+        if self
+            .compaction
+            .as_ref()
+            .is_some_and(|c| c.writing && c.token == token)
+        {
+            // The bodies stay where they are; the segment is tried again later.
+            tracing::warn!(reason, "compaction step not written");
+            self.compaction = None;
+            return;
+        }
         if let Some((conn, mut confirmed)) = self.confirms.remove(&token) {
             // Applied in memory but not logged: after a restart the messages may come back
             // (at-least-once). The consumer is told to retry.

@@ -14,6 +14,7 @@
 //! Time passed in must never go backwards; drivers clamp a clock that does. Machines never
 //! read a clock, open a socket, spawn a task or draw from a global random source.
 
+use crate::leaf::{Location, LogRecord, MessageBody};
 use crate::time::Time;
 use crate::wire::Wire;
 
@@ -47,17 +48,29 @@ pub enum StorageOp {
         /// Echoed in [`StorageDone`]; `None` when nobody waits for completion.
         token: Option<u64>,
         /// The records, written and recovered as a whole.
-        records: Vec<crate::leaf::LogRecord>,
+        records: Vec<LogRecord>,
     },
-    /// Make these records — a snapshot of the leaf's whole state, equivalent to everything
-    /// appended before this operation — the new start of the log, and drop what it covers.
+    /// Make these records — a snapshot of the leaf's state, equivalent to everything appended
+    /// before this operation except the appends listed in `includes` — the new start of the
+    /// log. Recovery replays the log from the first of those appends on top of the snapshot
+    /// (replaying records the snapshot already reflects changes nothing: each sets absolute
+    /// values), so the log store keeps everything from there and drops what comes before.
     Checkpoint {
         /// The snapshot.
-        records: Vec<crate::leaf::LogRecord>,
-        /// Tokens of the appends still pending when the snapshot was taken: it holds their
-        /// records, so it is valid only if every one of them is written. If one failed, the
-        /// checkpoint must be abandoned (the log itself stays complete).
+        records: Vec<LogRecord>,
+        /// Tokens of the appends still pending when the snapshot was taken. If one of them
+        /// failed, the checkpoint must be abandoned (the log itself stays complete).
         includes: Vec<u64>,
+        /// Log segments that hold bodies of messages the snapshot keeps: they must outlive
+        /// the checkpoint even when it replaces their records.
+        segments: Vec<u32>,
+    },
+    /// Read message bodies back from the log; answered by [`Machine::handle_storage_read`].
+    Read {
+        /// Echoed in the answer.
+        token: u64,
+        /// Where the bodies are.
+        locations: Vec<Location>,
     },
 }
 
@@ -66,23 +79,67 @@ impl StorageOp {
     pub fn token(&self) -> Option<u64> {
         match self {
             StorageOp::Append { token, .. } => *token,
-            StorageOp::Checkpoint { .. } => None,
+            StorageOp::Checkpoint { .. } | StorageOp::Read { .. } => None,
         }
     }
 
-    /// The records of the operation.
-    pub fn records(&self) -> &[crate::leaf::LogRecord] {
+    /// The records the operation writes.
+    pub fn records(&self) -> &[LogRecord] {
         match self {
             StorageOp::Append { records, .. } | StorageOp::Checkpoint { records, .. } => records,
+            StorageOp::Read { .. } => &[],
         }
     }
 }
 
-/// Completion of a [`StorageOp`] that carried a token.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+/// What a log store that keeps every operation in order (a test's, the simulator's) recovers:
+/// the records of the newest checkpoint, then every append from the first one it `includes`
+/// (or after it), as [`StorageOp::Checkpoint`] prescribes.
+pub fn replay(log: &[StorageOp]) -> Vec<Vec<LogRecord>> {
+    let Some(at) = log
+        .iter()
+        .rposition(|op| matches!(op, StorageOp::Checkpoint { .. }))
+    else {
+        return log.iter().map(|op| op.records().to_vec()).collect();
+    };
+    let StorageOp::Checkpoint {
+        records, includes, ..
+    } = &log[at]
+    else {
+        unreachable!("found above")
+    };
+    let from = log[..at]
+        .iter()
+        .position(|op| op.token().is_some_and(|t| includes.contains(&t)))
+        .unwrap_or(at);
+    let mut operations = vec![records.clone()];
+    operations.extend(
+        log[from..]
+            .iter()
+            .filter(|op| matches!(op, StorageOp::Append { .. }))
+            .map(|op| op.records().to_vec()),
+    );
+    operations
+}
+
+/// Completion of a [`StorageOp::Append`] that carried a token.
+#[derive(Clone, PartialEq, Eq, Debug)]
 pub struct StorageDone {
     /// The operation's token.
     pub token: u64,
+    /// Where the body of each `Enqueue` record of the append lies in the log, in order; empty
+    /// when the store keeps no bodies (the leaf then keeps them in memory).
+    pub locations: Vec<Location>,
+}
+
+impl StorageDone {
+    /// A completion without locations (a store that keeps no bodies).
+    pub fn new(token: u64) -> StorageDone {
+        StorageDone {
+            token,
+            locations: Vec::new(),
+        }
+    }
 }
 
 /// See the module doc.
@@ -99,6 +156,14 @@ pub trait Machine: Send {
     fn handle_storage_done(&mut self, _now: Time, _done: StorageDone) {}
     /// A storage operation with a token failed: nothing of it is stored.
     fn handle_storage_failed(&mut self, _now: Time, _token: u64, _reason: &str) {}
+    /// The bodies a [`StorageOp::Read`] asked for, each read or failed, in order.
+    fn handle_storage_read(
+        &mut self,
+        _now: Time,
+        _token: u64,
+        _bodies: Vec<Result<MessageBody, String>>,
+    ) {
+    }
     /// The next storage operation to perform.
     fn poll_storage(&mut self) -> Option<StorageOp> {
         None

@@ -172,7 +172,7 @@ impl Harness {
             while let Some(op) = self.nodes[index].poll_storage() {
                 progressed = true;
                 if let Some(token) = op.token() {
-                    self.nodes[index].handle_storage_done(self.now, StorageDone { token });
+                    self.nodes[index].handle_storage_done(self.now, StorageDone::new(token));
                 }
             }
             while let Some(transmit) = self.nodes[index].poll_transmit() {
@@ -719,7 +719,7 @@ fn a_leaf_rebuilt_from_its_log_holds_exactly_what_it_held() {
 
     // "Crash": the leaf's session ends; a new leaf is rebuilt from the log alone.
     h.disconnect(leaf_end);
-    let operations = log.lock().unwrap().clone();
+    let operations = crate::machine::replay(&log.lock().unwrap());
     let config = LeafConfig {
         name: "leaf-1".into(),
         id: LeafId(1),
@@ -784,7 +784,7 @@ fn a_batch_storage_refuses_is_answered_with_an_error_and_nothing_is_kept() {
     assert_eq!(h.nodes[node].stats().messages, 0);
 }
 
-type SharedLog = std::sync::Arc<std::sync::Mutex<Vec<Vec<crate::leaf::LogRecord>>>>;
+type SharedLog = std::sync::Arc<std::sync::Mutex<Vec<crate::machine::StorageOp>>>;
 
 /// Wraps a machine and keeps a copy of every storage operation it emits: its log.
 struct Recording {
@@ -811,14 +811,11 @@ impl Machine for Recording {
     }
     fn poll_storage(&mut self) -> Option<crate::machine::StorageOp> {
         let op = self.inner.poll_storage()?;
-        let mut log = self.log.lock().unwrap();
         if let crate::machine::StorageOp::Checkpoint { .. } = &op {
-            // A checkpoint replaces everything before it.
-            log.clear();
             self.checkpoints
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
-        log.push(op.records().to_vec());
+        self.log.lock().unwrap().push(op.clone());
         Some(op)
     }
     fn poll_transmit(&mut self) -> Option<crate::machine::Transmit> {
@@ -897,7 +894,7 @@ fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
         "the time trigger fires after checkpoint_interval_ms"
     );
 
-    let operations = log.lock().unwrap().clone();
+    let operations = crate::machine::replay(&log.lock().unwrap());
     let config = LeafConfig {
         name: "leaf-1".into(),
         id: LeafId(1),
@@ -1046,7 +1043,7 @@ fn delays_of_days_are_exact_and_delivery_state_survives_a_rebuild_from_the_log()
     );
 
     h.disconnect(leaf_end);
-    let operations = log.lock().unwrap().clone();
+    let operations = crate::machine::replay(&log.lock().unwrap());
     let rebuilt = h.add(Box::new(Leaf::recover(config, h.now, operations)));
     h.link(rebuilt, root);
     let (later, _) = stats_of(&mut h, consumer, "later");

@@ -53,6 +53,11 @@ pub(crate) enum NodeMsg {
     Tick,
     /// Storage operations finished (from the log writer).
     Stored(Vec<Completion>),
+    /// Bodies read from the log (from the log reader).
+    Read {
+        token: u64,
+        bodies: Vec<Result<crest_core::leaf::MessageBody, String>>,
+    },
     /// Report counters.
     Stats(RpcReplyPort<NodeStats>),
     /// The subtree's measurements.
@@ -71,6 +76,7 @@ impl NodeMsg {
             NodeMsg::Frame { msg, .. } => msg.name(),
             NodeMsg::Tick => "tick",
             NodeMsg::Stored(_) => "stored",
+            NodeMsg::Read { .. } => "read",
             NodeMsg::Stats(_) => "stats",
             NodeMsg::Report(_) => "report",
             NodeMsg::ReportTick(_) => "report tick",
@@ -124,6 +130,9 @@ impl NodeState {
                     Submitted::Done(done) => self.machine.handle_storage_done(now, done),
                     Submitted::Failed { token, reason } => {
                         self.machine.handle_storage_failed(now, token, &reason)
+                    }
+                    Submitted::Read { token, bodies } => {
+                        self.machine.handle_storage_read(now, token, bodies)
                     }
                     Submitted::Pending => {}
                 }
@@ -256,12 +265,16 @@ impl Actor for NodeActor {
             NodeMsg::Stored(completions) => {
                 for (token, result) in completions {
                     match result {
-                        Ok(()) => state
-                            .machine
-                            .handle_storage_done(now, crest_core::machine::StorageDone { token }),
+                        Ok(locations) => state.machine.handle_storage_done(
+                            now,
+                            crest_core::machine::StorageDone { token, locations },
+                        ),
                         Err(reason) => state.machine.handle_storage_failed(now, token, &reason),
                     }
                 }
+            }
+            NodeMsg::Read { token, bodies } => {
+                state.machine.handle_storage_read(now, token, bodies)
             }
             NodeMsg::Stats(reply) => {
                 let _ = reply.send(state.machine.stats());

@@ -286,17 +286,28 @@ pub async fn start_node(
     // The log writer reports completions to the actor, which exists only after the spawn; no
     // operation can be submitted before the actor runs, so none can complete before this is set.
     let actor_slot: Arc<OnceLock<ActorRef<NodeMsg>>> = Arc::new(OnceLock::new());
-    let storage: Box<dyn storage::Storage> = match wal {
-        Some(wal) => {
+    let storage: Box<dyn storage::Storage> = match (wal, &options.data_dir) {
+        (Some(wal), Some(dir)) => {
             let slot = actor_slot.clone();
             let handle = wal.start(move |done| {
                 if let Some(actor) = slot.get() {
                     let _ = actor.send_message(NodeMsg::Stored(done));
                 }
             })?;
-            Box::new(storage::WalStore { handle })
+            let slot = actor_slot.clone();
+            let queue = spec.settings.wal_queue_ops_max as usize;
+            let reads = storage::start_reader(dir.clone(), queue, move |token, bodies| {
+                if let Some(actor) = slot.get() {
+                    let _ = actor.send_message(NodeMsg::Read { token, bodies });
+                }
+            })
+            .map_err(|error| NodeError::Io {
+                path: dir.display().to_string(),
+                error,
+            })?;
+            Box::new(storage::WalStore { handle, reads })
         }
-        None => Box::new(storage::MemoryStore),
+        _ => Box::new(storage::MemoryStore),
     };
     let args = NodeArgs { machine, storage };
     let (actor, actor_task) = Actor::spawn(None, NodeActor, args)

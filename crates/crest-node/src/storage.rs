@@ -1,13 +1,17 @@
 //! Where a leaf's log records go.
 //!
 //! - [`WalStore`]: the durable log of `crest-storage`. Operations go to its group-commit
-//!   writer thread; completions come back to the node actor as messages.
+//!   writer thread; completions come back to the node actor as messages. Reads of message
+//!   bodies go to a reader thread of their own (a read never waits behind a sync), and come
+//!   back as messages too.
 //! - [`MemoryStore`]: keeps nothing and completes every operation at once. The leaf's
 //!   messages then live only in its memory and a leaf crash loses them: for tests and for
 //!   `crest local --memory`.
 
+use crest_core::leaf::{Location, MessageBody};
 use crest_core::machine::{StorageDone, StorageOp};
-use crest_storage::wal::WalHandle;
+use crest_storage::wal::{BodyReader, WalHandle};
+use std::sync::mpsc;
 
 /// What became of a submitted operation.
 pub(crate) enum Submitted {
@@ -17,6 +21,11 @@ pub(crate) enum Submitted {
     Failed { token: u64, reason: String },
     /// Completion (if it has a token) arrives later as a node message.
     Pending,
+    /// A read answered now.
+    Read {
+        token: u64,
+        bodies: Vec<Result<MessageBody, String>>,
+    },
 }
 
 /// Accepts storage operations.
@@ -31,8 +40,16 @@ pub(crate) struct MemoryStore;
 
 impl Storage for MemoryStore {
     fn submit(&mut self, op: StorageOp) -> Submitted {
+        if let StorageOp::Read { token, locations } = op {
+            // A leaf without a log keeps every body in memory and never asks.
+            let bodies = locations
+                .iter()
+                .map(|_| Err("this leaf has no log to read bodies from".to_string()))
+                .collect();
+            return Submitted::Read { token, bodies };
+        }
         match op.token() {
-            Some(token) => Submitted::Done(StorageDone { token }),
+            Some(token) => Submitted::Done(StorageDone::new(token)),
             None => Submitted::Pending,
         }
     }
@@ -41,15 +58,50 @@ impl Storage for MemoryStore {
 /// See the module doc.
 pub(crate) struct WalStore {
     pub(crate) handle: WalHandle,
+    pub(crate) reads: mpsc::SyncSender<(u64, Vec<Location>)>,
+}
+
+/// Starts the thread that reads bodies from the log in `dir`; `on_read` receives each read's
+/// bodies. At most `queue` reads wait for it (then the node waits: reads are not dropped).
+pub(crate) fn start_reader(
+    dir: std::path::PathBuf,
+    queue: usize,
+    on_read: impl Fn(u64, Vec<Result<MessageBody, String>>) + Send + 'static,
+) -> std::io::Result<mpsc::SyncSender<(u64, Vec<Location>)>> {
+    let (tx, rx) = mpsc::sync_channel::<(u64, Vec<Location>)>(queue);
+    std::thread::Builder::new()
+        .name("crest-read".into())
+        .spawn(move || {
+            let mut reader = BodyReader::new(dir);
+            while let Ok((token, locations)) = rx.recv() {
+                let bodies = locations.iter().map(|l| reader.read(l)).collect();
+                on_read(token, bodies);
+            }
+        })?;
+    Ok(tx)
 }
 
 impl Storage for WalStore {
     fn submit(&mut self, op: StorageOp) -> Submitted {
         let (records, token) = match op {
             StorageOp::Append { records, token } => (records, token),
-            StorageOp::Checkpoint { records, includes } => {
-                if let Err(error) = self.handle.checkpoint(records, includes) {
+            StorageOp::Checkpoint {
+                records,
+                includes,
+                segments,
+            } => {
+                if let Err(error) = self.handle.checkpoint(records, includes, segments) {
                     tracing::error!(%error, "a checkpoint could not be queued; the log stays whole");
+                }
+                return Submitted::Pending;
+            }
+            StorageOp::Read { token, locations } => {
+                let count = locations.len();
+                if self.reads.send((token, locations)).is_err() {
+                    let bodies = (0..count)
+                        .map(|_| Err("the log reader has stopped".to_string()))
+                        .collect();
+                    return Submitted::Read { token, bodies };
                 }
                 return Submitted::Pending;
             }

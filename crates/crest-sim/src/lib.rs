@@ -453,7 +453,8 @@ struct Sim {
     /// Whether each node is up.
     up: Vec<bool>,
     /// Each leaf's log: (durable at, is a checkpoint, records) per operation, in order.
-    logs: Vec<Vec<(Time, bool, Vec<crest_core::leaf::LogRecord>)>>,
+    /// Each leaf's log: every storage operation with the time it is durable.
+    logs: Vec<Vec<(Time, crest_core::machine::StorageOp)>>,
     /// How to rebuild each node.
     configs: Vec<NodeConfig>,
     /// Each node's parent index.
@@ -573,12 +574,17 @@ impl Sim {
                     let life = self.lives[node];
                     self.schedule(at, Event::Stored { node, life, token });
                 }
-                let checkpoint = matches!(op, crest_core::machine::StorageOp::Checkpoint { .. });
-                let records = match op {
-                    crest_core::machine::StorageOp::Append { records, .. }
-                    | crest_core::machine::StorageOp::Checkpoint { records, .. } => records,
-                };
-                self.logs[node].push((at, checkpoint, records));
+                if let crest_core::machine::StorageOp::Read { token, locations } = &op {
+                    // The simulated leaves keep bodies in memory and never ask; answer anyway.
+                    let bodies = locations
+                        .iter()
+                        .map(|_| Err("the simulator keeps no bodies on disk".to_string()))
+                        .collect();
+                    let now = self.now;
+                    self.nodes[node].handle_storage_read(now, *token, bodies);
+                    continue;
+                }
+                self.logs[node].push((at, op));
             }
             while let Some(transmit) = self.nodes[node].poll_transmit() {
                 progressed = true;
@@ -1018,13 +1024,20 @@ impl Sim {
         self.nodes[node] = match config {
             NodeConfig::Leaf(config) => {
                 let log = &mut self.logs[node];
-                log.retain(|(durable_at, _, _)| *durable_at <= now);
-                let from = log
-                    .iter()
-                    .rposition(|(_, checkpoint, _)| *checkpoint)
-                    .unwrap_or(0);
-                log.drain(..from);
-                let operations = log.iter().map(|(_, _, records)| records.clone());
+                log.retain(|(durable_at, _)| *durable_at <= now);
+                let ops: Vec<_> = log.drain(..).map(|(_, op)| op).collect();
+                let operations = crest_core::machine::replay(&ops);
+                // What survives is the log as recovery sees it.
+                log.extend(operations.iter().map(|records| {
+                    let records = records.clone();
+                    (
+                        now,
+                        crest_core::machine::StorageOp::Append {
+                            token: None,
+                            records,
+                        },
+                    )
+                }));
                 Box::new(Leaf::recover(config, now, operations))
             }
             other => other.build(),
@@ -1392,7 +1405,7 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
                     continue;
                 }
                 let now = sim.now;
-                sim.nodes[node].handle_storage_done(now, StorageDone { token });
+                sim.nodes[node].handle_storage_done(now, StorageDone::new(token));
                 sim.drain(node);
             }
             Event::Crash {

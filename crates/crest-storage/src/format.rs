@@ -7,7 +7,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic  b"CRESTWAL"
-//!      8     4  format version, u32 big-endian (2: records with delivery state)
+//!      8     4  format version, u32 big-endian (3: bodies addressed in place)
 //!     12     4  reserved, zero
 //!     16     8  segment sequence number, u64 big-endian (equals the file name)
 //!     24     4  crc32 of bytes 0..24, u32 big-endian
@@ -28,22 +28,36 @@
 //! body is one storage operation of the leaf: a `Vec<LogRecord>` in MessagePack (rmp-serde),
 //! written and recovered as a whole.
 //!
+//! # Bodies in place
+//! A message's body stays where its `Enqueue` record was written. The bytes of that record
+//! (one element of the body's array, ending with the payload) are its [`Location`]: segment,
+//! file offset, length and their own crc32, so one `pread` reads a body back and verifies it
+//! without the rest of the record. Recovery reads an `Enqueue` as a [`LogRecord::Index`] with
+//! its location, skipping payloads and metadata.
+//!
 //! # Checkpoint file
-//! `00000000000000000007.ckpt` holds a snapshot of the leaf's state that replaces every segment
-//! before segment 7: the same 32-byte header with magic `b"CRESTCKP"`, then records framed and
-//! bound to sequence 7 as above, then an empty record as the end marker.
+//! `00000000000000000007.ckpt` holds a snapshot of the leaf's state (bodies referred to by
+//! location, not copied) that replaces the log's records before segment 7: the same 32-byte
+//! header with magic `b"CRESTCKP"`, then records framed and bound to sequence 7 as above. The
+//! first record is where replay starts, `[segment, offset]` (MessagePack array of two
+//! integers): the first append the snapshot does not reflect, at or before the start of
+//! segment 7. Then come the snapshot's records, then an empty record as the end marker.
+//! Segments before the replay start are kept only while they hold bodies the leaf still needs.
 //!
 //! # Scan
 //! [`scan_segment`] verifies a segment's header and yields its records until the end or the
 //! first bad record, and says where that is and whether the bad record reaches the end of the
 //! file (a torn tail: what a crash in the middle of a write leaves) or not (corruption).
 
-use crest_core::leaf::LogRecord;
+use crest_core::Time;
+use crest_core::id::MessageId;
+use crest_core::leaf::{Location, LogRecord, MessageBody};
+use std::ops::Range;
 
 /// First bytes of every segment.
 pub const SEGMENT_MAGIC: &[u8; 8] = b"CRESTWAL";
 /// Version of this format.
-pub const SEGMENT_VERSION: u32 = 2;
+pub const SEGMENT_VERSION: u32 = 3;
 /// Size of the segment header.
 pub const SEGMENT_HEADER_BYTES: usize = 32;
 /// Size of a record header (length and checksum).
@@ -103,7 +117,8 @@ fn record_crc(seq: u64, body: &[u8]) -> u32 {
     hasher.finalize()
 }
 
-/// Appends one record holding `records` to `out`, bound to segment `seq`.
+/// Appends one record holding `records` to `out`, bound to segment `seq`, and pushes onto
+/// `bodies` the span in `out` of each `Enqueue` element (see "Bodies in place").
 ///
 /// # Errors
 /// A message if the records cannot be encoded or exceed `max` body bytes (nothing appended).
@@ -112,22 +127,153 @@ pub fn encode_record(
     records: &[LogRecord],
     max: u32,
     out: &mut Vec<u8>,
+    bodies: &mut Vec<Range<usize>>,
 ) -> Result<(), String> {
     let start = out.len();
+    let spans = bodies.len();
     out.extend_from_slice(&[0u8; RECORD_HEADER_BYTES]);
-    if let Err(error) = rmp_serde::encode::write(out, records) {
+    let encoded = (|| {
+        rmp::encode::write_array_len(out, records.len() as u32).map_err(|e| e.to_string())?;
+        for record in records {
+            let element = out.len();
+            rmp_serde::encode::write(out, record).map_err(|e| e.to_string())?;
+            if matches!(record, LogRecord::Enqueue { .. }) {
+                bodies.push(element..out.len());
+            }
+        }
+        Ok::<(), String>(())
+    })();
+    if let Err(error) = encoded {
         out.truncate(start);
+        bodies.truncate(spans);
         return Err(format!("encode log record: {error}"));
     }
     let len = out.len() - start - RECORD_HEADER_BYTES;
     if len > max as usize {
         out.truncate(start);
+        bodies.truncate(spans);
         return Err(format!("log record of {len} bytes exceeds {max}"));
     }
     let crc = record_crc(seq, &out[start + RECORD_HEADER_BYTES..]);
     out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
     out[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
     Ok(())
+}
+
+/// The location of the `Enqueue` element at `span` of `buf`, which starts at `file_offset` of
+/// segment `seq`.
+pub fn body_location(seq: u64, file_offset: u64, buf: &[u8], span: &Range<usize>) -> Location {
+    Location {
+        segment: seq as u32,
+        offset: (file_offset + span.start as u64) as u32,
+        len: span.len() as u32,
+        crc: crc32fast::hash(&buf[span.clone()]),
+    }
+}
+
+/// Decodes a body read from `location` (the bytes of its `Enqueue` element).
+///
+/// # Errors
+/// What is wrong: a checksum that does not match, or bytes that are not an `Enqueue`.
+pub fn decode_body(location: &Location, bytes: &[u8]) -> Result<MessageBody, String> {
+    if crc32fast::hash(bytes) != location.crc {
+        return Err(format!(
+            "checksum mismatch at offset {} of segment {}",
+            location.offset, location.segment
+        ));
+    }
+    match rmp_serde::from_slice::<LogRecord>(bytes) {
+        Ok(LogRecord::Enqueue {
+            metadata, payload, ..
+        }) => Ok(MessageBody { metadata, payload }),
+        Ok(_) => Err(format!(
+            "offset {} of segment {} holds no message",
+            location.offset, location.segment
+        )),
+        Err(error) => Err(format!(
+            "offset {} of segment {} does not decode: {error}",
+            location.offset, location.segment
+        )),
+    }
+}
+
+/// The fields of an `Enqueue` record recovery keeps: its metadata is skipped and of its
+/// payload only the length is taken.
+#[derive(serde::Deserialize)]
+struct EnqueueHead {
+    id: MessageId,
+    topic: String,
+    priority: u32,
+    ready_at: Time,
+    enqueued_at: Time,
+    expires_at: Option<Time>,
+    dedup_key: Option<String>,
+    _metadata: serde::de::IgnoredAny,
+    payload: PayloadLen,
+}
+
+struct PayloadLen(u32);
+
+impl<'de> serde::Deserialize<'de> for PayloadLen {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = PayloadLen;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("payload bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<PayloadLen, E> {
+                Ok(PayloadLen(v.len() as u32))
+            }
+        }
+        deserializer.deserialize_bytes(Visitor)
+    }
+}
+
+/// The MessagePack prefix of an `Enqueue` element: a map of one entry keyed `"Enqueue"`.
+const ENQUEUE_PREFIX: &[u8] = b"\x81\xa7Enqueue";
+
+/// Decodes one segment record's body, which starts at `file_offset` of segment `seq`: every
+/// `Enqueue` comes back as an `Index` with its location (see "Bodies in place").
+fn decode_segment_record(
+    body: &[u8],
+    seq: u64,
+    file_offset: u64,
+) -> Result<Vec<LogRecord>, String> {
+    let mut rest = body;
+    let count = rmp::decode::read_array_len(&mut rest).map_err(|e| e.to_string())?;
+    let mut records = Vec::with_capacity((count as usize).min(body.len()));
+    for _ in 0..count {
+        let start = body.len() - rest.len();
+        if let Some(fields) = rest.strip_prefix(ENQUEUE_PREFIX) {
+            let mut input = fields;
+            let head: EnqueueHead =
+                serde::Deserialize::deserialize(&mut rmp_serde::Deserializer::new(&mut input))
+                    .map_err(|e| e.to_string())?;
+            let end = body.len() - input.len();
+            rest = input;
+            records.push(LogRecord::Index {
+                id: head.id,
+                topic: head.topic,
+                priority: head.priority,
+                ready_at: head.ready_at,
+                enqueued_at: head.enqueued_at,
+                expires_at: head.expires_at,
+                dedup_key: head.dedup_key,
+                size: head.payload.0,
+                location: body_location(seq, file_offset, body, &(start..end)),
+            });
+        } else {
+            let record: LogRecord =
+                serde::Deserialize::deserialize(&mut rmp_serde::Deserializer::new(&mut rest))
+                    .map_err(|e| e.to_string())?;
+            records.push(record);
+        }
+    }
+    if !rest.is_empty() {
+        return Err(format!("{} bytes after the last entry", rest.len()));
+    }
+    Ok(records)
 }
 
 /// What is wrong with a segment at some offset.
@@ -169,41 +315,119 @@ pub struct ScanStop {
 }
 
 /// The result of scanning one segment.
-#[derive(Debug, Default)]
-pub struct Scan {
+#[derive(Debug)]
+pub struct Scan<T = Vec<LogRecord>> {
     /// Every valid record, in order (one storage operation each).
-    pub operations: Vec<Vec<LogRecord>>,
+    pub operations: Vec<T>,
     /// Bytes from the start of the file through the last valid record.
     pub valid_len: u64,
     /// Why the scan stopped before the end of the file, if it did.
     pub stop: Option<ScanStop>,
 }
 
-/// Scans the bytes of segment `seq` (see the module doc).
-pub fn scan_segment(bytes: &[u8], seq: u64, max: u32) -> Scan {
-    scan_file(bytes, SEGMENT_MAGIC, seq, max)
+/// Scans the bytes of segment `seq` (see the module doc) from offset `from` (a record boundary;
+/// the header's size to scan it all). `Enqueue` records come back as `Index` records.
+pub fn scan_segment(bytes: &[u8], seq: u64, max: u32, from: usize) -> Scan {
+    scan_file(bytes, SEGMENT_MAGIC, seq, max, from, &|body, offset| {
+        decode_segment_record(body, seq, offset)
+    })
 }
 
-/// Reads a checkpoint: a header with [`CHECKPOINT_MAGIC`], records framed as in segments,
-/// and an empty record as its end marker. A checkpoint is renamed into place only once it is
-/// complete and synced, so anything short of that is corruption.
+/// A checkpoint: where replay starts, and the snapshot's records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    /// The segment and offset replay starts at.
+    pub replay_from: (u64, u64),
+    /// The snapshot.
+    pub records: Vec<LogRecord>,
+}
+
+/// Offset of a checkpoint's first record's body: where replay starts.
+const CHECKPOINT_START_BODY: u64 = (SEGMENT_HEADER_BYTES + RECORD_HEADER_BYTES) as u64;
+
+/// Reads a checkpoint: a header with [`CHECKPOINT_MAGIC`], the replay start, records framed as
+/// in segments, and an empty record as its end marker. A checkpoint is renamed into place only
+/// once it is complete and synced, so anything short of that is corruption.
 ///
 /// # Errors
 /// What is wrong and where.
-pub fn read_checkpoint(bytes: &[u8], seq: u64, max: u32) -> Result<Vec<LogRecord>, String> {
-    let scan = scan_file(bytes, CHECKPOINT_MAGIC, seq, max);
+pub fn read_checkpoint(bytes: &[u8], seq: u64, max: u32) -> Result<Checkpoint, String> {
+    let scan = scan_file(
+        bytes,
+        CHECKPOINT_MAGIC,
+        seq,
+        max,
+        SEGMENT_HEADER_BYTES,
+        &|body, offset| {
+            if offset == CHECKPOINT_START_BODY {
+                let start: (u64, u64) = rmp_serde::from_slice(body).map_err(|e| e.to_string())?;
+                return Ok(Err(start));
+            }
+            rmp_serde::from_slice::<Vec<LogRecord>>(body)
+                .map(Ok)
+                .map_err(|e| e.to_string())
+        },
+    );
     if let Some(stop) = scan.stop {
         return Err(format!("at offset {}: {}", stop.offset, stop.bad));
     }
-    let mut operations = scan.operations;
-    match operations.pop() {
-        Some(end) if end.is_empty() => Ok(operations.into_iter().flatten().collect()),
-        _ => Err("no end marker: the checkpoint is incomplete".into()),
+    let mut parts = scan.operations.into_iter();
+    let Some(Err(replay_from)) = parts.next() else {
+        return Err("no replay start: not a checkpoint of this format".into());
+    };
+    let mut records = Vec::new();
+    let mut ended = false;
+    for part in parts {
+        match part {
+            Ok(part) if part.is_empty() => ended = true,
+            Ok(part) if !ended => records.extend(part),
+            _ => return Err("records after the end marker".into()),
+        }
     }
+    if !ended {
+        return Err("no end marker: the checkpoint is incomplete".into());
+    }
+    Ok(Checkpoint {
+        replay_from,
+        records,
+    })
 }
 
-fn scan_file(bytes: &[u8], magic: &[u8; 8], seq: u64, max: u32) -> Scan {
-    let mut scan = Scan::default();
+/// Appends the first record of checkpoint `seq`: replay starts at `from`.
+///
+/// # Errors
+/// A message if it cannot be encoded.
+pub fn encode_checkpoint_start(
+    seq: u64,
+    from: (u64, u64),
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; RECORD_HEADER_BYTES]);
+    rmp_serde::encode::write(out, &from).map_err(|e| e.to_string())?;
+    let len = out.len() - start - RECORD_HEADER_BYTES;
+    let crc = record_crc(seq, &out[start + RECORD_HEADER_BYTES..]);
+    out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+    Ok(())
+}
+
+/// Decodes a record's body, which starts at the given file offset.
+type Decode<'a, T> = &'a dyn Fn(&[u8], u64) -> Result<T, String>;
+
+fn scan_file<T>(
+    bytes: &[u8],
+    magic: &[u8; 8],
+    seq: u64,
+    max: u32,
+    from: usize,
+    decode: Decode<'_, T>,
+) -> Scan<T> {
+    let mut scan = Scan {
+        operations: Vec::new(),
+        valid_len: 0,
+        stop: None,
+    };
     let stop = |offset: usize, bad, reaches_end| {
         Some(ScanStop {
             offset: offset as u64,
@@ -224,7 +448,7 @@ fn scan_file(bytes: &[u8], magic: &[u8; 8], seq: u64, max: u32) -> Scan {
         scan.stop = stop(0, BadRecord::Header(why), false);
         return scan;
     }
-    let mut offset = SEGMENT_HEADER_BYTES;
+    let mut offset = from.max(SEGMENT_HEADER_BYTES);
     scan.valid_len = offset as u64;
     while offset < bytes.len() {
         let rest = &bytes[offset..];
@@ -248,14 +472,10 @@ fn scan_file(bytes: &[u8], magic: &[u8; 8], seq: u64, max: u32) -> Scan {
             scan.stop = stop(offset, BadRecord::Checksum, end == rest.len());
             return scan;
         }
-        match rmp_serde::from_slice::<Vec<LogRecord>>(body) {
+        match decode(body, (offset + RECORD_HEADER_BYTES) as u64) {
             Ok(records) => scan.operations.push(records),
             Err(error) => {
-                scan.stop = stop(
-                    offset,
-                    BadRecord::Undecodable(error.to_string()),
-                    end == rest.len(),
-                );
+                scan.stop = stop(offset, BadRecord::Undecodable(error), end == rest.len());
                 return scan;
             }
         }
@@ -315,9 +535,82 @@ mod tests {
     fn segment(seq: u64, ops: &[Vec<LogRecord>]) -> Vec<u8> {
         let mut bytes = segment_header(seq).to_vec();
         for records in ops {
-            encode_record(seq, records, 1 << 20, &mut bytes).unwrap();
+            encode_record(seq, records, 1 << 20, &mut bytes, &mut Vec::new()).unwrap();
         }
         bytes
+    }
+
+    #[test]
+    fn an_enqueue_is_recovered_as_an_index_whose_location_reads_its_body_back() {
+        let id = MessageId::new(LeafId(1), 5);
+        let enqueue = LogRecord::Enqueue {
+            id,
+            topic: "jobs".into(),
+            priority: 3,
+            ready_at: crest_core::Time(10),
+            enqueued_at: crest_core::Time(9),
+            expires_at: Some(crest_core::Time(99)),
+            dedup_key: Some("k".into()),
+            metadata: vec![("trace".into(), "abc".into())],
+            payload: bytes::Bytes::from_static(b"payload bytes"),
+        };
+        let ops = vec![
+            op(1),
+            vec![op(2)[0].clone(), enqueue.clone(), op(3)[1].clone()],
+        ];
+        let mut bytes = segment_header(4).to_vec();
+        let mut spans = Vec::new();
+        for records in &ops {
+            encode_record(4, records, 1 << 20, &mut bytes, &mut spans).unwrap();
+        }
+        let scan = scan_segment(&bytes, 4, 1 << 20, SEGMENT_HEADER_BYTES);
+        assert!(scan.stop.is_none());
+        assert_eq!(scan.operations[0], ops[0]);
+        let LogRecord::Index {
+            id: found,
+            topic,
+            priority,
+            expires_at,
+            dedup_key,
+            size,
+            location,
+            ..
+        } = scan.operations[1][1].clone()
+        else {
+            panic!("not an index: {:?}", scan.operations[1][1]);
+        };
+        assert_eq!(
+            (
+                found,
+                topic.as_str(),
+                priority,
+                expires_at,
+                dedup_key.as_deref(),
+                size
+            ),
+            (id, "jobs", 3, Some(crest_core::Time(99)), Some("k"), 13)
+        );
+        assert_eq!(spans.len(), 1);
+        assert_eq!(location, body_location(4, 0, &bytes, &spans[0]));
+        assert_eq!(
+            (scan.operations[1][0].clone(), scan.operations[1][2].clone()),
+            (ops[1][0].clone(), ops[1][2].clone())
+        );
+        let at = location.offset as usize..(location.offset + location.len) as usize;
+        let body = decode_body(&location, &bytes[at.clone()]).unwrap();
+        assert_eq!(body.payload, bytes::Bytes::from_static(b"payload bytes"));
+        assert_eq!(
+            body.metadata,
+            vec![("trace".to_string(), "abc".to_string())]
+        );
+        let mut damaged = bytes[at].to_vec();
+        let last = damaged.len() - 1;
+        damaged[last] ^= 1;
+        assert!(
+            decode_body(&location, &damaged)
+                .unwrap_err()
+                .contains("checksum")
+        );
     }
 
     #[test]
@@ -331,12 +624,12 @@ mod tests {
     fn a_cut_anywhere_in_the_last_record_is_a_torn_tail() {
         let ops: Vec<_> = (1..=3).map(op).collect();
         let bytes = segment(7, &ops);
-        let whole = scan_segment(&bytes, 7, 1 << 20);
+        let whole = scan_segment(&bytes, 7, 1 << 20, SEGMENT_HEADER_BYTES);
         assert_eq!(whole.operations, ops);
         assert_eq!(whole.valid_len, bytes.len() as u64);
         let two = segment(7, &ops[..2]).len();
         for cut in two + 1..bytes.len() {
-            let scan = scan_segment(&bytes[..cut], 7, 1 << 20);
+            let scan = scan_segment(&bytes[..cut], 7, 1 << 20, SEGMENT_HEADER_BYTES);
             assert_eq!(scan.operations, ops[..2].to_vec(), "cut at {cut}");
             assert_eq!(scan.valid_len, two as u64);
             assert!(scan.stop.unwrap().reaches_end, "cut at {cut}");
@@ -349,7 +642,7 @@ mod tests {
         let mut bytes = segment(7, &ops);
         let first = SEGMENT_HEADER_BYTES;
         bytes[first + RECORD_HEADER_BYTES + 2] ^= 0x10;
-        let scan = scan_segment(&bytes, 7, 1 << 20);
+        let scan = scan_segment(&bytes, 7, 1 << 20, SEGMENT_HEADER_BYTES);
         assert!(scan.operations.is_empty());
         let stop = scan.stop.unwrap();
         assert_eq!(
@@ -363,9 +656,13 @@ mod tests {
         let bytes = segment(7, &[op(1)]);
         let mut moved = segment_header(8).to_vec();
         moved.extend_from_slice(&bytes[SEGMENT_HEADER_BYTES..]);
-        let stop = scan_segment(&moved, 8, 1 << 20).stop.unwrap();
+        let stop = scan_segment(&moved, 8, 1 << 20, SEGMENT_HEADER_BYTES)
+            .stop
+            .unwrap();
         assert_eq!(stop.bad, BadRecord::Checksum);
-        let stop = scan_segment(&bytes, 8, 1 << 20).stop.unwrap();
+        let stop = scan_segment(&bytes, 8, 1 << 20, SEGMENT_HEADER_BYTES)
+            .stop
+            .unwrap();
         assert!(matches!(stop.bad, BadRecord::Header(why) if why.contains("segment 7")));
     }
 
@@ -374,8 +671,8 @@ mod tests {
         fn scanning_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let mut with_header = segment_header(1).to_vec();
             with_header.extend_from_slice(&bytes);
-            let _ = scan_segment(&with_header, 1, 1 << 16);
-            let _ = scan_segment(&bytes, 1, 1 << 16);
+            let _ = scan_segment(&with_header, 1, 1 << 16, SEGMENT_HEADER_BYTES);
+            let _ = scan_segment(&bytes, 1, 1 << 16, SEGMENT_HEADER_BYTES);
         }
     }
 }

@@ -6,8 +6,8 @@
 
 use crate::StorageError;
 use crate::format::{
-    checkpoint_name, parse_checkpoint_name, parse_segment_name, read_checkpoint, scan_segment,
-    segment_name,
+    SEGMENT_HEADER_BYTES, checkpoint_name, parse_checkpoint_name, parse_segment_name,
+    read_checkpoint, scan_segment, segment_name,
 };
 use crest_core::id::MessageId;
 use crest_core::leaf::LogRecord;
@@ -75,7 +75,7 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
     let mut report = Report::default();
     let mut live: HashSet<MessageId> = HashSet::new();
     let mut count = |record: &LogRecord, report: &mut Report| match record {
-        LogRecord::Enqueue { id, .. } => {
+        LogRecord::Enqueue { id, .. } | LogRecord::Index { id, .. } => {
             report.entries[0] += 1;
             live.insert(*id);
         }
@@ -89,7 +89,8 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
         LogRecord::Redrive { .. } => report.entries[5] += 1,
         LogRecord::Dedup { .. } => report.entries[6] += 1,
     };
-    // The newest checkpoint starts the log; segments before it are covered (and normally gone).
+    // The newest checkpoint starts the log; segments before its replay start hold bodies only
+    // (their records are verified, not counted).
     let mut checkpoints: Vec<u64> = std::fs::read_dir(dir)
         .map_err(io)?
         .filter_map(|entry| {
@@ -101,6 +102,7 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
         })
         .collect();
     checkpoints.sort_unstable();
+    let mut replay_from = (0, 0);
     if let Some(&base) = checkpoints.last() {
         let name = checkpoint_name(base);
         let path = dir.join(&name);
@@ -109,9 +111,13 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
             error: e.to_string(),
         })?;
         let (records, problem, fatal) = match read_checkpoint(&bytes, base, record_bytes_max) {
-            Ok(records) => {
-                records.iter().for_each(|r| count(r, &mut report));
-                (records.len() as u64, None, false)
+            Ok(checkpoint) => {
+                checkpoint
+                    .records
+                    .iter()
+                    .for_each(|r| count(r, &mut report));
+                replay_from = checkpoint.replay_from;
+                (checkpoint.records.len() as u64, None, false)
             }
             Err(why) => (
                 0,
@@ -128,7 +134,6 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
             problem,
             fatal,
         });
-        seqs.retain(|seq| *seq >= base);
     }
     for (index, &seq) in seqs.iter().enumerate() {
         let name = segment_name(seq);
@@ -137,13 +142,33 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
             path: path.display().to_string(),
             error: e.to_string(),
         })?;
-        let scan = scan_segment(&bytes, seq, record_bytes_max);
-        for record in scan.operations.iter().flatten() {
-            count(record, &mut report);
+        let scan = scan_segment(&bytes, seq, record_bytes_max, SEGMENT_HEADER_BYTES);
+        let (from, offset) = replay_from;
+        if seq > from {
+            scan.operations
+                .iter()
+                .flatten()
+                .for_each(|r| count(r, &mut report));
+        } else if seq == from {
+            let replayed = scan_segment(&bytes, seq, record_bytes_max, offset as usize);
+            replayed
+                .operations
+                .iter()
+                .flatten()
+                .for_each(|r| count(r, &mut report));
         }
+        let bodies_only = seq < from;
         let last = index + 1 == seqs.len();
         let (problem, fatal) = match &scan.stop {
             None => (None, false),
+            Some(stop) if bodies_only => (
+                Some(format!(
+                    "CORRUPT at offset {}: {} (bodies only: recovery starts; reads of bodies \
+                     past it fail and dead-letter their messages)",
+                    stop.offset, stop.bad
+                )),
+                false,
+            ),
             Some(stop) if last && stop.reaches_end => (
                 Some(format!(
                     "torn tail at offset {}: {} (recovery cuts {} bytes)",
@@ -160,6 +185,11 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
                 )),
                 true,
             ),
+        };
+        let name = if bodies_only {
+            format!("{name} (bodies only)")
+        } else {
+            name
         };
         report.segments.push(SegmentReport {
             name,

@@ -14,16 +14,23 @@
 //! dirty pages and the state of the file is unknown; recovery on restart decides what
 //! survived. The writer never retries a sync.
 //!
+//! # Bodies
+//! Each completion carries the [`Location`] of every message body its append wrote (see
+//! [`crate::format`], "Bodies in place"); [`BodyReader`] reads them back.
+//!
 //! # Checkpoints
-//! A checkpoint job (a snapshot of the leaf equivalent to everything before it) takes effect in
-//! log order: the writer syncs and seals the active segment, starts segment S, writes the
-//! snapshot to `S.ckpt.tmp`, syncs it, renames it to `S.ckpt`, syncs the directory, and only
-//! then deletes every segment and checkpoint before S. A crash at any point leaves either the
-//! old log whole or the new checkpoint whole.
+//! A checkpoint job (a snapshot of the leaf equivalent to everything before it but the appends
+//! it `includes`) takes effect in log order: the writer syncs and seals the active segment,
+//! starts segment S, writes the snapshot with its replay start (the first included append, or
+//! the start of S) to `S.ckpt.tmp`, syncs it, renames it to `S.ckpt`, syncs the directory, and
+//! only then deletes the older checkpoints and the segments before the replay start that hold
+//! no body the snapshot keeps. A crash at any point leaves either the old log whole or the new
+//! checkpoint whole.
 //!
 //! # Recovery
-//! [`open`] loads the newest checkpoint (if any; an incomplete one is corruption), then scans
-//! every segment from the one it starts at, in order. A bad record at the very end of the last segment is
+//! [`open`] loads the newest checkpoint (if any; an incomplete one is corruption), checks that
+//! every segment its bodies are in exists, then scans the log from the checkpoint's replay
+//! start, in order. A bad record at the very end of the last segment is
 //! a torn tail: the file is cut back to the last valid record, synced, and the log opens. Any
 //! other bad record fails with [`StorageError::Corruption`] naming the file and offset, unless
 //! [`RecoveryMode::TruncateCorrupt`] explicitly says to cut the log there (discarding
@@ -31,11 +38,13 @@
 
 use crate::StorageError;
 use crate::format::{
-    SEGMENT_HEADER_BYTES, checkpoint_header, checkpoint_name, encode_record, parse_checkpoint_name,
-    parse_segment_name, read_checkpoint, scan_segment, segment_header, segment_name,
+    SEGMENT_HEADER_BYTES, body_location, checkpoint_header, checkpoint_name, decode_body,
+    encode_checkpoint_start, encode_record, parse_checkpoint_name, parse_segment_name,
+    read_checkpoint, scan_segment, segment_header, segment_name,
 };
 use crest_core::config::{Durability, Settings};
-use crest_core::leaf::LogRecord;
+use crest_core::leaf::{Location, LogRecord, MessageBody};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -151,8 +160,8 @@ pub struct Recovered {
     pub truncated: Vec<String>,
 }
 
-/// The completion of one operation that carried a token.
-pub type Completion = (u64, Result<(), String>);
+/// The completion of one operation that carried a token: where the bodies it wrote are.
+pub type Completion = (u64, Result<Vec<Location>, String>);
 
 /// The log, recovered and ready to start writing.
 pub struct Wal {
@@ -163,7 +172,9 @@ pub struct Wal {
     /// Set after a failed sync in `SyncFailure::StopWriter` mode.
     stopped: bool,
     /// Tokens of recent appends that failed (bounded), to abandon checkpoints holding them.
-    failed_tokens: std::collections::VecDeque<u64>,
+    failed_tokens: VecDeque<u64>,
+    /// Where recent appends with tokens start (bounded): a checkpoint's replay start.
+    positions: VecDeque<(u64, (u64, u64))>,
 }
 
 fn io_error(path: &Path, error: std::io::Error) -> StorageError {
@@ -200,20 +211,23 @@ pub fn open(options: WalOptions) -> Result<(Wal, Recovered), StorageError> {
     let dir = options.dir.clone();
     std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
     let mut recovered = Recovered::default();
-    let base = recover_checkpoint(&dir, &options, &mut recovered)?;
+    let replay_from = recover_checkpoint(&dir, &options, &mut recovered)?;
     let mut seqs = segments(&dir)?;
-    if let Some(base) = base {
-        // Segments the checkpoint covers are left over from a crash between writing the
-        // checkpoint and deleting them.
-        remove_covered(&dir, base)?;
-        seqs.retain(|seq| *seq >= base);
+    if let Some((from, _)) = replay_from {
+        // Older segments hold bodies only (or nothing, left over from a crash between writing
+        // the checkpoint and deleting them; the next checkpoint deletes those).
+        seqs.retain(|seq| *seq >= from);
     }
     let mut index = 0;
     while index < seqs.len() {
         let seq = seqs[index];
         let path = dir.join(segment_name(seq));
         let bytes = std::fs::read(&path).map_err(|e| io_error(&path, e))?;
-        let scan = scan_segment(&bytes, seq, options.record_bytes_max);
+        let start = match replay_from {
+            Some((from, offset)) if from == seq => offset as usize,
+            _ => SEGMENT_HEADER_BYTES,
+        };
+        let scan = scan_segment(&bytes, seq, options.record_bytes_max, start);
         recovered.segments += 1;
         recovered.operations.extend(scan.operations);
         if let Some(stop) = scan.stop {
@@ -279,7 +293,8 @@ pub fn open(options: WalOptions) -> Result<(Wal, Recovered), StorageError> {
                 file,
                 len,
                 stopped: false,
-                failed_tokens: std::collections::VecDeque::new(),
+                failed_tokens: VecDeque::new(),
+                positions: VecDeque::new(),
             }
         }
         None => {
@@ -291,7 +306,8 @@ pub fn open(options: WalOptions) -> Result<(Wal, Recovered), StorageError> {
                 file,
                 len,
                 stopped: false,
-                failed_tokens: std::collections::VecDeque::new(),
+                failed_tokens: VecDeque::new(),
+                positions: VecDeque::new(),
             }
         }
     };
@@ -305,12 +321,13 @@ fn wrap(options: &WalOptions, file: File) -> Box<dyn SegmentFile> {
     }
 }
 
-/// Loads the newest checkpoint, if any, into `recovered`; returns the segment it starts at.
+/// Loads the newest checkpoint, if any, into `recovered`, deletes older ones, and checks that
+/// the segments holding its bodies exist; returns where replay starts.
 fn recover_checkpoint(
     dir: &Path,
     options: &WalOptions,
     recovered: &mut Recovered,
-) -> Result<Option<u64>, StorageError> {
+) -> Result<Option<(u64, u64)>, StorageError> {
     let mut checkpoints = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
         let entry = entry.map_err(|e| io_error(dir, e))?;
@@ -328,16 +345,56 @@ fn recover_checkpoint(
     };
     let path = dir.join(checkpoint_name(seq));
     let bytes = std::fs::read(&path).map_err(|e| io_error(&path, e))?;
-    let records = read_checkpoint(&bytes, seq, options.record_bytes_max).map_err(|detail| {
+    let checkpoint = read_checkpoint(&bytes, seq, options.record_bytes_max).map_err(|detail| {
         StorageError::Corruption {
             file: path.display().to_string(),
             offset: 0,
             detail: format!("checkpoint {detail}"),
         }
     })?;
+    for older in checkpoints.iter().filter(|s| **s < seq) {
+        let older = dir.join(checkpoint_name(*older));
+        std::fs::remove_file(&older).map_err(|e| io_error(&older, e))?;
+    }
+    let present: BTreeSet<u64> = segments(dir)?.into_iter().collect();
+    let mut records = checkpoint.records;
+    let missing: BTreeSet<u32> = records
+        .iter()
+        .filter_map(|record| match record {
+            LogRecord::Index { location, .. }
+                if !present.contains(&u64::from(location.segment)) =>
+            {
+                Some(location.segment)
+            }
+            _ => None,
+        })
+        .collect();
+    if let Some(first) = missing.first() {
+        let file = dir.join(segment_name(u64::from(*first)));
+        if options.recovery != RecoveryMode::TruncateCorrupt {
+            return Err(StorageError::Corruption {
+                file: file.display().to_string(),
+                offset: 0,
+                detail: format!(
+                    "missing: checkpoint {} keeps message bodies in it ({} segments missing)",
+                    checkpoint_name(seq),
+                    missing.len()
+                ),
+            });
+        }
+        let before = records.len();
+        records.retain(|record| {
+            !matches!(record, LogRecord::Index { location, .. } if missing.contains(&location.segment))
+        });
+        recovered.truncated.push(format!(
+            "{}: missing; dropped the {} messages whose bodies it held (TruncateCorrupt)",
+            file.display(),
+            before - records.len()
+        ));
+    }
     recovered.operations.push(records);
     recovered.checkpoint = Some(seq);
-    Ok(Some(seq))
+    Ok(Some(checkpoint.replay_from))
 }
 
 fn create_segment(dir: &Path, seq: u64) -> Result<(File, u64), StorageError> {
@@ -363,11 +420,15 @@ enum Job {
     Checkpoint {
         records: Vec<LogRecord>,
         includes: Vec<u64>,
+        segments: Vec<u32>,
     },
 }
 
 /// How many failed append tokens the writer remembers to check checkpoints against.
 const FAILED_TOKENS_KEPT: usize = 4096;
+/// How many append positions the writer remembers to start checkpoints' replay at. A
+/// checkpoint including an append older than that is abandoned (the log stays whole).
+const POSITIONS_KEPT: usize = 65_536;
 
 /// Submits operations to the writer thread.
 #[derive(Clone)]
@@ -388,9 +449,10 @@ impl WalHandle {
     }
 
     /// Queues a checkpoint: `records` are a snapshot equivalent to everything submitted before
-    /// it, including the appends whose tokens are in `includes`. Once the checkpoint is
-    /// durable, the segments it covers are deleted. If one of the included appends failed, the
-    /// checkpoint is abandoned: it would hold records the log refused.
+    /// it except the appends whose tokens are in `includes`, which recovery replays after it.
+    /// Once the checkpoint is durable, what it replaces is deleted, except the segments in
+    /// `segments` (they hold bodies the snapshot refers to). If one of the included appends
+    /// failed, the checkpoint is abandoned.
     ///
     /// # Errors
     /// [`StorageError::Closed`] if the writer has stopped.
@@ -398,9 +460,14 @@ impl WalHandle {
         &self,
         records: Vec<LogRecord>,
         includes: Vec<u64>,
+        segments: Vec<u32>,
     ) -> Result<(), StorageError> {
         self.tx
-            .send(Job::Checkpoint { records, includes })
+            .send(Job::Checkpoint {
+                records,
+                includes,
+                segments,
+            })
             .map_err(|_| StorageError::Closed)
     }
 }
@@ -448,7 +515,11 @@ impl Wal {
             for job in jobs {
                 match job {
                     Job::Append(append) => group.push(append),
-                    Job::Checkpoint { records, includes } => {
+                    Job::Checkpoint {
+                        records,
+                        includes,
+                        segments,
+                    } => {
                         self.flush(&mut group, &mut buf, &mut on_complete);
                         if let Some(token) =
                             includes.iter().find(|t| self.failed_tokens.contains(t))
@@ -458,7 +529,7 @@ impl Wal {
                                 "checkpoint abandoned: it holds an append the log refused"
                             );
                         } else if !self.stopped {
-                            self.checkpoint(&records);
+                            self.checkpoint(&records, &includes, &segments);
                         }
                     }
                 }
@@ -499,19 +570,34 @@ impl Wal {
         }
     }
 
-    /// Writes a checkpoint that starts the log at a fresh segment, then deletes what it covers.
-    /// A checkpoint that cannot be written is abandoned (the log is still complete).
-    fn checkpoint(&mut self, records: &[LogRecord]) {
+    /// Writes a checkpoint that starts the log at a fresh segment, then deletes what it
+    /// replaces. A checkpoint that cannot be written is abandoned (the log is still complete).
+    fn checkpoint(&mut self, records: &[LogRecord], includes: &[u64], segments: &[u32]) {
         let started = std::time::Instant::now();
+        // Replay starts at the first append the snapshot does not reflect.
+        let mut first: Option<(u64, u64)> = None;
+        for token in includes {
+            let Some((_, position)) = self.positions.iter().find(|(t, _)| t == token) else {
+                tracing::warn!(
+                    token,
+                    "checkpoint abandoned: an append it includes is too old"
+                );
+                return;
+            };
+            first = Some(first.map_or(*position, |f| f.min(*position)));
+        }
         if let Err(error) = self.rotate() {
             tracing::error!(%error, "checkpoint abandoned: cannot start a new segment");
             return;
         }
         let seq = self.seq;
+        let replay_from = first.unwrap_or((seq, SEGMENT_HEADER_BYTES as u64));
         let dir = self.options.dir.clone();
-        match write_checkpoint(&dir, seq, records, self.options.record_bytes_max) {
+        let max = self.options.record_bytes_max;
+        match write_checkpoint(&dir, seq, replay_from, records, max) {
             Ok(bytes) => {
-                if let Err(error) = remove_covered(&dir, seq) {
+                let keep: BTreeSet<u64> = segments.iter().map(|s| u64::from(*s)).collect();
+                if let Err(error) = remove_replaced(&dir, seq, replay_from.0, &keep) {
                     tracing::warn!(%error, "checkpoint written, but old files could not all be removed");
                 }
                 tracing::info!(
@@ -530,14 +616,21 @@ impl Wal {
     /// Encodes, writes and (in fsync mode) syncs one group; returns its completions.
     fn write_group(&mut self, jobs: &[Append], buf: &mut Vec<u8>) -> Vec<Completion> {
         let max = self.options.record_bytes_max;
-        let encode = |seq: u64, buf: &mut Vec<u8>| {
+        // Per job: where its record starts in `buf`, and the spans of its bodies.
+        let mut starts = Vec::with_capacity(jobs.len());
+        let mut bodies = Vec::new();
+        let mut encode = |seq: u64, buf: &mut Vec<u8>| {
             buf.clear();
+            starts.clear();
+            bodies.clear();
             let mut failed = Vec::new();
             for (index, job) in jobs.iter().enumerate() {
-                if let Err(error) = encode_record(seq, &job.records, max, buf) {
+                starts.push((buf.len(), bodies.len()));
+                if let Err(error) = encode_record(seq, &job.records, max, buf, &mut bodies) {
                     failed.push((index, error));
                 }
             }
+            starts.push((buf.len(), bodies.len()));
             failed
         };
         let mut failed: Vec<(usize, String)> = encode(self.seq, buf);
@@ -564,18 +657,31 @@ impl Wal {
         {
             return fail_all(jobs, &error);
         }
+        let base = self.len;
         self.len += buf.len() as u64;
-        jobs.iter()
-            .enumerate()
-            .filter_map(|(index, job)| {
-                let token = job.token?;
-                let result = match failed.iter().find(|(i, _)| *i == index) {
-                    Some((_, error)) => Err(error.clone()),
-                    None => Ok(()),
-                };
-                Some((token, result))
-            })
-            .collect()
+        let (seq, buf) = (self.seq, &buf[..]);
+        let mut completions = Vec::new();
+        for (index, job) in jobs.iter().enumerate() {
+            let Some(token) = job.token else { continue };
+            let (start, first_body) = starts[index];
+            let (_, end_body) = starts[index + 1];
+            let result = match failed.iter().find(|(i, _)| *i == index) {
+                Some((_, error)) => Err(error.clone()),
+                None => {
+                    if self.positions.len() >= POSITIONS_KEPT {
+                        self.positions.pop_front();
+                    }
+                    self.positions
+                        .push_back((token, (seq, base + start as u64)));
+                    Ok(bodies[first_body..end_body]
+                        .iter()
+                        .map(|span| body_location(seq, base, buf, span))
+                        .collect())
+                }
+            };
+            completions.push((token, result));
+        }
+        completions
     }
 
     /// Syncs the active segment; a failure applies [`SyncFailure`] (abort, or stop the writer).
@@ -609,32 +715,42 @@ impl Wal {
     }
 }
 
-/// Writes `records` as checkpoint `seq`: a temporary file, synced, renamed into place, and the
-/// directory synced. Returns its size.
+/// Writes `records` as checkpoint `seq` (replay starting at `replay_from`): a temporary file,
+/// synced, renamed into place, and the directory synced. Returns its size.
 fn write_checkpoint(
     dir: &Path,
     seq: u64,
+    replay_from: (u64, u64),
     records: &[LogRecord],
     max: u32,
 ) -> Result<u64, StorageError> {
     let final_path = dir.join(checkpoint_name(seq));
     let tmp_path = dir.join(format!("{}.tmp", checkpoint_name(seq)));
     let result = (|| {
+        let encoding = |error: String| StorageError::Io {
+            path: tmp_path.display().to_string(),
+            error,
+        };
         let mut file = File::create(&tmp_path).map_err(|e| io_error(&tmp_path, e))?;
         let mut buf = checkpoint_header(seq).to_vec();
+        encode_checkpoint_start(seq, replay_from, &mut buf).map_err(encoding)?;
         let mut written = 0u64;
         let mut chunk_start = 0;
         let mut chunk_bytes = 0usize;
+        let mut spans = Vec::new();
         // Chunks stay well under the record limit whatever the payload sizes.
         for (index, record) in records.iter().enumerate() {
             chunk_bytes += approximate_bytes(record);
             if chunk_bytes >= max as usize / 4 || index + 1 == records.len() {
-                encode_record(seq, &records[chunk_start..=index], max, &mut buf).map_err(
-                    |error| StorageError::Io {
-                        path: tmp_path.display().to_string(),
-                        error,
-                    },
-                )?;
+                spans.clear();
+                encode_record(
+                    seq,
+                    &records[chunk_start..=index],
+                    max,
+                    &mut buf,
+                    &mut spans,
+                )
+                .map_err(encoding)?;
                 chunk_start = index + 1;
                 chunk_bytes = 0;
             }
@@ -644,10 +760,7 @@ fn write_checkpoint(
                 buf.clear();
             }
         }
-        encode_record(seq, &[], max, &mut buf).map_err(|error| StorageError::Io {
-            path: tmp_path.display().to_string(),
-            error,
-        })?;
+        encode_record(seq, &[], max, &mut buf, &mut spans).map_err(encoding)?;
         Write::write_all(&mut file, &buf).map_err(|e| io_error(&tmp_path, e))?;
         written += buf.len() as u64;
         file.sync_all().map_err(|e| io_error(&tmp_path, e))?;
@@ -661,23 +774,80 @@ fn write_checkpoint(
     result
 }
 
-/// Deletes the segments and checkpoints that checkpoint `seq` covers.
-fn remove_covered(dir: &Path, seq: u64) -> Result<(), StorageError> {
+/// Deletes what checkpoint `seq` replaces: older checkpoints, and the segments before
+/// `replay_from` except those in `keep` (they hold bodies still needed).
+fn remove_replaced(
+    dir: &Path,
+    seq: u64,
+    replay_from: u64,
+    keep: &BTreeSet<u64>,
+) -> Result<(), StorageError> {
     for entry in std::fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
         let entry = entry.map_err(|e| io_error(dir, e))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        let covered = parse_segment_name(name).is_some_and(|s| s < seq)
+        let replaced = parse_segment_name(name)
+            .is_some_and(|s| s < replay_from && !keep.contains(&s))
             || parse_checkpoint_name(name).is_some_and(|s| s < seq);
-        if covered {
+        if replaced {
             std::fs::remove_file(entry.path()).map_err(|e| io_error(&entry.path(), e))?;
         }
     }
     sync_dir(dir)
 }
 
+/// Reads message bodies back from a log's segments (see [`crate::format`], "Bodies in
+/// place"). Keeps up to [`BodyReader::FILES_OPEN_MAX`] segment files open.
+pub struct BodyReader {
+    dir: PathBuf,
+    files: HashMap<u32, File>,
+    buf: Vec<u8>,
+}
+
+impl BodyReader {
+    /// Segment files kept open at most.
+    pub const FILES_OPEN_MAX: usize = 64;
+
+    /// A reader of the log in `dir`.
+    pub fn new(dir: PathBuf) -> BodyReader {
+        BodyReader {
+            dir,
+            files: HashMap::new(),
+            buf: Vec::new(),
+        }
+    }
+
+    /// Reads and verifies the body at `location`.
+    ///
+    /// # Errors
+    /// What went wrong: the segment is gone or unreadable, or the bytes do not match.
+    pub fn read(&mut self, location: &Location) -> Result<MessageBody, String> {
+        use std::os::unix::fs::FileExt;
+        if !self.files.contains_key(&location.segment) {
+            if self.files.len() >= Self::FILES_OPEN_MAX {
+                self.files.clear();
+            }
+            let path = self.dir.join(segment_name(u64::from(location.segment)));
+            let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            self.files.insert(location.segment, file);
+        }
+        let file = &self.files[&location.segment];
+        self.buf.resize(location.len as usize, 0);
+        file.read_exact_at(&mut self.buf, u64::from(location.offset))
+            .map_err(|e| {
+                format!(
+                    "{}: read at offset {}: {e}",
+                    segment_name(u64::from(location.segment)),
+                    location.offset
+                )
+            })?;
+        decode_body(location, &self.buf)
+    }
+}
+
 fn approximate_bytes(record: &LogRecord) -> usize {
     match record {
+        LogRecord::Index { topic, .. } => 64 + topic.len(),
         LogRecord::Enqueue {
             topic,
             metadata,
