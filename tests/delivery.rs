@@ -651,6 +651,10 @@ async fn dead_letters_delays_attempts_and_dedup_keys_survive_a_leaf_restart() {
     assert_eq!(listed.len(), 1);
     assert_eq!((listed[0].id, listed[0].attempts), (dead, 3));
     assert_eq!(listed[0].reason, "bad input");
+    assert_eq!(
+        listed[0].payload, "poison",
+        "the dead letter's body is read back from the log"
+    );
     let stats = admin.stats(Some("later")).await.unwrap().value;
     assert_eq!(stats.topic("later").unwrap().delayed, 1);
     pop_none(&consumer, "later").await;

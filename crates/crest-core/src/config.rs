@@ -353,13 +353,20 @@ impl Settings {
                 ),
             );
         }
-        // Body locations address a segment with 32-bit offsets.
-        if self.wal_segment_bytes_max > u64::from(u32::MAX) - u64::from(self.frame_bytes_max) {
+        // Body locations address a segment with 32-bit offsets; a segment grows past its
+        // maximum by at most one group commit (a write batch plus one record).
+        let segment_max = self.wal_segment_bytes_max
+            + u64::from(self.wal_write_batch_bytes_max)
+            + u64::from(self.frame_bytes_max);
+        if segment_max > u64::from(u32::MAX) {
             return fail(
                 "wal_segment_bytes_max",
                 format!(
-                    "{} leaves no room below 4 GiB for a record of frame_bytes_max {}",
-                    self.wal_segment_bytes_max, self.frame_bytes_max
+                    "{} plus a write batch (wal_write_batch_bytes_max {}) and a record \
+                     (frame_bytes_max {}) exceeds 4 GiB",
+                    self.wal_segment_bytes_max,
+                    self.wal_write_batch_bytes_max,
+                    self.frame_bytes_max
                 ),
             );
         }

@@ -327,6 +327,10 @@ struct Counters {
     acked: u64,
     nacked: u64,
     extended: u64,
+    /// Bodies read back from the log for deliveries and listings.
+    body_reads: u64,
+    /// Bodies compaction moved.
+    compacted: u64,
 }
 
 /// See the module doc.
@@ -1221,6 +1225,7 @@ impl Leaf {
                         .expect("a body not in memory is in the log")
                 })
                 .collect();
+            self.counters.body_reads += ids.len() as u64;
             self.storage.push_back(StorageOp::Read { token, locations });
             Some(token)
         };
@@ -1571,6 +1576,7 @@ impl Leaf {
                     .get(&id)
                     .is_some_and(|m| m.location == Some(old))
                 {
+                    self.counters.compacted += 1;
                     self.body_stored(id, new);
                 }
             }
@@ -2077,6 +2083,8 @@ impl Machine for Leaf {
             ("expired", c.expired),
             ("dead_lettered", c.dead_lettered),
             ("deduplicated", c.deduplicated),
+            ("body_reads", c.body_reads),
+            ("compacted", c.compacted),
             ("swaps", swaps),
             ("credit_stalls", credit_stalls),
             ("protocol_violations", self.violations),
@@ -2095,6 +2103,8 @@ impl Machine for Leaf {
             ("dead", dead),
             ("pending_messages", self.pending_messages),
             ("topics", self.topics.len() as u64),
+            ("body_cache_bytes", self.body_bytes),
+            ("log_segments_live", self.segments.len() as u64),
         ];
         let own = OwnReport {
             name: self.config.name.clone(),

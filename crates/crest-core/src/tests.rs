@@ -4,13 +4,13 @@
 use crate::aggregator::{Aggregator, AggregatorConfig};
 use crate::config::Settings;
 use crate::id::{LeafId, MessageId, Receipt};
-use crate::leaf::{Leaf, LeafConfig};
+use crate::leaf::{Leaf, LeafConfig, LogRecord};
 use crate::machine::{ConnId, Link, Machine, StorageDone};
 use crate::root::{Root, RootConfig};
 use crate::time::Time;
 use crate::wire::*;
 use bytes::Bytes;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -1600,5 +1600,304 @@ fn grants_reserved_ahead_get_the_visibility_timeout_the_pop_asked_for() {
         t.h.ack(t.consumer, receipts),
         vec![Ok(()); count],
         "every lease was extended to 60 s at its leaf"
+    );
+}
+
+/// A log store for a leaf that keeps bodies "on disk": each `Enqueue` gets a location (ten
+/// per segment, 100 bytes each), and reads are answered from what was written, or fail for
+/// locations in `unreadable`.
+struct Disk {
+    inner: Box<dyn Machine>,
+    now: Time,
+    segment: u32,
+    placed: u32,
+    bodies: HashMap<crate::leaf::Location, crate::leaf::MessageBody>,
+    waiting: HashMap<u64, Vec<crate::leaf::Location>>,
+    unreadable: std::sync::Arc<std::sync::Mutex<HashSet<u32>>>,
+    reads: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Disk {
+    fn new(inner: Box<dyn Machine>) -> Disk {
+        Disk {
+            inner,
+            now: Time::ZERO,
+            segment: 1,
+            placed: 0,
+            bodies: HashMap::new(),
+            waiting: HashMap::new(),
+            unreadable: Default::default(),
+            reads: Default::default(),
+        }
+    }
+}
+
+impl Machine for Disk {
+    fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
+        self.now = now;
+        self.inner.handle_connected(now, conn, link)
+    }
+    fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
+        self.now = now;
+        self.inner.handle_disconnected(now, conn)
+    }
+    fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire) {
+        self.now = now;
+        self.inner.handle_message(now, conn, msg)
+    }
+    fn handle_timeout(&mut self, now: Time) {
+        self.now = now;
+        self.inner.handle_timeout(now)
+    }
+    fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
+        self.now = now;
+        let locations = self.waiting.remove(&done.token).unwrap_or_default();
+        let done = StorageDone {
+            token: done.token,
+            locations,
+        };
+        self.inner.handle_storage_done(now, done)
+    }
+    fn poll_storage(&mut self) -> Option<crate::machine::StorageOp> {
+        use crate::machine::StorageOp;
+        loop {
+            let op = self.inner.poll_storage()?;
+            match &op {
+                StorageOp::Read { token, locations } => {
+                    let unreadable = self.unreadable.lock().unwrap().clone();
+                    let bodies = locations
+                        .iter()
+                        .map(|l| {
+                            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            if unreadable.contains(&l.segment) {
+                                return Err(format!("segment {} is damaged", l.segment));
+                            }
+                            self.bodies
+                                .get(l)
+                                .cloned()
+                                .ok_or("no such body".to_string())
+                        })
+                        .collect();
+                    let now = self.now;
+                    self.inner.handle_storage_read(now, *token, bodies);
+                }
+                StorageOp::Append {
+                    token: Some(token),
+                    records,
+                } => {
+                    let mut locations = Vec::new();
+                    for record in records {
+                        if let LogRecord::Enqueue {
+                            metadata, payload, ..
+                        } = record
+                        {
+                            if self.placed == 10 {
+                                self.segment += 1;
+                                self.placed = 0;
+                            }
+                            let location = crate::leaf::Location {
+                                segment: self.segment,
+                                offset: self.placed * 100,
+                                len: 100,
+                                crc: 0,
+                            };
+                            self.placed += 1;
+                            let body = crate::leaf::MessageBody {
+                                metadata: metadata.clone(),
+                                payload: payload.clone(),
+                            };
+                            self.bodies.insert(location, body);
+                            locations.push(location);
+                        }
+                    }
+                    self.waiting.insert(*token, locations);
+                    return Some(op);
+                }
+                _ => return Some(op),
+            }
+        }
+    }
+    fn handle_storage_read(
+        &mut self,
+        now: Time,
+        token: u64,
+        bodies: Vec<Result<crate::leaf::MessageBody, String>>,
+    ) {
+        self.inner.handle_storage_read(now, token, bodies)
+    }
+    fn poll_transmit(&mut self) -> Option<crate::machine::Transmit> {
+        self.inner.poll_transmit()
+    }
+    fn poll_close(&mut self) -> Option<(ConnId, String)> {
+        self.inner.poll_close()
+    }
+    fn poll_timeout(&self) -> Option<Time> {
+        self.inner.poll_timeout()
+    }
+    fn stats(&self) -> crate::machine::NodeStats {
+        self.inner.stats()
+    }
+    fn report(&mut self, now: Time) -> crate::metrics::Report {
+        self.inner.report(now)
+    }
+}
+
+/// A leaf with no body cache over [`Disk`] (segments of ten 100-byte bodies, compacted below
+/// half full), under a root; returns the harness, leaf, producer, consumer and the disk's
+/// damage switch and read counter.
+#[allow(clippy::type_complexity)]
+fn disk_leaf() -> (
+    Harness,
+    usize,
+    ConnId,
+    ConnId,
+    std::sync::Arc<std::sync::Mutex<HashSet<u32>>>,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    let mut h = Harness::new();
+    let settings = Settings {
+        leaf_body_cache_bytes: 0,
+        wal_segment_bytes_max: 1000,
+        compaction_live_pct: 50,
+        compaction_batch_messages: 3,
+        ..settings(64)
+    };
+    let root = h.add(Box::new(Root::new(RootConfig {
+        name: "root".into(),
+        settings: settings.clone(),
+        subtree: vec![LeafId(1)],
+    })));
+    let disk = Disk::new(Box::new(Leaf::new(LeafConfig {
+        name: "leaf-1".into(),
+        id: LeafId(1),
+        settings,
+        seed: 1,
+        first_seq: 1,
+    })));
+    let (unreadable, reads) = (disk.unreadable.clone(), disk.reads.clone());
+    let leaf = h.add(Box::new(disk));
+    h.link(leaf, root);
+    let producer = h.client(leaf, PeerKind::Producer);
+    let consumer = h.client(root, PeerKind::Consumer);
+    (h, leaf, producer, consumer, unreadable, reads)
+}
+
+fn numbered(n: u32) -> PushMessage {
+    PushMessage {
+        topic: "jobs".into(),
+        priority: n,
+        metadata: vec![("n".into(), n.to_string())],
+        payload: Bytes::from(format!("body of {n}")),
+        ..PushMessage::default()
+    }
+}
+
+fn counter(h: &mut Harness, node: usize, name: &str) -> u64 {
+    let now = h.now;
+    h.nodes[node].report(now).nodes[0].counters[name]
+}
+
+#[test]
+fn bodies_beyond_the_cache_are_read_back_and_mostly_dead_segments_are_compacted() {
+    let (mut h, leaf, producer, consumer, _, reads) = disk_leaf();
+    for chunk in 0..4 {
+        let messages = (chunk * 10..chunk * 10 + 10).map(numbered).collect();
+        h.push_messages(producer, messages);
+    }
+    // Most urgent first; every body comes from the "disk", whole.
+    let first = h.pop(consumer, "jobs", 36);
+    let numbers: Vec<u32> = first.iter().map(|d| d.priority).collect();
+    assert_eq!(numbers, (0..36).collect::<Vec<_>>());
+    for delivery in &first {
+        assert_eq!(
+            delivery.payload,
+            Bytes::from(format!("body of {}", delivery.priority))
+        );
+        assert_eq!(
+            delivery.metadata,
+            vec![("n".to_string(), delivery.priority.to_string())]
+        );
+    }
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 36);
+    // Ack all but one of each segment (3, 13, 23, 33): the first three are then a tenth full,
+    // below the half that triggers compaction, and their survivors move to the end; the
+    // fourth still holds five live bodies (33 and the unpopped 36..40).
+    let (kept, acked): (Vec<&Delivery>, Vec<&Delivery>) =
+        first.iter().partition(|d| d.priority % 10 == 3);
+    let receipts = acked.iter().map(|d| d.receipt()).collect();
+    assert!(h.ack(consumer, receipts).iter().all(Result::is_ok));
+    h.run();
+    assert_eq!(counter(&mut h, leaf, "compacted"), 3);
+    let now = h.now;
+    let gauges = h.nodes[leaf].report(now).nodes[0].gauges.clone();
+    assert_eq!(
+        gauges["log_segments_live"], 2,
+        "the fourth segment, and the one the moved bodies went to"
+    );
+    // The moved messages keep their leases and their bodies.
+    let receipts = kept.iter().map(|d| d.receipt()).collect();
+    let nacks = h.settle(
+        consumer,
+        Settle::Nack {
+            delay_ms: 0,
+            reason: None,
+        },
+        receipts,
+    );
+    assert!(nacks.iter().all(Result::is_ok));
+    let rest = h.pop(consumer, "jobs", 10);
+    let numbers: Vec<u32> = rest.iter().map(|d| d.priority).collect();
+    assert_eq!(numbers, vec![3, 13, 23, 33, 36, 37, 38, 39]);
+    for delivery in &rest {
+        assert_eq!(
+            delivery.payload,
+            Bytes::from(format!("body of {}", delivery.priority))
+        );
+    }
+}
+
+#[test]
+fn a_body_that_cannot_be_read_is_dead_lettered_with_the_reason_and_others_are_delivered() {
+    let (mut h, _leaf, producer, consumer, unreadable, _) = disk_leaf();
+    h.push_messages(producer, (0..10).map(numbered).collect());
+    h.push_messages(producer, (10..20).map(numbered).collect());
+    unreadable.lock().unwrap().insert(1);
+    // The bodies of 0..10 are in the damaged segment 1: those reservations are denied and the
+    // messages dead-lettered; the pop is answered from the rest.
+    let got = h.pop(consumer, "jobs", 5);
+    assert!(
+        got.iter().all(|d| d.priority >= 10),
+        "only readable bodies are delivered: {:?}",
+        got.iter().map(|d| d.priority).collect::<Vec<_>>()
+    );
+    for delivery in &got {
+        assert_eq!(
+            delivery.payload,
+            Bytes::from(format!("body of {}", delivery.priority))
+        );
+    }
+    let request = h.request();
+    h.send(
+        consumer,
+        Wire::Admin(crate::wire::Admin {
+            request,
+            op: AdminOp::DeadLetters {
+                topic: "jobs".into(),
+                limit: 100,
+            },
+        }),
+    );
+    let Wire::AdminReply(reply) = h.recv(consumer) else {
+        panic!("admin reply")
+    };
+    let AdminResult::DeadLetters(letters) = reply.result else {
+        panic!("dead letters")
+    };
+    assert!(!letters.is_empty());
+    assert!(
+        letters
+            .iter()
+            .all(|l| l.priority < 10 && l.reason.contains("segment 1 is damaged")),
+        "{letters:?}"
     );
 }

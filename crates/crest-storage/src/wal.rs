@@ -502,7 +502,7 @@ impl Wal {
                 match rx.try_recv() {
                     Ok(job) => {
                         if let Job::Append(append) = &job {
-                            estimate += append.records.len() * 64;
+                            estimate += append.records.iter().map(approximate_bytes).sum::<usize>();
                         }
                         jobs.push(job);
                     }

@@ -517,3 +517,101 @@ fn a_checkpoint_replaces_the_log_before_it_and_recovery_starts_from_it() {
     assert!(error.to_string().contains("checkpoint"), "{error}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bodies_are_read_back_where_completions_say_and_a_checkpoint_keeps_the_segments_holding_them() {
+    let dir = temp_dir("bodies");
+    let small = WalOptions {
+        segment_bytes_max: 300,
+        ..options(&dir)
+    };
+    let (wal, _) = open(small.clone()).unwrap();
+    let (tx, rx) = mpsc::channel::<Vec<Completion>>();
+    let handle = wal.start(move |done| tx.send(done).unwrap()).unwrap();
+    let mut locations = std::collections::HashMap::new();
+    for n in 1..=40 {
+        handle.submit(op(n), Some(n)).unwrap();
+        let done = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        for (token, result) in done {
+            let mut found = result.unwrap();
+            assert_eq!(found.len(), 1, "one body per enqueue");
+            locations.insert(token, found.remove(0));
+        }
+    }
+    let mut reader = crest_storage::wal::BodyReader::new(dir.clone());
+    for n in [1, 17, 40] {
+        let body = reader.read(&locations[&n]).unwrap();
+        assert_eq!(body.payload, bytes::Bytes::from(format!("payload {n}")));
+    }
+    let keep = locations[&3].segment;
+    let last = locations[&40].segment;
+    assert!(keep + 2 < last, "the messages span many segments");
+    // A snapshot keeping message 3 (its body stays in its segment) while append 41 is still
+    // pending: replay must start at 41, and 3's segment must survive the checkpoint.
+    let snapshot = vec![LogRecord::Index {
+        id: MessageId::new(LeafId(1), 3),
+        topic: "jobs".into(),
+        priority: 3,
+        ready_at: crest_core::Time(3),
+        enqueued_at: crest_core::Time(3),
+        expires_at: None,
+        dedup_key: None,
+        size: 9,
+        location: locations[&3],
+    }];
+    handle.submit(op(41), Some(41)).unwrap();
+    handle
+        .checkpoint(snapshot.clone(), vec![41], vec![keep])
+        .unwrap();
+    barrier(&handle, &rx, 42);
+    drop(handle);
+    std::thread::sleep(Duration::from_millis(50));
+    let present: Vec<u64> = {
+        let mut seqs: Vec<u64> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| {
+                crest_storage::format::parse_segment_name(e.unwrap().file_name().to_str()?)
+            })
+            .collect();
+        seqs.sort_unstable();
+        seqs
+    };
+    assert!(present.contains(&u64::from(keep)), "{present:?}");
+    assert!(
+        !present.contains(&u64::from(locations[&20].segment)),
+        "a segment holding no kept body is deleted: {present:?}"
+    );
+    let (_, recovered) = open(small.clone()).unwrap();
+    let mut expected = ids(&[snapshot]);
+    expected.extend(expect([41, 42]));
+    assert_eq!(ids(&recovered.operations), expected);
+    let mut reader = crest_storage::wal::BodyReader::new(dir.clone());
+    assert_eq!(
+        reader.read(&locations[&3]).unwrap().payload,
+        bytes::Bytes::from("payload 3")
+    );
+    let report = crest_storage::inspect::inspect(&dir, 1 << 20).unwrap();
+    assert!(!report.is_fatal(), "{report:?}");
+    assert_eq!(
+        report.live_messages, 3,
+        "3 in the checkpoint, 41 and 42 after it"
+    );
+
+    // A checkpoint whose body segment is gone is refused, naming it, unless told to cut.
+    std::fs::remove_file(dir.join(segment_name(u64::from(keep)))).unwrap();
+    let error = open(small.clone()).err().expect("a missing body segment");
+    assert!(
+        error.to_string().contains(&segment_name(u64::from(keep))),
+        "{error}"
+    );
+    let (_, cut) = open(WalOptions {
+        recovery: RecoveryMode::TruncateCorrupt,
+        ..small
+    })
+    .unwrap();
+    let mut expected = vec![vec![]];
+    expected.extend(expect([41, 42]));
+    assert_eq!(ids(&cut.operations), expected, "message 3 is dropped");
+    assert!(!cut.truncated.is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
