@@ -39,6 +39,11 @@ impl Cluster {
     /// Writes `topology/local.toml` with free loopback ports and fast failure detection,
     /// makes certificates with `crest certs`, and launches every node.
     fn start(name: &str) -> Cluster {
+        Cluster::start_with(name, "")
+    }
+
+    /// As [`Cluster::start`], with `settings` (TOML lines) added to every node's.
+    fn start_with(name: &str, settings: &str) -> Cluster {
         let dir = std::env::temp_dir().join(format!("crest-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -75,6 +80,7 @@ impl Cluster {
             "[settings]\nidle_timeout_ms = 1500\nkeep_alive_ms = 300\nreconnect_backoff_max_ms = 300\n\
              checkpoint_log_bytes = 65536\ncheckpoint_interval_ms = 500\n",
         );
+        text = text.replace("[settings]\n", &format!("[settings]\n{settings}"));
         text.push_str("\n[tls]\nca = \"certs/ca.pem\"\ncert_dir = \"certs\"\n");
         let topology_path = dir.join("topology.toml");
         std::fs::write(&topology_path, &text).unwrap();
@@ -129,6 +135,12 @@ impl Cluster {
 
     async fn producer(&self) -> Producer {
         retry(|| Producer::connect(ProducerConfig::from_topology(&self.topology, self.tls()))).await
+    }
+
+    /// The process id of a running node.
+    fn pid(&self, node: &str) -> u32 {
+        let (_, child) = self.children.iter().find(|(name, _)| name == node).unwrap();
+        child.id()
     }
 
     async fn consumer(&self) -> Consumer {
@@ -383,5 +395,78 @@ async fn a_leaf_killed_again_and_again_loses_no_acknowledged_message() {
         lost.len(),
         &lost[..lost.len().min(5)]
     );
+    assert_logs_clean(&cluster.dir);
+}
+
+/// Resident memory of a process, in bytes (Linux `VmRSS`).
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("VmRSS in /proc/PID/status");
+    kib * 1024
+}
+
+/// Pushes `count` messages of 4 KiB to `producer`, keeping 4096 unacknowledged at most.
+async fn push_4k(producer: &Producer, count: u64) {
+    let payload = bytes::Bytes::from(vec![b'x'; 4096]);
+    let mut handles = std::collections::VecDeque::new();
+    for i in 0..count {
+        let message = crest::sdk::Message::new("jobs", payload.clone()).priority((i % 7) as u32);
+        handles.push_back(producer.send(message).await.unwrap());
+        if handles.len() >= 4096 {
+            handles.pop_front().unwrap().acked().await.unwrap();
+        }
+    }
+    for handle in handles {
+        handle.acked().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaf_holding_far_more_payload_than_its_memory_budget_stays_near_the_budget() {
+    // Goal: a leaf keeps only index entries in memory once bodies are durable (issue 3).
+    // Method: a leaf process with a 4 MiB body cache takes 80 MB of payload (which brings its
+    // transient buffers, bounded by settings, to their high-water mark), then 160 MB more; the
+    // second load must grow its resident memory by index entries, not by payload.
+    let cache = 4u64 << 20;
+    let mut cluster = Cluster::start_with("budget", &format!("leaf_body_cache_bytes = {cache}\n"));
+    let leaf = cluster.topology.node("leaf-1").unwrap().address.clone();
+    let tls = cluster.tls();
+    let producer =
+        retry(|| Producer::connect(ProducerConfig::new(vec![leaf.clone()], tls.clone()))).await;
+    let pid = cluster.pid("leaf-1");
+    let start = resident_bytes(pid);
+    push_4k(&producer, 20_000).await;
+    let first = resident_bytes(pid);
+    let messages = 40_000u64;
+    push_4k(&producer, messages).await;
+    let second = resident_bytes(pid);
+    let grown = second.saturating_sub(first);
+    let payload = messages * 4096;
+    eprintln!(
+        "leaf-1 resident: {} MiB at start, {} MiB holding 20,000 × 4 KiB, {} MiB holding \
+         60,000 × 4 KiB ({} MiB of payload): {} bytes per queued message",
+        start >> 20,
+        first >> 20,
+        second >> 20,
+        (payload * 3 / 2) >> 20,
+        grown / messages
+    );
+    assert!(
+        grown < payload / 8,
+        "{} MiB more payload grew the leaf by {} MiB",
+        payload >> 20,
+        grown >> 20
+    );
+    // Everything is still there, read back from the log.
+    let consumer = cluster.consumer().await;
+    let mut seen = HashSet::new();
+    drain(&consumer, &mut seen, 60_000).await;
+    assert_eq!(seen.len(), 60_000);
+    cluster.kill("leaf-1");
     assert_logs_clean(&cluster.dir);
 }

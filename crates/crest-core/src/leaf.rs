@@ -435,47 +435,88 @@ impl Leaf {
     }
 
     /// Rebuilds a leaf from its log: every storage operation it ever emitted, in order, as of
-    /// `now`.
-    ///
-    /// Messages come back delayed, available or dead; those that were leased at the crash come
-    /// back available with their attempt counts (their leases are gone with the root that held
-    /// them). Messages whose time to live passed and dedup keys whose window ended are dropped.
-    /// Sequence numbers continue above both the highest recovered and `config.first_seq`.
+    /// `now`: [`Leaf::recovering`], [`Leaf::replay_operation`] for each operation, then
+    /// [`Leaf::recovered`].
     pub fn recover(
         config: LeafConfig,
         now: Time,
         operations: impl IntoIterator<Item = Vec<LogRecord>>,
     ) -> Leaf {
-        let mut leaf = Leaf::new(config);
-        let operations: Vec<Vec<LogRecord>> = operations.into_iter().collect();
-        let enqueues = operations
-            .iter()
-            .flatten()
-            .filter(|r| matches!(r, LogRecord::Enqueue { .. } | LogRecord::Index { .. }))
-            .count();
-        leaf.messages.reserve(enqueues);
+        let mut leaf = Leaf::recovering(config);
+        for records in operations {
+            leaf.replay_operation(records);
+        }
+        leaf.recovered(now)
+    }
+
+    /// An empty leaf about to be rebuilt from its log, one operation at a time (so that a log
+    /// far larger than the leaf's index is never held in memory at once).
+    pub fn recovering(config: LeafConfig) -> Leaf {
+        Leaf::new(config)
+    }
+
+    /// Recovery: applies one storage operation of the log, in log order.
+    pub fn replay_operation(&mut self, records: Vec<LogRecord>) {
         // Consecutive records mostly share a topic: remember the last one instead of hashing
         // its name for every record.
         let mut last_topic: Option<Topic> = None;
-        for record in operations.into_iter().flatten() {
-            leaf.replay(record, &mut last_topic);
+        for record in records {
+            self.replay(record, &mut last_topic);
         }
+    }
+
+    /// Ends recovery as of `now`.
+    ///
+    /// Messages come back delayed, available or dead; those that were leased at the crash come
+    /// back available with their attempt counts (their leases are gone with the root that held
+    /// them). Messages whose time to live passed and dedup keys whose window ended are dropped.
+    /// Sequence numbers continue above both the highest recovered and `config.first_seq`.
+    pub fn recovered(self, now: Time) -> Leaf {
+        let mut leaf = self;
         // Settle every message's state as of `now`, then build each topic's index in bulk
-        // (sorting once beats a million ordered inserts).
+        // (sorting once beats a million ordered inserts). A leaf has few topics: they are
+        // told apart by pointer, not by hashing each message's topic name.
         let mut expired = Vec::new();
-        let mut by_topic: HashMap<Topic, Vec<(Key, Candidate)>> = HashMap::new();
+        // Per topic: its messages, and its available candidates.
+        type Gathered = (Topic, u64, Vec<(Key, Candidate)>);
+        let mut by_topic: Vec<Gathered> = Vec::new();
+        let mut last = usize::MAX;
+        let total = leaf.messages.len();
         for (id, stored) in leaf.messages.iter_mut() {
-            let topic = leaf.topics.get_mut(&stored.topic).expect("interned above");
-            if let State::Dead(death) = &stored.state {
-                topic.dead.insert((death.at, *id));
-                topic.messages += 1;
-                continue;
-            }
-            if stored.expires_at <= now {
+            if stored.expires_at <= now && !matches!(stored.state, State::Dead(_)) {
                 expired.push(*id);
                 continue;
             }
-            topic.messages += 1;
+            if by_topic
+                .get(last)
+                .is_none_or(|(topic, _, _)| !Arc::ptr_eq(topic, &stored.topic))
+            {
+                last = match by_topic
+                    .iter()
+                    .position(|(topic, _, _)| Arc::ptr_eq(topic, &stored.topic))
+                {
+                    Some(index) => index,
+                    None => {
+                        // Most leaves hold one topic: the first gets room for all.
+                        let room = if by_topic.is_empty() { total } else { 0 };
+                        by_topic.push((stored.topic.clone(), 0, Vec::with_capacity(room)));
+                        by_topic.len() - 1
+                    }
+                };
+            }
+            let (_, count, entries) = &mut by_topic[last];
+            *count += 1;
+            if let Some(location) = &stored.location {
+                place_body(&mut leaf.segments, *id, location);
+            }
+            if let Some(body) = &stored.body {
+                leaf.body_bytes += body.bytes();
+            }
+            if let State::Dead(death) = &stored.state {
+                let topic = leaf.topics.get_mut(&stored.topic).expect("interned above");
+                topic.dead.insert((death.at, *id));
+                continue;
+            }
             if stored.expires_at != Time::MAX {
                 leaf.expiries.insert((stored.expires_at, *id));
             }
@@ -484,14 +525,12 @@ impl Leaf {
                 leaf.delayed.insert((stored.key.ready_at, *id));
             } else {
                 stored.state = State::Available;
-                by_topic.entry(stored.topic.clone()).or_default().push((
-                    stored.key,
-                    Candidate {
-                        size: stored.size,
-                        since: now,
-                        entered: now,
-                    },
-                ));
+                let candidate = Candidate {
+                    size: stored.size,
+                    since: now,
+                    entered: now,
+                };
+                entries.push((stored.key, candidate));
             }
         }
         for id in expired {
@@ -499,22 +538,15 @@ impl Leaf {
             leaf.live_bytes -= stored_bytes(&stored);
             leaf.counters.expired += 1;
         }
-        for (id, stored) in leaf.messages.iter() {
-            if let Some(location) = &stored.location {
-                place_body(&mut leaf.segments, *id, location);
-            }
-            if let Some(body) = &stored.body {
-                leaf.body_bytes += body.bytes();
-            }
+        for (name, count, entries) in by_topic {
+            let topic = leaf.topics.get_mut(&name).expect("interned above");
+            topic.messages = count;
+            topic.offers = OfferSet::from_unoffered(entries);
         }
         leaf.newest_segment = leaf.segments.keys().last().copied().unwrap_or(0);
         let segments: Vec<u32> = leaf.segments.keys().copied().collect();
         for segment in segments {
             leaf.check_compactable(segment);
-        }
-        for (name, entries) in by_topic {
-            let topic = leaf.topics.get_mut(&name).expect("interned above");
-            topic.offers = OfferSet::from_unoffered(entries);
         }
         leaf.expire_dedup(now);
         leaf.topics
@@ -536,13 +568,6 @@ impl Leaf {
             Ok(location) => (Some(location), None),
             Err(body) => (None, Some(body)),
         };
-        if let Some(stored) = self.messages.get_mut(&head.id) {
-            self.live_bytes -= stored_bytes(stored);
-            stored.location = location;
-            stored.body = body;
-            self.live_bytes += stored_bytes(stored);
-            return;
-        }
         // Consecutive records mostly share a topic: reuse the last one instead of hashing its
         // name for every record.
         let topic = match last_topic {
@@ -553,14 +578,18 @@ impl Leaf {
                 interned
             }
         };
-        if let Some(key) = head.dedup_key {
-            let window = self.policy(&topic).dedup_window_ms;
-            let until = head.enqueued_at + Duration::from_millis(window);
-            let entry = DedupEntry { id: head.id, until };
-            self.remember_dedup(&topic, key.into(), entry);
-        }
-        // Ids are never reused, not even those of messages deleted since.
-        self.next_seq = self.next_seq.max(head.id.seq() + 1).min(MESSAGE_SEQ_MAX);
+        let vacant = match self.messages.entry(head.id) {
+            std::collections::hash_map::Entry::Occupied(mut entry) => {
+                let stored = entry.get_mut();
+                self.live_bytes -= stored_bytes(stored);
+                stored.location = location;
+                stored.body = body;
+                self.live_bytes += stored_bytes(stored);
+                return;
+            }
+            std::collections::hash_map::Entry::Vacant(vacant) => vacant,
+        };
+        let dedup = head.dedup_key.map(|key| (topic.clone(), key));
         let stored = Stored {
             topic,
             key: Key {
@@ -577,7 +606,15 @@ impl Leaf {
             state: State::Available,
         };
         self.live_bytes += stored_bytes(&stored);
-        self.messages.insert(head.id, stored);
+        vacant.insert(stored);
+        // Ids are never reused, not even those of messages deleted since.
+        self.next_seq = self.next_seq.max(head.id.seq() + 1).min(MESSAGE_SEQ_MAX);
+        if let Some((topic, key)) = dedup {
+            let window = self.policy(&topic).dedup_window_ms;
+            let until = head.enqueued_at + Duration::from_millis(window);
+            let entry = DedupEntry { id: head.id, until };
+            self.remember_dedup(&topic, key.into(), entry);
+        }
     }
 
     /// Recovery: one record of the log.

@@ -239,10 +239,14 @@ fn machine_for(
                 ..WalOptions::new(dir.clone(), &settings)
             };
             let started = std::time::Instant::now();
-            let (wal, recovered) = crest_storage::wal::open(wal_options)?;
-            let operations = recovered.operations.len();
+            let mut leaf = Leaf::recovering(config);
+            let mut operations = 0u64;
+            let (wal, recovered) = crest_storage::wal::open_with(wal_options, |records| {
+                operations += 1;
+                leaf.replay_operation(records);
+            })?;
             let now = crest_core::time::Time::from_millis(now_millis());
-            let leaf = Leaf::recover(config, now, recovered.operations);
+            let leaf = leaf.recovered(now);
             for cut in &recovered.truncated {
                 tracing::warn!(node = %spec.name, "log recovery: {cut}");
             }

@@ -150,7 +150,7 @@ impl WalOptions {
 /// What recovery found.
 #[derive(Debug, Default)]
 pub struct Recovered {
-    /// Every storage operation in the log, in order.
+    /// Every storage operation in the log, in order (empty with [`open_with`]).
     pub operations: Vec<Vec<LogRecord>>,
     /// Segment files read.
     pub segments: usize,
@@ -208,10 +208,26 @@ fn segments(dir: &Path) -> Result<Vec<u64>, StorageError> {
 /// [`StorageError::Corruption`] naming the file and offset of a bad record that is not a torn
 /// tail (see [`RecoveryMode`]); [`StorageError::Io`] for any I/O failure.
 pub fn open(options: WalOptions) -> Result<(Wal, Recovered), StorageError> {
+    let mut operations = Vec::new();
+    let (wal, mut recovered) = open_with(options, |records| operations.push(records))?;
+    recovered.operations = operations;
+    Ok((wal, recovered))
+}
+
+/// As [`open`], handing each recovered operation to `each` as it is read instead of
+/// collecting them ([`Recovered::operations`] stays empty): a leaf rebuilds itself from a log
+/// far larger than memory this way. After an error, what `each` was given must be discarded.
+///
+/// # Errors
+/// As [`open`].
+pub fn open_with(
+    options: WalOptions,
+    mut each: impl FnMut(Vec<LogRecord>),
+) -> Result<(Wal, Recovered), StorageError> {
     let dir = options.dir.clone();
     std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
     let mut recovered = Recovered::default();
-    let replay_from = recover_checkpoint(&dir, &options, &mut recovered)?;
+    let replay_from = recover_checkpoint(&dir, &options, &mut recovered, &mut each)?;
     let mut seqs = segments(&dir)?;
     if let Some((from, _)) = replay_from {
         // Older segments hold bodies only (or nothing, left over from a crash between writing
@@ -229,7 +245,7 @@ pub fn open(options: WalOptions) -> Result<(Wal, Recovered), StorageError> {
         };
         let scan = scan_segment(&bytes, seq, options.record_bytes_max, start);
         recovered.segments += 1;
-        recovered.operations.extend(scan.operations);
+        scan.operations.into_iter().for_each(&mut each);
         if let Some(stop) = scan.stop {
             let last = index + 1 == seqs.len();
             let torn = last && stop.reaches_end;
@@ -327,6 +343,7 @@ fn recover_checkpoint(
     dir: &Path,
     options: &WalOptions,
     recovered: &mut Recovered,
+    each: &mut impl FnMut(Vec<LogRecord>),
 ) -> Result<Option<(u64, u64)>, StorageError> {
     let mut checkpoints = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
@@ -392,7 +409,7 @@ fn recover_checkpoint(
             before - records.len()
         ));
     }
-    recovered.operations.push(records);
+    each(records);
     recovered.checkpoint = Some(seq);
     Ok(Some(checkpoint.replay_from))
 }
