@@ -298,6 +298,23 @@ fn main() {
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
+    if run("scan") {
+        let dir = fresh_dir("scan");
+        wal_append(&dir, Durability::Buffered, messages);
+        for _ in 0..runs {
+            let started = Instant::now();
+            let mut count = 0usize;
+            let _ = crest::storage::wal::open_with(options(&dir, Durability::Fsync), |records| {
+                count += records.len()
+            })
+            .unwrap();
+            println!(
+                "scan only: {count} records in {:.2} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     if run("memory") {
         let dir = fresh_dir("memory");
         wal_append(&dir, Durability::Buffered, messages);

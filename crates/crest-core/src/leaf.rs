@@ -340,7 +340,8 @@ pub struct Leaf {
     rng: u64,
     upstream: Upstream,
     clients: Downstream,
-    messages: IdMap<Stored>,
+    /// Boxed: the map's table then moves 16-byte entries when it grows, not whole messages.
+    messages: IdMap<Box<Stored>>,
     topics: TopicMap<LeafTopic>,
     /// Live leases by `(deadline, id)`.
     leases: BTreeSet<(Time, MessageId)>,
@@ -606,7 +607,7 @@ impl Leaf {
             state: State::Available,
         };
         self.live_bytes += stored_bytes(&stored);
-        vacant.insert(stored);
+        vacant.insert(Box::new(stored));
         // Ids are never reused, not even those of messages deleted since.
         self.next_seq = self.next_seq.max(head.id.seq() + 1).min(MESSAGE_SEQ_MAX);
         if let Some((topic, key)) = dedup {
@@ -1083,7 +1084,7 @@ impl Leaf {
     }
 
     /// Removes a message from every index and from the leaf.
-    fn remove_message(&mut self, id: MessageId) -> Stored {
+    fn remove_message(&mut self, id: MessageId) -> Box<Stored> {
         let stored = self.messages.remove(&id).expect("message exists");
         let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
         match &stored.state {
@@ -2203,7 +2204,7 @@ impl Machine for Leaf {
             if let Some(body) = &stored.body {
                 self.body_bytes += body.bytes();
             }
-            self.messages.insert(id, stored);
+            self.messages.insert(id, Box::new(stored));
             if let Some(location) = locations.next() {
                 self.body_stored(id, location);
             }
