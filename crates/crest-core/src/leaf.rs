@@ -458,6 +458,9 @@ impl Leaf {
 
     /// Recovery: applies one storage operation of the log, in log order.
     pub fn replay_operation(&mut self, records: Vec<LogRecord>) {
+        // A checkpoint comes as one operation of every message at once: room for all of them
+        // in one step rather than by doubling (a no-op while there is room).
+        self.messages.reserve(records.len());
         // Consecutive records mostly share a topic: remember the last one instead of hashing
         // its name for every record.
         let mut last_topic: Option<Topic> = None;
