@@ -721,7 +721,17 @@ impl Root {
             if outcome.result.is_err() {
                 self.counters.reserves_denied += 1;
             }
-            let Some(reservation) = self.reservations.remove(&outcome.reservation) else {
+            // A number whose key differs is a late answer to a former root's reservation (an
+            // aggregator forwards what its children answer, and a restarted root numbers its
+            // reservations from 1 again): not an answer to ours, which stays outstanding.
+            let ours = self
+                .reservations
+                .get(&outcome.reservation)
+                .is_some_and(|r| r.key == outcome.key);
+            let Some(reservation) = ours
+                .then(|| self.reservations.remove(&outcome.reservation))
+                .flatten()
+            else {
                 // Nobody waits for this grant any more: end the lease now.
                 if let Ok(delivery) = outcome.result {
                     let leaf = delivery.id.leaf();

@@ -1901,3 +1901,73 @@ fn a_body_that_cannot_be_read_is_dead_lettered_with_the_reason_and_others_are_de
         "{letters:?}"
     );
 }
+
+#[test]
+fn a_late_answer_to_a_former_roots_reservation_is_not_taken_for_the_new_ones() {
+    // A restarted root numbers its reservations from 1 again, and an aggregator may still
+    // forward an answer to the former root's reservation 1. The new root must not deliver
+    // that message for its own reservation 1 (of another key): it releases it and waits for
+    // its own answer.
+    let mut h = Harness::new();
+    let root = h.add(Box::new(Root::new(RootConfig {
+        name: "root".into(),
+        settings: settings(4),
+        subtree: vec![LeafId(1)],
+    })));
+    let leaf = h.add(leaf(1, 4));
+    let leaf_end = h.link(leaf, root);
+    let root_end = h.ends[&leaf_end].1;
+    let producer = h.client(leaf, PeerKind::Producer);
+    let consumer = h.client(root, PeerKind::Consumer);
+    let pushed_at = h.now;
+    let ids = h.push(producer, "jobs", &[1, 5]);
+    // The pop's reservation (number 1, of the priority-1 message) is on its way to the leaf.
+    let request = h.request();
+    h.send_later(
+        consumer,
+        Wire::Pop(Pop {
+            request,
+            topic: "jobs".into(),
+            max: 1,
+            wait_ms: 0,
+            lease_ms: None,
+            ..Pop::default()
+        }),
+    );
+    let (to, pop) = h.queue.pop_back().unwrap();
+    h.nodes[root].handle_message(h.now, to, pop);
+    h.drain(root);
+    // A stale answer numbered 1 arrives first, for the other message.
+    let stale = Delivery {
+        id: ids[1],
+        token: 42,
+        topic: "jobs".into(),
+        priority: 5,
+        attempt: 1,
+        enqueued_at: pushed_at,
+        lease_deadline: h.now + Duration::from_secs(30),
+        metadata: vec![],
+        payload: Bytes::from_static(b"p5"),
+    };
+    let key = crate::key::Key {
+        priority: 5,
+        ready_at: pushed_at,
+        id: ids[1],
+    };
+    h.queue.push_front((
+        root_end,
+        Wire::Reserved(Reserved {
+            items: vec![ReserveOutcome {
+                reservation: 1,
+                key,
+                result: Ok(stale),
+            }],
+        }),
+    ));
+    h.run();
+    let Wire::PopReply(reply) = h.recv(consumer) else {
+        panic!("pop reply")
+    };
+    let got: Vec<MessageId> = reply.deliveries.iter().map(|d| d.id).collect();
+    assert_eq!(got, vec![ids[0]], "the pop gets the message it reserved");
+}
