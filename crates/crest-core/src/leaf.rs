@@ -1326,8 +1326,14 @@ impl Leaf {
                 }
                 (Waiting::Reserved(items), Err(error)) => {
                     let id = items[item].key.id;
+                    let token = items[item].result.as_ref().map_or(0, |d| d.token);
                     items[item].result = Err(ReserveDenied::Gone);
-                    if self.messages.contains_key(&id) {
+                    // Only while the lease granted for this answer is still live: it may have
+                    // ended (and the message moved on) while the read was under way.
+                    let leased = self.messages.get(&id).is_some_and(
+                        |m| matches!(&m.state, State::Leased(lease) if lease.token == token),
+                    );
+                    if leased {
                         self.end_lease(id);
                         let reason = format!("body unreadable from the log: {error}");
                         tracing::error!(%id, %reason, "message moved to the dead letters");
