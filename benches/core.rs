@@ -263,13 +263,15 @@ fn wal_append(c: &mut Criterion) {
         b.iter(|| {
             let records: Vec<LogRecord> = (next..next + 1024)
                 .map(|seq| LogRecord::Enqueue {
-                    id: MessageId::new(LeafId(1), seq),
-                    topic: "bench".into(),
-                    priority: (seq % 10) as u32,
-                    ready_at: Time(seq),
-                    enqueued_at: Time(seq),
-                    expires_at: None,
-                    dedup_key: None,
+                    head: crest::core::leaf::MessageHead {
+                        id: MessageId::new(LeafId(1), seq),
+                        topic: "bench".into(),
+                        priority: (seq % 10) as u32,
+                        ready_at: Time(seq),
+                        enqueued_at: Time(seq),
+                        expires_at: None,
+                        dedup_key: None,
+                    },
                     metadata: vec![],
                     payload: payload.clone(),
                 })

@@ -36,13 +36,15 @@ fn batch(first: u64) -> Vec<LogRecord> {
     let payload = Bytes::from(vec![7u8; PAYLOAD_BYTES]);
     (first..first + BATCH)
         .map(|seq| LogRecord::Enqueue {
-            id: MessageId::new(LeafId(1), seq),
-            topic: "bench".into(),
-            priority: (seq % 10) as u32,
-            ready_at: Time(seq),
-            enqueued_at: Time(seq),
-            expires_at: None,
-            dedup_key: None,
+            head: crest::core::leaf::MessageHead {
+                id: MessageId::new(LeafId(1), seq),
+                topic: "bench".into(),
+                priority: (seq % 10) as u32,
+                ready_at: Time(seq),
+                enqueued_at: Time(seq),
+                expires_at: None,
+                dedup_key: None,
+            },
             metadata: vec![],
             payload: payload.clone(),
         })

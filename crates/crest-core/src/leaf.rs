@@ -85,25 +85,32 @@ impl MessageBody {
     }
 }
 
+/// What the log keeps of a message besides its body.
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+pub struct MessageHead {
+    /// Its id.
+    pub id: MessageId,
+    /// Its topic.
+    pub topic: String,
+    /// Its priority.
+    pub priority: u32,
+    /// When it is ready.
+    pub ready_at: Time,
+    /// When it was accepted.
+    pub enqueued_at: Time,
+    /// When it expires (`None`: never).
+    pub expires_at: Option<Time>,
+    /// Its dedup key, if it has one (the key's window starts at `enqueued_at`).
+    pub dedup_key: Option<String>,
+}
+
 /// One record of the leaf's log.
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum LogRecord {
     /// A message was accepted.
     Enqueue {
-        /// Its id.
-        id: MessageId,
-        /// Its topic.
-        topic: String,
-        /// Its priority.
-        priority: u32,
-        /// When it is ready.
-        ready_at: Time,
-        /// When it was accepted.
-        enqueued_at: Time,
-        /// When it expires (`None`: never).
-        expires_at: Option<Time>,
-        /// Its dedup key, if it has one (the key's window starts at `enqueued_at`).
-        dedup_key: Option<String>,
+        /// What is kept of it besides its body.
+        head: MessageHead,
         /// Producer metadata.
         metadata: Vec<(String, String)>,
         /// The payload (the last field: its bytes end the record's encoding).
@@ -151,20 +158,9 @@ pub enum LogRecord {
     /// `Enqueue` record as (with `location` where it found it). For a message the leaf already
     /// holds, it only moves the body (compaction rewrote it).
     Index {
-        /// Its id.
-        id: MessageId,
-        /// Its topic.
-        topic: String,
-        /// Its priority.
-        priority: u32,
-        /// When it is ready.
-        ready_at: Time,
-        /// When it was accepted.
-        enqueued_at: Time,
-        /// When it expires (`None`: never).
-        expires_at: Option<Time>,
-        /// Its dedup key (recovery of an `Enqueue` only; checkpoints log keys as `Dedup`).
-        dedup_key: Option<String>,
+        /// What is kept of it besides its body (`dedup_key` only when recovered from an
+        /// `Enqueue`; checkpoints log keys as `Dedup`).
+        head: MessageHead,
         /// Payload bytes.
         size: u32,
         /// Where its body is.
@@ -197,18 +193,6 @@ pub struct LeafConfig {
     /// First sequence number to assign (storage recovery, or a clock reading for a memory
     /// store, so that ids are not reused across restarts).
     pub first_seq: u64,
-}
-
-/// What recovery reads of a message besides its body.
-struct Head {
-    id: MessageId,
-    topic: String,
-    priority: u32,
-    ready_at: Time,
-    enqueued_at: Time,
-    expires_at: Option<Time>,
-    dedup_key: Option<String>,
-    size: u32,
 }
 
 #[derive(Debug)]
@@ -248,6 +232,22 @@ struct Stored {
     /// `leaf_body_cache_bytes` with one.
     body: Option<Box<MessageBody>>,
     state: State,
+}
+
+impl Stored {
+    /// What the log keeps of message `id` besides its body (no dedup key: checkpoints log
+    /// keys apart, and a rewritten body must not open a new window).
+    fn head(&self, id: MessageId) -> MessageHead {
+        MessageHead {
+            id,
+            topic: self.topic.to_string(),
+            priority: self.key.priority,
+            ready_at: self.key.ready_at,
+            enqueued_at: self.enqueued_at,
+            expires_at: (self.expires_at != Time::MAX).then_some(self.expires_at),
+            dedup_key: None,
+        }
+    }
 }
 
 /// How much of a log segment's bodies are still live, and which messages had theirs there.
@@ -564,7 +564,8 @@ impl Leaf {
     /// (compaction rewrote it elsewhere).
     fn recover_message(
         &mut self,
-        head: Head,
+        head: MessageHead,
+        size: u32,
         place: Result<Location, Box<MessageBody>>,
         last_topic: &mut Option<Topic>,
     ) {
@@ -603,7 +604,7 @@ impl Leaf {
             },
             enqueued_at: head.enqueued_at,
             expires_at: head.expires_at.unwrap_or(Time::MAX),
-            size: head.size,
+            size,
             attempt: 0,
             location,
             body,
@@ -625,52 +626,19 @@ impl Leaf {
     fn replay(&mut self, record: LogRecord, last_topic: &mut Option<Topic>) {
         match record {
             LogRecord::Enqueue {
-                id,
-                topic,
-                priority,
-                ready_at,
-                enqueued_at,
-                expires_at,
-                dedup_key,
+                head,
                 metadata,
                 payload,
             } => {
-                let head = Head {
-                    id,
-                    topic,
-                    priority,
-                    ready_at,
-                    enqueued_at,
-                    expires_at,
-                    dedup_key,
-                    size: payload.len() as u32,
-                };
+                let size = payload.len() as u32;
                 let body = Box::new(MessageBody { metadata, payload });
-                self.recover_message(head, Err(body), last_topic);
+                self.recover_message(head, size, Err(body), last_topic);
             }
             LogRecord::Index {
-                id,
-                topic,
-                priority,
-                ready_at,
-                enqueued_at,
-                expires_at,
-                dedup_key,
+                head,
                 size,
                 location,
-            } => {
-                let head = Head {
-                    id,
-                    topic,
-                    priority,
-                    ready_at,
-                    enqueued_at,
-                    expires_at,
-                    dedup_key,
-                    size,
-                };
-                self.recover_message(head, Ok(location), last_topic);
-            }
+            } => self.recover_message(head, size, Ok(location), last_topic),
             LogRecord::Lease { id, attempt, .. } => {
                 if let Some(stored) = self.messages.get_mut(&id) {
                     stored.attempt = attempt;
@@ -910,7 +878,7 @@ impl Leaf {
                 let until = now + Duration::from_millis(policy.dedup_window_ms);
                 self.remember_dedup(&topic, key.as_str().into(), DedupEntry { id, until });
             }
-            records.push(LogRecord::Enqueue {
+            let head = MessageHead {
                 id,
                 topic: message.topic,
                 priority: message.priority,
@@ -918,6 +886,9 @@ impl Leaf {
                 enqueued_at: now,
                 expires_at,
                 dedup_key: message.dedup_key,
+            };
+            records.push(LogRecord::Enqueue {
+                head,
                 metadata: message.metadata.clone(),
                 payload: message.payload.clone(),
             });
@@ -1008,27 +979,15 @@ impl Leaf {
     fn snapshot(&self) -> Vec<LogRecord> {
         let mut records = Vec::with_capacity(self.messages.len() + self.dedup_len());
         for (id, stored) in self.messages.iter() {
-            let expires_at = (stored.expires_at != Time::MAX).then_some(stored.expires_at);
+            let head = stored.head(*id);
             records.push(match (stored.location, &stored.body) {
                 (Some(location), _) => LogRecord::Index {
-                    id: *id,
-                    topic: stored.topic.to_string(),
-                    priority: stored.key.priority,
-                    ready_at: stored.key.ready_at,
-                    enqueued_at: stored.enqueued_at,
-                    expires_at,
-                    dedup_key: None,
+                    head,
                     size: stored.size,
                     location,
                 },
                 (None, Some(body)) => LogRecord::Enqueue {
-                    id: *id,
-                    topic: stored.topic.to_string(),
-                    priority: stored.key.priority,
-                    ready_at: stored.key.ready_at,
-                    enqueued_at: stored.enqueued_at,
-                    expires_at,
-                    dedup_key: None,
+                    head,
                     metadata: body.metadata.clone(),
                     payload: body.payload.clone(),
                 },
@@ -1587,13 +1546,7 @@ impl Leaf {
                 }
             };
             records.push(LogRecord::Enqueue {
-                id,
-                topic: stored.topic.to_string(),
-                priority: stored.key.priority,
-                ready_at: stored.key.ready_at,
-                enqueued_at: stored.enqueued_at,
-                expires_at: (stored.expires_at != Time::MAX).then_some(stored.expires_at),
-                dedup_key: None,
+                head: stored.head(id),
                 metadata: body.metadata,
                 payload: body.payload,
             });
@@ -1913,15 +1866,13 @@ fn ready_time(now: Time, message: &PushMessage) -> Time {
 fn record_bytes(record: &LogRecord) -> u64 {
     match record {
         LogRecord::Enqueue {
-            topic,
+            head,
             metadata,
             payload,
-            dedup_key,
-            ..
         } => {
             let metadata: usize = metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
-            let key = dedup_key.as_ref().map_or(0, String::len);
-            (80 + topic.len() + key + metadata + payload.len()) as u64
+            let key = head.dedup_key.as_ref().map_or(0, String::len);
+            (80 + head.topic.len() + key + metadata + payload.len()) as u64
         }
         LogRecord::Dead { reason, .. } => 40 + reason.len() as u64,
         LogRecord::Dedup { topic, key, .. } => (40 + topic.len() + key.len()) as u64,

@@ -49,9 +49,7 @@
 //! first bad record, and says where that is and whether the bad record reaches the end of the
 //! file (a torn tail: what a crash in the middle of a write leaves) or not (corruption).
 
-use crest_core::Time;
-use crest_core::id::MessageId;
-use crest_core::leaf::{Location, LogRecord, MessageBody};
+use crest_core::leaf::{Location, LogRecord, MessageBody, MessageHead};
 use std::ops::Range;
 
 /// First bytes of every segment.
@@ -197,17 +195,11 @@ pub fn decode_body(location: &Location, bytes: &[u8]) -> Result<MessageBody, Str
     }
 }
 
-/// The fields of an `Enqueue` record recovery keeps: its metadata is skipped and of its
-/// payload only the length is taken.
+/// An `Enqueue` record as recovery reads it: its metadata is skipped and of its payload only
+/// the length is taken.
 #[derive(serde::Deserialize)]
-struct EnqueueHead {
-    id: MessageId,
-    topic: String,
-    priority: u32,
-    ready_at: Time,
-    enqueued_at: Time,
-    expires_at: Option<Time>,
-    dedup_key: Option<String>,
+struct EnqueueLean {
+    head: MessageHead,
     _metadata: serde::de::IgnoredAny,
     payload: PayloadLen,
 }
@@ -247,20 +239,14 @@ fn decode_segment_record(
         let start = body.len() - rest.len();
         if let Some(fields) = rest.strip_prefix(ENQUEUE_PREFIX) {
             let mut input = fields;
-            let head: EnqueueHead =
+            let lean: EnqueueLean =
                 serde::Deserialize::deserialize(&mut rmp_serde::Deserializer::new(&mut input))
                     .map_err(|e| e.to_string())?;
             let end = body.len() - input.len();
             rest = input;
             records.push(LogRecord::Index {
-                id: head.id,
-                topic: head.topic,
-                priority: head.priority,
-                ready_at: head.ready_at,
-                enqueued_at: head.enqueued_at,
-                expires_at: head.expires_at,
-                dedup_key: head.dedup_key,
-                size: head.payload.0,
+                head: lean.head,
+                size: lean.payload.0,
                 location: body_location(seq, file_offset, body, &(start..end)),
             });
         } else {
@@ -543,7 +529,7 @@ mod tests {
     #[test]
     fn an_enqueue_is_recovered_as_an_index_whose_location_reads_its_body_back() {
         let id = MessageId::new(LeafId(1), 5);
-        let enqueue = LogRecord::Enqueue {
+        let head = MessageHead {
             id,
             topic: "jobs".into(),
             priority: 3,
@@ -551,6 +537,9 @@ mod tests {
             enqueued_at: crest_core::Time(9),
             expires_at: Some(crest_core::Time(99)),
             dedup_key: Some("k".into()),
+        };
+        let enqueue = LogRecord::Enqueue {
+            head: head.clone(),
             metadata: vec![("trace".into(), "abc".into())],
             payload: bytes::Bytes::from_static(b"payload bytes"),
         };
@@ -567,29 +556,14 @@ mod tests {
         assert!(scan.stop.is_none());
         assert_eq!(scan.operations[0], ops[0]);
         let LogRecord::Index {
-            id: found,
-            topic,
-            priority,
-            expires_at,
-            dedup_key,
+            head: found,
             size,
             location,
-            ..
         } = scan.operations[1][1].clone()
         else {
             panic!("not an index: {:?}", scan.operations[1][1]);
         };
-        assert_eq!(
-            (
-                found,
-                topic.as_str(),
-                priority,
-                expires_at,
-                dedup_key.as_deref(),
-                size
-            ),
-            (id, "jobs", 3, Some(crest_core::Time(99)), Some("k"), 13)
-        );
+        assert_eq!((found, size), (head, 13));
         assert_eq!(spans.len(), 1);
         assert_eq!(location, body_location(4, 0, &bytes, &spans[0]));
         assert_eq!(

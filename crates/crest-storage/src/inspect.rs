@@ -75,9 +75,9 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
     let mut report = Report::default();
     let mut live: HashSet<MessageId> = HashSet::new();
     let mut count = |record: &LogRecord, report: &mut Report| match record {
-        LogRecord::Enqueue { id, .. } | LogRecord::Index { id, .. } => {
+        LogRecord::Enqueue { head, .. } | LogRecord::Index { head, .. } => {
             report.entries[0] += 1;
-            live.insert(*id);
+            live.insert(head.id);
         }
         LogRecord::Lease { .. } => report.entries[1] += 1,
         LogRecord::Delete { id } => {

@@ -897,14 +897,13 @@ impl BodyReader {
 
 fn approximate_bytes(record: &LogRecord) -> usize {
     match record {
-        LogRecord::Index { topic, .. } => 64 + topic.len(),
+        LogRecord::Index { head, .. } => 64 + head.topic.len(),
         LogRecord::Enqueue {
-            topic,
+            head,
             metadata,
             payload,
-            ..
         } => {
-            64 + topic.len()
+            64 + head.topic.len()
                 + payload.len()
                 + metadata
                     .iter()

@@ -2,7 +2,7 @@
 
 use crest_core::config::Settings;
 use crest_core::id::{LeafId, MessageId};
-use crest_core::leaf::LogRecord;
+use crest_core::leaf::{LogRecord, MessageHead};
 use crest_storage::StorageError;
 use crest_storage::format::{SEGMENT_HEADER_BYTES, segment_name};
 use crest_storage::wal::{
@@ -28,8 +28,8 @@ fn options(dir: &Path) -> WalOptions {
     }
 }
 
-fn op(n: u64) -> Vec<LogRecord> {
-    vec![LogRecord::Enqueue {
+fn head(n: u64) -> MessageHead {
+    MessageHead {
         id: MessageId::new(LeafId(1), n),
         topic: "jobs".into(),
         priority: (n % 5) as u32,
@@ -37,6 +37,12 @@ fn op(n: u64) -> Vec<LogRecord> {
         enqueued_at: crest_core::Time(n),
         expires_at: None,
         dedup_key: None,
+    }
+}
+
+fn op(n: u64) -> Vec<LogRecord> {
+    vec![LogRecord::Enqueue {
+        head: head(n),
         metadata: vec![],
         payload: bytes::Bytes::from(format!("payload {n}")),
     }]
@@ -51,7 +57,7 @@ fn ids(operations: &[Vec<LogRecord>]) -> Vec<Vec<MessageId>> {
             records
                 .iter()
                 .map(|record| match record {
-                    LogRecord::Enqueue { id, .. } | LogRecord::Index { id, .. } => *id,
+                    LogRecord::Enqueue { head, .. } | LogRecord::Index { head, .. } => head.id,
                     other => panic!("unexpected record {other:?}"),
                 })
                 .collect()
@@ -549,13 +555,7 @@ fn bodies_are_read_back_where_completions_say_and_a_checkpoint_keeps_the_segment
     // A snapshot keeping message 3 (its body stays in its segment) while append 41 is still
     // pending: replay must start at 41, and 3's segment must survive the checkpoint.
     let snapshot = vec![LogRecord::Index {
-        id: MessageId::new(LeafId(1), 3),
-        topic: "jobs".into(),
-        priority: 3,
-        ready_at: crest_core::Time(3),
-        enqueued_at: crest_core::Time(3),
-        expires_at: None,
-        dedup_key: None,
+        head: head(3),
         size: 9,
         location: locations[&3],
     }];
