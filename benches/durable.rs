@@ -121,14 +121,9 @@ fn live_bytes() -> usize {
     ALLOCATOR.allocated()
 }
 
-/// Memory a leaf takes per queued message whose body is in the log: the heap bytes a
-/// recovered leaf holds (counted by the allocator), divided by its messages. Payload bytes
-/// are on disk, not in it.
-fn memory_per_message(dir: &Path) -> (f64, u64) {
-    let base = live_bytes();
-    let (wal, recovered) = open(options(dir, Durability::Fsync)).unwrap();
-    drop(wal);
-    let config = LeafConfig {
+/// A leaf that keeps no body in memory once it is durable.
+fn no_cache_leaf() -> LeafConfig {
+    LeafConfig {
         name: "bench".into(),
         id: LeafId(1),
         settings: Settings {
@@ -137,7 +132,17 @@ fn memory_per_message(dir: &Path) -> (f64, u64) {
         },
         seed: 1,
         first_seq: 1,
-    };
+    }
+}
+
+/// Memory a leaf takes per queued message whose body is in the log: the heap bytes a
+/// recovered leaf holds (counted by the allocator), divided by its messages. Payload bytes
+/// are on disk, not in it.
+fn memory_per_message(dir: &Path) -> (f64, u64) {
+    let base = live_bytes();
+    let (wal, recovered) = open(options(dir, Durability::Fsync)).unwrap();
+    drop(wal);
+    let config = no_cache_leaf();
     // `recover` consumes (and frees) the operations: what stays allocated is the leaf.
     let leaf = Leaf::recover(config, Time(0), recovered.operations);
     let held = live_bytes().saturating_sub(base);
@@ -156,16 +161,7 @@ fn memory_per_pushed_message(batches: u64) -> f64 {
         Hello, PROTOCOL_VERSION, PeerKind, Push, PushMessage, Role, Welcome, Wire,
     };
     let base = live_bytes();
-    let mut leaf = Leaf::new(LeafConfig {
-        name: "leaf".into(),
-        id: LeafId(1),
-        settings: Settings {
-            leaf_body_cache_bytes: 0,
-            ..Settings::default()
-        },
-        seed: 1,
-        first_seq: 1,
-    });
+    let mut leaf = Leaf::new(no_cache_leaf());
     let now = Time::from_millis(1_000);
     leaf.handle_connected(now, 1, Link::Parent);
     let welcome = Welcome {
