@@ -324,8 +324,8 @@ pub fn scan_segment(bytes: &[u8], seq: u64, max: u32, from: usize) -> Scan {
 pub struct Checkpoint {
     /// The segment and offset replay starts at.
     pub replay_from: (u64, u64),
-    /// The snapshot.
-    pub records: Vec<LogRecord>,
+    /// The snapshot, in the chunks it was written in (one storage operation each).
+    pub chunks: Vec<Vec<LogRecord>>,
 }
 
 /// Offset of a checkpoint's first record's body: where replay starts.
@@ -361,12 +361,12 @@ pub fn read_checkpoint(bytes: &[u8], seq: u64, max: u32) -> Result<Checkpoint, S
     let Some(Err(replay_from)) = parts.next() else {
         return Err("no replay start: not a checkpoint of this format".into());
     };
-    let mut records = Vec::new();
+    let mut chunks = Vec::new();
     let mut ended = false;
     for part in parts {
         match part {
             Ok(part) if part.is_empty() => ended = true,
-            Ok(part) if !ended => records.extend(part),
+            Ok(part) if !ended => chunks.push(part),
             _ => return Err("records after the end marker".into()),
         }
     }
@@ -375,7 +375,7 @@ pub fn read_checkpoint(bytes: &[u8], seq: u64, max: u32) -> Result<Checkpoint, S
     }
     Ok(Checkpoint {
         replay_from,
-        records,
+        chunks,
     })
 }
 

@@ -113,11 +113,12 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
         let (records, problem, fatal) = match read_checkpoint(&bytes, base, record_bytes_max) {
             Ok(checkpoint) => {
                 checkpoint
-                    .records
+                    .chunks
                     .iter()
+                    .flatten()
                     .for_each(|r| count(r, &mut report));
                 replay_from = checkpoint.replay_from;
-                (checkpoint.records.len() as u64, None, false)
+                (checkpoint.chunks.len() as u64, None, false)
             }
             Err(why) => (
                 0,

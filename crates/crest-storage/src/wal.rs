@@ -407,9 +407,10 @@ fn recover_checkpoint(
         std::fs::remove_file(&older).map_err(|e| io_error(&older, e))?;
     }
     let present: BTreeSet<u64> = segments(dir)?.into_iter().collect();
-    let mut records = checkpoint.records;
-    let missing: BTreeSet<u32> = records
+    let mut chunks = checkpoint.chunks;
+    let missing: BTreeSet<u32> = chunks
         .iter()
+        .flatten()
         .filter_map(|record| match record {
             LogRecord::Index { location, .. }
                 if !present.contains(&u64::from(location.segment)) =>
@@ -432,17 +433,20 @@ fn recover_checkpoint(
                 ),
             });
         }
-        let before = records.len();
-        records.retain(|record| {
-            !matches!(record, LogRecord::Index { location, .. } if missing.contains(&location.segment))
-        });
+        let mut dropped = 0;
+        for chunk in &mut chunks {
+            let before = chunk.len();
+            chunk.retain(|record| {
+                !matches!(record, LogRecord::Index { location, .. } if missing.contains(&location.segment))
+            });
+            dropped += before - chunk.len();
+        }
         recovered.truncated.push(format!(
-            "{}: missing; dropped the {} messages whose bodies it held (TruncateCorrupt)",
+            "{}: missing; dropped the {dropped} messages whose bodies it held (TruncateCorrupt)",
             file.display(),
-            before - records.len()
         ));
     }
-    each(records);
+    chunks.into_iter().for_each(each);
     recovered.checkpoint = Some(seq);
     Ok(Some(checkpoint.replay_from))
 }
