@@ -211,7 +211,8 @@ struct Death {
 enum State {
     Delayed,
     Available,
-    Leased(Lease),
+    /// Boxed: few messages are leased at once, and every message pays for the largest state.
+    Leased(Box<Lease>),
     Dead(Box<Death>),
 }
 
@@ -1190,7 +1191,7 @@ impl Leaf {
         topic.offers.take(&stored.key, offer_seq);
         self.dirty.insert(stored.topic.clone());
         stored.attempt += 1;
-        stored.state = State::Leased(Lease { token, deadline });
+        stored.state = State::Leased(Box::new(Lease { token, deadline }));
         self.leases.insert((deadline, id));
         let body = stored.body.as_deref().cloned();
         let cached = body.is_some();
