@@ -1256,24 +1256,18 @@ impl Leaf {
 
     /// Bodies read for an answer: filled in, or, where a read failed, the message is moved to
     /// the dead letters with the reason (a reserve of it is denied; a listing omits it).
-    fn bodies_read(
-        &mut self,
-        now: Time,
-        token: u64,
-        bodies: Vec<Result<MessageBody, String>>,
-    ) -> bool {
+    fn bodies_read(&mut self, now: Time, token: u64, bodies: Vec<Result<MessageBody, String>>) {
         let Some(index) = self.answers.iter().position(|a| a.read == Some(token)) else {
-            return false;
+            return;
         };
-        let mut answer = std::mem::replace(
-            &mut self.answers[index],
-            Answer {
-                conn: 0,
-                read: None,
-                missing: Vec::new(),
-                waiting: Waiting::Reserved(Vec::new()),
-            },
-        );
+        // Taken out while the leaf changes state below, put back ready to send.
+        let placeholder = Answer {
+            conn: 0,
+            read: None,
+            missing: Vec::new(),
+            waiting: Waiting::Reserved(Vec::new()),
+        };
+        let mut answer = std::mem::replace(&mut self.answers[index], placeholder);
         answer.read = None;
         let mut records = Vec::new();
         for (&item, body) in answer.missing.iter().zip(bodies) {
@@ -1316,7 +1310,6 @@ impl Leaf {
         self.answers[index] = answer;
         self.log(now, None, records);
         self.send_answers();
-        true
     }
 
     /// Deletes a message whose time to live passed.
