@@ -471,6 +471,16 @@ fn scan_file<T>(
     scan
 }
 
+/// The format version of a log or checkpoint file whose header is otherwise sound (known
+/// magic, matching checksum); `None` if the header is not.
+pub fn file_version(bytes: &[u8]) -> Option<u32> {
+    let header = bytes.get(..SEGMENT_HEADER_BYTES)?;
+    let magic_known = &header[..8] == SEGMENT_MAGIC || &header[..8] == CHECKPOINT_MAGIC;
+    let crc = u32::from_be_bytes(header[24..28].try_into().ok()?);
+    (magic_known && crc32fast::hash(&header[..24]) == crc)
+        .then(|| u32::from_be_bytes(header[8..12].try_into().expect("4 bytes")))
+}
+
 fn check_header(header: &[u8], magic: &[u8; 8], seq: u64) -> Result<(), String> {
     if &header[..8] != magic {
         return Err("wrong magic".into());

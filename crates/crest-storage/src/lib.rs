@@ -35,6 +35,20 @@ pub enum StorageError {
         /// What is wrong.
         detail: String,
     },
+    /// A file of another format version: never cut or skipped, whatever the recovery mode.
+    #[error(
+        "{file}: log format version {found}; this crest reads version {expected} (version 2 \
+         logs kept message bodies in memory): drain the queue with the crest that wrote it, or \
+         move the directory away"
+    )]
+    Version {
+        /// The file.
+        file: String,
+        /// Its version.
+        found: u32,
+        /// The version this build reads.
+        expected: u32,
+    },
     /// The writer has stopped.
     #[error("the log writer has stopped")]
     Closed,

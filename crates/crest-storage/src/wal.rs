@@ -38,9 +38,9 @@
 
 use crate::StorageError;
 use crate::format::{
-    SEGMENT_HEADER_BYTES, body_location, checkpoint_header, checkpoint_name, decode_body,
-    encode_checkpoint_start, encode_record, parse_checkpoint_name, parse_segment_name,
-    read_checkpoint, scan_segment, segment_header, segment_name,
+    SEGMENT_HEADER_BYTES, SEGMENT_VERSION, body_location, checkpoint_header, checkpoint_name,
+    decode_body, encode_checkpoint_start, encode_record, file_version, parse_checkpoint_name,
+    parse_segment_name, read_checkpoint, scan_segment, segment_header, segment_name,
 };
 use crest_core::config::{Durability, Settings};
 use crest_core::leaf::{Location, LogRecord, MessageBody};
@@ -272,6 +272,7 @@ fn recover(
         let seq = seqs[index];
         let path = dir.join(segment_name(seq));
         let bytes = std::fs::read(&path).map_err(|e| io_error(&path, e))?;
+        check_version(&path, &bytes)?;
         let start = match replay_from {
             Some((from, offset)) if from == seq => offset as usize,
             _ => SEGMENT_HEADER_BYTES,
@@ -395,6 +396,7 @@ fn recover_checkpoint(
     };
     let path = dir.join(checkpoint_name(seq));
     let bytes = std::fs::read(&path).map_err(|e| io_error(&path, e))?;
+    check_version(&path, &bytes)?;
     let checkpoint = read_checkpoint(&bytes, seq, options.record_bytes_max).map_err(|detail| {
         StorageError::Corruption {
             file: path.display().to_string(),
@@ -449,6 +451,18 @@ fn recover_checkpoint(
     chunks.into_iter().for_each(each);
     recovered.checkpoint = Some(seq);
     Ok(Some(checkpoint.replay_from))
+}
+
+/// Refuses a file of another format version (see [`StorageError::Version`]).
+fn check_version(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    match file_version(bytes) {
+        Some(found) if found != SEGMENT_VERSION => Err(StorageError::Version {
+            file: path.display().to_string(),
+            found,
+            expected: SEGMENT_VERSION,
+        }),
+        _ => Ok(()),
+    }
 }
 
 fn create_segment(dir: &Path, seq: u64) -> Result<(File, u64), StorageError> {

@@ -615,3 +615,33 @@ fn bodies_are_read_back_where_completions_say_and_a_checkpoint_keeps_the_segment
     assert!(!cut.truncated.is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_log_of_another_format_version_is_refused_by_name_and_never_cut() {
+    let dir = temp_dir("version");
+    write(options(&dir), 1, 3);
+    // Make segment 1 a version-2 file, as an older crest wrote it.
+    let path = dir.join(segment_name(1));
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8..12].copy_from_slice(&2u32.to_be_bytes());
+    let crc = crc32fast::hash(&bytes[..24]);
+    bytes[24..28].copy_from_slice(&crc.to_be_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    for recovery in [
+        RecoveryMode::TolerateTornTail,
+        RecoveryMode::TruncateCorrupt,
+    ] {
+        let error = open(WalOptions {
+            recovery,
+            ..options(&dir)
+        })
+        .err()
+        .expect("an older format is refused");
+        assert!(
+            matches!(&error, StorageError::Version { file, found: 2, expected: 3 } if file.ends_with(&segment_name(1))),
+            "{error}"
+        );
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing was cut");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
