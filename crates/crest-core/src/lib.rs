@@ -24,6 +24,7 @@ pub mod leaf;
 pub mod machine;
 pub mod metrics;
 mod offer;
+mod sorted;
 pub mod root;
 #[cfg(test)]
 mod tests;
