@@ -296,7 +296,7 @@ impl Aggregator {
             };
             let window = self.children.windows.get(&topic);
             if let Some(parent) = session {
-                offers.rebalance(credits, self.swap);
+                offers.rebalance(credits, self.swap, now);
                 let below = window.and_then(|window| window.min_frontier());
                 let frontier = match (offers.best_unoffered(), below) {
                     (Some(a), Some(b)) => Some(a.min(b)),

@@ -117,7 +117,7 @@ pub struct Settings {
     pub leaf_body_cache_bytes: u64,
     /// A sealed log segment is compacted (its live messages rewritten at the end of the log,
     /// so that the next checkpoint can delete it) once the bodies still live in it take less
-    /// than this percentage of `wal_segment_bytes_max` (0: never compact).
+    /// than this percentage of the bodies written to it (0: never compact).
     pub compaction_live_pct: u32,
     /// Messages one compaction step reads and rewrites at most.
     pub compaction_batch_messages: u32,

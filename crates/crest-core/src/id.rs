@@ -6,7 +6,9 @@
 //! lookup table of messages, only a table of which child leads to which leaf.
 
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::BuildHasherDefault;
 use std::str::FromStr;
 
 /// Identifies a leaf in the topology (`1..=65535`; 0 is reserved and never valid).
@@ -90,6 +92,79 @@ impl std::hash::Hasher for IdHasher {
 /// A hash map keyed by message id, with [`IdHasher`].
 pub type IdMap<V> =
     std::collections::HashMap<MessageId, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// Ids per block of [`LiveIds`].
+const LIVE_BLOCK_IDS: u64 = 4096;
+
+/// The sequence numbers of a leaf's live messages, as a bitmap in blocks of 4096 ids that
+/// exist only while one of their ids is live. A leaf mints ids in arrival order, so live ids
+/// cluster: this costs about one bit per id of a live block, where a hash set would cost ~16
+/// bytes per message. It answers "does this message still exist" for receipts, which only
+/// name an id.
+#[derive(Debug, Default)]
+pub(crate) struct LiveIds {
+    blocks: HashMap<u64, Box<LiveBlock>, BuildHasherDefault<IdHasher>>,
+    len: u64,
+}
+
+#[derive(Debug)]
+struct LiveBlock {
+    bits: [u64; (LIVE_BLOCK_IDS / 64) as usize],
+    count: u32,
+}
+
+impl LiveIds {
+    /// Adds `seq`; false if it was there.
+    pub(crate) fn insert(&mut self, seq: u64) -> bool {
+        let block = self.blocks.entry(seq / LIVE_BLOCK_IDS).or_insert_with(|| {
+            Box::new(LiveBlock {
+                bits: [0; (LIVE_BLOCK_IDS / 64) as usize],
+                count: 0,
+            })
+        });
+        let (word, bit) = (((seq % LIVE_BLOCK_IDS) / 64) as usize, seq % 64);
+        if block.bits[word] & (1 << bit) != 0 {
+            return false;
+        }
+        block.bits[word] |= 1 << bit;
+        block.count += 1;
+        self.len += 1;
+        true
+    }
+
+    /// Removes `seq`; false if it was not there.
+    pub(crate) fn remove(&mut self, seq: u64) -> bool {
+        let key = seq / LIVE_BLOCK_IDS;
+        let Some(block) = self.blocks.get_mut(&key) else {
+            return false;
+        };
+        let (word, bit) = (((seq % LIVE_BLOCK_IDS) / 64) as usize, seq % 64);
+        if block.bits[word] & (1 << bit) == 0 {
+            return false;
+        }
+        block.bits[word] &= !(1 << bit);
+        block.count -= 1;
+        self.len -= 1;
+        if block.count == 0 {
+            self.blocks.remove(&key);
+        }
+        true
+    }
+
+    /// Whether `seq` is live.
+    pub(crate) fn contains(&self, seq: u64) -> bool {
+        self.blocks
+            .get(&(seq / LIVE_BLOCK_IDS))
+            .is_some_and(|block| {
+                block.bits[((seq % LIVE_BLOCK_IDS) / 64) as usize] & (1 << (seq % 64)) != 0
+            })
+    }
+
+    /// Number of live ids.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+}
 
 /// Why a textual message id or receipt could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -177,5 +252,22 @@ mod tests {
         assert!(error.to_string().contains("LEAF.SEQ:TOKEN"), "{error}");
         assert!("0.5".parse::<MessageId>().is_err(), "leaf 0 is reserved");
         assert!("1.x".parse::<MessageId>().is_err());
+    }
+
+    #[test]
+    fn live_ids_track_membership_and_free_empty_blocks() {
+        let mut live = LiveIds::default();
+        for seq in [0, 1, 63, 64, 4095, 4096, 1 << 40] {
+            assert!(live.insert(seq));
+        }
+        assert!(!live.insert(64), "already there");
+        assert_eq!(live.len(), 7);
+        assert!(live.contains(4095) && !live.contains(4094) && !live.contains(2));
+        assert!(live.remove(1 << 40) && !live.remove(1 << 40));
+        assert_eq!(live.blocks.len(), 2, "the emptied block is freed");
+        for seq in [0, 1, 63, 64, 4095] {
+            live.remove(seq);
+        }
+        assert_eq!((live.len(), live.blocks.len()), (1, 1));
     }
 }

@@ -35,11 +35,12 @@
 
 use crate::config::{Settings, TopicPolicy};
 use crate::downstream::{Downstream, PeerKindTag, Topic, TopicMap, TopicSet};
-use crate::id::{IdMap, LeafId, MESSAGE_SEQ_MAX, MessageId, Receipt};
+use crate::id::{IdMap, LeafId, LiveIds, MESSAGE_SEQ_MAX, MessageId, Receipt};
 use crate::key::Key;
 use crate::machine::{ConnId, Link, Machine, NodeStats, StorageDone, StorageOp, Transmit};
 use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
-use crate::offer::{Candidate, FlushPolicy, OfferSet};
+use crate::offer::{Candidate, FlushPolicy, OfferSet, Offerable};
+use crate::sorted::SortedMap;
 use crate::time::Time;
 use crate::upstream::Upstream;
 use crate::wire::{
@@ -195,69 +196,101 @@ pub struct LeafConfig {
     pub first_seq: u64,
 }
 
-#[derive(Debug)]
-struct Lease {
-    token: u64,
-    deadline: Time,
-}
+/// A location no body has: the body is held in memory only (a store that keeps no bodies).
+const NO_LOCATION: Location = Location {
+    segment: u32::MAX,
+    offset: 0,
+    len: 0,
+    crc: 0,
+};
 
-#[derive(Debug)]
-struct Death {
-    at: Time,
-    reason: String,
-}
-
-#[derive(Debug)]
-enum State {
-    Delayed,
-    Available,
-    /// Boxed: few messages are leased at once, and every message pays for the largest state.
-    Leased(Box<Lease>),
-    Dead(Box<Death>),
-}
-
-#[derive(Debug)]
-struct Stored {
-    topic: Topic,
-    key: Key,
-    enqueued_at: Time,
-    /// `Time::MAX`: never.
-    expires_at: Time,
+/// What a leaf keeps in memory of a durable message besides its key and topic, in every
+/// state: 24 bytes. Where the message is kept says its state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    /// Where its body is in the log (`NO_LOCATION`: in `Leaf::bodies` only).
+    location: Location,
     /// Payload bytes.
     size: u32,
     /// Leases granted so far (given back when the root releases an undelivered grant).
     attempt: u32,
-    /// Where its body is in the log (`None`: pending, or a store that keeps no bodies).
-    location: Option<Location>,
-    /// Its body, when held in memory: always without a location, within
-    /// `leaf_body_cache_bytes` with one.
-    body: Option<Box<MessageBody>>,
-    state: State,
 }
 
-impl Stored {
-    /// What the log keeps of message `id` besides its body (no dedup key: checkpoints log
-    /// keys apart, and a rewritten body must not open a new window).
-    fn head(&self, id: MessageId) -> MessageHead {
-        MessageHead {
-            id,
-            topic: self.topic.to_string(),
-            priority: self.key.priority,
-            ready_at: self.key.ready_at,
-            enqueued_at: self.enqueued_at,
-            expires_at: (self.expires_at != Time::MAX).then_some(self.expires_at),
-            dedup_key: None,
+impl Slot {
+    /// Its body's place in the log, if it has one.
+    fn logged(&self) -> Option<Location> {
+        (self.location.segment != NO_LOCATION.segment).then_some(self.location)
+    }
+}
+
+impl Offerable for Slot {
+    /// The leaf offers a message as of the moment it joins the offered set.
+    fn candidate(&self, now: Time) -> Candidate {
+        Candidate {
+            size: self.size,
+            since: now,
+            entered: now,
         }
     }
 }
 
-/// How much of a log segment's bodies are still live, and which messages had theirs there.
+/// A leased message (few at once: kept whole, by id).
+#[derive(Debug)]
+struct Leased {
+    topic: Topic,
+    key: Key,
+    slot: Slot,
+    token: u64,
+    deadline: Time,
+}
+
+/// A delayed message, in `Leaf::delayed` by `(ready_at, id)`.
+#[derive(Debug)]
+struct Delayed {
+    topic: Topic,
+    priority: u32,
+    slot: Slot,
+}
+
+/// A dead letter, in its topic's `dead` by `(dead_at, id)`.
+#[derive(Debug)]
+struct Dead {
+    priority: u32,
+    ready_at: Time,
+    enqueued_at: Time,
+    /// `Time::MAX`: never (kept for a redrive).
+    expires_at: Time,
+    slot: Slot,
+    reason: Box<str>,
+}
+
+/// A message with a time to live: where to find it when the time comes (its key changes only
+/// while it is leased, and is updated then).
+#[derive(Debug)]
+struct Ttl {
+    expires_at: Time,
+    topic: Topic,
+    key: Key,
+}
+
+/// Messages of a topic accepted at one time, from id `first` (the key of `LeafTopic::ages`) up
+/// to the next entry's: ids grow with acceptance time, so one entry per push batch tells
+/// every message's `enqueued_at` and the topic's oldest.
+#[derive(Debug, Clone, Copy)]
+struct Age {
+    at: Time,
+    /// Messages of the entry still live and not dead.
+    live: u64,
+}
+
+/// How much of a log segment's bodies are still live.
 #[derive(Debug, Default)]
 struct SegmentUse {
     live: u64,
     live_bytes: u64,
-    /// Messages whose bodies were placed here (some may since be gone or moved).
-    ids: Vec<MessageId>,
+    /// Bytes of every body placed in it (since the leaf started: a recovered segment counts
+    /// only the bodies live at recovery).
+    placed_bytes: u64,
 }
 
 /// An answer that waits for bodies to be read from the log.
@@ -277,22 +310,107 @@ struct Answer {
     waiting: Waiting,
 }
 
-/// The one compaction step under way: a segment's live bodies being read, then rewritten.
+/// A live body compaction moves: found again by topic and key (the key changes only while
+/// a message is leased; one that changed is skipped and stays for a later pass).
+#[derive(Debug, Clone)]
+struct CompactItem {
+    topic: Topic,
+    key: Key,
+    location: Location,
+}
+
+/// The one compaction step under way: bodies being read, then rewritten.
 #[derive(Debug)]
 struct Compaction {
     token: u64,
-    segment: u32,
     writing: bool,
-    items: Vec<(MessageId, Location)>,
+    items: Vec<CompactItem>,
 }
 
 #[derive(Debug, Default)]
 struct LeafTopic {
-    offers: OfferSet,
+    /// Available messages.
+    offers: OfferSet<Slot>,
     /// Messages of this topic in any state but pending.
     messages: u64,
+    /// Available messages per priority.
+    ready: BTreeMap<u32, u64>,
+    /// Delayed messages (in `Leaf::delayed`).
+    delayed: u64,
+    /// Leased messages (in `Leaf::leased`).
+    leased: u64,
     /// Dead letters by `(dead_at, id)`.
-    dead: BTreeSet<(Time, MessageId)>,
+    dead: BTreeMap<(Time, MessageId), Dead>,
+    /// When each dead letter died.
+    dead_at: IdMap<Time>,
+    /// Acceptance times of the live messages that are not dead (see [`Age`]).
+    ages: BTreeMap<MessageId, Age>,
+}
+
+impl LeafTopic {
+    /// When message `id` (live, not dead) was accepted.
+    fn enqueued_at(&self, id: MessageId) -> Time {
+        self.ages
+            .range(..=id)
+            .next_back()
+            .map_or(Time::ZERO, |(_, age)| age.at)
+    }
+
+    /// Counts message `id`, accepted at `at`, in the ages.
+    fn age_add(&mut self, id: MessageId, at: Time) {
+        if let Some((_, age)) = self.ages.range_mut(..=id).next_back()
+            && age.at == at
+        {
+            age.live += 1;
+            return;
+        }
+        self.ages.insert(id, Age { at, live: 1 });
+    }
+
+    /// Uncounts message `id` from the ages.
+    fn age_remove(&mut self, id: MessageId) {
+        let Some((&first, age)) = self.ages.range_mut(..=id).next_back() else {
+            return;
+        };
+        age.live = age.live.saturating_sub(1);
+        if age.live == 0 {
+            self.ages.remove(&first);
+        }
+    }
+
+    /// Places an available message.
+    fn make_available(&mut self, key: Key, slot: Slot) {
+        self.offers.insert(key, slot);
+        *self.ready.entry(key.priority).or_default() += 1;
+    }
+
+    /// Takes an available message out (`take`: the parent reserved it, with `applied`).
+    fn unavailable(&mut self, key: &Key, take: Option<u64>) -> Option<Slot> {
+        let slot = match take {
+            Some(applied) => self.offers.take(key, applied),
+            None => self.offers.remove(key),
+        }?;
+        if let Some(count) = self.ready.get_mut(&key.priority) {
+            *count -= 1;
+            if *count == 0 {
+                self.ready.remove(&key.priority);
+            }
+        }
+        Some(slot)
+    }
+}
+
+/// A message accepted and waiting for its batch to be durable.
+#[derive(Debug)]
+struct PendingMessage {
+    id: MessageId,
+    topic: Topic,
+    key: Key,
+    enqueued_at: Time,
+    /// `Time::MAX`: never.
+    expires_at: Time,
+    size: u32,
+    body: MessageBody,
 }
 
 #[derive(Debug)]
@@ -302,7 +420,7 @@ struct PendingBatch {
     /// The id answered for each message of the push, in order (duplicates included).
     ids: Vec<MessageId>,
     /// The messages this batch enqueues.
-    messages: Vec<(MessageId, Stored)>,
+    messages: Vec<PendingMessage>,
     /// Set when a message this batch duplicates failed to be stored: the producer is told.
     failed: Option<String>,
     /// When the push arrived.
@@ -334,6 +452,27 @@ struct Counters {
     compacted: u64,
 }
 
+/// A message as recovery rebuilds it, by id, before it settles into its place.
+#[derive(Debug)]
+struct Recovered {
+    /// Index into `Recovery::topics`.
+    topic: u32,
+    key: Key,
+    enqueued_at: Time,
+    expires_at: Time,
+    slot: Slot,
+    dead: Option<Box<(Time, Box<str>)>>,
+}
+
+/// The state of a recovery under way (see [`Leaf::recovering`]).
+#[derive(Debug, Default)]
+struct Recovery {
+    messages: IdMap<Recovered>,
+    topics: Vec<Topic>,
+    /// The last topic a record named, and its index.
+    last: Option<(Topic, u32)>,
+}
+
 /// See the module doc.
 pub struct Leaf {
     config: LeafConfig,
@@ -341,14 +480,18 @@ pub struct Leaf {
     rng: u64,
     upstream: Upstream,
     clients: Downstream,
-    /// Boxed: the map's table then moves 16-byte entries when it grows, not whole messages.
-    messages: IdMap<Box<Stored>>,
+    /// Sequence numbers of the durable messages.
+    live: LiveIds,
     topics: TopicMap<LeafTopic>,
+    /// Leased messages by id.
+    leased: IdMap<Leased>,
     /// Live leases by `(deadline, id)`.
     leases: BTreeSet<(Time, MessageId)>,
     /// Delayed messages by `(ready_at, id)`.
-    delayed: BTreeSet<(Time, MessageId)>,
-    /// Messages with a time to live (not dead) by `(expires_at, id)`.
+    delayed: SortedMap<(Time, MessageId), Delayed>,
+    /// Messages with a time to live (not dead), by id.
+    ttl: IdMap<Ttl>,
+    /// The same by `(expires_at, id)`.
     expiries: BTreeSet<(Time, MessageId)>,
     dedup: HashMap<Topic, HashMap<Box<str>, DedupEntry>>,
     dedup_expiry: BTreeMap<(Time, MessageId), (Topic, Box<str>)>,
@@ -367,24 +510,38 @@ pub struct Leaf {
     reporter: Reporter,
     /// Approximate bytes appended to the log since the last checkpoint.
     logged_bytes: u64,
-    /// Approximate bytes a checkpoint of the live state would take.
-    live_bytes: u64,
+    /// Bytes of bodies held in memory only (no location): a checkpoint copies them.
+    unlogged_bytes: u64,
     /// When the time trigger takes a checkpoint (set once something is logged after one).
     checkpoint_due: Option<Time>,
     /// When offer changes that were held back must go (`None`: none are waiting).
     offer_due: Option<Time>,
     flush_policy: FlushPolicy,
-    /// Bytes of bodies held in memory (see `Stored::body`).
+    /// Bodies held in memory: all without a location, those with one within
+    /// `leaf_body_cache_bytes`.
+    bodies: IdMap<MessageBody>,
+    /// Their bytes.
     body_bytes: u64,
+    /// The latest acceptance time given: acceptance times never go back as ids grow (see
+    /// [`Age`]), whatever the clock does.
+    last_enqueued_at: Time,
     /// Log segments holding live bodies.
     segments: BTreeMap<u32, SegmentUse>,
     /// The newest segment a body was placed in (the one being written).
     newest_segment: u32,
     /// Sealed segments whose live bodies fell below `compaction_live_pct`.
     compactable: BTreeSet<u32>,
+    /// Segments a compaction pass could not empty (an unreadable body): not tried again.
+    compaction_stuck: BTreeSet<u32>,
+    /// Bodies of the segment being compacted not yet in a step.
+    compaction_queue: Vec<CompactItem>,
+    /// The segment being compacted, and whether one of its bodies could not be moved.
+    compacting: Option<(u32, bool)>,
     compaction: Option<Compaction>,
     /// Answers in the order they must go, some waiting for reads.
     answers: VecDeque<Answer>,
+    /// A recovery under way.
+    recovery: Option<Box<Recovery>>,
 }
 
 impl Leaf {
@@ -403,10 +560,12 @@ impl Leaf {
             rng: config.seed,
             upstream,
             clients,
-            messages: IdMap::default(),
+            live: LiveIds::default(),
             topics: Default::default(),
+            leased: IdMap::default(),
             leases: BTreeSet::new(),
-            delayed: BTreeSet::new(),
+            delayed: SortedMap::default(),
+            ttl: IdMap::default(),
             expiries: BTreeSet::new(),
             dedup: HashMap::new(),
             dedup_expiry: BTreeMap::new(),
@@ -422,16 +581,22 @@ impl Leaf {
             counters: Counters::default(),
             reporter: Reporter::new(&config.settings),
             logged_bytes: 0,
-            live_bytes: 0,
+            unlogged_bytes: 0,
             checkpoint_due: None,
             offer_due: None,
             flush_policy: FlushPolicy::new(&config.settings),
+            bodies: IdMap::default(),
             body_bytes: 0,
+            last_enqueued_at: Time::ZERO,
             segments: BTreeMap::new(),
             newest_segment: 0,
             compactable: BTreeSet::new(),
+            compaction_stuck: BTreeSet::new(),
+            compaction_queue: Vec::new(),
+            compacting: None,
             compaction: None,
             answers: VecDeque::new(),
+            recovery: None,
             config,
         }
     }
@@ -454,20 +619,21 @@ impl Leaf {
     /// An empty leaf about to be rebuilt from its log, one operation at a time (so that a log
     /// far larger than the leaf's index is never held in memory at once).
     pub fn recovering(config: LeafConfig) -> Leaf {
-        Leaf::new(config)
+        let mut leaf = Leaf::new(config);
+        leaf.recovery = Some(Box::default());
+        leaf
     }
 
     /// Recovery: applies one storage operation of the log, in log order.
     pub fn replay_operation(&mut self, records: Vec<LogRecord>) {
+        let mut recovery = self.recovery.take().unwrap_or_default();
         // A checkpoint comes as one operation of every message at once: room for all of them
         // in one step rather than by doubling (a no-op while there is room).
-        self.messages.reserve(records.len());
-        // Consecutive records mostly share a topic: remember the last one instead of hashing
-        // its name for every record.
-        let mut last_topic: Option<Topic> = None;
+        recovery.messages.reserve(records.len());
         for record in records {
-            self.replay(record, &mut last_topic);
+            self.replay(&mut recovery, record);
         }
+        self.recovery = Some(recovery);
     }
 
     /// Ends recovery as of `now`.
@@ -478,76 +644,105 @@ impl Leaf {
     /// Sequence numbers continue above both the highest recovered and `config.first_seq`.
     pub fn recovered(self, now: Time) -> Leaf {
         let mut leaf = self;
-        // Settle every message's state as of `now`, then build each topic's index in bulk
-        // (sorting once beats a million ordered inserts). A leaf has few topics: they are
-        // told apart by pointer, not by hashing each message's topic name.
-        let mut expired = Vec::new();
-        // Per topic: its messages, and its available candidates.
-        type Gathered = (Topic, u64, Vec<(Key, Candidate)>);
-        let mut by_topic: Vec<Gathered> = Vec::new();
-        let mut last = usize::MAX;
-        let total = leaf.messages.len();
-        for (id, stored) in leaf.messages.iter_mut() {
-            if stored.expires_at <= now && !matches!(stored.state, State::Dead(_)) {
-                expired.push(*id);
+        let Some(recovery) = leaf.recovery.take() else {
+            return leaf;
+        };
+        let Recovery {
+            messages, topics, ..
+        } = *recovery;
+        // Settle every message as of `now`, gathering each topic's index to build in bulk
+        // (sorting once beats a million ordered inserts).
+        #[derive(Default)]
+        struct Gathered {
+            available: Vec<(Key, Slot)>,
+            ages: Vec<(MessageId, Time)>,
+        }
+        let mut gathered: Vec<Gathered> = topics.iter().map(|_| Gathered::default()).collect();
+        let mut delayed = Vec::new();
+        for (id, message) in messages {
+            let Recovered {
+                topic: index,
+                key,
+                enqueued_at,
+                expires_at,
+                slot,
+                dead,
+            } = message;
+            if expires_at <= now && dead.is_none() {
+                if let Some(body) = leaf.bodies.remove(&id) {
+                    leaf.body_bytes -= body.bytes();
+                }
+                leaf.counters.expired += 1;
                 continue;
             }
-            if by_topic
-                .get(last)
-                .is_none_or(|(topic, _, _)| !Arc::ptr_eq(topic, &stored.topic))
-            {
-                last = match by_topic
-                    .iter()
-                    .position(|(topic, _, _)| Arc::ptr_eq(topic, &stored.topic))
-                {
-                    Some(index) => index,
-                    None => {
-                        // Most leaves hold one topic: the first gets room for all.
-                        let room = if by_topic.is_empty() { total } else { 0 };
-                        by_topic.push((stored.topic.clone(), 0, Vec::with_capacity(room)));
-                        by_topic.len() - 1
-                    }
+            let name = &topics[index as usize];
+            leaf.live.insert(id.seq());
+            leaf.last_enqueued_at = leaf.last_enqueued_at.max(enqueued_at);
+            match slot.logged() {
+                Some(location) => place_body(&mut leaf.segments, &location),
+                None => {
+                    let bytes = leaf.bodies.get(&id).map_or(0, MessageBody::bytes);
+                    leaf.unlogged_bytes += bytes;
+                }
+            }
+            let topic = leaf.topics.get_mut(name).expect("interned by replay");
+            topic.messages += 1;
+            if let Some(death) = dead {
+                let (at, reason) = *death;
+                topic.dead_at.insert(id, at);
+                topic.dead.insert(
+                    (at, id),
+                    Dead {
+                        priority: key.priority,
+                        ready_at: key.ready_at,
+                        enqueued_at,
+                        expires_at,
+                        slot,
+                        reason,
+                    },
+                );
+                continue;
+            }
+            let gather = &mut gathered[index as usize];
+            gather.ages.push((id, enqueued_at));
+            if expires_at != Time::MAX {
+                leaf.expiries.insert((expires_at, id));
+                let ttl = Ttl {
+                    expires_at,
+                    topic: name.clone(),
+                    key,
                 };
+                leaf.ttl.insert(id, ttl);
             }
-            let (_, count, entries) = &mut by_topic[last];
-            *count += 1;
-            if let Some(location) = &stored.location {
-                place_body(&mut leaf.segments, *id, location);
-            }
-            if let Some(body) = &stored.body {
-                leaf.body_bytes += body.bytes();
-            }
-            if let State::Dead(death) = &stored.state {
-                let topic = leaf.topics.get_mut(&stored.topic).expect("interned above");
-                topic.dead.insert((death.at, *id));
-                continue;
-            }
-            if stored.expires_at != Time::MAX {
-                leaf.expiries.insert((stored.expires_at, *id));
-            }
-            if stored.key.ready_at > now {
-                stored.state = State::Delayed;
-                leaf.delayed.insert((stored.key.ready_at, *id));
+            if key.ready_at > now {
+                topic.delayed += 1;
+                let entry = Delayed {
+                    topic: name.clone(),
+                    priority: key.priority,
+                    slot,
+                };
+                delayed.push(((key.ready_at, id), entry));
             } else {
-                stored.state = State::Available;
-                let candidate = Candidate {
-                    size: stored.size,
-                    since: now,
-                    entered: now,
-                };
-                entries.push((stored.key, candidate));
+                *topic.ready.entry(key.priority).or_default() += 1;
+                gather.available.push((key, slot));
             }
         }
-        for id in expired {
-            let stored = leaf.messages.remove(&id).expect("listed above");
-            leaf.live_bytes -= stored_bytes(&stored);
-            leaf.counters.expired += 1;
+        for (name, gather) in topics.iter().zip(gathered) {
+            let topic = leaf.topics.get_mut(name).expect("interned by replay");
+            topic.offers = OfferSet::from_unoffered(gather.available);
+            let mut ages = gather.ages;
+            ages.sort_unstable_by_key(|(id, _)| *id);
+            for (id, at) in ages {
+                match topic.ages.last_entry() {
+                    Some(mut last) if last.get().at == at => last.get_mut().live += 1,
+                    _ => {
+                        topic.ages.insert(id, Age { at, live: 1 });
+                    }
+                }
+            }
         }
-        for (name, count, entries) in by_topic {
-            let topic = leaf.topics.get_mut(&name).expect("interned above");
-            topic.messages = count;
-            topic.offers = OfferSet::from_unoffered(entries);
-        }
+        delayed.sort_unstable_by_key(|(at, _)| *at);
+        leaf.delayed = SortedMap::from_sorted(delayed);
         leaf.newest_segment = leaf.segments.keys().last().copied().unwrap_or(0);
         let segments: Vec<u32> = leaf.segments.keys().copied().collect();
         for segment in segments {
@@ -561,70 +756,84 @@ impl Leaf {
         leaf
     }
 
-    /// Recovery: a message's record. A message the leaf already holds only moves its body
+    /// Recovery: a message's record. A message already recovered only moves its body
     /// (compaction rewrote it elsewhere).
     fn recover_message(
         &mut self,
+        recovery: &mut Recovery,
         head: MessageHead,
         size: u32,
-        place: Result<Location, Box<MessageBody>>,
-        last_topic: &mut Option<Topic>,
+        place: Result<Location, MessageBody>,
     ) {
-        let (location, body) = match place {
-            Ok(location) => (Some(location), None),
-            Err(body) => (None, Some(body)),
+        let id = head.id;
+        let location = match place {
+            Ok(location) => {
+                if let Some(body) = self.bodies.remove(&id) {
+                    self.body_bytes -= body.bytes();
+                }
+                location
+            }
+            Err(body) => {
+                self.body_bytes += body.bytes();
+                if let Some(old) = self.bodies.insert(id, body) {
+                    self.body_bytes -= old.bytes();
+                }
+                NO_LOCATION
+            }
         };
+        if let Some(message) = recovery.messages.get_mut(&id) {
+            message.slot.location = location;
+            return;
+        }
         // Consecutive records mostly share a topic: reuse the last one instead of hashing its
         // name for every record.
-        let topic = match last_topic {
-            Some(last) if **last == *head.topic => last.clone(),
+        let index = match &recovery.last {
+            Some((last, index)) if **last == *head.topic => *index,
             _ => {
                 let interned = self.topic(&head.topic);
-                *last_topic = Some(interned.clone());
-                interned
+                let index = match recovery.topics.iter().position(|t| *t == interned) {
+                    Some(index) => index as u32,
+                    None => {
+                        recovery.topics.push(interned.clone());
+                        (recovery.topics.len() - 1) as u32
+                    }
+                };
+                recovery.last = Some((interned, index));
+                index
             }
         };
-        let vacant = match self.messages.entry(head.id) {
-            std::collections::hash_map::Entry::Occupied(mut entry) => {
-                let stored = entry.get_mut();
-                self.live_bytes -= stored_bytes(stored);
-                stored.location = location;
-                stored.body = body;
-                self.live_bytes += stored_bytes(stored);
-                return;
-            }
-            std::collections::hash_map::Entry::Vacant(vacant) => vacant,
-        };
-        let dedup = head.dedup_key.map(|key| (topic.clone(), key));
-        let stored = Stored {
-            topic,
-            key: Key {
-                priority: head.priority,
-                ready_at: head.ready_at,
-                id: head.id,
-            },
-            enqueued_at: head.enqueued_at,
-            expires_at: head.expires_at.unwrap_or(Time::MAX),
-            size,
-            attempt: 0,
-            location,
-            body,
-            state: State::Available,
-        };
-        self.live_bytes += stored_bytes(&stored);
-        vacant.insert(Box::new(stored));
         // Ids are never reused, not even those of messages deleted since.
-        self.next_seq = self.next_seq.max(head.id.seq() + 1).min(MESSAGE_SEQ_MAX);
-        if let Some((topic, key)) = dedup {
+        self.next_seq = self.next_seq.max(id.seq() + 1).min(MESSAGE_SEQ_MAX);
+        if let Some(key) = head.dedup_key {
+            let topic = recovery.topics[index as usize].clone();
             let window = self.policy(&topic).dedup_window_ms;
             let until = head.enqueued_at + Duration::from_millis(window);
-            let entry = DedupEntry { id: head.id, until };
-            self.remember_dedup(&topic, key.into(), entry);
+            self.remember_dedup(&topic, key.into(), DedupEntry { id, until });
         }
+        recovery.messages.insert(
+            id,
+            Recovered {
+                topic: index,
+                key: Key {
+                    priority: head.priority,
+                    ready_at: head.ready_at,
+                    id,
+                },
+                enqueued_at: head.enqueued_at,
+                expires_at: head.expires_at.unwrap_or(Time::MAX),
+                slot: Slot {
+                    location,
+                    size,
+                    attempt: 0,
+                },
+                dead: None,
+            },
+        );
     }
 
     /// Recovery: one record of the log.
-    fn replay(&mut self, record: LogRecord, last_topic: &mut Option<Topic>) {
+    fn replay(&mut self, recovery: &mut Recovery, record: LogRecord) {
+        let messages = &mut recovery.messages;
         match record {
             LogRecord::Enqueue {
                 head,
@@ -632,17 +841,17 @@ impl Leaf {
                 payload,
             } => {
                 let size = payload.len() as u32;
-                let body = Box::new(MessageBody { metadata, payload });
-                self.recover_message(head, size, Err(body), last_topic);
+                let body = MessageBody { metadata, payload };
+                self.recover_message(recovery, head, size, Err(body));
             }
             LogRecord::Index {
                 head,
                 size,
                 location,
-            } => self.recover_message(head, size, Ok(location), last_topic),
+            } => self.recover_message(recovery, head, size, Ok(location)),
             LogRecord::Lease { id, attempt, .. } => {
-                if let Some(stored) = self.messages.get_mut(&id) {
-                    stored.attempt = attempt;
+                if let Some(message) = messages.get_mut(&id) {
+                    message.slot.attempt = attempt;
                 }
             }
             LogRecord::Release {
@@ -650,25 +859,26 @@ impl Leaf {
                 attempt,
                 ready_at,
             } => {
-                if let Some(stored) = self.messages.get_mut(&id) {
-                    stored.attempt = attempt;
-                    stored.key.ready_at = ready_at;
+                if let Some(message) = messages.get_mut(&id) {
+                    message.slot.attempt = attempt;
+                    message.key.ready_at = ready_at;
                 }
             }
             LogRecord::Dead { id, reason, at } => {
-                if let Some(stored) = self.messages.get_mut(&id) {
-                    stored.state = State::Dead(Box::new(Death { at, reason }));
+                if let Some(message) = messages.get_mut(&id) {
+                    message.dead = Some(Box::new((at, reason.into())));
                 }
             }
             LogRecord::Redrive { id } => {
-                if let Some(stored) = self.messages.get_mut(&id) {
-                    stored.state = State::Available;
-                    stored.attempt = 0;
+                if let Some(message) = messages.get_mut(&id) {
+                    message.dead = None;
+                    message.slot.attempt = 0;
                 }
             }
             LogRecord::Delete { id } => {
-                if let Some(stored) = self.messages.remove(&id) {
-                    self.live_bytes -= stored_bytes(&stored);
+                messages.remove(&id);
+                if let Some(body) = self.bodies.remove(&id) {
+                    self.body_bytes -= body.bytes();
                 }
             }
             LogRecord::Dedup {
@@ -809,7 +1019,7 @@ impl Leaf {
                 ),
             ));
         }
-        let held = self.messages.len() as u64 + self.pending_messages;
+        let held = self.live.len() + self.pending_messages;
         if held + count as u64 > s.leaf_messages_max {
             return Err((
                 ErrorCode::QueueFull,
@@ -856,6 +1066,9 @@ impl Leaf {
             .record(now, Metric::PushBatch, push.messages.len() as u64);
         let token = self.next_token;
         self.next_token += 1;
+        // Acceptance times never go back as ids grow, whatever the clock does (see `Age`).
+        let enqueued_at = now.max(self.last_enqueued_at);
+        self.last_enqueued_at = enqueued_at;
         let mut records = Vec::with_capacity(push.messages.len());
         let mut messages = Vec::with_capacity(push.messages.len());
         let mut ids = Vec::with_capacity(push.messages.len());
@@ -884,7 +1097,7 @@ impl Leaf {
                 topic: message.topic,
                 priority: message.priority,
                 ready_at,
-                enqueued_at: now,
+                enqueued_at,
                 expires_at,
                 dedup_key: message.dedup_key,
             };
@@ -893,29 +1106,24 @@ impl Leaf {
                 metadata: message.metadata.clone(),
                 payload: message.payload.clone(),
             });
-            let stored = Stored {
+            messages.push(PendingMessage {
+                id,
                 topic,
                 key: Key {
                     priority: message.priority,
                     ready_at,
                     id,
                 },
-                enqueued_at: now,
+                enqueued_at,
                 expires_at: expires_at.unwrap_or(Time::MAX),
                 size: message.payload.len() as u32,
-                attempt: 0,
-                location: None,
-                body: Some(Box::new(MessageBody {
+                body: MessageBody {
                     metadata: message.metadata,
                     payload: message.payload,
-                })),
-                state: State::Available,
-            };
-            messages.push((id, stored));
+                },
+            });
         }
         self.pending_messages += messages.len() as u64;
-        // Pending messages are part of the state a snapshot holds.
-        self.live_bytes += messages.iter().map(|(_, m)| stored_bytes(m)).sum::<u64>();
         self.pending.insert(
             token,
             PendingBatch {
@@ -945,12 +1153,20 @@ impl Leaf {
         self.storage.push_back(StorageOp::Append { token, records });
     }
 
+    /// Approximate bytes a checkpoint of the live state would take.
+    fn live_bytes(&self) -> u64 {
+        // Pending batches count too: the log replays them after the snapshot.
+        (self.live.len() + self.pending_messages) * INDEX_RECORD_BYTES
+            + self.unlogged_bytes
+            + self.dedup_len() as u64 * 64
+    }
+
     /// Takes a checkpoint when the log has grown by `checkpoint_log_bytes` and a snapshot would
     /// be at most half its size, or when `checkpoint_interval_ms` passed since the first record
     /// logged after the last checkpoint.
     fn maybe_checkpoint(&mut self, now: Time) {
         let by_growth = self.logged_bytes >= self.config.settings.checkpoint_log_bytes
-            && self.live_bytes.saturating_mul(2) <= self.logged_bytes;
+            && self.live_bytes().saturating_mul(2) <= self.logged_bytes;
         let by_time = self.checkpoint_due.is_some_and(|due| due <= now);
         if !(by_growth || by_time) {
             return;
@@ -974,40 +1190,118 @@ impl Leaf {
         });
     }
 
+    /// What the log keeps of message `key` of `topic` besides its body (no dedup key:
+    /// checkpoints log keys apart, and a rewritten body must not open a new window).
+    fn head(&self, topic: &Topic, key: &Key, enqueued_at: Time, expires_at: Time) -> MessageHead {
+        MessageHead {
+            id: key.id,
+            topic: topic.to_string(),
+            priority: key.priority,
+            ready_at: key.ready_at,
+            enqueued_at,
+            expires_at: (expires_at != Time::MAX).then_some(expires_at),
+            dedup_key: None,
+        }
+    }
+
+    /// When message `id` (not dead) expires (`Time::MAX`: never).
+    fn expires_at(&self, id: MessageId) -> Time {
+        if self.ttl.is_empty() {
+            return Time::MAX;
+        }
+        self.ttl.get(&id).map_or(Time::MAX, |ttl| ttl.expires_at)
+    }
+
+    /// The records that rebuild one message: its body (referred to when in the log), its
+    /// attempts, its death.
+    fn message_records(
+        &self,
+        records: &mut Vec<LogRecord>,
+        head: MessageHead,
+        slot: &Slot,
+        dead: Option<(Time, &str)>,
+    ) {
+        let id = head.id;
+        records.push(match slot.logged() {
+            Some(location) => LogRecord::Index {
+                head,
+                size: slot.size,
+                location,
+            },
+            None => {
+                let body = self.bodies.get(&id).cloned().unwrap_or_default();
+                LogRecord::Enqueue {
+                    head,
+                    metadata: body.metadata,
+                    payload: body.payload,
+                }
+            }
+        });
+        if slot.attempt > 0 {
+            records.push(LogRecord::Lease {
+                id,
+                attempt: slot.attempt,
+                deadline: Time::ZERO,
+            });
+        }
+        if let Some((at, reason)) = dead {
+            records.push(LogRecord::Dead {
+                id,
+                reason: reason.to_string(),
+                at,
+            });
+        }
+    }
+
     /// The leaf's state as log records, except the batches still pending (the log replays
     /// their appends after the snapshot: see [`StorageOp::Checkpoint`]). Replaying them
     /// rebuilds the leaf (see `recover`). Bodies in the log are referred to, not copied.
     fn snapshot(&self) -> Vec<LogRecord> {
-        let mut records = Vec::with_capacity(self.messages.len() + self.dedup_len());
-        for (id, stored) in self.messages.iter() {
-            let head = stored.head(*id);
-            records.push(match (stored.location, &stored.body) {
-                (Some(location), _) => LogRecord::Index {
-                    head,
-                    size: stored.size,
-                    location,
-                },
-                (None, Some(body)) => LogRecord::Enqueue {
-                    head,
-                    metadata: body.metadata.clone(),
-                    payload: body.payload.clone(),
-                },
-                (None, None) => unreachable!("a body is dropped only once it has a location"),
-            });
-            if stored.attempt > 0 {
-                records.push(LogRecord::Lease {
-                    id: *id,
-                    attempt: stored.attempt,
-                    deadline: Time::ZERO,
-                });
+        let mut records = Vec::with_capacity(self.live.len() as usize + self.dedup_len());
+        for (name, topic) in &self.topics {
+            for (key, slot) in topic.offers.iter() {
+                let head = self.head(
+                    name,
+                    key,
+                    topic.enqueued_at(key.id),
+                    self.expires_at(key.id),
+                );
+                self.message_records(&mut records, head, slot, None);
             }
-            if let State::Dead(death) = &stored.state {
-                records.push(LogRecord::Dead {
-                    id: *id,
-                    reason: death.reason.clone(),
-                    at: death.at,
-                });
+            for (&(at, id), dead) in &topic.dead {
+                let key = Key {
+                    priority: dead.priority,
+                    ready_at: dead.ready_at,
+                    id,
+                };
+                let head = self.head(name, &key, dead.enqueued_at, dead.expires_at);
+                self.message_records(&mut records, head, &dead.slot, Some((at, &dead.reason)));
             }
+        }
+        for (&(ready_at, id), delayed) in self.delayed.iter() {
+            let key = Key {
+                priority: delayed.priority,
+                ready_at,
+                id,
+            };
+            let topic = &self.topics[&delayed.topic];
+            let head = self.head(
+                &delayed.topic,
+                &key,
+                topic.enqueued_at(id),
+                self.expires_at(id),
+            );
+            self.message_records(&mut records, head, &delayed.slot, None);
+        }
+        for (&id, leased) in &self.leased {
+            let topic = &self.topics[&leased.topic];
+            let head = self.head(
+                &leased.topic,
+                &leased.key,
+                topic.enqueued_at(id),
+                self.expires_at(id),
+            );
+            self.message_records(&mut records, head, &leased.slot, None);
         }
         for ((until, id), (topic, key)) in &self.dedup_expiry {
             records.push(LogRecord::Dedup {
@@ -1020,61 +1314,44 @@ impl Leaf {
         records
     }
 
-    /// Puts a message that is not in any index into the delayed set or its topic's offers,
-    /// as its ready time says.
-    fn make_ready_or_delayed(&mut self, now: Time, id: MessageId) {
-        let stored = self.messages.get_mut(&id).expect("message exists");
-        if stored.key.ready_at > now {
-            stored.state = State::Delayed;
-            self.delayed.insert((stored.key.ready_at, id));
+    /// Places a message that is in no index: delayed or available, as its ready time says.
+    fn place(&mut self, now: Time, topic: Topic, key: Key, slot: Slot) {
+        let leaf_topic = self.topics.get_mut(&topic).expect("topic exists");
+        if key.ready_at > now {
+            leaf_topic.delayed += 1;
+            let delayed = Delayed {
+                topic,
+                priority: key.priority,
+                slot,
+            };
+            self.delayed.insert((key.ready_at, key.id), delayed);
             return;
         }
-        stored.state = State::Available;
-        let (topic, key, size) = (stored.topic.clone(), stored.key, stored.size);
-        self.topics
-            .get_mut(&topic)
-            .expect("topic exists")
-            .offers
-            .insert(
-                key,
-                Candidate {
-                    size,
-                    since: now,
-                    entered: now,
-                },
-            );
+        leaf_topic.make_available(key, slot);
         self.dirty.insert(topic);
     }
 
-    /// Removes a message from every index and from the leaf.
-    fn remove_message(&mut self, id: MessageId) -> Box<Stored> {
-        let stored = self.messages.remove(&id).expect("message exists");
-        let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
-        match &stored.state {
-            State::Available => {
-                topic.offers.remove(&stored.key);
-            }
-            State::Delayed => {
-                self.delayed.remove(&(stored.key.ready_at, id));
-            }
-            State::Leased(lease) => {
-                self.leases.remove(&(lease.deadline, id));
-            }
-            State::Dead(death) => {
-                topic.dead.remove(&(death.at, id));
-            }
+    /// Forgets a message that is in no index any more (acked, expired, purged).
+    fn forget(&mut self, topic: &Topic, id: MessageId, slot: &Slot, dead: bool) {
+        let leaf_topic = self.topics.get_mut(topic).expect("topic exists");
+        leaf_topic.messages -= 1;
+        if !dead {
+            leaf_topic.age_remove(id);
         }
-        topic.messages -= 1;
-        self.expiries.remove(&(stored.expires_at, id));
-        self.live_bytes -= stored_bytes(&stored);
-        self.dirty.insert(stored.topic.clone());
-        if let Some(body) = &stored.body {
+        self.dirty.insert(topic.clone());
+        self.live.remove(id.seq());
+        if let Some(ttl) = self.ttl.remove(&id) {
+            self.expiries.remove(&(ttl.expires_at, id));
+        }
+        if let Some(body) = self.bodies.remove(&id) {
             self.body_bytes -= body.bytes();
+            if slot.logged().is_none() {
+                self.unlogged_bytes -= body.bytes();
+            }
         }
-        if let Some(location) = stored.location {
+        if let Some(location) = slot.logged() {
             self.unplace_body(&location);
         }
-        stored
     }
 
     /// A body left `location` (its message is gone, or its body moved).
@@ -1087,6 +1364,7 @@ impl Leaf {
         if segment.live == 0 {
             self.segments.remove(&location.segment);
             self.compactable.remove(&location.segment);
+            self.compaction_stuck.remove(&location.segment);
         } else {
             self.check_compactable(location.segment);
         }
@@ -1098,53 +1376,52 @@ impl Leaf {
         let Some(used) = self.segments.get(&segment) else {
             return;
         };
-        let threshold = s.wal_segment_bytes_max / 100 * u64::from(s.compaction_live_pct);
-        if segment < self.newest_segment && used.live_bytes < threshold {
+        let sparse = used.live_bytes * 100 < used.placed_bytes * u64::from(s.compaction_live_pct);
+        if segment < self.newest_segment
+            && sparse
+            && !self.compaction_stuck.contains(&segment)
+            && self.compacting.is_none_or(|(at, _)| at != segment)
+        {
             self.compactable.insert(segment);
         }
     }
 
-    /// A stored message's body is durable at `location`: the message keeps it in memory
-    /// within `leaf_body_cache_bytes`, and drops it beyond.
-    fn body_stored(&mut self, id: MessageId, location: Location) {
+    /// A body is durable at `location`: counts it in its segment.
+    fn body_placed(&mut self, location: &Location) {
         if location.segment > self.newest_segment {
             let sealed = self.newest_segment;
             self.newest_segment = location.segment;
             self.check_compactable(sealed);
         }
-        place_body(&mut self.segments, id, &location);
-        let cache = self.config.settings.leaf_body_cache_bytes;
-        let stored = self.messages.get_mut(&id).expect("message exists");
-        if let Some(old) = stored.location.replace(location) {
-            self.unplace_body(&old);
-        }
-        let stored = self.messages.get_mut(&id).expect("message exists");
-        if let Some(body) = &stored.body
-            && self.body_bytes > cache
-        {
-            self.body_bytes -= body.bytes();
-            self.live_bytes -= stored_bytes(stored);
-            stored.body = None;
-            self.live_bytes += stored_bytes(stored);
-        }
+        place_body(&mut self.segments, location);
     }
 
     fn handle_reserve(&mut self, now: Time, conn: ConnId, reserve: Reserve) {
         let mut outcomes = Vec::with_capacity(reserve.items.len());
         let mut records = Vec::new();
         let mut missing = Vec::new();
+        let topic = self
+            .topics
+            .get_key_value(reserve.topic.as_str())
+            .map(|(topic, _)| topic.clone());
         for item in reserve.items {
             let id = item.key.id;
-            let result = match self.messages.get(&id).map(|m| (&m.state, m.expires_at)) {
-                None | Some((State::Delayed | State::Dead(_), _)) => Err(ReserveDenied::Gone),
-                Some((State::Leased(_), _)) => Err(ReserveDenied::Leased),
-                Some((State::Available, expires_at)) if expires_at <= now => {
-                    self.expire(id, &mut records);
-                    Err(ReserveDenied::Gone)
+            let available = topic
+                .as_ref()
+                .is_some_and(|t| self.topics[t].offers.get(&item.key).is_some());
+            let result = match topic.clone() {
+                Some(topic) if available => {
+                    if self.expires_at(id) <= now {
+                        let leaf_topic = self.topics.get_mut(&topic).expect("present");
+                        let slot = leaf_topic.unavailable(&item.key, None).expect("present");
+                        self.expire(&topic, id, &slot, &mut records);
+                        Err(ReserveDenied::Gone)
+                    } else {
+                        Ok(self.lease(now, topic, item.key, reserve.lease_ms, reserve.offer_seq))
+                    }
                 }
-                Some((State::Available, _)) => {
-                    Ok(self.lease(now, id, reserve.lease_ms, reserve.offer_seq))
-                }
+                _ if self.leased.contains_key(&id) => Err(ReserveDenied::Leased),
+                _ => Err(ReserveDenied::Gone),
             };
             if let Ok((delivery, cached)) = &result {
                 self.counters.leased += 1;
@@ -1167,66 +1444,79 @@ impl Leaf {
         // Refill the parent's window before answering, on the same stream: by the time the root
         // sees the answer it already holds this leaf's next entries, so its next pop is exact.
         self.flush_offers(now, true);
-        let ids: Vec<MessageId> = missing
+        let locations: Vec<Location> = missing
             .iter()
-            .map(|&index| outcomes[index].key.id)
+            .map(|&index| {
+                let id = outcomes[index].key.id;
+                self.leased[&id].slot.location
+            })
             .collect();
-        self.answer(conn, Waiting::Reserved(outcomes), missing, &ids);
+        self.answer(conn, Waiting::Reserved(outcomes), missing, locations);
     }
 
-    /// Leases an available message; `offer_seq` is the parent's [`Reserve::offer_seq`].
-    /// Also says whether the delivery carries its body (`false`: it must be read).
+    /// Leases available message `key` of `topic`; `offer_seq` is the parent's
+    /// [`Reserve::offer_seq`]. Also says whether the delivery carries its body (`false`: it
+    /// must be read).
     fn lease(
         &mut self,
         now: Time,
-        id: MessageId,
+        topic: Topic,
+        key: Key,
         lease_ms: u64,
         offer_seq: u64,
     ) -> (Delivery, bool) {
         let lease_ms = lease_ms.clamp(1, self.config.settings.lease_timeout_max_ms);
         let token = self.next_lease_token();
         let deadline = now + Duration::from_millis(lease_ms);
-        let stored = self.messages.get_mut(&id).expect("checked");
-        let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
-        topic.offers.take(&stored.key, offer_seq);
-        self.dirty.insert(stored.topic.clone());
-        stored.attempt += 1;
-        stored.state = State::Leased(Box::new(Lease { token, deadline }));
-        self.leases.insert((deadline, id));
-        let body = stored.body.as_deref().cloned();
+        let leaf_topic = self.topics.get_mut(&topic).expect("topic exists");
+        let mut slot = leaf_topic
+            .unavailable(&key, Some(offer_seq))
+            .expect("checked");
+        leaf_topic.leased += 1;
+        let enqueued_at = leaf_topic.enqueued_at(key.id);
+        slot.attempt += 1;
+        self.dirty.insert(topic.clone());
+        self.leases.insert((deadline, key.id));
+        let body = self.bodies.get(&key.id).cloned();
         let cached = body.is_some();
         let body = body.unwrap_or_default();
         let delivery = Delivery {
-            id,
+            id: key.id,
             token,
-            topic: stored.topic.to_string(),
-            priority: stored.key.priority,
-            attempt: stored.attempt,
-            enqueued_at: stored.enqueued_at,
+            topic: topic.to_string(),
+            priority: key.priority,
+            attempt: slot.attempt,
+            enqueued_at,
             lease_deadline: deadline,
             metadata: body.metadata,
             payload: body.payload,
         };
+        let leased = Leased {
+            topic,
+            key,
+            slot,
+            token,
+            deadline,
+        };
+        self.leased.insert(key.id, leased);
         (delivery, cached)
     }
 
-    /// Sends an answer once the bodies of `ids` (those of the items at `missing`) are read
-    /// from the log, after every answer queued before it.
-    fn answer(&mut self, conn: ConnId, waiting: Waiting, missing: Vec<usize>, ids: &[MessageId]) {
-        let read = if ids.is_empty() {
+    /// Sends an answer once the bodies at `locations` (those of the items at `missing`) are
+    /// read from the log, after every answer queued before it.
+    fn answer(
+        &mut self,
+        conn: ConnId,
+        waiting: Waiting,
+        missing: Vec<usize>,
+        locations: Vec<Location>,
+    ) {
+        let read = if locations.is_empty() {
             None
         } else {
             let token = self.next_token;
             self.next_token += 1;
-            let locations = ids
-                .iter()
-                .map(|id| {
-                    self.messages[id]
-                        .location
-                        .expect("a body not in memory is in the log")
-                })
-                .collect();
-            self.counters.body_reads += ids.len() as u64;
+            self.counters.body_reads += locations.len() as u64;
             self.storage.push_back(StorageOp::Read { token, locations });
             Some(token)
         };
@@ -1284,14 +1574,13 @@ impl Leaf {
                     items[item].result = Err(ReserveDenied::Gone);
                     // Only while the lease granted for this answer is still live: it may have
                     // ended (and the message moved on) while the read was under way.
-                    let leased = self.messages.get(&id).is_some_and(
-                        |m| matches!(&m.state, State::Leased(lease) if lease.token == token),
-                    );
-                    if leased {
-                        self.end_lease(id);
+                    if self.leased.get(&id).is_some_and(|l| l.token == token) {
+                        let Leased {
+                            topic, key, slot, ..
+                        } = self.end_lease(id);
                         let reason = format!("body unreadable from the log: {error}");
                         tracing::error!(%id, %reason, "message moved to the dead letters");
-                        self.move_to_dead(now, id, reason, &mut records);
+                        self.move_to_dead(now, topic, key, slot, reason, &mut records);
                     }
                 }
                 (Waiting::DeadLetters { letters, .. }, Ok(body)) => {
@@ -1312,34 +1601,32 @@ impl Leaf {
         self.send_answers();
     }
 
-    /// Deletes a message whose time to live passed.
-    fn expire(&mut self, id: MessageId, records: &mut Vec<LogRecord>) {
-        self.remove_message(id);
+    /// Deletes a message whose time to live passed (taken out of its index by the caller).
+    fn expire(&mut self, topic: &Topic, id: MessageId, slot: &Slot, records: &mut Vec<LogRecord>) {
+        self.forget(topic, id, slot, false);
         self.counters.expired += 1;
         records.push(LogRecord::Delete { id });
     }
 
     /// Checks a receipt against the live lease; `Ok` gives the message's id.
     fn check_receipt(&self, now: Time, receipt: &Receipt) -> Result<MessageId, ReceiptError> {
-        let stored = self
-            .messages
-            .get(&receipt.id)
-            .ok_or(ReceiptError::UnknownMessage)?;
-        match &stored.state {
-            State::Leased(lease) if lease.token == receipt.token && lease.deadline > now => {
-                Ok(receipt.id)
+        match self.leased.get(&receipt.id) {
+            Some(lease) if lease.token == receipt.token && lease.deadline > now => Ok(receipt.id),
+            Some(_) => Err(ReceiptError::Stale),
+            None if receipt.id.leaf() == self.config.id && self.live.contains(receipt.id.seq()) => {
+                Err(ReceiptError::Stale)
             }
-            _ => Err(ReceiptError::Stale),
+            None => Err(ReceiptError::UnknownMessage),
         }
     }
 
     /// Ends the live lease of a message: it is in no index until the caller places it.
-    fn end_lease(&mut self, id: MessageId) {
-        let stored = self.messages.get_mut(&id).expect("message exists");
-        if let State::Leased(lease) = &stored.state {
-            self.leases.remove(&(lease.deadline, id));
-        }
-        stored.state = State::Available;
+    fn end_lease(&mut self, id: MessageId) -> Leased {
+        let leased = self.leased.remove(&id).expect("leased");
+        self.leases.remove(&(leased.deadline, id));
+        let topic = self.topics.get_mut(&leased.topic).expect("topic exists");
+        topic.leased -= 1;
+        leased
     }
 
     /// A delivery failed (nack or lease expiry); its lease has ended. The message expires,
@@ -1347,54 +1634,76 @@ impl Leaf {
     fn delivery_failed(
         &mut self,
         now: Time,
-        id: MessageId,
+        leased: Leased,
         delay_ms: u64,
         reason: String,
         records: &mut Vec<LogRecord>,
     ) {
-        let stored = self.messages.get_mut(&id).expect("message exists");
-        if stored.expires_at <= now {
-            self.expire(id, records);
+        let Leased {
+            topic,
+            mut key,
+            slot,
+            ..
+        } = leased;
+        let id = key.id;
+        if self.expires_at(id) <= now {
+            self.expire(&topic, id, &slot, records);
             return;
         }
-        let max_attempts = self
-            .config
-            .settings
-            .topic_policy(&stored.topic)
-            .max_attempts;
-        if stored.attempt >= max_attempts {
-            self.move_to_dead(now, id, reason, records);
+        let max_attempts = self.config.settings.topic_policy(&topic).max_attempts;
+        if slot.attempt >= max_attempts {
+            self.move_to_dead(now, topic, key, slot, reason, records);
             return;
         }
         if delay_ms > 0 {
             let later = now + Duration::from_millis(delay_ms);
-            stored.key.ready_at = stored.key.ready_at.max(later);
+            key.ready_at = key.ready_at.max(later);
+            if let Some(ttl) = self.ttl.get_mut(&id) {
+                ttl.key = key;
+            }
         }
         records.push(LogRecord::Release {
             id,
-            attempt: stored.attempt,
-            ready_at: stored.key.ready_at,
+            attempt: slot.attempt,
+            ready_at: key.ready_at,
         });
-        self.make_ready_or_delayed(now, id);
+        self.place(now, topic, key, slot);
     }
 
     /// Moves a message whose lease has ended to its topic's dead letters.
     fn move_to_dead(
         &mut self,
         now: Time,
-        id: MessageId,
+        topic: Topic,
+        key: Key,
+        slot: Slot,
         reason: String,
         records: &mut Vec<LogRecord>,
     ) {
-        let stored = self.messages.get_mut(&id).expect("message exists");
-        self.expiries.remove(&(stored.expires_at, id));
-        stored.state = State::Dead(Box::new(Death {
-            at: now,
-            reason: reason.clone(),
-        }));
-        let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
-        topic.dead.insert((now, id));
-        self.dirty.insert(stored.topic.clone());
+        let id = key.id;
+        let expires_at = match self.ttl.remove(&id) {
+            Some(ttl) => {
+                self.expiries.remove(&(ttl.expires_at, id));
+                ttl.expires_at
+            }
+            None => Time::MAX,
+        };
+        let leaf_topic = self.topics.get_mut(&topic).expect("topic exists");
+        let enqueued_at = leaf_topic.enqueued_at(id);
+        leaf_topic.age_remove(id);
+        leaf_topic.dead_at.insert(id, now);
+        leaf_topic.dead.insert(
+            (now, id),
+            Dead {
+                priority: key.priority,
+                ready_at: key.ready_at,
+                enqueued_at,
+                expires_at,
+                slot,
+                reason: reason.as_str().into(),
+            },
+        );
+        self.dirty.insert(topic);
         self.counters.dead_lettered += 1;
         records.push(LogRecord::Dead {
             id,
@@ -1412,25 +1721,24 @@ impl Leaf {
                 .map(|id| match &confirm.op {
                     Settle::Ack => {
                         self.counters.acked += 1;
-                        self.remove_message(id);
+                        let leased = self.end_lease(id);
+                        self.forget(&leased.topic, id, &leased.slot, false);
                         records.push(LogRecord::Delete { id });
                     }
                     Settle::Nack { delay_ms, reason } => {
                         self.counters.nacked += 1;
-                        self.end_lease(id);
+                        let leased = self.end_lease(id);
                         let reason = reason.clone().unwrap_or_else(|| "nacked".into());
-                        self.delivery_failed(now, id, *delay_ms, reason, &mut records);
+                        self.delivery_failed(now, leased, *delay_ms, reason, &mut records);
                     }
                     Settle::Extend { lease_ms } => {
                         self.counters.extended += 1;
                         let max = self.config.settings.lease_timeout_max_ms;
                         let deadline = now + Duration::from_millis((*lease_ms).clamp(1, max));
-                        let stored = self.messages.get_mut(&id).expect("checked");
-                        if let State::Leased(lease) = &mut stored.state {
-                            self.leases.remove(&(lease.deadline, id));
-                            lease.deadline = deadline;
-                            self.leases.insert((deadline, id));
-                        }
+                        let leased = self.leased.get_mut(&id).expect("checked");
+                        self.leases.remove(&(leased.deadline, id));
+                        leased.deadline = deadline;
+                        self.leases.insert((deadline, id));
                     }
                 });
             results.push(result);
@@ -1454,22 +1762,91 @@ impl Leaf {
         let mut records = Vec::new();
         for receipt in &release.receipts {
             if let Ok(id) = self.check_receipt(now, receipt) {
-                self.end_lease(id);
-                if self.messages[&id].expires_at <= now {
-                    self.expire(id, &mut records);
+                let Leased {
+                    topic,
+                    key,
+                    mut slot,
+                    ..
+                } = self.end_lease(id);
+                if self.expires_at(id) <= now {
+                    self.expire(&topic, id, &slot, &mut records);
                     continue;
                 }
-                let stored = self.messages.get_mut(&id).expect("checked");
-                stored.attempt = stored.attempt.saturating_sub(1);
+                slot.attempt = slot.attempt.saturating_sub(1);
                 records.push(LogRecord::Release {
                     id,
-                    attempt: stored.attempt,
-                    ready_at: stored.key.ready_at,
+                    attempt: slot.attempt,
+                    ready_at: key.ready_at,
                 });
-                self.make_ready_or_delayed(now, id);
+                self.place(now, topic, key, slot);
             }
         }
         self.log(now, None, records);
+    }
+
+    /// The slot of message `key` of `topic`, in whatever state it is (`None`: gone, or its key
+    /// changed).
+    fn slot_mut(&mut self, topic: &Topic, key: &Key) -> Option<&mut Slot> {
+        if self.leased.contains_key(&key.id) {
+            let leased = self.leased.get_mut(&key.id).expect("checked");
+            return (leased.key == *key).then_some(&mut leased.slot);
+        }
+        let leaf_topic = self.topics.get_mut(topic)?;
+        if let Some(&at) = leaf_topic.dead_at.get(&key.id) {
+            return leaf_topic
+                .dead
+                .get_mut(&(at, key.id))
+                .filter(|dead| dead.priority == key.priority && dead.ready_at == key.ready_at)
+                .map(|dead| &mut dead.slot);
+        }
+        if leaf_topic.offers.get(key).is_some() {
+            return leaf_topic.offers.get_mut(key);
+        }
+        self.delayed
+            .get_mut(&(key.ready_at, key.id))
+            .filter(|delayed| delayed.priority == key.priority)
+            .map(|delayed| &mut delayed.slot)
+    }
+
+    /// Every live body in log segment `segment`: one scan of the index (a segment is
+    /// compacted once its live bodies are few, so this is rare next to the pushes that
+    /// filled it).
+    fn bodies_in(&self, segment: u32) -> Vec<CompactItem> {
+        let mut items = Vec::new();
+        let mut keep = |topic: &Topic, key: Key, slot: &Slot| {
+            if slot.location.segment == segment && slot.logged().is_some() {
+                items.push(CompactItem {
+                    topic: topic.clone(),
+                    key,
+                    location: slot.location,
+                });
+            }
+        };
+        for (name, topic) in &self.topics {
+            for (key, slot) in topic.offers.iter() {
+                keep(name, *key, slot);
+            }
+            for (&(_, id), dead) in &topic.dead {
+                let key = Key {
+                    priority: dead.priority,
+                    ready_at: dead.ready_at,
+                    id,
+                };
+                keep(name, key, &dead.slot);
+            }
+        }
+        for (&(ready_at, id), delayed) in self.delayed.iter() {
+            let key = Key {
+                priority: delayed.priority,
+                ready_at,
+                id,
+            };
+            keep(&delayed.topic, key, &delayed.slot);
+        }
+        for leased in self.leased.values() {
+            keep(&leased.topic, leased.key, &leased.slot);
+        }
+        items
     }
 
     /// Starts a compaction step when none is under way and a segment qualifies: reads up to
@@ -1478,42 +1855,52 @@ impl Leaf {
         if self.compaction.is_some() || self.config.settings.compaction_live_pct == 0 {
             return;
         }
-        let batch = self.config.settings.compaction_batch_messages as usize;
-        while let Some(&segment) = self.compactable.first() {
-            let Some(used) = self.segments.get_mut(&segment) else {
-                self.compactable.pop_first();
-                continue;
-            };
-            let mut items = Vec::new();
-            let mut scanned = 0;
-            for id in &used.ids {
-                scanned += 1;
-                if let Some(location) = self.messages.get(id).and_then(|m| m.location)
-                    && location.segment == segment
-                {
-                    items.push((*id, location));
-                    if items.len() == batch {
-                        break;
-                    }
+        let batch = self.config.settings.compaction_batch_messages.max(1) as usize;
+        if self.compaction_queue.is_empty() {
+            if let Some((segment, stuck)) = self.compacting.take() {
+                // A pass is over: a segment it could not empty is not tried again (until its
+                // bodies go); one whose bodies moved while queued qualifies again.
+                if stuck {
+                    self.compaction_stuck.insert(segment);
+                } else {
+                    self.check_compactable(segment);
                 }
             }
-            used.ids.drain(..scanned);
-            if items.is_empty() {
-                self.compactable.pop_first();
-                continue;
+            while let Some(segment) = self.compactable.pop_first() {
+                if !self.segments.contains_key(&segment) {
+                    continue;
+                }
+                let items = self.bodies_in(segment);
+                if items.is_empty() {
+                    continue;
+                }
+                let used = &self.segments[&segment];
+                tracing::info!(
+                    leaf = %self.config.name,
+                    segment,
+                    bodies = items.len(),
+                    live_bytes = used.live_bytes,
+                    "compacting a log segment"
+                );
+                self.compaction_queue = items;
+                self.compacting = Some((segment, false));
+                break;
             }
-            let token = self.next_token;
-            self.next_token += 1;
-            let locations = items.iter().map(|(_, location)| *location).collect();
-            self.storage.push_back(StorageOp::Read { token, locations });
-            self.compaction = Some(Compaction {
-                token,
-                segment,
-                writing: false,
-                items,
-            });
-            return;
+            if self.compaction_queue.is_empty() {
+                return;
+            }
         }
+        let take = batch.min(self.compaction_queue.len());
+        let items: Vec<CompactItem> = self.compaction_queue.drain(..take).collect();
+        let token = self.next_token;
+        self.next_token += 1;
+        let locations = items.iter().map(|item| item.location).collect();
+        self.storage.push_back(StorageOp::Read { token, locations });
+        self.compaction = Some(Compaction {
+            token,
+            writing: false,
+            items,
+        });
     }
 
     /// A compaction step's bodies are read: those still live where they were are appended
@@ -1524,27 +1911,40 @@ impl Leaf {
         };
         let mut records = Vec::new();
         let mut moving = Vec::new();
-        for ((id, location), body) in step.items.into_iter().zip(bodies) {
-            let Some(stored) = self.messages.get(&id) else {
+        for (item, body) in step.items.into_iter().zip(bodies) {
+            let Some(slot) = self.slot_mut(&item.topic, &item.key).copied() else {
                 continue;
             };
-            if stored.location != Some(location) {
+            if slot.location != item.location {
                 continue;
             }
             let body = match body {
                 Ok(body) => body,
                 Err(error) => {
                     // Left in place: its delivery will fail the same way and dead-letter it.
+                    let id = item.key.id;
                     tracing::error!(%id, %error, "compaction cannot read a body; it stays");
+                    if let Some((_, stuck)) = &mut self.compacting {
+                        *stuck = true;
+                    }
                     continue;
                 }
             };
+            let topic = &self.topics[&item.topic];
+            let id = item.key.id;
+            let (enqueued_at, expires_at) = match topic.dead_at.get(&id) {
+                Some(at) => {
+                    let dead = &topic.dead[&(*at, id)];
+                    (dead.enqueued_at, dead.expires_at)
+                }
+                None => (topic.enqueued_at(id), self.expires_at(id)),
+            };
             records.push(LogRecord::Enqueue {
-                head: stored.head(id),
+                head: self.head(&item.topic, &item.key, enqueued_at, expires_at),
                 metadata: body.metadata,
                 payload: body.payload,
             });
-            moving.push((id, location));
+            moving.push(item);
         }
         if records.is_empty() {
             return;
@@ -1564,18 +1964,19 @@ impl Leaf {
             return;
         };
         if locations.len() == step.items.len() {
-            for ((id, old), new) in step.items.into_iter().zip(locations) {
-                if self
-                    .messages
-                    .get(&id)
-                    .is_some_and(|m| m.location == Some(old))
-                {
-                    self.counters.compacted += 1;
-                    self.body_stored(id, new);
+            for (item, new) in step.items.into_iter().zip(locations) {
+                let Some(slot) = self.slot_mut(&item.topic, &item.key) else {
+                    continue;
+                };
+                if slot.location != item.location {
+                    continue;
                 }
+                slot.location = new;
+                self.counters.compacted += 1;
+                self.body_placed(&new);
+                self.unplace_body(&item.location);
             }
         }
-        self.check_compactable(step.segment);
         self.maybe_compact(now);
     }
 
@@ -1586,30 +1987,52 @@ impl Leaf {
             if deadline > now {
                 break;
             }
-            self.end_lease(id);
-            let attempt = self.messages[&id].attempt;
-            let reason = format!("visibility timeout expired (attempt {attempt})");
-            self.delivery_failed(now, id, 0, reason, &mut records);
+            let leased = self.end_lease(id);
+            let reason = format!(
+                "visibility timeout expired (attempt {})",
+                leased.slot.attempt
+            );
+            self.delivery_failed(now, leased, 0, reason, &mut records);
         }
-        while let Some(&(ready_at, id)) = self.delayed.first() {
+        while let Some((&(ready_at, id), _)) = self.delayed.first_key_value() {
             if ready_at > now {
                 break;
             }
-            self.delayed.pop_first();
-            self.make_ready_or_delayed(now, id);
+            let (_, delayed) = self.delayed.pop_first().expect("present");
+            let key = Key {
+                priority: delayed.priority,
+                ready_at,
+                id,
+            };
+            let topic = self.topics.get_mut(&delayed.topic).expect("topic exists");
+            topic.delayed -= 1;
+            self.place(now, delayed.topic, key, delayed.slot);
         }
         while let Some(&(expires_at, id)) = self.expiries.first() {
             if expires_at > now {
                 break;
             }
-            match self.messages.get(&id).map(|m| &m.state) {
-                // A leased message expires when its lease ends without an ack.
-                Some(State::Leased(_)) => {
-                    self.expiries.pop_first();
-                }
-                Some(_) => self.expire(id, &mut records),
+            self.expiries.pop_first();
+            // A leased message expires when its lease ends without an ack.
+            if self.leased.contains_key(&id) {
+                continue;
+            }
+            let Some(ttl) = self.ttl.get(&id) else {
+                continue;
+            };
+            let (topic, key) = (ttl.topic.clone(), ttl.key);
+            let leaf_topic = self.topics.get_mut(&topic).expect("topic exists");
+            let slot = match leaf_topic.unavailable(&key, None) {
+                Some(slot) => Some(slot),
+                None => self.delayed.remove(&(key.ready_at, id)).map(|delayed| {
+                    leaf_topic.delayed -= 1;
+                    delayed.slot
+                }),
+            };
+            match slot {
+                Some(slot) => self.expire(&topic, id, &slot, &mut records),
                 None => {
-                    self.expiries.pop_first();
+                    self.ttl.remove(&id);
                 }
             }
         }
@@ -1622,38 +2045,61 @@ impl Leaf {
         let result = match &admin.op {
             AdminOp::DeadLetters { topic, limit } => {
                 // Bodies in the log are read first; the reply waits for them.
-                let (letters, missing) = self.dead_letters(topic, *limit as usize);
-                let ids: Vec<MessageId> = missing.iter().map(|&i| letters[i].id).collect();
+                let (letters, missing, locations) = self.dead_letters(topic, *limit as usize);
                 let waiting = Waiting::DeadLetters {
                     tag: admin.tag,
                     letters,
                 };
-                self.answer(conn, waiting, missing, &ids);
+                self.answer(conn, waiting, missing, locations);
                 return;
             }
             AdminOp::Redrive { topic, ids } => {
                 let ids = self.dead_ids(topic, ids);
+                let topic = self
+                    .topics
+                    .get_key_value(topic.as_str())
+                    .map(|(topic, _)| topic.clone());
                 for id in &ids {
-                    let stored = self.messages.get_mut(id).expect("listed");
-                    let State::Dead(death) = &stored.state else {
-                        unreachable!("dead_ids lists dead letters")
+                    let topic = topic.clone().expect("dead letters have a topic");
+                    let leaf_topic = self.topics.get_mut(&topic).expect("present");
+                    let at = leaf_topic.dead_at.remove(id).expect("listed");
+                    let dead = leaf_topic.dead.remove(&(at, *id)).expect("listed");
+                    leaf_topic.age_add(*id, dead.enqueued_at);
+                    let key = Key {
+                        priority: dead.priority,
+                        ready_at: dead.ready_at,
+                        id: *id,
                     };
-                    let topic = self.topics.get_mut(&stored.topic).expect("topic exists");
-                    topic.dead.remove(&(death.at, *id));
-                    stored.attempt = 0;
-                    stored.state = State::Available;
-                    if stored.expires_at != Time::MAX {
-                        self.expiries.insert((stored.expires_at, *id));
+                    if dead.expires_at != Time::MAX {
+                        self.expiries.insert((dead.expires_at, *id));
+                        let ttl = Ttl {
+                            expires_at: dead.expires_at,
+                            topic: topic.clone(),
+                            key,
+                        };
+                        self.ttl.insert(*id, ttl);
                     }
+                    let slot = Slot {
+                        attempt: 0,
+                        ..dead.slot
+                    };
                     records.push(LogRecord::Redrive { id: *id });
-                    self.make_ready_or_delayed(now, *id);
+                    self.place(now, topic, key, slot);
                 }
                 AdminResult::Count(ids.len() as u64)
             }
             AdminOp::Purge { topic, ids } => {
                 let ids = self.dead_ids(topic, ids);
+                let topic = self
+                    .topics
+                    .get_key_value(topic.as_str())
+                    .map(|(topic, _)| topic.clone());
                 for id in &ids {
-                    self.remove_message(*id);
+                    let topic = topic.clone().expect("dead letters have a topic");
+                    let leaf_topic = self.topics.get_mut(&topic).expect("present");
+                    let at = leaf_topic.dead_at.remove(id).expect("listed");
+                    let dead = leaf_topic.dead.remove(&(at, *id)).expect("listed");
+                    self.forget(&topic, *id, &dead.slot, true);
                     records.push(LogRecord::Delete { id: *id });
                 }
                 AdminResult::Count(ids.len() as u64)
@@ -1676,99 +2122,87 @@ impl Leaf {
             return Vec::new();
         };
         if ids.is_empty() {
-            return leaf_topic.dead.iter().map(|(_, id)| *id).collect();
+            return leaf_topic.dead.keys().map(|(_, id)| *id).collect();
         }
         let mut wanted: Vec<MessageId> = ids
             .iter()
             .copied()
-            .filter(|id| {
-                self.messages
-                    .get(id)
-                    .is_some_and(|m| *m.topic == *topic && matches!(m.state, State::Dead(_)))
-            })
+            .filter(|id| leaf_topic.dead_at.contains_key(id))
             .collect();
         wanted.sort_unstable();
         wanted.dedup();
         wanted
     }
 
-    /// Up to `limit` dead letters of `topic`, oldest death first, within a frame's room, and
-    /// which of them miss their bodies (in the log, to be read).
-    fn dead_letters(&self, topic: &str, limit: usize) -> (Vec<DeadLetter>, Vec<usize>) {
+    /// Up to `limit` dead letters of `topic`, oldest death first, within a frame's room; which
+    /// of them miss their bodies, and where those are in the log.
+    fn dead_letters(
+        &self,
+        topic: &str,
+        limit: usize,
+    ) -> (Vec<DeadLetter>, Vec<usize>, Vec<Location>) {
         let Some(leaf_topic) = self.topics.get(topic) else {
-            return (Vec::new(), Vec::new());
+            return (Vec::new(), Vec::new(), Vec::new());
         };
         let s = &self.config.settings;
         let budget = u64::from(s.frame_bytes_max - crate::config::FRAME_OVERHEAD_BYTES);
         let mut bytes = 0;
         let mut out = Vec::new();
         let mut missing = Vec::new();
-        for (_, id) in leaf_topic.dead.iter().take(limit) {
-            let stored = &self.messages[id];
-            let State::Dead(death) = &stored.state else {
-                continue;
-            };
-            let body_bytes = match (&stored.body, &stored.location) {
+        let mut locations = Vec::new();
+        for (&(dead_at, id), dead) in leaf_topic.dead.iter().take(limit) {
+            let body = self.bodies.get(&id);
+            let body_bytes = match (body, dead.slot.logged()) {
                 (Some(body), _) => body.bytes(),
                 (None, Some(location)) => u64::from(location.len),
                 (None, None) => 0,
             };
-            let cost = stored_bytes(stored) + body_bytes + death.reason.len() as u64;
+            let cost =
+                INDEX_RECORD_BYTES + topic.len() as u64 + body_bytes + dead.reason.len() as u64;
             if !out.is_empty() && bytes + cost > budget {
                 break;
             }
             bytes += cost;
-            if stored.body.is_none() {
+            if body.is_none()
+                && let Some(location) = dead.slot.logged()
+            {
                 missing.push(out.len());
+                locations.push(location);
             }
-            let body = stored.body.as_deref().cloned().unwrap_or_default();
+            let body = body.cloned().unwrap_or_default();
             out.push(DeadLetter {
-                id: *id,
+                id,
                 topic: topic.to_string(),
-                priority: stored.key.priority,
-                attempts: stored.attempt,
-                reason: death.reason.clone(),
-                enqueued_at: stored.enqueued_at,
-                dead_at: death.at,
+                priority: dead.priority,
+                attempts: dead.slot.attempt,
+                reason: dead.reason.to_string(),
+                enqueued_at: dead.enqueued_at,
+                dead_at,
                 metadata: body.metadata,
                 payload: body.payload,
             });
         }
-        (out, missing)
+        (out, missing, locations)
     }
 
-    /// Depths per topic (one scan of the leaf's messages) and the leaf's counters.
+    /// Depths per topic and the leaf's counters (from counts kept as messages move: no scan).
     fn topic_stats(&self, only: Option<&str>) -> Stats {
-        let mut topics: BTreeMap<&str, (TopicStats, BTreeMap<u32, u64>)> = BTreeMap::new();
-        for stored in self.messages.values() {
-            if only.is_some_and(|only| only != &*stored.topic) {
-                continue;
-            }
-            let (stats, ready) = topics.entry(&stored.topic).or_default();
-            match stored.state {
-                State::Available => *ready.entry(stored.key.priority).or_default() += 1,
-                State::Delayed => stats.delayed += 1,
-                State::Leased(_) => stats.in_flight += 1,
-                State::Dead(_) => {
-                    stats.dead += 1;
-                    continue;
-                }
-            }
-            stats.oldest_enqueued_at = Some(
-                stats
-                    .oldest_enqueued_at
-                    .map_or(stored.enqueued_at, |t| t.min(stored.enqueued_at)),
-            );
-        }
+        let mut topics: Vec<TopicStats> = self
+            .topics
+            .iter()
+            .filter(|(name, topic)| only.is_none_or(|only| only == &***name) && topic.messages > 0)
+            .map(|(name, topic)| TopicStats {
+                topic: name.to_string(),
+                ready: topic.ready.iter().map(|(p, n)| (*p, *n)).collect(),
+                delayed: topic.delayed,
+                in_flight: topic.leased,
+                dead: topic.dead.len() as u64,
+                oldest_enqueued_at: topic.ages.first_key_value().map(|(_, age)| age.at),
+            })
+            .collect();
+        topics.sort_by(|a, b| a.topic.cmp(&b.topic));
         Stats {
-            topics: topics
-                .into_iter()
-                .map(|(name, (mut stats, ready))| {
-                    stats.topic = name.to_string();
-                    stats.ready = ready.into_iter().collect();
-                    stats
-                })
-                .collect(),
+            topics,
             expired: self.counters.expired,
             dead_lettered: self.counters.dead_lettered,
             deduplicated: self.counters.deduplicated,
@@ -1790,7 +2224,7 @@ impl Leaf {
             if let Some(parent) = session {
                 topic
                     .offers
-                    .rebalance(credits, self.config.settings.offer_swap);
+                    .rebalance(credits, self.config.settings.offer_swap, now);
                 let frontier = topic.offers.best_unoffered();
                 if !self.flush_policy.due(&topic.offers, frontier, force) {
                     lingering.insert(topic_name);
@@ -1820,12 +2254,9 @@ impl Leaf {
     }
 
     fn has_pending_for(&self, topic: &Topic) -> bool {
-        self.pending.values().any(|batch| {
-            batch
-                .messages
-                .iter()
-                .any(|(_, m)| Arc::ptr_eq(&m.topic, topic))
-        })
+        self.pending
+            .values()
+            .any(|batch| batch.messages.iter().any(|m| Arc::ptr_eq(&m.topic, topic)))
     }
 
     fn reject_unexpected(&mut self, conn: ConnId, msg: &Wire) {
@@ -1874,21 +2305,16 @@ fn record_bytes(record: &LogRecord) -> u64 {
     }
 }
 
-/// Approximate size of a message in a snapshot (a body in the log is referred to, not copied).
-fn stored_bytes(stored: &Stored) -> u64 {
-    let body = match (&stored.location, &stored.body) {
-        (None, Some(body)) => body.bytes(),
-        _ => 0,
-    };
-    72 + stored.topic.len() as u64 + body
-}
+/// Approximate size of a message's `Index` record in a checkpoint (its body in the log is
+/// referred to, not copied).
+const INDEX_RECORD_BYTES: u64 = 96;
 
 /// Adds a body at `location` to its segment's use.
-fn place_body(segments: &mut BTreeMap<u32, SegmentUse>, id: MessageId, location: &Location) {
+fn place_body(segments: &mut BTreeMap<u32, SegmentUse>, location: &Location) {
     let used = segments.entry(location.segment).or_default();
     used.live += 1;
     used.live_bytes += u64::from(location.len);
-    used.ids.push(id);
+    used.placed_bytes += u64::from(location.len);
 }
 
 /// Checks one message of a push batch against the settings.
@@ -2064,6 +2490,7 @@ impl Machine for Leaf {
         let swaps = self.topics.values().map(|t| t.offers.swaps).sum();
         let credit_stalls = self.topics.values().map(|t| t.offers.credit_stalls).sum();
         let dead: u64 = self.topics.values().map(|t| t.dead.len() as u64).sum();
+        let available: u64 = self.topics.values().map(|t| t.offers.len() as u64).sum();
         let counters = [
             ("pushed", c.pushed),
             ("push_batches", c.push_batches),
@@ -2081,15 +2508,12 @@ impl Machine for Leaf {
             ("credit_stalls", credit_stalls),
             ("protocol_violations", self.violations),
         ];
-        let messages = self.messages.len() as u64;
-        let leased = self.leases.len() as u64;
+        let messages = self.live.len();
+        let leased = self.leased.len() as u64;
         let delayed = self.delayed.len() as u64;
         let gauges = [
             ("messages", messages),
-            (
-                "available",
-                messages.saturating_sub(leased + delayed + dead),
-            ),
+            ("available", available),
             ("leased", leased),
             ("delayed", delayed),
             ("dead", dead),
@@ -2146,23 +2570,56 @@ impl Machine for Leaf {
                 .recorder
                 .record_since(now, Metric::PushAck, batch.received_at);
         }
-        for (id, stored) in batch.messages {
-            let topic = self
+        let cache = self.config.settings.leaf_body_cache_bytes;
+        for message in batch.messages {
+            let PendingMessage {
+                id,
+                topic,
+                key,
+                enqueued_at,
+                expires_at,
+                size,
+                body,
+            } = message;
+            let location = locations.next();
+            let leaf_topic = self
                 .topics
-                .get_mut(&stored.topic)
+                .get_mut(&topic)
                 .expect("topic kept while pending");
-            topic.messages += 1;
-            if stored.expires_at != Time::MAX {
-                self.expiries.insert((stored.expires_at, id));
+            leaf_topic.messages += 1;
+            leaf_topic.age_add(id, enqueued_at);
+            self.live.insert(id.seq());
+            if expires_at != Time::MAX {
+                self.expiries.insert((expires_at, id));
+                let ttl = Ttl {
+                    expires_at,
+                    topic: topic.clone(),
+                    key,
+                };
+                self.ttl.insert(id, ttl);
             }
-            if let Some(body) = &stored.body {
-                self.body_bytes += body.bytes();
+            // A body in the log stays in memory within the cache; one not in the log, always.
+            let bytes = body.bytes();
+            match &location {
+                Some(location) => {
+                    self.body_placed(location);
+                    if self.body_bytes + bytes <= cache {
+                        self.body_bytes += bytes;
+                        self.bodies.insert(id, body);
+                    }
+                }
+                None => {
+                    self.body_bytes += bytes;
+                    self.unlogged_bytes += bytes;
+                    self.bodies.insert(id, body);
+                }
             }
-            self.messages.insert(id, Box::new(stored));
-            if let Some(location) = locations.next() {
-                self.body_stored(id, location);
-            }
-            self.make_ready_or_delayed(now, id);
+            let slot = Slot {
+                location: location.unwrap_or(NO_LOCATION),
+                size,
+                attempt: 0,
+            };
+            self.place(now, topic, key, slot);
         }
         let reply = match batch.failed {
             None => Wire::PushAck(PushAck {
@@ -2219,14 +2676,9 @@ impl Machine for Leaf {
             return;
         };
         self.pending_messages -= batch.messages.len() as u64;
-        self.live_bytes -= batch
-            .messages
-            .iter()
-            .map(|(_, m)| stored_bytes(m))
-            .sum::<u64>();
         // Dedup keys of the lost messages are forgotten; batches that were answered with their
         // ids fail too.
-        let lost: HashSet<MessageId> = batch.messages.iter().map(|(id, _)| *id).collect();
+        let lost: HashSet<MessageId> = batch.messages.iter().map(|m| m.id).collect();
         let forgotten: Vec<(Topic, Box<str>)> = self
             .dedup_expiry
             .iter()
@@ -2243,11 +2695,7 @@ impl Machine for Leaf {
                 ));
             }
         }
-        let mut topics: HashSet<Topic> = batch
-            .messages
-            .iter()
-            .map(|(_, m)| m.topic.clone())
-            .collect();
+        let mut topics: HashSet<Topic> = batch.messages.iter().map(|m| m.topic.clone()).collect();
         topics.extend(self.dedup.keys().cloned());
         let text =
             format!("the leaf could not store the batch ({reason}); nothing of it was accepted");
@@ -2274,7 +2722,7 @@ impl Machine for Leaf {
     fn poll_timeout(&self) -> Option<Time> {
         [
             self.leases.first().map(|(at, _)| *at),
-            self.delayed.first().map(|(at, _)| *at),
+            self.delayed.first_key_value().map(|((at, _), _)| *at),
             self.expiries.first().map(|(at, _)| *at),
             self.dedup_expiry.first_key_value().map(|((at, _), _)| *at),
             self.checkpoint_due,
@@ -2287,8 +2735,8 @@ impl Machine for Leaf {
 
     fn stats(&self) -> NodeStats {
         NodeStats {
-            messages: self.messages.len() as u64,
-            leased: self.leases.len() as u64,
+            messages: self.live.len(),
+            leased: self.leased.len() as u64,
             offered: self
                 .topics
                 .values()

@@ -24,8 +24,8 @@ pub mod leaf;
 pub mod machine;
 pub mod metrics;
 mod offer;
-mod sorted;
 pub mod root;
+mod sorted;
 #[cfg(test)]
 mod tests;
 pub mod time;

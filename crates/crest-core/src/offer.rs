@@ -22,6 +22,7 @@
 //! instead of dropping it silently.
 
 use crate::key::Key;
+use crate::sorted::SortedMap;
 use crate::time::Time;
 use crate::wire::{Offer, OfferEntry};
 use std::collections::{BTreeMap, HashMap};
@@ -49,7 +50,12 @@ impl FlushPolicy {
     }
 
     /// Whether `set`'s diff (with the child's whole frontier now `frontier`) goes now.
-    pub(crate) fn due(&self, set: &OfferSet, frontier: Option<Key>, force: bool) -> bool {
+    pub(crate) fn due<V: Offerable>(
+        &self,
+        set: &OfferSet<V>,
+        frontier: Option<Key>,
+        force: bool,
+    ) -> bool {
         force
             || self.linger.is_zero()
             || set.pending_len() >= self.batch
@@ -73,6 +79,18 @@ pub(crate) struct Candidate {
     pub(crate) entered: Time,
 }
 
+/// What an offer set holds per candidate: tells what the parent is told of it.
+pub(crate) trait Offerable: Copy + std::fmt::Debug {
+    /// The candidate as offered at `now`.
+    fn candidate(&self, now: Time) -> Candidate;
+}
+
+impl Offerable for Candidate {
+    fn candidate(&self, _now: Time) -> Candidate {
+        *self
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Pending {
     Add(Candidate),
@@ -80,12 +98,12 @@ enum Pending {
 }
 
 /// See the module doc.
-#[derive(Debug, Default)]
-pub(crate) struct OfferSet {
+#[derive(Debug)]
+pub(crate) struct OfferSet<V = Candidate> {
     /// Candidates the parent holds.
-    offered: BTreeMap<Key, Candidate>,
-    /// Candidates the parent does not hold.
-    unoffered: BTreeMap<Key, Candidate>,
+    offered: BTreeMap<Key, V>,
+    /// Candidates the parent does not hold (at a leaf, most of its queued messages).
+    unoffered: SortedMap<Key, V>,
     /// Changes not yet sent.
     pending: BTreeMap<Key, Pending>,
     /// The frontier last sent this session (`None`: nothing sent yet).
@@ -100,20 +118,52 @@ pub(crate) struct OfferSet {
     pub(crate) credit_stalls: u64,
 }
 
-impl OfferSet {
+impl<V> Default for OfferSet<V> {
+    fn default() -> Self {
+        OfferSet {
+            offered: BTreeMap::new(),
+            unoffered: SortedMap::default(),
+            pending: BTreeMap::new(),
+            sent_frontier: None,
+            seq: 0,
+            sent_in: HashMap::new(),
+            swaps: 0,
+            credit_stalls: 0,
+        }
+    }
+}
+
+impl<V: Offerable> OfferSet<V> {
     /// A set whose candidates are all unoffered (recovery), built in bulk.
-    pub(crate) fn from_unoffered(mut entries: Vec<(Key, Candidate)>) -> OfferSet {
-        // Keys are unique: an unstable sort is as good and faster than the stable one
-        // `collect` does, which then finds the input in order and only builds.
+    pub(crate) fn from_unoffered(mut entries: Vec<(Key, V)>) -> OfferSet<V> {
+        // Keys are unique: an unstable sort is as good and faster than a stable one.
         entries.sort_unstable_by_key(|(key, _)| *key);
         OfferSet {
-            unoffered: entries.into_iter().collect(),
+            unoffered: SortedMap::from_sorted(entries),
             ..OfferSet::default()
         }
     }
 
+    /// The candidate of `key`, offered or not.
+    pub(crate) fn get(&self, key: &Key) -> Option<&V> {
+        self.offered.get(key).or_else(|| self.unoffered.get(key))
+    }
+
+    /// The candidate of `key`, offered or not, to change in place (not its key).
+    pub(crate) fn get_mut(&mut self, key: &Key) -> Option<&mut V> {
+        match self.offered.get_mut(key) {
+            Some(value) => Some(value),
+            None => self.unoffered.get_mut(key),
+        }
+    }
+
+    /// Every candidate, offered ones first, each part in key order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&Key, &V)> {
+        self.offered.iter().chain(self.unoffered.iter())
+    }
+
     /// Adds a candidate (not offered until the next [`OfferSet::rebalance`]).
-    pub(crate) fn insert(&mut self, key: Key, candidate: Candidate) {
+    pub(crate) fn insert(&mut self, key: Key, candidate: V) {
         let previous = self.unoffered.insert(key, candidate);
         debug_assert!(
             previous.is_none() && !self.offered.contains_key(&key),
@@ -122,23 +172,23 @@ impl OfferSet {
     }
 
     /// Removes a candidate the child itself gave up; retracts it if the parent holds it.
-    /// Returns whether it was a candidate.
-    pub(crate) fn remove(&mut self, key: &Key) -> bool {
-        if self.unoffered.remove(key).is_some() {
-            return true;
+    /// Returns it, if it was a candidate.
+    pub(crate) fn remove(&mut self, key: &Key) -> Option<V> {
+        if let Some(value) = self.unoffered.remove(key) {
+            return Some(value);
         }
-        if self.offered.remove(key).is_some() {
+        if let Some(value) = self.offered.remove(key) {
             self.note(*key, Pending::Retract);
-            return true;
+            return Some(value);
         }
         self.sent_in.remove(key);
-        false
+        None
     }
 
     /// Removes a candidate the parent reserved, having applied our offers up to `applied`
-    /// (see the module doc). Returns whether it was a candidate.
-    pub(crate) fn take(&mut self, key: &Key, applied: u64) -> bool {
-        if self.offered.remove(key).is_some() {
+    /// (see the module doc). Returns it, if it was a candidate.
+    pub(crate) fn take(&mut self, key: &Key, applied: u64) -> Option<V> {
+        if let Some(value) = self.offered.remove(key) {
             match (self.pending.get(key), self.sent_in.remove(key)) {
                 // Its latest add is unsent: the parent held an older copy or none, and will
                 // not hear of this one.
@@ -150,15 +200,16 @@ impl OfferSet {
                 // Our latest add of it is on the way: the parent will hold it again.
                 _ => self.note(*key, Pending::Retract),
             }
-            return true;
+            return Some(value);
         }
         self.sent_in.remove(key);
-        self.unoffered.remove(key).is_some()
+        self.unoffered.remove(key)
     }
 
     /// Restores the rule of the module doc for `credits` (0 when there is no parent session);
     /// without `swap`, offered entries stay until taken or retracted, whatever arrives.
-    pub(crate) fn rebalance(&mut self, credits: u32, swap: bool) {
+    /// Entries offered now are offered as of `now` (see [`Offerable`]).
+    pub(crate) fn rebalance(&mut self, credits: u32, swap: bool, now: Time) {
         let credits = credits as usize;
         while self.offered.len() > credits {
             let (key, candidate) = self.offered.pop_last().expect("non-empty");
@@ -170,7 +221,7 @@ impl OfferSet {
                 break;
             };
             self.offered.insert(key, candidate);
-            self.note(key, Pending::Add(candidate));
+            self.note(key, Pending::Add(candidate.candidate(now)));
         }
         if !self.unoffered.is_empty() && credits > 0 {
             self.credit_stalls += 1;
@@ -190,7 +241,7 @@ impl OfferSet {
             self.offered.insert(best, best_candidate);
             self.unoffered.insert(worst, worst_candidate);
             self.note(worst, Pending::Retract);
-            self.note(best, Pending::Add(best_candidate));
+            self.note(best, Pending::Add(best_candidate.candidate(now)));
             self.swaps += 1;
         }
     }
@@ -338,11 +389,11 @@ mod tests {
 
     #[test]
     fn offers_the_most_urgent_within_credits_and_swaps_in_better_entries() {
-        let mut set = OfferSet::default();
+        let mut set: OfferSet = OfferSet::default();
         for id in 1..=5 {
             set.insert(key(5, id), c(10));
         }
-        set.rebalance(3, true);
+        set.rebalance(3, true, Time(0));
         let offer = set.poll("t", set.best_unoffered()).unwrap();
         let added: Vec<u64> = offer.adds.iter().map(|e| e.key.id.0).collect();
         assert_eq!(added, vec![1, 2, 3]);
@@ -350,7 +401,7 @@ mod tests {
 
         // A more urgent arrival displaces the least urgent offered entry.
         set.insert(key(0, 9), c(10));
-        set.rebalance(3, true);
+        set.rebalance(3, true, Time(0));
         let offer = set.poll("t", set.best_unoffered()).unwrap();
         assert_eq!(
             offer.adds.iter().map(|e| e.key).collect::<Vec<_>>(),
@@ -362,10 +413,10 @@ mod tests {
 
     #[test]
     fn add_then_retract_in_one_diff_cancels() {
-        let mut set = OfferSet::default();
+        let mut set: OfferSet = OfferSet::default();
         set.insert(key(1, 1), c(1));
-        set.rebalance(1, true);
-        assert!(set.remove(&key(1, 1)));
+        set.rebalance(1, true, Time(0));
+        assert!(set.remove(&key(1, 1)).is_some());
         let offer = set.poll("t", None).unwrap();
         assert!(offer.adds.is_empty() && offer.retracts.is_empty());
         assert!(set.poll("t", None).is_none(), "nothing new to say");
@@ -373,14 +424,14 @@ mod tests {
 
     #[test]
     fn taken_entries_free_credit_without_a_retract() {
-        let mut set = OfferSet::default();
+        let mut set: OfferSet = OfferSet::default();
         for id in 1..=3 {
             set.insert(key(1, id), c(1));
         }
-        set.rebalance(2, true);
+        set.rebalance(2, true, Time(0));
         set.poll("t", set.best_unoffered());
-        assert!(set.take(&key(1, 1), 1));
-        set.rebalance(2, true);
+        assert!(set.take(&key(1, 1), 1).is_some());
+        set.rebalance(2, true, Time(0));
         let offer = set.poll("t", set.best_unoffered()).unwrap();
         assert!(offer.retracts.is_empty());
         assert_eq!(offer.adds[0].key, key(1, 3));
@@ -389,13 +440,13 @@ mod tests {
 
     #[test]
     fn reset_makes_everything_unoffered_and_reoffers_on_the_next_session() {
-        let mut set = OfferSet::default();
+        let mut set: OfferSet = OfferSet::default();
         set.insert(key(1, 1), c(1));
-        set.rebalance(4, true);
+        set.rebalance(4, true, Time(0));
         set.poll("t", None);
         set.reset();
         assert_eq!(set.offered_len(), 0);
-        set.rebalance(4, true);
+        set.rebalance(4, true, Time(0));
         let offer = set.poll("t", None).unwrap();
         assert_eq!(offer.adds.len(), 1);
     }

@@ -62,7 +62,10 @@ impl<K: Ord + Copy, V> SortedMap<K, V> {
     /// Lower bound of the chunk that holds `key` or would take it (`None`: no chunks, or
     /// `key` is below every chunk).
     fn chunk_of(&self, key: &K) -> Option<K> {
-        self.chunks.range(..=key).next_back().map(|(lower, _)| *lower)
+        self.chunks
+            .range(..=key)
+            .next_back()
+            .map(|(lower, _)| *lower)
     }
 
     /// The value of `key`.
@@ -78,11 +81,6 @@ impl<K: Ord + Copy, V> SortedMap<K, V> {
         let chunk = self.chunks.get_mut(&lower).expect("found");
         let index = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
         Some(&mut chunk[index].1)
-    }
-
-    /// Whether `key` is present.
-    pub(crate) fn contains_key(&self, key: &K) -> bool {
-        self.get(key).is_some()
     }
 
     /// Inserts `key`, returning the value it replaces.
@@ -199,13 +197,6 @@ impl<K: Ord + Copy, V> SortedMap<K, V> {
         self.chunks
             .values()
             .flat_map(|chunk| chunk.iter().map(|(k, v)| (k, v)))
-    }
-
-    /// Every entry in key order, values mutable.
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> {
-        self.chunks
-            .values_mut()
-            .flat_map(|chunk| chunk.iter_mut().map(|(k, v)| (&*k, v)))
     }
 
     /// Bytes of memory the entries' chunks take (room included), for measurements.
