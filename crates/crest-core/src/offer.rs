@@ -73,7 +73,7 @@ impl FlushPolicy {
 pub(crate) struct Candidate {
     /// Payload size in bytes.
     pub(crate) size: u32,
-    /// When the leaf made the message available (start of bubble-up latency).
+    /// When the leaf offered the message (start of bubble-up latency).
     pub(crate) since: Time,
     /// When this node got it.
     pub(crate) entered: Time,

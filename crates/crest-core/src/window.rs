@@ -19,7 +19,7 @@ pub(crate) struct Slot {
     pub(crate) child: ConnId,
     /// Payload size in bytes.
     pub(crate) size: u32,
-    /// When the leaf made the message available.
+    /// When the leaf offered the message.
     pub(crate) since: Time,
 }
 

@@ -168,8 +168,8 @@ pub struct OfferEntry {
     pub key: Key,
     /// Payload size in bytes, so the root can bound reply sizes.
     pub size: u32,
-    /// When the leaf made the message available (durable ack, delay over, release): the
-    /// start of its bubble-up latency.
+    /// When the leaf offered the message (it joined the leaf's offered set: available, and
+    /// within the parent's credit): the start of its bubble-up latency.
     pub since: Time,
     /// When the sender got the entry (a leaf: `since`; an aggregator: when the entry reached
     /// its window), so the parent can measure the last hop alone.
