@@ -32,16 +32,23 @@ fn options(dir: &Path, durability: Durability) -> WalOptions {
     }
 }
 
+/// When the benchmarks recover their logs: after every message in them became ready, so that
+/// they come back available (queued), not delayed.
+const RECOVERED_AT: Time = Time::from_millis(1 << 32);
+
+/// A push batch of 1024 messages as a leaf logs it: one acceptance time (a millisecond per
+/// batch), priorities 0–9.
 fn batch(first: u64) -> Vec<LogRecord> {
     let payload = Bytes::from(vec![7u8; PAYLOAD_BYTES]);
+    let accepted = Time::from_millis(first / BATCH);
     (first..first + BATCH)
         .map(|seq| LogRecord::Enqueue {
             head: crest::core::leaf::MessageHead {
                 id: MessageId::new(LeafId(1), seq),
                 topic: "bench".into(),
                 priority: (seq % 10) as u32,
-                ready_at: Time(seq),
-                enqueued_at: Time(seq),
+                ready_at: accepted,
+                enqueued_at: accepted,
                 expires_at: None,
                 dedup_key: None,
             },
@@ -124,7 +131,7 @@ fn recovery(dir: &Path) -> (f64, f64, u64) {
     })
     .unwrap();
     let scanned = started.elapsed().as_secs_f64();
-    let leaf = leaf.recovered(Time(0));
+    let leaf = leaf.recovered(RECOVERED_AT);
     let messages = crest::core::Machine::stats(&leaf).messages;
     (
         messages as f64 / started.elapsed().as_secs_f64(),
@@ -157,20 +164,22 @@ fn no_cache_leaf() -> LeafConfig {
     }
 }
 
+/// Heap bytes `leaf` holds: what dropping it frees (counted by the allocator).
+fn held_by(leaf: Leaf) -> usize {
+    let before = live_bytes();
+    drop(leaf);
+    before.saturating_sub(live_bytes())
+}
+
 /// Memory a leaf takes per queued message whose body is in the log: the heap bytes a
-/// recovered leaf holds (counted by the allocator), divided by its messages. Payload bytes
-/// are on disk, not in it.
+/// recovered leaf holds, divided by its messages. Payload bytes are on disk, not in it.
 fn memory_per_message(dir: &Path) -> (f64, u64) {
-    let base = live_bytes();
     let (wal, recovered) = open(options(dir, Durability::Fsync)).unwrap();
     drop(wal);
     let config = no_cache_leaf();
-    // `recover` consumes (and frees) the operations: what stays allocated is the leaf.
-    let leaf = Leaf::recover(config, Time(0), recovered.operations);
-    let held = live_bytes().saturating_sub(base);
+    let leaf = Leaf::recover(config, RECOVERED_AT, recovered.operations);
     let messages = crest::core::Machine::stats(&leaf).messages;
-    drop(leaf);
-    (held as f64 / messages as f64, messages)
+    (held_by(leaf) as f64 / messages as f64, messages)
 }
 
 /// Memory a leaf takes per queued message when its messages arrive as pushes (the way a live
@@ -182,7 +191,6 @@ fn memory_per_pushed_message(batches: u64) -> f64 {
     use crest::core::wire::{
         Hello, PROTOCOL_VERSION, PeerKind, Push, PushMessage, Role, Welcome, Wire,
     };
-    let base = live_bytes();
     let mut leaf = Leaf::new(no_cache_leaf());
     let now = Time::from_millis(1_000);
     leaf.handle_connected(now, 1, Link::Parent);
@@ -234,10 +242,8 @@ fn memory_per_pushed_message(batches: u64) -> f64 {
         }
         while leaf.poll_transmit().is_some() {}
     }
-    let held = live_bytes().saturating_sub(base);
     let messages = leaf.stats().messages;
-    drop(leaf);
-    held as f64 / messages as f64
+    held_by(leaf) as f64 / messages as f64
 }
 
 /// Pushes `messages` through one durable leaf over QUIC with the SDK; messages per second.

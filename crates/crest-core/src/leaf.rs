@@ -651,13 +651,21 @@ impl Leaf {
             messages, topics, ..
         } = *recovery;
         // Settle every message as of `now`, gathering each topic's index to build in bulk
-        // (sorting once beats a million ordered inserts).
+        // (sorting once beats a million ordered inserts), told apart by index, not by name.
         #[derive(Default)]
         struct Gathered {
+            messages: u64,
+            delayed: u64,
             available: Vec<(Key, Slot)>,
             ages: Vec<(MessageId, Time)>,
+            dead: Vec<((Time, MessageId), Dead)>,
         }
         let mut gathered: Vec<Gathered> = topics.iter().map(|_| Gathered::default()).collect();
+        if let Some(first) = gathered.first_mut() {
+            // Most leaves hold one topic: it gets room for all.
+            first.available.reserve(messages.len());
+            first.ages.reserve(messages.len());
+        }
         let mut delayed = Vec::new();
         for (id, message) in messages {
             let Recovered {
@@ -675,7 +683,6 @@ impl Leaf {
                 leaf.counters.expired += 1;
                 continue;
             }
-            let name = &topics[index as usize];
             leaf.live.insert(id.seq());
             leaf.last_enqueued_at = leaf.last_enqueued_at.max(enqueued_at);
             match slot.logged() {
@@ -685,26 +692,23 @@ impl Leaf {
                     leaf.unlogged_bytes += bytes;
                 }
             }
-            let topic = leaf.topics.get_mut(name).expect("interned by replay");
-            topic.messages += 1;
+            let gather = &mut gathered[index as usize];
+            gather.messages += 1;
             if let Some(death) = dead {
                 let (at, reason) = *death;
-                topic.dead_at.insert(id, at);
-                topic.dead.insert(
-                    (at, id),
-                    Dead {
-                        priority: key.priority,
-                        ready_at: key.ready_at,
-                        enqueued_at,
-                        expires_at,
-                        slot,
-                        reason,
-                    },
-                );
+                let dead = Dead {
+                    priority: key.priority,
+                    ready_at: key.ready_at,
+                    enqueued_at,
+                    expires_at,
+                    slot,
+                    reason,
+                };
+                gather.dead.push(((at, id), dead));
                 continue;
             }
-            let gather = &mut gathered[index as usize];
             gather.ages.push((id, enqueued_at));
+            let name = &topics[index as usize];
             if expires_at != Time::MAX {
                 leaf.expiries.insert((expires_at, id));
                 let ttl = Ttl {
@@ -715,7 +719,7 @@ impl Leaf {
                 leaf.ttl.insert(id, ttl);
             }
             if key.ready_at > now {
-                topic.delayed += 1;
+                gather.delayed += 1;
                 let entry = Delayed {
                     topic: name.clone(),
                     priority: key.priority,
@@ -723,13 +727,20 @@ impl Leaf {
                 };
                 delayed.push(((key.ready_at, id), entry));
             } else {
-                *topic.ready.entry(key.priority).or_default() += 1;
                 gather.available.push((key, slot));
             }
         }
         for (name, gather) in topics.iter().zip(gathered) {
             let topic = leaf.topics.get_mut(name).expect("interned by replay");
-            topic.offers = OfferSet::from_unoffered(gather.available);
+            topic.messages = gather.messages;
+            topic.delayed = gather.delayed;
+            let mut available = gather.available;
+            available.sort_unstable_by_key(|(key, _)| *key);
+            // Sorted by key, priorities come in runs.
+            for chunk in available.chunk_by(|a, b| a.0.priority == b.0.priority) {
+                topic.ready.insert(chunk[0].0.priority, chunk.len() as u64);
+            }
+            topic.offers = OfferSet::from_sorted(available);
             let mut ages = gather.ages;
             ages.sort_unstable_by_key(|(id, _)| *id);
             for (id, at) in ages {
@@ -739,6 +750,10 @@ impl Leaf {
                         topic.ages.insert(id, Age { at, live: 1 });
                     }
                 }
+            }
+            for ((at, id), dead) in gather.dead {
+                topic.dead_at.insert(id, at);
+                topic.dead.insert((at, id), dead);
             }
         }
         delayed.sort_unstable_by_key(|(at, _)| *at);
@@ -1066,8 +1081,10 @@ impl Leaf {
             .record(now, Metric::PushBatch, push.messages.len() as u64);
         let token = self.next_token;
         self.next_token += 1;
-        // Acceptance times never go back as ids grow, whatever the clock does (see `Age`).
-        let enqueued_at = now.max(self.last_enqueued_at);
+        // Acceptance times have millisecond resolution, so that a leaf keeps at most one `Age`
+        // entry per topic per millisecond however small the batches, and never go back as ids
+        // grow, whatever the clock does.
+        let enqueued_at = Time::from_millis(now.as_millis()).max(self.last_enqueued_at);
         self.last_enqueued_at = enqueued_at;
         let mut records = Vec::with_capacity(push.messages.len());
         let mut messages = Vec::with_capacity(push.messages.len());

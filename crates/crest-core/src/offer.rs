@@ -134,10 +134,9 @@ impl<V> Default for OfferSet<V> {
 }
 
 impl<V: Offerable> OfferSet<V> {
-    /// A set whose candidates are all unoffered (recovery), built in bulk.
-    pub(crate) fn from_unoffered(mut entries: Vec<(Key, V)>) -> OfferSet<V> {
-        // Keys are unique: an unstable sort is as good and faster than a stable one.
-        entries.sort_unstable_by_key(|(key, _)| *key);
+    /// A set whose candidates are all unoffered (recovery), built in bulk from `entries`
+    /// sorted by key.
+    pub(crate) fn from_sorted(entries: Vec<(Key, V)>) -> OfferSet<V> {
         OfferSet {
             unoffered: SortedMap::from_sorted(entries),
             ..OfferSet::default()
