@@ -452,22 +452,27 @@ struct Counters {
     compacted: u64,
 }
 
-/// A message as recovery rebuilds it, by id, before it settles into its place.
+/// A message as recovery rebuilds it, by id, before it settles into its place (48 bytes: a
+/// recovery map of a million messages is written once, and each byte of it is a page
+/// fault).
 #[derive(Debug)]
 struct Recovered {
     /// Index into `Recovery::topics`.
     topic: u32,
-    key: Key,
+    priority: u32,
+    ready_at: Time,
     enqueued_at: Time,
-    expires_at: Time,
     slot: Slot,
-    dead: Option<Box<(Time, Box<str>)>>,
 }
 
 /// The state of a recovery under way (see [`Leaf::recovering`]).
 #[derive(Debug, Default)]
 struct Recovery {
     messages: IdMap<Recovered>,
+    /// Expiry times of the messages that have one.
+    expiring: IdMap<Time>,
+    /// Dead letters: when they died, and why.
+    dead: IdMap<(Time, Box<str>)>,
     topics: Vec<Topic>,
     /// The last topic a record named, and its index.
     last: Option<(Topic, u32)>,
@@ -648,7 +653,11 @@ impl Leaf {
             return leaf;
         };
         let Recovery {
-            messages, topics, ..
+            messages,
+            mut expiring,
+            mut dead,
+            topics,
+            ..
         } = *recovery;
         // Settle every message as of `now`, gathering each topic's index to build in bulk
         // (sorting once beats a million ordered inserts), told apart by index, not by name.
@@ -670,13 +679,25 @@ impl Leaf {
         for (id, message) in messages {
             let Recovered {
                 topic: index,
-                key,
+                priority,
+                ready_at,
                 enqueued_at,
-                expires_at,
                 slot,
-                dead,
             } = message;
-            if expires_at <= now && dead.is_none() {
+            let key = Key {
+                priority,
+                ready_at,
+                id,
+            };
+            let expires_at = match expiring.is_empty() {
+                true => Time::MAX,
+                false => expiring.remove(&id).unwrap_or(Time::MAX),
+            };
+            let death = match dead.is_empty() {
+                true => None,
+                false => dead.remove(&id),
+            };
+            if expires_at <= now && death.is_none() {
                 if let Some(body) = leaf.bodies.remove(&id) {
                     leaf.body_bytes -= body.bytes();
                 }
@@ -694,8 +715,7 @@ impl Leaf {
             }
             let gather = &mut gathered[index as usize];
             gather.messages += 1;
-            if let Some(death) = dead {
-                let (at, reason) = *death;
+            if let Some((at, reason)) = death {
                 let dead = Dead {
                     priority: key.priority,
                     ready_at: key.ready_at,
@@ -825,23 +845,21 @@ impl Leaf {
             let until = head.enqueued_at + Duration::from_millis(window);
             self.remember_dedup(&topic, key.into(), DedupEntry { id, until });
         }
+        if let Some(expires_at) = head.expires_at {
+            recovery.expiring.insert(id, expires_at);
+        }
         recovery.messages.insert(
             id,
             Recovered {
                 topic: index,
-                key: Key {
-                    priority: head.priority,
-                    ready_at: head.ready_at,
-                    id,
-                },
+                priority: head.priority,
+                ready_at: head.ready_at,
                 enqueued_at: head.enqueued_at,
-                expires_at: head.expires_at.unwrap_or(Time::MAX),
                 slot: Slot {
                     location,
                     size,
                     attempt: 0,
                 },
-                dead: None,
             },
         );
     }
@@ -876,22 +894,28 @@ impl Leaf {
             } => {
                 if let Some(message) = messages.get_mut(&id) {
                     message.slot.attempt = attempt;
-                    message.key.ready_at = ready_at;
+                    message.ready_at = ready_at;
                 }
             }
             LogRecord::Dead { id, reason, at } => {
-                if let Some(message) = messages.get_mut(&id) {
-                    message.dead = Some(Box::new((at, reason.into())));
+                if messages.contains_key(&id) {
+                    recovery.dead.insert(id, (at, reason.into()));
                 }
             }
             LogRecord::Redrive { id } => {
+                recovery.dead.remove(&id);
                 if let Some(message) = messages.get_mut(&id) {
-                    message.dead = None;
                     message.slot.attempt = 0;
                 }
             }
             LogRecord::Delete { id } => {
                 messages.remove(&id);
+                if !recovery.expiring.is_empty() {
+                    recovery.expiring.remove(&id);
+                }
+                if !recovery.dead.is_empty() {
+                    recovery.dead.remove(&id);
+                }
                 if let Some(body) = self.bodies.remove(&id) {
                     self.body_bytes -= body.bytes();
                 }
