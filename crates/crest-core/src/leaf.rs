@@ -1105,10 +1105,8 @@ impl Leaf {
             .record(now, Metric::PushBatch, push.messages.len() as u64);
         let token = self.next_token;
         self.next_token += 1;
-        // Acceptance times have millisecond resolution, so that a leaf keeps at most one `Age`
-        // entry per topic per millisecond however small the batches, and never go back as ids
-        // grow, whatever the clock does.
-        let enqueued_at = Time::from_millis(now.as_millis()).max(self.last_enqueued_at);
+        // Acceptance times never go back as ids grow, whatever the clock does (see `Age`).
+        let enqueued_at = now.max(self.last_enqueued_at);
         self.last_enqueued_at = enqueued_at;
         let mut records = Vec::with_capacity(push.messages.len());
         let mut messages = Vec::with_capacity(push.messages.len());
