@@ -1111,8 +1111,17 @@ impl Leaf {
         let mut records = Vec::with_capacity(push.messages.len());
         let mut messages = Vec::with_capacity(push.messages.len());
         let mut ids = Vec::with_capacity(push.messages.len());
+        // Consecutive messages mostly share a topic: looked up once per run.
+        let mut last: Option<Topic> = None;
         for message in push.messages {
-            let topic = self.topic(&message.topic);
+            let topic = match &last {
+                Some(topic) if **topic == *message.topic => topic.clone(),
+                _ => {
+                    let topic = self.topic(&message.topic);
+                    last = Some(topic.clone());
+                    topic
+                }
+            };
             if let Some(key) = &message.dedup_key
                 && let Some(first) = self.find_dedup(&topic, key, now)
             {

@@ -130,9 +130,12 @@ impl ProducerConfig {
     }
 }
 
+/// Where a pushed message's outcome goes.
+type Reply = oneshot::Sender<Result<MessageId, ClientError>>;
+
 struct Job {
     message: PushMessage,
-    reply: oneshot::Sender<Result<MessageId, ClientError>>,
+    reply: Reply,
 }
 
 /// See the module doc.
@@ -309,10 +312,17 @@ async fn run_lane(
         let address = address.clone();
         let config = config.clone();
         tokio::spawn(async move {
+            // The messages go into the frame; the replies wait for its answer.
+            let (messages, replies): (Vec<PushMessage>, Vec<_>) = batch
+                .into_iter()
+                .map(|job| (job.message, job.reply))
+                .unzip();
+            let mut replies = Some(replies);
             let current = current_link(&link, &address, &config).await;
             let result = match current {
                 Ok(current) => {
-                    let result = send_batch(&current, &mut batch, config.ack_timeout).await;
+                    let result =
+                        send_batch(&current, messages, &mut replies, config.ack_timeout).await;
                     if matches!(result, Err(ClientError::Timeout(_))) {
                         // A leaf that does not answer in time is treated as gone (it may have
                         // crashed without closing the connection): the next batch reconnects.
@@ -322,9 +332,9 @@ async fn run_lane(
                 }
                 Err(error) => Err(error),
             };
-            if let Err(error) = result {
-                for job in batch {
-                    let _ = job.reply.send(Err(error.clone()));
+            if let (Err(error), Some(replies)) = (result, replies) {
+                for reply in replies {
+                    let _ = reply.send(Err(error.clone()));
                 }
             }
             drop(slot);
@@ -345,12 +355,15 @@ async fn current_link(
     Ok(guard.clone())
 }
 
+/// Pushes `messages` as one batch and, once acknowledged, answers `replies` (taken) with
+/// their ids; on an error they are left to the caller.
 async fn send_batch(
     link: &Link,
-    batch: &mut Vec<Job>,
+    messages: Vec<PushMessage>,
+    replies: &mut Option<Vec<Reply>>,
     timeout: Duration,
 ) -> Result<(), ClientError> {
-    let messages: Vec<PushMessage> = batch.iter().map(|job| job.message.clone()).collect();
+    let count = messages.len();
     let answer = link
         .request(|request| Wire::Push(Push { request, messages }), timeout)
         .await?;
@@ -360,15 +373,14 @@ async fn send_batch(
             answer.name()
         )));
     };
-    if ack.ids.len() != batch.len() {
+    if ack.ids.len() != count {
         return Err(ClientError::Protocol(format!(
-            "{} ids for {} messages",
+            "{} ids for {count} messages",
             ack.ids.len(),
-            batch.len()
         )));
     }
-    for (job, id) in batch.drain(..).zip(ack.ids) {
-        let _ = job.reply.send(Ok(id));
+    for (reply, id) in replies.take().into_iter().flatten().zip(ack.ids) {
+        let _ = reply.send(Ok(id));
     }
     Ok(())
 }
