@@ -1,5 +1,5 @@
-//! Durable-path benchmarks: WAL group-commit throughput, recovery speed, and durable pushes
-//! into one leaf over QUIC.
+//! Durable-path benchmarks: WAL group-commit throughput, recovery speed, memory per queued
+//! message, and durable pushes into one leaf (in process, and over QUIC).
 //!
 //! Run: `cargo bench --bench durable` (release build; writes under the system temp dir).
 //! Each figure is the median of several runs; the machine is shared, so compare ratios.
@@ -182,17 +182,13 @@ fn memory_per_message(dir: &Path) -> (f64, u64) {
     (held_by(leaf) as f64 / messages as f64, messages)
 }
 
-/// Memory a leaf takes per queued message when its messages arrive as pushes (the way a live
-/// leaf fills): batches of 1024 × 100 B under a parent holding 256 of them, each batch made
-/// durable with its bodies placed "in the log" (locations given, so no body stays in memory).
-fn memory_per_pushed_message(batches: u64) -> f64 {
+/// A leaf with a parent holding 256 entries per topic (connection 1) and a producer
+/// (connection 2), as a node runs it.
+fn connected_leaf(config: LeafConfig, now: Time) -> Leaf {
     use crest::core::Machine;
-    use crest::core::machine::{Link, StorageDone, StorageOp};
-    use crest::core::wire::{
-        Hello, PROTOCOL_VERSION, PeerKind, Push, PushMessage, Role, Welcome, Wire,
-    };
-    let mut leaf = Leaf::new(no_cache_leaf());
-    let now = Time::from_millis(1_000);
+    use crest::core::machine::Link;
+    use crest::core::wire::{Hello, PROTOCOL_VERSION, PeerKind, Role, Welcome, Wire};
+    let mut leaf = Leaf::new(config);
     leaf.handle_connected(now, 1, Link::Parent);
     let welcome = Welcome {
         node: "parent".into(),
@@ -208,17 +204,35 @@ fn memory_per_pushed_message(batches: u64) -> f64 {
         peer: PeerKind::Producer,
     };
     leaf.handle_message(now, 2, Wire::Hello(hello));
+    while leaf.poll_transmit().is_some() {}
+    leaf
+}
+
+/// A push of 1024 × 100 B, priorities 0–9, as a producer sends it.
+fn push_frame(request: u64) -> crest::core::wire::Wire {
+    use crest::core::wire::{Push, PushMessage, Wire};
+    let messages = (0..BATCH)
+        .map(|i| PushMessage {
+            topic: "bench".into(),
+            priority: (i % 10) as u32,
+            payload: Bytes::from(vec![7u8; PAYLOAD_BYTES]),
+            ..PushMessage::default()
+        })
+        .collect();
+    Wire::Push(Push { request, messages })
+}
+
+/// Memory a leaf takes per queued message when its messages arrive as pushes (the way a live
+/// leaf fills): batches of 1024 × 100 B under a parent holding 256 of them, each batch made
+/// durable with its bodies placed "in the log" (locations given, so no body stays in memory).
+fn memory_per_pushed_message(batches: u64) -> f64 {
+    use crest::core::Machine;
+    use crest::core::machine::{StorageDone, StorageOp};
+    let now = Time::from_millis(1_000);
+    let mut leaf = connected_leaf(no_cache_leaf(), now);
     let mut offset = 0u32;
     for request in 0..batches {
-        let messages = (0..1024)
-            .map(|i| PushMessage {
-                topic: "bench".into(),
-                priority: (i % 10) as u32,
-                payload: Bytes::from(vec![7u8; PAYLOAD_BYTES]),
-                ..PushMessage::default()
-            })
-            .collect();
-        leaf.handle_message(now, 2, Wire::Push(Push { request, messages }));
+        leaf.handle_message(now, 2, push_frame(request));
         while let Some(op) = leaf.poll_storage() {
             if let StorageOp::Append {
                 token: Some(token),
@@ -244,6 +258,79 @@ fn memory_per_pushed_message(batches: u64) -> f64 {
     }
     let messages = leaf.stats().messages;
     held_by(leaf) as f64 / messages as f64
+}
+
+/// Durable pushes into one leaf in process: its state machine driven as its node drives it,
+/// and its log (group commit, `fdatasync`), without the network: push batches of 1024 × 100 B
+/// (built before the clock starts), up to 64 batches waiting for their sync. Returns messages
+/// per second acknowledged.
+fn leaf_push(dir: &Path, messages: u64) -> f64 {
+    use crest::core::Machine;
+    use crest::core::machine::{StorageDone, StorageOp};
+    use crest::core::wire::Wire;
+    let (wal, _) = open(options(dir, Durability::Fsync)).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let handle = wal.start(move |done| tx.send(done).unwrap()).unwrap();
+    let config = LeafConfig {
+        name: "bench".into(),
+        id: LeafId(1),
+        settings: Settings::default(),
+        seed: 1,
+        first_seq: 1,
+    };
+    let started = Instant::now();
+    let clock = || Time::from_millis(1_000) + started.elapsed();
+    let mut leaf = connected_leaf(config, clock());
+    let mut frames: std::collections::VecDeque<Wire> =
+        (0..messages / BATCH).map(push_frame).collect();
+    let started = Instant::now();
+    let (mut in_flight, mut acked) = (0u64, 0u64);
+    while acked < messages {
+        while in_flight < 64
+            && let Some(frame) = frames.pop_front()
+        {
+            leaf.handle_message(clock(), 2, frame);
+            in_flight += 1;
+        }
+        loop {
+            while let Some(op) = leaf.poll_storage() {
+                match op {
+                    StorageOp::Append { records, token } => handle.submit(records, token).unwrap(),
+                    StorageOp::Checkpoint {
+                        records,
+                        includes,
+                        segments,
+                    } => handle.checkpoint(records, includes, segments).unwrap(),
+                    StorageOp::Read { .. } => unreachable!("no reserves here"),
+                }
+            }
+            while let Some(transmit) = leaf.poll_transmit() {
+                if let Wire::PushAck(ack) = transmit.msg {
+                    acked += ack.ids.len() as u64;
+                    in_flight -= 1;
+                }
+            }
+            match rx.try_recv() {
+                Ok(done) => {
+                    for (token, result) in done {
+                        let locations = result.unwrap();
+                        leaf.handle_storage_done(clock(), StorageDone { token, locations });
+                    }
+                }
+                Err(_) if in_flight < 64 && !frames.is_empty() => break,
+                Err(_) if acked >= messages => break,
+                Err(_) => {
+                    for (token, result) in rx.recv().unwrap() {
+                        let locations = result.unwrap();
+                        leaf.handle_storage_done(clock(), StorageDone { token, locations });
+                    }
+                }
+            }
+        }
+    }
+    let rate = messages as f64 / started.elapsed().as_secs_f64();
+    drop(handle);
+    rate
 }
 
 /// Pushes `messages` through one durable leaf over QUIC with the SDK; messages per second.
@@ -282,7 +369,8 @@ async fn durable_push(messages: usize) -> f64 {
 }
 
 fn main() {
-    // `cargo bench --bench durable -- recovery` runs one section (wal, recovery, push).
+    // `cargo bench --bench durable -- recovery` runs one section (wal, recovery, scan,
+    // memory, leaf, push).
     let only: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
@@ -380,6 +468,19 @@ fn main() {
             median(per)
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+    if run("leaf") {
+        let mut rates = Vec::new();
+        for _ in 0..runs {
+            let dir = fresh_dir("leaf");
+            rates.push(leaf_push(&dir, messages));
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let rate = median(rates);
+        println!(
+            "durable push into one leaf in process (state machine + log, fsync, no network): {rate:.0} msgs/s, {:.0} MB/s payload",
+            mb(rate)
+        );
     }
     if run("push") {
         let runtime = tokio::runtime::Runtime::new().unwrap();

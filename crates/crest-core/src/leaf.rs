@@ -358,13 +358,18 @@ impl LeafTopic {
 
     /// Counts message `id`, accepted at `at`, in the ages.
     fn age_add(&mut self, id: MessageId, at: Time) {
-        if let Some((_, age)) = self.ages.range_mut(..=id).next_back()
-            && age.at == at
+        self.ages_add(id, Age { at, live: 1 });
+    }
+
+    /// Counts `add.live` messages accepted at `add.at`, from id `first` on, in the ages.
+    fn ages_add(&mut self, first: MessageId, add: Age) {
+        if let Some((_, age)) = self.ages.range_mut(..=first).next_back()
+            && age.at == add.at
         {
-            age.live += 1;
+            age.live += add.live;
             return;
         }
-        self.ages.insert(id, Age { at, live: 1 });
+        self.ages.insert(first, add);
     }
 
     /// Uncounts message `id` from the ages.
@@ -1436,12 +1441,28 @@ impl Leaf {
 
     /// A body is durable at `location`: counts it in its segment.
     fn body_placed(&mut self, location: &Location) {
-        if location.segment > self.newest_segment {
+        self.bodies_placed(location.segment, 1, u64::from(location.len));
+    }
+
+    /// `count` bodies of `bytes` in all are durable in `segment`: counts them.
+    fn bodies_placed(&mut self, segment: u32, count: u64, bytes: u64) {
+        if segment > self.newest_segment {
             let sealed = self.newest_segment;
-            self.newest_segment = location.segment;
+            self.newest_segment = segment;
             self.check_compactable(sealed);
         }
-        place_body(&mut self.segments, location);
+        let used = self.segments.entry(segment).or_default();
+        used.live += count;
+        used.live_bytes += bytes;
+        used.placed_bytes += bytes;
+    }
+
+    /// Ends a run of durable messages of one topic accepted at one time, from id `first`
+    /// (see `handle_storage_done`): the topic goes back in its map, counted and dirty.
+    fn end_run(&mut self, (topic, mut leaf_topic, age, first): (Topic, LeafTopic, Age, MessageId)) {
+        leaf_topic.ages_add(first, age);
+        self.topics.insert(topic.clone(), leaf_topic);
+        self.dirty.insert(topic);
     }
 
     fn handle_reserve(&mut self, now: Time, conn: ConnId, reserve: Reserve) {
@@ -2619,6 +2640,10 @@ impl Machine for Leaf {
                 .record_since(now, Metric::PushAck, batch.received_at);
         }
         let cache = self.config.settings.leaf_body_cache_bytes;
+        // Consecutive messages mostly share a topic: each run takes its topic out of the map
+        // once, and counts its acceptance time and its bodies' segment once.
+        let mut run: Option<(Topic, LeafTopic, Age, MessageId)> = None;
+        let mut placed: Vec<(u32, u64, u64)> = Vec::new();
         for message in batch.messages {
             let PendingMessage {
                 id,
@@ -2629,13 +2654,26 @@ impl Machine for Leaf {
                 size,
                 body,
             } = message;
-            let location = locations.next();
-            let leaf_topic = self
-                .topics
-                .get_mut(&topic)
-                .expect("topic kept while pending");
+            let same = run
+                .as_ref()
+                .is_some_and(|(t, _, age, _)| Arc::ptr_eq(t, &topic) && age.at == enqueued_at);
+            if !same {
+                if let Some(ended) = run.take() {
+                    self.end_run(ended);
+                }
+                let leaf_topic = self
+                    .topics
+                    .remove(&topic)
+                    .expect("topic kept while pending");
+                let age = Age {
+                    at: enqueued_at,
+                    live: 0,
+                };
+                run = Some((topic.clone(), leaf_topic, age, id));
+            }
+            let (_, leaf_topic, age, _) = run.as_mut().expect("set above");
             leaf_topic.messages += 1;
-            leaf_topic.age_add(id, enqueued_at);
+            age.live += 1;
             self.live.insert(id.seq());
             if expires_at != Time::MAX {
                 self.expiries.insert((expires_at, id));
@@ -2648,9 +2686,17 @@ impl Machine for Leaf {
             }
             // A body in the log stays in memory within the cache; one not in the log, always.
             let bytes = body.bytes();
+            let location = locations.next();
             match &location {
                 Some(location) => {
-                    self.body_placed(location);
+                    let len = u64::from(location.len);
+                    match placed.last_mut() {
+                        Some((segment, count, total)) if *segment == location.segment => {
+                            *count += 1;
+                            *total += len;
+                        }
+                        _ => placed.push((location.segment, 1, len)),
+                    }
                     if self.body_bytes + bytes <= cache {
                         self.body_bytes += bytes;
                         self.bodies.insert(id, body);
@@ -2667,7 +2713,23 @@ impl Machine for Leaf {
                 size,
                 attempt: 0,
             };
-            self.place(now, topic, key, slot);
+            if key.ready_at > now {
+                leaf_topic.delayed += 1;
+                let delayed = Delayed {
+                    topic,
+                    priority: key.priority,
+                    slot,
+                };
+                self.delayed.insert((key.ready_at, id), delayed);
+            } else {
+                leaf_topic.make_available(key, slot);
+            }
+        }
+        if let Some(ended) = run {
+            self.end_run(ended);
+        }
+        for (segment, count, bytes) in placed {
+            self.bodies_placed(segment, count, bytes);
         }
         let reply = match batch.failed {
             None => Wire::PushAck(PushAck {
