@@ -117,13 +117,7 @@ fn checkpoint_all(dir: &Path) {
 /// messages recovered.
 fn recovery(dir: &Path) -> (f64, f64, u64) {
     let started = Instant::now();
-    let config = LeafConfig {
-        name: "bench".into(),
-        id: LeafId(1),
-        settings: Settings::default(),
-        seed: 1,
-        first_seq: 1,
-    };
+    let config = bench_leaf(Settings::default());
     // As a node recovers: each operation goes to the leaf as it is read.
     let mut leaf = Leaf::recovering(config);
     let _ = crest::storage::wal::open_with(options(dir, Durability::Fsync), |records| {
@@ -150,18 +144,23 @@ fn live_bytes() -> usize {
     ALLOCATOR.allocated()
 }
 
-/// A leaf that keeps no body in memory once it is durable.
-fn no_cache_leaf() -> LeafConfig {
+/// The benchmarks' leaf, with `settings`.
+fn bench_leaf(settings: Settings) -> LeafConfig {
     LeafConfig {
         name: "bench".into(),
         id: LeafId(1),
-        settings: Settings {
-            leaf_body_cache_bytes: 0,
-            ..Settings::default()
-        },
+        settings,
         seed: 1,
         first_seq: 1,
     }
+}
+
+/// A leaf that keeps no body in memory once it is durable.
+fn no_cache_leaf() -> LeafConfig {
+    bench_leaf(Settings {
+        leaf_body_cache_bytes: 0,
+        ..Settings::default()
+    })
 }
 
 /// Heap bytes `leaf` holds: what dropping it frees (counted by the allocator).
@@ -271,13 +270,7 @@ fn leaf_push(dir: &Path, messages: u64) -> f64 {
     let (wal, _) = open(options(dir, Durability::Fsync)).unwrap();
     let (tx, rx) = mpsc::channel();
     let handle = wal.start(move |done| tx.send(done).unwrap()).unwrap();
-    let config = LeafConfig {
-        name: "bench".into(),
-        id: LeafId(1),
-        settings: Settings::default(),
-        seed: 1,
-        first_seq: 1,
-    };
+    let config = bench_leaf(Settings::default());
     let started = Instant::now();
     let clock = || Time::from_millis(1_000) + started.elapsed();
     let mut leaf = connected_leaf(config, clock());

@@ -734,15 +734,7 @@ impl Leaf {
             }
             gather.ages.push((id, enqueued_at));
             let name = &topics[index as usize];
-            if expires_at != Time::MAX {
-                leaf.expiries.insert((expires_at, id));
-                let ttl = Ttl {
-                    expires_at,
-                    topic: name.clone(),
-                    key,
-                };
-                leaf.ttl.insert(id, ttl);
-            }
+            leaf.track_expiry(expires_at, name, key);
             if key.ready_at > now {
                 gather.delayed += 1;
                 let entry = Delayed {
@@ -1257,6 +1249,21 @@ impl Leaf {
         }
     }
 
+    /// Watches the time to live of message `key` of `topic` (none if `expires_at` is
+    /// `Time::MAX`).
+    fn track_expiry(&mut self, expires_at: Time, topic: &Topic, key: Key) {
+        if expires_at == Time::MAX {
+            return;
+        }
+        self.expiries.insert((expires_at, key.id));
+        let ttl = Ttl {
+            expires_at,
+            topic: topic.clone(),
+            key,
+        };
+        self.ttl.insert(key.id, ttl);
+    }
+
     /// When message `id` (not dead) expires (`Time::MAX`: never).
     fn expires_at(&self, id: MessageId) -> Time {
         if self.ttl.is_empty() {
@@ -1370,17 +1377,9 @@ impl Leaf {
     /// Places a message that is in no index: delayed or available, as its ready time says.
     fn place(&mut self, now: Time, topic: Topic, key: Key, slot: Slot) {
         let leaf_topic = self.topics.get_mut(&topic).expect("topic exists");
-        if key.ready_at > now {
-            leaf_topic.delayed += 1;
-            let delayed = Delayed {
-                topic,
-                priority: key.priority,
-                slot,
-            };
-            self.delayed.insert((key.ready_at, key.id), delayed);
+        let Some(topic) = place_in(leaf_topic, &mut self.delayed, now, topic, key, slot) else {
             return;
-        }
-        leaf_topic.make_available(key, slot);
+        };
         self.dirty.insert(topic);
     }
 
@@ -2139,15 +2138,7 @@ impl Leaf {
                         ready_at: dead.ready_at,
                         id: *id,
                     };
-                    if dead.expires_at != Time::MAX {
-                        self.expiries.insert((dead.expires_at, *id));
-                        let ttl = Ttl {
-                            expires_at: dead.expires_at,
-                            topic: topic.clone(),
-                            key,
-                        };
-                        self.ttl.insert(*id, ttl);
-                    }
+                    self.track_expiry(dead.expires_at, &topic, key);
                     let slot = Slot {
                         attempt: 0,
                         ..dead.slot
@@ -2377,6 +2368,30 @@ fn record_bytes(record: &LogRecord) -> u64 {
 /// Approximate size of a message's `Index` record in a checkpoint (its body in the log is
 /// referred to, not copied).
 const INDEX_RECORD_BYTES: u64 = 96;
+
+/// Places a message of `topic` that is in no index: delayed, or available (then `topic` is
+/// given back: the caller marks it dirty).
+fn place_in(
+    leaf_topic: &mut LeafTopic,
+    delayed: &mut SortedMap<(Time, MessageId), Delayed>,
+    now: Time,
+    topic: Topic,
+    key: Key,
+    slot: Slot,
+) -> Option<Topic> {
+    if key.ready_at > now {
+        leaf_topic.delayed += 1;
+        let entry = Delayed {
+            topic,
+            priority: key.priority,
+            slot,
+        };
+        delayed.insert((key.ready_at, key.id), entry);
+        return None;
+    }
+    leaf_topic.make_available(key, slot);
+    Some(topic)
+}
 
 /// Adds a body at `location` to its segment's use.
 fn place_body(segments: &mut BTreeMap<u32, SegmentUse>, location: &Location) {
@@ -2675,15 +2690,7 @@ impl Machine for Leaf {
             leaf_topic.messages += 1;
             age.live += 1;
             self.live.insert(id.seq());
-            if expires_at != Time::MAX {
-                self.expiries.insert((expires_at, id));
-                let ttl = Ttl {
-                    expires_at,
-                    topic: topic.clone(),
-                    key,
-                };
-                self.ttl.insert(id, ttl);
-            }
+            self.track_expiry(expires_at, &topic, key);
             // A body in the log stays in memory within the cache; one not in the log, always.
             let bytes = body.bytes();
             let location = locations.next();
@@ -2713,17 +2720,7 @@ impl Machine for Leaf {
                 size,
                 attempt: 0,
             };
-            if key.ready_at > now {
-                leaf_topic.delayed += 1;
-                let delayed = Delayed {
-                    topic,
-                    priority: key.priority,
-                    slot,
-                };
-                self.delayed.insert((key.ready_at, id), delayed);
-            } else {
-                leaf_topic.make_available(key, slot);
-            }
+            place_in(leaf_topic, &mut self.delayed, now, topic, key, slot);
         }
         if let Some(ended) = run {
             self.end_run(ended);
