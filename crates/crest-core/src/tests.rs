@@ -1971,3 +1971,97 @@ fn a_late_answer_to_a_former_roots_reservation_is_not_taken_for_the_new_ones() {
     let got: Vec<MessageId> = reply.deliveries.iter().map(|d| d.id).collect();
     assert_eq!(got, vec![ids[0]], "the pop gets the message it reserved");
 }
+
+#[test]
+fn a_time_to_live_follows_its_message_through_delays_releases_and_a_redrive() {
+    // Goal: the leaf finds a message with a time to live wherever it is when the time comes,
+    // though its key changes on a nack with delay and its state on each move (it keeps no map
+    // from every id to its message). Method: virtual time, one leaf; the message is leased,
+    // nacked with a delay (new key), leased again, nacked past its expiry, and must expire
+    // while delayed; a second one expires after a dead-letter redrive; a third without a
+    // time to live is untouched.
+    let mut t = tree(4);
+    let producer = t.producers[0];
+    let consumer = t.consumer;
+    let h = &mut t.h;
+    let message = |ttl_ms: Option<u64>| PushMessage {
+        topic: "ttl".into(),
+        priority: 1,
+        payload: Bytes::from_static(b"x"),
+        ttl_ms,
+        ..PushMessage::default()
+    };
+    let nack = |delay_ms: u64| Settle::Nack {
+        delay_ms,
+        reason: None,
+    };
+    let brief = h.push_messages(producer, vec![message(Some(1_000))])[0];
+    let got = h.pop(consumer, "ttl", 1);
+    assert_eq!(got[0].id, brief);
+    assert_eq!(
+        h.settle(consumer, nack(300), vec![got[0].receipt()]),
+        vec![Ok(())]
+    );
+    assert!(h.pop(consumer, "ttl", 1).is_empty(), "delayed by the nack");
+    h.advance(Duration::from_millis(301));
+    let got = h.pop(consumer, "ttl", 1);
+    assert_eq!(
+        (got[0].id, got[0].attempt),
+        (brief, 2),
+        "found under its new key"
+    );
+    assert_eq!(
+        h.settle(consumer, nack(5_000), vec![got[0].receipt()]),
+        vec![Ok(())]
+    );
+    h.advance(Duration::from_millis(800));
+    let (stats, totals) = stats_of(h, consumer, "ttl");
+    assert_eq!(totals.expired, 1, "expired while delayed");
+    assert_eq!((stats.delayed, stats.ready_total()), (0, 0));
+    h.advance(Duration::from_millis(5_000));
+    assert!(
+        h.pop(consumer, "ttl", 1).is_empty(),
+        "never delivered again"
+    );
+
+    // A dead letter keeps its time to live aside and gets it back when redriven.
+    let attempts = Settings::default().max_attempts;
+    let doomed = h.push_messages(producer, vec![message(Some(60_000))])[0];
+    h.push_messages(producer, vec![message(None)]);
+    for _ in 0..attempts {
+        let got = h.pop(consumer, "ttl", 2);
+        for delivery in &got {
+            let op = if delivery.id == doomed {
+                nack(0)
+            } else {
+                Settle::Extend { lease_ms: 120_000 }
+            };
+            assert_eq!(
+                h.settle(consumer, op, vec![delivery.receipt()]),
+                vec![Ok(())]
+            );
+        }
+    }
+    let (stats, _) = stats_of(h, consumer, "ttl");
+    assert_eq!(
+        (stats.dead, stats.in_flight),
+        (1, 1),
+        "doomed dead, plain held"
+    );
+    let redriven = admin(
+        h,
+        consumer,
+        AdminOp::Redrive {
+            topic: "ttl".into(),
+            ids: vec![doomed],
+        },
+    );
+    assert!(matches!(redriven, AdminResult::Count(1)));
+    h.advance(Duration::from_millis(60_001));
+    let (stats, totals) = stats_of(h, consumer, "ttl");
+    assert_eq!(totals.expired, 2, "the redriven message expired on time");
+    assert_eq!(
+        (stats.dead, stats.ready_total(), stats.in_flight),
+        (0, 0, 1)
+    );
+}
