@@ -432,8 +432,8 @@ async fn a_leaf_holding_far_more_payload_than_its_memory_budget_stays_near_the_b
     // Method: a leaf process with a 4 MiB body cache takes 80 MB of payload (which brings its
     // transient buffers, bounded by settings, to their high-water mark), then 160 MB more; the
     // second load must grow its resident memory by index entries, not by payload. (Measured:
-    // ~770 bytes per message in a release build, ~1100 in a debug one; the leaf's structures
-    // alone take ~360, see `cargo bench --bench durable -- memory`.)
+    // 288–356 bytes per message in a debug build, allocator retention and transient buffers
+    // included; the leaf's index alone takes ~48, see `cargo bench --bench durable -- memory`.)
     let cache = 4u64 << 20;
     let mut cluster = Cluster::start_with("budget", &format!("leaf_body_cache_bytes = {cache}\n"));
     let leaf = cluster.topology.node("leaf-1").unwrap().address.clone();
