@@ -293,6 +293,15 @@ struct SegmentUse {
     placed_bytes: u64,
 }
 
+impl SegmentUse {
+    /// Counts `count` bodies of `bytes` in all placed in the segment.
+    fn add(&mut self, count: u64, bytes: u64) {
+        self.live += count;
+        self.live_bytes += bytes;
+        self.placed_bytes += bytes;
+    }
+}
+
 /// An answer that waits for bodies to be read from the log.
 #[derive(Debug)]
 enum Waiting {
@@ -1450,10 +1459,7 @@ impl Leaf {
             self.newest_segment = segment;
             self.check_compactable(sealed);
         }
-        let used = self.segments.entry(segment).or_default();
-        used.live += count;
-        used.live_bytes += bytes;
-        used.placed_bytes += bytes;
+        self.segments.entry(segment).or_default().add(count, bytes);
     }
 
     /// Ends a run of durable messages of one topic accepted at one time, from id `first`
@@ -2396,9 +2402,7 @@ fn place_in(
 /// Adds a body at `location` to its segment's use.
 fn place_body(segments: &mut BTreeMap<u32, SegmentUse>, location: &Location) {
     let used = segments.entry(location.segment).or_default();
-    used.live += 1;
-    used.live_bytes += u64::from(location.len);
-    used.placed_bytes += u64::from(location.len);
+    used.add(1, u64::from(location.len));
 }
 
 /// Checks one message of a push batch against the settings.
