@@ -334,21 +334,22 @@ async fn durable_push(messages: usize) -> f64 {
     let tree = LocalTree::start_with(&topology, Some(&dir)).await.unwrap();
     assert!(tree.wait_connected(Duration::from_secs(10)).await);
     let leaf = tree.topology.leaves().next().unwrap().address.clone();
-    let producer = Producer::connect(ProducerConfig::new(
+    let config = ProducerConfig::new(
         vec![leaf],
         ClientTls {
             ca_pem: tree.ca_pem.clone(),
         },
-    ))
-    .await
-    .unwrap();
+    );
+    let producer = Producer::connect(config).await.unwrap();
     let payload = Bytes::from(vec![7u8; PAYLOAD_BYTES]);
     let started = Instant::now();
     let mut handles = std::collections::VecDeque::new();
-    for i in 0..messages {
-        let message = Message::new("bench", payload.clone()).priority((i % 10) as u32);
-        handles.push_back(producer.send(message).await.unwrap());
-        if handles.len() >= 32 * 1024 {
+    // The application hands the producer batches of 1024 (`send_batch`), keeping 32 in flight.
+    for first in (0..messages).step_by(1024) {
+        let batch = (first..messages.min(first + 1024))
+            .map(|i| Message::new("bench", payload.clone()).priority((i % 10) as u32));
+        handles.push_back(producer.send_batch(batch).await.unwrap());
+        if handles.len() >= 32 {
             handles.pop_front().unwrap().acked().await.unwrap();
         }
     }
@@ -479,7 +480,7 @@ fn main() {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let mut rates = Vec::new();
         for _ in 0..runs {
-            rates.push(runtime.block_on(durable_push(200_000)));
+            rates.push(runtime.block_on(durable_push(1_000_000)));
         }
         println!(
             "durable push into one leaf over QUIC (SDK, fsync): {:.0} msgs/s",

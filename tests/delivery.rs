@@ -396,6 +396,79 @@ async fn a_duplicate_dedup_key_yields_the_same_id_and_one_delivery_across_produc
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_send_answers_each_message_id_in_order_across_parts_leaves_and_dedup_keys() {
+    let tree = start_tree(None).await;
+    let producer = producer(&tree).await;
+    let consumer = consumer(&tree).await;
+    // 2,500 messages: three parts of at most 1,024 (batch_messages_max), spread over leaves;
+    // every tenth carries a dedup key and goes to the leaf its key hashes to.
+    let batch = (0..2_500u32).map(|i| {
+        let message = Message::new("batched", format!("m{i}")).priority(i % 7);
+        if i % 10 == 0 {
+            message.dedup_key(format!("key-{i}"))
+        } else {
+            message
+        }
+    });
+    let handle = producer.send_batch(batch).await.unwrap();
+    assert_eq!(handle.len(), 2_500);
+    let ids = handle.acked().await.unwrap();
+    assert_eq!(ids.len(), 2_500);
+    assert_eq!(
+        ids.iter().collect::<HashSet<_>>().len(),
+        2_500,
+        "one id each"
+    );
+    let leaves: HashSet<_> = ids.iter().map(|id| id.leaf()).collect();
+    assert!(leaves.len() > 1, "parts spread over leaves: {leaves:?}");
+    // The id answered for each position is the id of that message.
+    let mut payload_of = HashMap::new();
+    while payload_of.len() < ids.len() {
+        let got = consumer
+            .pop_with("batched", options(500, WAIT, None))
+            .await
+            .unwrap();
+        assert!(!got.is_empty(), "every message is delivered");
+        for delivery in &got {
+            let text = String::from_utf8(delivery.payload.to_vec()).unwrap();
+            assert!(
+                payload_of.insert(delivery.id, text).is_none(),
+                "delivered once"
+            );
+        }
+    }
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(payload_of[id], format!("m{i}"), "position {i}");
+    }
+    // A batch sent again with the same dedup keys answers the first ids for those.
+    let again =
+        (0..50u32).map(|i| Message::new("batched", "again").dedup_key(format!("key-{}", i * 10)));
+    let again = producer
+        .send_batch(again)
+        .await
+        .unwrap()
+        .acked()
+        .await
+        .unwrap();
+    let expected: Vec<MessageId> = (0..50).map(|i| ids[i * 10]).collect();
+    assert_eq!(again, expected);
+    // A payload over the leaves' limit refuses the whole batch; nothing of it is sent.
+    let oversized = vec![
+        Message::new("batched", "fine"),
+        Message::new("batched", vec![0u8; 2 << 20]),
+    ];
+    match producer.send_batch(oversized).await {
+        Err(ClientError::InvalidArgument(text)) => {
+            assert!(text.contains("payload_bytes_max"), "{text}")
+        }
+        Err(other) => panic!("expected InvalidArgument, got {other}"),
+        Ok(_) => panic!("expected InvalidArgument, got a handle"),
+    }
+    pop_none(&consumer, "batched").await;
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_returns_when_a_message_arrives_and_each_message_wakes_one_consumer() {
     let tree = start_tree(None).await;
     let producer = producer(&tree).await;

@@ -6,7 +6,7 @@
 //! lookup table of messages, only a table of which child leads to which leaf.
 
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::BuildHasherDefault;
 use std::str::FromStr;
@@ -92,6 +92,105 @@ impl std::hash::Hasher for IdHasher {
 /// A hash map keyed by message id, with [`IdHasher`].
 pub type IdMap<V> =
     std::collections::HashMap<MessageId, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// A map keyed by message id for values that mostly arrive in ascending id order, as a
+/// leaf's bodies do (it mints ids in arrival order and they become durable in that order).
+/// Those sit in a deque in id order, found by binary search: no hashing, no rehash as the map
+/// grows, and neighbours in memory. A removed entry leaves a hole until the holes are more
+/// than half the deque (then it is compacted) or reach its front. Values that arrive out of
+/// order go to a hash map beside it.
+#[derive(Debug)]
+pub(crate) struct AscendingIdMap<V> {
+    ordered: VecDeque<(MessageId, Option<V>)>,
+    holes: usize,
+    others: IdMap<V>,
+}
+
+impl<V> Default for AscendingIdMap<V> {
+    fn default() -> Self {
+        AscendingIdMap {
+            ordered: VecDeque::new(),
+            holes: 0,
+            others: IdMap::default(),
+        }
+    }
+}
+
+/// Holes below this many are never compacted (a small deque is cheap to keep).
+const HOLES_KEPT: usize = 1024;
+
+impl<V> AscendingIdMap<V> {
+    fn position(&self, id: MessageId) -> Result<usize, usize> {
+        self.ordered.binary_search_by_key(&id, |(id, _)| *id)
+    }
+
+    /// Inserts `value` under `id`; the value it replaces.
+    pub(crate) fn insert(&mut self, id: MessageId, value: V) -> Option<V> {
+        if self.ordered.back().is_none_or(|(last, _)| *last < id) {
+            if !self.others.is_empty()
+                && let Some(old) = self.others.remove(&id)
+            {
+                self.ordered.push_back((id, Some(value)));
+                return Some(old);
+            }
+            self.ordered.push_back((id, Some(value)));
+            return None;
+        }
+        match self.position(id) {
+            Ok(index) => {
+                let old = self.ordered[index].1.replace(value);
+                if old.is_none() {
+                    self.holes -= 1;
+                }
+                old
+            }
+            Err(_) => self.others.insert(id, value),
+        }
+    }
+
+    /// The value under `id`.
+    pub(crate) fn get(&self, id: &MessageId) -> Option<&V> {
+        if !self.others.is_empty()
+            && let Some(value) = self.others.get(id)
+        {
+            return Some(value);
+        }
+        let index = self.position(*id).ok()?;
+        self.ordered[index].1.as_ref()
+    }
+
+    /// Removes the value under `id`.
+    pub(crate) fn remove(&mut self, id: &MessageId) -> Option<V> {
+        if !self.others.is_empty()
+            && let Some(value) = self.others.remove(id)
+        {
+            return Some(value);
+        }
+        let index = self.position(*id).ok()?;
+        let value = self.ordered[index].1.take()?;
+        self.holes += 1;
+        while self.ordered.front().is_some_and(|(_, v)| v.is_none()) {
+            self.ordered.pop_front();
+            self.holes -= 1;
+        }
+        while self.ordered.back().is_some_and(|(_, v)| v.is_none()) {
+            self.ordered.pop_back();
+            self.holes -= 1;
+        }
+        if self.holes > HOLES_KEPT && self.holes * 2 > self.ordered.len() {
+            self.ordered.retain(|(_, v)| v.is_some());
+            self.ordered.shrink_to(self.ordered.len() * 2);
+            self.holes = 0;
+        }
+        Some(value)
+    }
+
+    /// How many values it holds.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.ordered.len() - self.holes + self.others.len()
+    }
+}
 
 /// Ids per block of [`LiveIds`].
 const LIVE_BLOCK_IDS: u64 = 4096;
@@ -269,5 +368,85 @@ mod tests {
             live.remove(seq);
         }
         assert_eq!((live.len(), live.blocks.len()), (1, 1));
+    }
+
+    #[derive(Debug, Clone)]
+    enum MapOp {
+        /// Inserts the next id (ascending), skipping `gap` ids.
+        Append(u8),
+        /// Inserts an id anywhere below the next one.
+        Insert(u16),
+        Remove(u16),
+        Get(u16),
+    }
+
+    fn map_op() -> impl proptest::strategy::Strategy<Value = MapOp> {
+        use proptest::prelude::*;
+        prop_oneof![
+            6 => any::<u8>().prop_map(|gap| MapOp::Append(gap % 4)),
+            1 => any::<u16>().prop_map(MapOp::Insert),
+            5 => any::<u16>().prop_map(MapOp::Remove),
+            2 => any::<u16>().prop_map(MapOp::Get),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn an_ascending_id_map_behaves_like_a_hash_map(
+            ops in proptest::collection::vec(map_op(), 1..6000)
+        ) {
+            let mut map = AscendingIdMap::default();
+            let mut model = HashMap::new();
+            let mut next = 1u64;
+            let id = |seq: u64| MessageId::new(LeafId(1), seq);
+            for (value, op) in ops.into_iter().enumerate() {
+                match op {
+                    MapOp::Append(gap) => {
+                        next += u64::from(gap);
+                        proptest::prop_assert_eq!(map.insert(id(next), value), model.insert(next, value));
+                        next += 1;
+                    }
+                    MapOp::Insert(at) => {
+                        let seq = 1 + u64::from(at) % next;
+                        proptest::prop_assert_eq!(map.insert(id(seq), value), model.insert(seq, value));
+                        next = next.max(seq + 1);
+                    }
+                    MapOp::Remove(at) => {
+                        let seq = 1 + u64::from(at) % next;
+                        proptest::prop_assert_eq!(map.remove(&id(seq)), model.remove(&seq));
+                    }
+                    MapOp::Get(at) => {
+                        let seq = 1 + u64::from(at) % next;
+                        proptest::prop_assert_eq!(map.get(&id(seq)), model.get(&seq));
+                    }
+                }
+                proptest::prop_assert_eq!(map.len(), model.len());
+            }
+            for (seq, value) in &model {
+                proptest::prop_assert_eq!(map.get(&id(*seq)), Some(value));
+            }
+        }
+    }
+
+    #[test]
+    fn an_ascending_id_map_compacts_its_holes() {
+        let mut map = AscendingIdMap::default();
+        for seq in 1..=10_000u64 {
+            map.insert(MessageId::new(LeafId(1), seq), seq);
+        }
+        // Two values in three go, but the first and last stay: holes in the middle.
+        for seq in (2..10_000u64).filter(|seq| seq % 3 != 0) {
+            assert_eq!(map.remove(&MessageId::new(LeafId(1), seq)), Some(seq));
+        }
+        assert_eq!(map.len(), 3335);
+        assert!(
+            map.ordered.len() < 10_000,
+            "holes were compacted: {}",
+            map.ordered.len()
+        );
+        assert!(map.holes <= map.ordered.len() / 2 + 1);
+        assert_eq!(map.get(&MessageId::new(LeafId(1), 9_999)), Some(&9_999));
+        assert!(map.others.is_empty(), "appends in order use the deque only");
     }
 }

@@ -35,7 +35,7 @@
 
 use crate::config::{Settings, TopicPolicy};
 use crate::downstream::{Downstream, PeerKindTag, Topic, TopicMap, TopicSet};
-use crate::id::{IdMap, LeafId, LiveIds, MESSAGE_SEQ_MAX, MessageId, Receipt};
+use crate::id::{AscendingIdMap, IdMap, LeafId, LiveIds, MESSAGE_SEQ_MAX, MessageId, Receipt};
 use crate::key::Key;
 use crate::machine::{ConnId, Link, Machine, NodeStats, StorageDone, StorageOp, Transmit};
 use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
@@ -538,7 +538,7 @@ pub struct Leaf {
     flush_policy: FlushPolicy,
     /// Bodies held in memory: all without a location, those with one within
     /// `leaf_body_cache_bytes`.
-    bodies: IdMap<MessageBody>,
+    bodies: AscendingIdMap<MessageBody>,
     /// Their bytes.
     body_bytes: u64,
     /// The latest acceptance time given: acceptance times never go back as ids grow (see
@@ -604,7 +604,7 @@ impl Leaf {
             checkpoint_due: None,
             offer_due: None,
             flush_policy: FlushPolicy::new(&config.settings),
-            bodies: IdMap::default(),
+            bodies: AscendingIdMap::default(),
             body_bytes: 0,
             last_enqueued_at: Time::ZERO,
             segments: BTreeMap::new(),

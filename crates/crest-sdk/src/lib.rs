@@ -31,7 +31,7 @@ pub use crest_core::time::Time;
 pub use crest_core::wire::{
     DeadLetter, Delivery, ErrorCode, ReceiptError, Settle, Stats, TopicStats,
 };
-pub use producer::{Message, Producer, ProducerConfig, PushHandle};
+pub use producer::{BatchHandle, Message, Producer, ProducerConfig, PushHandle};
 
 /// What a client trusts: the cluster CA.
 #[derive(Clone, Debug)]
