@@ -13,6 +13,9 @@ use crest::transport::tls::CertificateAuthority;
 
 /// mimalloc: the nodes allocate and free many small objects per message (decoded frames,
 /// deliveries); glibc's allocator spent about a fifth of all CPU time on them (`perf`).
+/// Built without transparent huge pages (feature `no_thp`): with them, memory mimalloc
+/// returned to the OS came back one 2 MiB page at a time, zeroed whole, and page faults took
+/// about a third of the CPU time of a durable push (`cargo bench --bench durable -- push`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use crest_storage::wal::RecoveryMode;
