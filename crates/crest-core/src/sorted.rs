@@ -59,48 +59,60 @@ impl<K: Ord + Copy, V> SortedMap<K, V> {
         self.len == 0
     }
 
-    /// Lower bound of the chunk that holds `key` or would take it (`None`: no chunks, or
-    /// `key` is below every chunk).
-    fn chunk_of(&self, key: &K) -> Option<K> {
+    /// The chunk that holds `key` or would take it, with its lower bound (`None`: no chunks,
+    /// or `key` is below every chunk).
+    fn chunk_of(&self, key: &K) -> Option<(K, &VecDeque<(K, V)>)> {
         self.chunks
             .range(..=key)
             .next_back()
-            .map(|(lower, _)| *lower)
+            .map(|(lower, chunk)| (*lower, chunk))
+    }
+
+    /// As [`SortedMap::chunk_of`], to change.
+    fn chunk_of_mut(&mut self, key: &K) -> Option<(K, &mut VecDeque<(K, V)>)> {
+        self.chunks
+            .range_mut(..=key)
+            .next_back()
+            .map(|(lower, chunk)| (*lower, chunk))
+    }
+
+    /// Where `key` is or would go in `chunk`. Most inserts append to a run of keys (a
+    /// priority tier grows at its end), so the last entry is tried before a binary search.
+    fn position(chunk: &VecDeque<(K, V)>, key: &K) -> Result<usize, usize> {
+        match chunk.back() {
+            Some((last, _)) if last < key => Err(chunk.len()),
+            _ => chunk.binary_search_by(|(k, _)| k.cmp(key)),
+        }
     }
 
     /// The value of `key`.
     pub(crate) fn get(&self, key: &K) -> Option<&V> {
-        let chunk = &self.chunks[&self.chunk_of(key)?];
+        let (_, chunk) = self.chunk_of(key)?;
         let index = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
         Some(&chunk[index].1)
     }
 
     /// The value of `key`, to change in place.
     pub(crate) fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        let lower = self.chunk_of(key)?;
-        let chunk = self.chunks.get_mut(&lower).expect("found");
+        let (_, chunk) = self.chunk_of_mut(key)?;
         let index = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
         Some(&mut chunk[index].1)
     }
 
     /// Inserts `key`, returning the value it replaces.
     pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
-        let lower = match self.chunk_of(&key) {
-            Some(lower) => lower,
-            None => {
-                // Below every chunk (or none): the first chunk takes it and `key` becomes its
-                // lower bound.
-                let Some((_, chunk)) = self.chunks.pop_first() else {
-                    self.chunks.insert(key, VecDeque::from([(key, value)]));
-                    self.len += 1;
-                    return None;
-                };
-                self.chunks.insert(key, chunk);
-                key
-            }
-        };
-        let chunk = self.chunks.get_mut(&lower).expect("found");
-        let index = match chunk.binary_search_by(|(k, _)| k.cmp(&key)) {
+        if self.chunks.first_key_value().is_none_or(|(first, _)| key < *first) {
+            // Below every chunk (or none): the first chunk takes it and `key` becomes its
+            // lower bound.
+            let Some((_, chunk)) = self.chunks.pop_first() else {
+                self.chunks.insert(key, VecDeque::from([(key, value)]));
+                self.len += 1;
+                return None;
+            };
+            self.chunks.insert(key, chunk);
+        }
+        let (_, chunk) = (self.chunks.range_mut(..=key).next_back()).expect("a chunk at or below");
+        let index = match Self::position(chunk, &key) {
             Ok(index) => return Some(std::mem::replace(&mut chunk[index].1, value)),
             Err(index) => index,
         };
@@ -132,8 +144,7 @@ impl<K: Ord + Copy, V> SortedMap<K, V> {
 
     /// Removes `key`, returning its value.
     pub(crate) fn remove(&mut self, key: &K) -> Option<V> {
-        let lower = self.chunk_of(key)?;
-        let chunk = self.chunks.get_mut(&lower).expect("found");
+        let (lower, chunk) = self.chunk_of_mut(key)?;
         let index = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
         let (_, value) = chunk.remove(index).expect("found");
         self.len -= 1;
