@@ -101,7 +101,11 @@ impl<K: Ord + Copy, V> SortedMap<K, V> {
 
     /// Inserts `key`, returning the value it replaces.
     pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
-        if self.chunks.first_key_value().is_none_or(|(first, _)| key < *first) {
+        if self
+            .chunks
+            .first_key_value()
+            .is_none_or(|(first, _)| key < *first)
+        {
             // Below every chunk (or none): the first chunk takes it and `key` becomes its
             // lower bound.
             let Some((_, chunk)) = self.chunks.pop_first() else {

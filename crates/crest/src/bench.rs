@@ -169,6 +169,10 @@ pub struct BenchConfig {
     pub topic: String,
     /// Messages each producer may have sent but not yet seen acknowledged.
     pub producer_window: usize,
+    /// Most messages a producer hands the SDK at once (`Producer::send_batch`). A paced
+    /// producer sends only the messages already due, so at low rates batches are single
+    /// messages and push latency is not inflated by waiting for company.
+    pub push_batch: usize,
     /// Ack requests each consumer may have in flight while it pops on.
     pub acks_in_flight: usize,
     /// How long the drain may go without popping anything before the bench gives up and
@@ -197,6 +201,7 @@ impl BenchConfig {
             phase: Phase::FillThenDrain,
             topic: "bench".into(),
             producer_window: 64 * 1024,
+            push_batch: 256,
             acks_in_flight: 4,
             drain_idle_timeout: Duration::from_secs(10),
             progress: Some(Duration::from_secs(1)),
@@ -214,8 +219,8 @@ impl BenchConfig {
         if self.producers == 0 || self.consumers == 0 || self.pop_batch == 0 {
             bail!("producers, consumers and pop batch must be at least 1");
         }
-        if self.producer_window == 0 {
-            bail!("the producer window must be at least 1");
+        if self.producer_window == 0 || self.push_batch == 0 {
+            bail!("the producer window and the push batch must be at least 1");
         }
         if self
             .rate
@@ -424,94 +429,131 @@ async fn run_producer(
     let mut rng = SmallRng::seed_from_u64(config.seed.wrapping_add(index as u64));
     let mut push_ack = histogram();
     let mut in_flight = FuturesUnordered::new();
+    // Messages sent and not yet settled (the window counts messages, not batches).
+    let mut unsettled = 0usize;
     let per_producer_rate = config.rate.map(|rate| rate / config.producers as f64);
     let deadline = config.duration.map(|d| shared.started + d);
     let mut sent = 0u64;
     let begun = Instant::now();
-    loop {
-        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-            break;
-        }
-        let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
-        if seq >= config.messages {
-            break;
-        }
+    let due = |sent: u64| {
+        per_producer_rate.map(|rate| begun + Duration::from_secs_f64(sent as f64 / rate))
+    };
+    let mut done = false;
+    while !done {
         // Acknowledgements are taken in while the producer waits (for its pace, its window,
         // or a full send queue), so a push-ack latency is measured when the ack arrives.
-        if let Some(rate) = per_producer_rate {
-            let due = begun + Duration::from_secs_f64(sent as f64 / rate);
+        if let Some(due) = due(sent) {
             let sleep = tokio::time::sleep_until(due.into());
             tokio::pin!(sleep);
             loop {
                 tokio::select! {
                     biased;
                     () = &mut sleep => break,
-                    Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                        settle_push(Some(done), &shared, &mut push_ack);
+                    Some(outcome) = in_flight.next(), if !in_flight.is_empty() => {
+                        unsettled -= settle_push(outcome, &shared, &mut push_ack);
                     }
                 }
             }
         }
-        while in_flight.len() >= config.producer_window {
-            settle_push(in_flight.next().await, &shared, &mut push_ack);
+        while unsettled >= config.producer_window {
+            let Some(outcome) = in_flight.next().await else {
+                break;
+            };
+            unsettled -= settle_push(outcome, &shared, &mut push_ack);
         }
-        let priority = config.priorities.draw(&mut rng);
-        let sent_ns = shared.now_ns();
-        let payload = stamp(config.payload_bytes, shared.nonce, seq, sent_ns);
-        let message = Message::new(config.topic.clone(), payload).priority(priority);
-        let send = producer.send(message);
+        // The batch: the first message, then those already due, within the batch and window.
+        let mut messages = Vec::new();
+        let mut stamps = Vec::new();
+        loop {
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                done = true;
+                break;
+            }
+            let seq = shared.next_seq.fetch_add(1, Ordering::Relaxed);
+            if seq >= config.messages {
+                done = true;
+                break;
+            }
+            let priority = config.priorities.draw(&mut rng);
+            let sent_ns = shared.now_ns();
+            let payload = stamp(config.payload_bytes, shared.nonce, seq, sent_ns);
+            messages.push(Message::new(config.topic.clone(), payload).priority(priority));
+            stamps.push((priority, sent_ns));
+            sent += 1;
+            if messages.len() >= config.push_batch
+                || unsettled + messages.len() >= config.producer_window
+                || due(sent).is_some_and(|due| due > Instant::now())
+            {
+                break;
+            }
+        }
+        if messages.is_empty() {
+            break;
+        }
+        let count = messages.len();
+        let send = producer.send_batch(messages);
         tokio::pin!(send);
         let sent_result = loop {
             tokio::select! {
                 biased;
                 result = &mut send => break result,
-                Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                    settle_push(Some(done), &shared, &mut push_ack);
+                Some(outcome) = in_flight.next(), if !in_flight.is_empty() => {
+                    unsettled -= settle_push(outcome, &shared, &mut push_ack);
                 }
             }
         };
         match sent_result {
-            Ok(handle) => in_flight.push(async move { (handle.acked().await, priority, sent_ns) }),
+            Ok(handle) => {
+                unsettled += count;
+                in_flight.push(async move { (handle.acked().await, stamps) });
+            }
             Err(error) => {
-                shared.push_errors.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .push_errors
+                    .fetch_add(count as u64, Ordering::Relaxed);
                 tracing::warn!("push failed: {error}");
             }
         }
-        sent += 1;
-        // Drain acknowledgements already in, without waiting.
-        while let Some(Some(done)) = futures_util::FutureExt::now_or_never(in_flight.next()) {
-            settle_push(Some(done), &shared, &mut push_ack);
+        // Settle acknowledgements already in, without waiting.
+        while let Some(Some(outcome)) = futures_util::FutureExt::now_or_never(in_flight.next()) {
+            unsettled -= settle_push(outcome, &shared, &mut push_ack);
         }
     }
-    while let Some(done) = in_flight.next().await {
-        settle_push(Some(done), &shared, &mut push_ack);
+    while let Some(outcome) = in_flight.next().await {
+        settle_push(outcome, &shared, &mut push_ack);
     }
     Ok(ProducerResult { push_ack })
 }
 
+/// A batch's outcome, and the priority and send time of each of its messages.
 type PushOutcome = (
-    Result<crate::core::id::MessageId, crate::sdk::ClientError>,
-    u32,
-    u64,
+    Result<Vec<crate::core::id::MessageId>, crate::sdk::ClientError>,
+    Vec<(u32, u64)>,
 );
 
-fn settle_push(done: Option<PushOutcome>, shared: &Shared, push_ack: &mut Histogram<u64>) {
-    let Some((result, priority, sent_ns)) = done else {
-        return;
-    };
+/// Counts a batch's outcome; how many messages it settled.
+fn settle_push(outcome: PushOutcome, shared: &Shared, push_ack: &mut Histogram<u64>) -> usize {
+    let (result, stamps) = outcome;
     match result {
         Ok(_) => {
             let now = shared.now_ns();
-            record(push_ack, now.saturating_sub(sent_ns) / 1000);
-            shared.present.add(priority);
-            shared.pushed.fetch_add(1, Ordering::Relaxed);
+            for &(priority, sent_ns) in &stamps {
+                record(push_ack, now.saturating_sub(sent_ns) / 1000);
+                shared.present.add(priority);
+            }
+            shared
+                .pushed
+                .fetch_add(stamps.len() as u64, Ordering::Relaxed);
             shared.last_push_ack_ns.fetch_max(now, Ordering::Relaxed);
         }
         Err(error) => {
-            shared.push_errors.fetch_add(1, Ordering::Relaxed);
+            shared
+                .push_errors
+                .fetch_add(stamps.len() as u64, Ordering::Relaxed);
             tracing::warn!("push not acknowledged: {error}");
         }
     }
+    stamps.len()
 }
 
 #[derive(Default)]

@@ -367,6 +367,9 @@ struct BenchArgs {
     /// Unacknowledged pushes each producer may have in flight.
     #[arg(long, default_value_t = 64 * 1024)]
     producer_window: usize,
+    /// Most messages a producer hands the SDK at once (paced producers send only those due).
+    #[arg(long, default_value_t = 256)]
+    push_batch: usize,
     /// Ack requests each consumer keeps in flight while it pops on (pipelining).
     #[arg(long, default_value_t = 4)]
     acks_in_flight: usize,
@@ -995,6 +998,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
         phase: args.phase,
         topic,
         producer_window: args.producer_window,
+        push_batch: args.push_batch,
         acks_in_flight: args.acks_in_flight,
         drain_idle_timeout: args.drain_idle_timeout,
         progress: (!args.quiet).then_some(Duration::from_secs(1)),
