@@ -105,6 +105,12 @@ pub struct Settings {
     pub wal_queue_ops_max: u32,
     /// Bytes the log writer gathers into one write (one group commit) at most.
     pub wal_write_batch_bytes_max: u32,
+    /// Records nobody waits for (leases granted, expiries, lease timeouts) are written at
+    /// once but synced with the next group commit that has a waiter (a push, an ack), or
+    /// after this long at the latest, in milliseconds. A process crash loses none of them; a
+    /// machine crash can lose those of this last moment (a message then comes back with one
+    /// attempt fewer, or expires again).
+    pub wal_unwaited_sync_ms: u64,
     /// A leaf takes a checkpoint once its log grew by this many bytes since the last one (and
     /// the snapshot would be at most half that size), in bytes.
     pub checkpoint_log_bytes: u64,
@@ -234,6 +240,7 @@ impl Default for Settings {
             wal_segment_bytes_max: 64 * 1024 * 1024,
             wal_queue_ops_max: 65_536,
             wal_write_batch_bytes_max: 8 * 1024 * 1024,
+            wal_unwaited_sync_ms: 100,
             checkpoint_log_bytes: 256 * 1024 * 1024,
             checkpoint_interval_ms: 300_000,
             leaf_body_cache_bytes: 64 * 1024 * 1024,

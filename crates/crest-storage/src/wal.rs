@@ -49,6 +49,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
+use std::time::Duration;
 
 /// What recovery does about a bad record that is not a torn tail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -126,6 +127,10 @@ pub struct WalOptions {
     pub write_batch_bytes_max: usize,
     /// What to do when a sync fails.
     pub sync_failure: SyncFailure,
+    /// In fsync mode, a group of appends nobody waits for (no token: leases, expiries,
+    /// releases) is written at once but synced with the next group that has a waiter, or
+    /// after this long at the latest.
+    pub unwaited_sync_after: Duration,
     /// Wraps segment files (fault injection); `None` writes to the files directly.
     pub file_wrapper: Option<FileWrapper>,
 }
@@ -142,6 +147,7 @@ impl WalOptions {
             queue_ops_max: settings.wal_queue_ops_max as usize,
             write_batch_bytes_max: settings.wal_write_batch_bytes_max as usize,
             sync_failure: SyncFailure::Abort,
+            unwaited_sync_after: Duration::from_millis(settings.wal_unwaited_sync_ms),
             file_wrapper: None,
         }
     }
@@ -171,6 +177,8 @@ pub struct Wal {
     len: u64,
     /// Set after a failed sync in `SyncFailure::StopWriter` mode.
     stopped: bool,
+    /// Bytes written since the last sync (fsync mode): appends nobody waited for.
+    unsynced: bool,
     /// Tokens of recent appends that failed (bounded), to abandon checkpoints holding them.
     failed_tokens: VecDeque<u64>,
     /// Where recent appends with tokens start (bounded): a checkpoint's replay start.
@@ -343,6 +351,7 @@ fn recover(
                 file,
                 len,
                 stopped: false,
+                unsynced: false,
                 failed_tokens: VecDeque::new(),
                 positions: VecDeque::new(),
             }
@@ -356,6 +365,7 @@ fn recover(
                 file,
                 len,
                 stopped: false,
+                unsynced: false,
                 failed_tokens: VecDeque::new(),
                 positions: VecDeque::new(),
             }
@@ -560,7 +570,25 @@ impl Wal {
 
     fn run(mut self, rx: mpsc::Receiver<Job>, mut on_complete: impl FnMut(Vec<Completion>)) {
         let mut buf = Vec::with_capacity(1 << 20);
-        while let Ok(first) = rx.recv() {
+        loop {
+            let first = if self.unsynced {
+                match rx.recv_timeout(self.options.unwaited_sync_after) {
+                    Ok(job) => job,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        let _ = self.sync();
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        let _ = self.sync();
+                        break;
+                    }
+                }
+            } else {
+                match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            };
             if self.stopped {
                 break;
             }
@@ -720,10 +748,14 @@ impl Wal {
                 &format!("log write to {} failed: {error}", path.display()),
             );
         }
-        if self.options.durability == Durability::Fsync
-            && let Err(error) = self.sync()
-        {
-            return fail_all(jobs, &error);
+        if self.options.durability == Durability::Fsync {
+            if jobs.iter().any(|job| job.token.is_some()) {
+                if let Err(error) = self.sync() {
+                    return fail_all(jobs, &error);
+                }
+            } else {
+                self.unsynced = true;
+            }
         }
         let base = self.len;
         self.len += buf.len() as u64;
@@ -755,6 +787,7 @@ impl Wal {
     /// Syncs the active segment; a failure applies [`SyncFailure`] (abort, or stop the writer).
     fn sync(&mut self) -> Result<(), String> {
         let Err(error) = self.file.sync_data() else {
+            self.unsynced = false;
             return Ok(());
         };
         let path = self.options.dir.join(segment_name(self.seq));
@@ -767,6 +800,7 @@ impl Wal {
             std::process::abort();
         }
         self.stopped = true;
+        self.unsynced = false;
         Err(format!("fdatasync of {} failed: {error}", path.display()))
     }
 

@@ -432,6 +432,77 @@ fn a_failing_sync_stops_the_log_and_only_acknowledged_operations_survive() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Syncs a [`FaultyFile`] made so far (its budget started at `u64::MAX`).
+fn syncs(faults: &Faults) -> u64 {
+    u64::MAX - faults.syncs_left.load(Ordering::SeqCst)
+}
+
+#[test]
+fn appends_nobody_waits_for_are_synced_with_the_next_waiter_or_after_the_interval() {
+    let dir = temp_dir("unwaited");
+    let faults = std::sync::Arc::new(Faults {
+        space: AtomicU64::new(u64::MAX / 2),
+        syncs_left: AtomicU64::new(u64::MAX),
+    });
+    // An interval no test run reaches: only a waiter syncs.
+    let (wal, _) = open(WalOptions {
+        unwaited_sync_after: Duration::from_secs(3600),
+        ..faulty(&dir, &faults)
+    })
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let handle = wal.start(move |done| tx.send(done).unwrap()).unwrap();
+    handle.submit(op(1), None).unwrap();
+    handle.submit(op(2), None).unwrap();
+    // A waiter's group commit makes the unwaited appends before it durable with one sync.
+    barrier(&handle, &rx, 3);
+    let after_barrier = syncs(&faults);
+    assert!(after_barrier >= 1);
+    handle.submit(op(4), None).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        syncs(&faults),
+        after_barrier,
+        "an unwaited append alone is not synced"
+    );
+    // A machine crash now (the faulty file loses what was not synced) keeps 1–3, loses 4.
+    std::mem::forget(handle);
+    let crashed = temp_dir("unwaited-crash");
+    std::fs::create_dir_all(&crashed).unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), crashed.join(entry.file_name())).unwrap();
+    }
+    let (_, recovered) = open(options(&crashed)).unwrap();
+    assert_eq!(ids(&recovered.operations), expect(1..=3));
+    std::fs::remove_dir_all(&crashed).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // With a short interval, an unwaited append is synced on its own soon after.
+    let dir = temp_dir("unwaited-timer");
+    let faults = std::sync::Arc::new(Faults {
+        space: AtomicU64::new(u64::MAX / 2),
+        syncs_left: AtomicU64::new(u64::MAX),
+    });
+    let (wal, _) = open(WalOptions {
+        unwaited_sync_after: Duration::from_millis(20),
+        ..faulty(&dir, &faults)
+    })
+    .unwrap();
+    let handle = wal.start(|_| {}).unwrap();
+    handle.submit(op(1), None).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while syncs(&faults) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(syncs(&faults), 1, "synced by the interval");
+    drop(handle);
+    std::thread::sleep(Duration::from_millis(50));
+    let (_, recovered) = open(options(&dir)).unwrap();
+    assert_eq!(ids(&recovered.operations), expect([1]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Submits an operation and waits until it (and everything queued before it) is durable.
 fn barrier(handle: &WalHandle, rx: &mpsc::Receiver<Vec<Completion>>, n: u64) {
     handle.submit(op(n), Some(n)).unwrap();
