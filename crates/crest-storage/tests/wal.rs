@@ -437,19 +437,25 @@ fn syncs(faults: &Faults) -> u64 {
     u64::MAX - faults.syncs_left.load(Ordering::SeqCst)
 }
 
-#[test]
-fn appends_nobody_waits_for_are_synced_with_the_next_waiter_or_after_the_interval() {
-    let dir = temp_dir("unwaited");
+/// A faulty file with room and syncs to spare, whose writer syncs unwaited appends `after`.
+fn unwaited(dir: &Path, after: Duration) -> (std::sync::Arc<Faults>, WalOptions) {
     let faults = std::sync::Arc::new(Faults {
         space: AtomicU64::new(u64::MAX / 2),
         syncs_left: AtomicU64::new(u64::MAX),
     });
+    let options = WalOptions {
+        unwaited_sync_after: after,
+        ..faulty(dir, &faults)
+    };
+    (faults, options)
+}
+
+#[test]
+fn appends_nobody_waits_for_are_synced_with_the_next_waiter_or_after_the_interval() {
+    let dir = temp_dir("unwaited");
     // An interval no test run reaches: only a waiter syncs.
-    let (wal, _) = open(WalOptions {
-        unwaited_sync_after: Duration::from_secs(3600),
-        ..faulty(&dir, &faults)
-    })
-    .unwrap();
+    let (faults, wal_options) = unwaited(&dir, Duration::from_secs(3600));
+    let (wal, _) = open(wal_options).unwrap();
     let (tx, rx) = mpsc::channel();
     let handle = wal.start(move |done| tx.send(done).unwrap()).unwrap();
     handle.submit(op(1), None).unwrap();
@@ -480,15 +486,8 @@ fn appends_nobody_waits_for_are_synced_with_the_next_waiter_or_after_the_interva
 
     // With a short interval, an unwaited append is synced on its own soon after.
     let dir = temp_dir("unwaited-timer");
-    let faults = std::sync::Arc::new(Faults {
-        space: AtomicU64::new(u64::MAX / 2),
-        syncs_left: AtomicU64::new(u64::MAX),
-    });
-    let (wal, _) = open(WalOptions {
-        unwaited_sync_after: Duration::from_millis(20),
-        ..faulty(&dir, &faults)
-    })
-    .unwrap();
+    let (faults, wal_options) = unwaited(&dir, Duration::from_millis(20));
+    let (wal, _) = open(wal_options).unwrap();
     let handle = wal.start(|_| {}).unwrap();
     handle.submit(op(1), None).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
