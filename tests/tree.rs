@@ -285,6 +285,9 @@ async fn bad_receipts_and_invalid_arguments_get_typed_errors() {
         "{error}"
     );
 
+    // Settling no receipts (an empty pop's) is nothing to do, not an error.
+    assert!(consumer.ack_many(&[]).await.unwrap().is_empty());
+
     let error = consumer.pop("jobs", 0, Duration::ZERO).await.unwrap_err();
     assert!(
         matches!(&error, ClientError::Rejected { code: ErrorCode::InvalidArgument, message } if message.contains("max 0")),

@@ -199,6 +199,10 @@ impl Consumer {
         op: Settle,
         receipts: &[Receipt],
     ) -> Result<Vec<Result<(), ReceiptError>>, ClientError> {
+        if receipts.is_empty() {
+            // Nothing to settle (an empty pop's receipts): no round trip.
+            return Ok(Vec::new());
+        }
         let receipts = receipts.to_vec();
         let answer = self
             .link
