@@ -200,7 +200,7 @@ impl BenchConfig {
             rate: None,
             phase: Phase::FillThenDrain,
             topic: "bench".into(),
-            producer_window: 64 * 1024,
+            producer_window: 4096,
             push_batch: 256,
             acks_in_flight: 4,
             drain_idle_timeout: Duration::from_secs(10),

@@ -365,7 +365,7 @@ struct BenchArgs {
     #[arg(long)]
     topic: Option<String>,
     /// Unacknowledged pushes each producer may have in flight.
-    #[arg(long, default_value_t = 64 * 1024)]
+    #[arg(long, default_value_t = 4096)]
     producer_window: usize,
     /// Most messages a producer hands the SDK at once (paced producers send only those due).
     #[arg(long, default_value_t = 256)]
