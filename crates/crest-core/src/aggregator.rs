@@ -28,7 +28,8 @@ use crate::wire::{
     Confirm, Confirmed, ErrorCode, LeafAdmin, LeafAdminReply, Offer, Release, Reserve,
     ReserveDenied, ReserveOutcome, Reserved, Role, Stats, Wire,
 };
-use std::collections::{HashMap, HashSet, VecDeque};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::collections::VecDeque;
 
 /// How an aggregator is set up.
 #[derive(Clone, Debug)]
@@ -111,7 +112,7 @@ impl Aggregator {
             upstream,
             children,
             offers: Default::default(),
-            forwarded: HashMap::new(),
+            forwarded: HashMap::default(),
             dirty: Default::default(),
             transmits: VecDeque::new(),
             closes: VecDeque::new(),

@@ -13,7 +13,7 @@ use crate::window::Window;
 use crate::wire::{
     ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, ReceiptError, Role, Welcome, Wire,
 };
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 
 /// Interned topic name.
@@ -70,9 +70,9 @@ impl Downstream {
             role,
             settings,
             subtree: subtree.into_iter().collect(),
-            peers: HashMap::new(),
-            children_by_name: HashMap::new(),
-            routes: HashMap::new(),
+            peers: HashMap::default(),
+            children_by_name: HashMap::default(),
+            routes: HashMap::default(),
             windows: Default::default(),
         }
     }

@@ -120,8 +120,33 @@ impl<V> Default for AscendingIdMap<V> {
 const HOLES_KEPT: usize = 1024;
 
 impl<V> AscendingIdMap<V> {
+    /// Where `id` is (or would go) in the deque. Ids are unique and ascending, so an id sits at
+    /// most as far from the front as its distance in ids: with no gap before it (the common
+    /// case: holes keep their places) it is exactly there, found without a search.
     fn position(&self, id: MessageId) -> Result<usize, usize> {
-        self.ordered.binary_search_by_key(&id, |(id, _)| *id)
+        let Some(&(front, _)) = self.ordered.front() else {
+            return Err(0);
+        };
+        let Some(distance) = id.0.checked_sub(front.0) else {
+            return Err(0);
+        };
+        let bound = usize::try_from(distance).unwrap_or(usize::MAX);
+        if let Some((at, _)) = self.ordered.get(bound)
+            && *at == id
+        {
+            return Ok(bound);
+        }
+        // Entries from `bound` on hold ids beyond `id` (each at least one above the last).
+        let (mut low, mut high) = (0, bound.saturating_add(1).min(self.ordered.len()));
+        while low < high {
+            let middle = low + (high - low) / 2;
+            match self.ordered[middle].0.cmp(&id) {
+                std::cmp::Ordering::Less => low = middle + 1,
+                std::cmp::Ordering::Greater => high = middle,
+                std::cmp::Ordering::Equal => return Ok(middle),
+            }
+        }
+        Err(low)
     }
 
     /// Inserts `value` under `id`; the value it replaces.

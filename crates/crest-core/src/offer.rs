@@ -25,7 +25,8 @@ use crate::key::Key;
 use crate::sorted::SortedMap;
 use crate::time::Time;
 use crate::wire::{Offer, OfferEntry};
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeMap;
 
 /// When a child sends the offer changes it gathered for a topic (see the settings
 /// `offer_linger_us`, `offer_batch_entries`, `offer_urgent_flush`).
@@ -126,7 +127,7 @@ impl<V> Default for OfferSet<V> {
             pending: BTreeMap::new(),
             sent_frontier: None,
             seq: 0,
-            sent_in: HashMap::new(),
+            sent_in: HashMap::default(),
             swaps: 0,
             credit_stalls: 0,
         }

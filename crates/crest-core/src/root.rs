@@ -42,7 +42,8 @@ use crate::wire::{
     ErrorCode, LeafAdmin, LeafAdminReply, Pop, PopReply, ReceiptError, Release, Reserve,
     ReserveItem, Reserved, Role, Settle, Stats, Wire,
 };
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 /// How a root is set up.
@@ -289,13 +290,13 @@ impl Root {
             settings: config.settings,
             children,
             waiting: Default::default(),
-            pops: HashMap::new(),
+            pops: HashMap::default(),
             next_pop: 1,
             reservations: Reservations::default(),
-            confirms: HashMap::new(),
-            acks: HashMap::new(),
-            admins: HashMap::new(),
-            leaf_admins: HashMap::new(),
+            confirms: HashMap::default(),
+            acks: HashMap::default(),
+            admins: HashMap::default(),
+            leaf_admins: HashMap::default(),
             next_tag: 1,
             timers: BTreeSet::new(),
             dirty: Default::default(),

@@ -10,7 +10,8 @@ use crate::key::Key;
 use crate::machine::ConnId;
 use crate::time::Time;
 use crate::wire::{Offer, OfferEntry};
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeMap;
 
 /// Where an entry came from and how big its payload is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
