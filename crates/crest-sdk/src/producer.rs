@@ -121,7 +121,7 @@ impl ProducerConfig {
             batch_messages_max: 1024,
             batch_bytes_max: 1024 * 1024,
             linger: Duration::ZERO,
-            batches_in_flight_max: 8,
+            batches_in_flight_max: 32,
             queue_messages_max: 16 * 1024,
             ack_timeout: Duration::from_secs(30),
         }
