@@ -152,14 +152,12 @@ impl<V> AscendingIdMap<V> {
     /// Inserts `value` under `id`; the value it replaces.
     pub(crate) fn insert(&mut self, id: MessageId, value: V) -> Option<V> {
         if self.ordered.back().is_none_or(|(last, _)| *last < id) {
-            if !self.others.is_empty()
-                && let Some(old) = self.others.remove(&id)
-            {
-                self.ordered.push_back((id, Some(value)));
-                return Some(old);
-            }
+            let old = match self.others.is_empty() {
+                true => None,
+                false => self.others.remove(&id),
+            };
             self.ordered.push_back((id, Some(value)));
-            return None;
+            return old;
         }
         match self.position(id) {
             Ok(index) => {

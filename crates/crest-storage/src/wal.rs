@@ -49,7 +49,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What recovery does about a bad record that is not a torn tail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -177,8 +177,8 @@ pub struct Wal {
     len: u64,
     /// Set after a failed sync in `SyncFailure::StopWriter` mode.
     stopped: bool,
-    /// Bytes written since the last sync (fsync mode): appends nobody waited for.
-    unsynced: bool,
+    /// Since when bytes written are not synced (fsync mode: appends nobody waited for).
+    unsynced_since: Option<Instant>,
     /// Tokens of recent appends that failed (bounded), to abandon checkpoints holding them.
     failed_tokens: VecDeque<u64>,
     /// Where recent appends with tokens start (bounded): a checkpoint's replay start.
@@ -351,7 +351,7 @@ fn recover(
                 file,
                 len,
                 stopped: false,
-                unsynced: false,
+                unsynced_since: None,
                 failed_tokens: VecDeque::new(),
                 positions: VecDeque::new(),
             }
@@ -365,7 +365,7 @@ fn recover(
                 file,
                 len,
                 stopped: false,
-                unsynced: false,
+                unsynced_since: None,
                 failed_tokens: VecDeque::new(),
                 positions: VecDeque::new(),
             }
@@ -571,8 +571,9 @@ impl Wal {
     fn run(mut self, rx: mpsc::Receiver<Job>, mut on_complete: impl FnMut(Vec<Completion>)) {
         let mut buf = Vec::with_capacity(1 << 20);
         loop {
-            let first = if self.unsynced {
-                match rx.recv_timeout(self.options.unwaited_sync_after) {
+            let first = if let Some(since) = self.unsynced_since {
+                let due = since + self.options.unwaited_sync_after;
+                match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
                     Ok(job) => job,
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         let _ = self.sync();
@@ -754,7 +755,14 @@ impl Wal {
                     return fail_all(jobs, &error);
                 }
             } else {
-                self.unsynced = true;
+                // Synced by the next waiter, or here once the oldest unsynced write is due
+                // (the writer's idle timeout covers a quiet log).
+                let since = *self.unsynced_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= self.options.unwaited_sync_after
+                    && let Err(error) = self.sync()
+                {
+                    return fail_all(jobs, &error);
+                }
             }
         }
         let base = self.len;
@@ -787,7 +795,7 @@ impl Wal {
     /// Syncs the active segment; a failure applies [`SyncFailure`] (abort, or stop the writer).
     fn sync(&mut self) -> Result<(), String> {
         let Err(error) = self.file.sync_data() else {
-            self.unsynced = false;
+            self.unsynced_since = None;
             return Ok(());
         };
         let path = self.options.dir.join(segment_name(self.seq));
@@ -800,7 +808,7 @@ impl Wal {
             std::process::abort();
         }
         self.stopped = true;
-        self.unsynced = false;
+        self.unsynced_since = None;
         Err(format!("fdatasync of {} failed: {error}", path.display()))
     }
 
