@@ -340,7 +340,7 @@ impl RawClient {
         let settings = crest::core::config::Settings::default();
         let client = crest::transport::client_config(&tree.ca_pem, &settings).unwrap();
         let addr = address.parse().unwrap();
-        let endpoint = crest::transport::client_endpoint(addr, client).unwrap();
+        let endpoint = crest::transport::client_endpoint(addr, client, &settings).unwrap();
         let connection = crest::transport::connect(&endpoint, addr).await.unwrap();
         let streams = open_streams(&connection).await.unwrap();
         let max = settings.frame_bytes_max;

@@ -95,6 +95,11 @@ pub struct Settings {
     pub idle_timeout_ms: u64,
     /// Keep-alive interval on every connection, in milliseconds.
     pub keep_alive_ms: u64,
+    /// Kernel receive and send buffer asked for each node's and client's UDP socket, in bytes
+    /// (the kernel caps it at `net.core.rmem_max` / `wmem_max`; 0: the system default). A
+    /// buffer that overflows drops datagrams, and QUIC's loss recovery then halves the link's
+    /// sending rate.
+    pub udp_buffer_bytes: u32,
     /// First delay before reconnecting to a parent, in milliseconds (doubles per failure).
     pub reconnect_backoff_initial_ms: u64,
     /// When a leaf acknowledges pushes (leaves with a data directory).
@@ -235,6 +240,7 @@ impl Default for Settings {
             connections_max: 1024,
             idle_timeout_ms: 10_000,
             keep_alive_ms: 1_000,
+            udp_buffer_bytes: 4 * 1024 * 1024,
             reconnect_backoff_initial_ms: 50,
             durability: Durability::Fsync,
             wal_segment_bytes_max: 64 * 1024 * 1024,

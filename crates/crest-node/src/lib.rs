@@ -283,7 +283,7 @@ pub async fn start_node(
     let server = crest_transport::server_config(&tls.node, &spec.settings)?;
     let client = crest_transport::client_config(&tls.ca_pem, &spec.settings)?;
     let (machine, wal) = machine_for(topology, spec, options)?;
-    let endpoint = crest_transport::node_endpoint(spec.listen, server, client)?;
+    let endpoint = crest_transport::node_endpoint(spec.listen, server, client, &spec.settings)?;
     let local_addr = endpoint
         .local_addr()
         .map_err(|e| NodeError::Actor(e.to_string()))?;

@@ -42,7 +42,7 @@ impl Link {
     ) -> Result<Link, ClientError> {
         let addr = resolve(address).await?;
         let client = crest_transport::client_config(ca_pem, settings)?;
-        let endpoint = crest_transport::client_endpoint(addr, client)?;
+        let endpoint = crest_transport::client_endpoint(addr, client, settings)?;
         let connection = crest_transport::connect(&endpoint, addr).await?;
         let streams = open_streams(&connection).await?;
         let max = settings.frame_bytes_max;

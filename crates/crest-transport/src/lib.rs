@@ -93,11 +93,9 @@ pub fn node_endpoint(
     listen: SocketAddr,
     server: quinn::ServerConfig,
     client: quinn::ClientConfig,
+    settings: &Settings,
 ) -> Result<quinn::Endpoint, TransportError> {
-    let mut endpoint = quinn::Endpoint::server(server, listen)
-        .map_err(|e| TransportError::Endpoint(format!("bind {listen}: {e}")))?;
-    endpoint.set_default_client_config(client);
-    Ok(endpoint)
+    endpoint_on(listen, Some(server), client, settings)
 }
 
 /// Binds a client-only endpoint on an ephemeral port of the right address family.
@@ -107,6 +105,7 @@ pub fn node_endpoint(
 pub fn client_endpoint(
     for_addr: SocketAddr,
     client: quinn::ClientConfig,
+    settings: &Settings,
 ) -> Result<quinn::Endpoint, TransportError> {
     let bind: SocketAddr = if for_addr.is_ipv6() {
         "[::]:0"
@@ -115,10 +114,59 @@ pub fn client_endpoint(
     }
     .parse()
     .expect("literal");
-    let mut endpoint = quinn::Endpoint::client(bind)
-        .map_err(|e| TransportError::Endpoint(format!("bind {bind}: {e}")))?;
+    endpoint_on(bind, None, client, settings)
+}
+
+fn endpoint_on(
+    addr: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+    client: quinn::ClientConfig,
+    settings: &Settings,
+) -> Result<quinn::Endpoint, TransportError> {
+    let error = |e: std::io::Error| TransportError::Endpoint(format!("bind {addr}: {e}"));
+    let socket = udp_socket(addr, settings.udp_buffer_bytes).map_err(error)?;
+    let mut endpoint = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        server,
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(error)?;
     endpoint.set_default_client_config(client);
     Ok(endpoint)
+}
+
+/// A UDP socket bound to `addr`, with kernel buffers of `buffer_bytes` asked for.
+///
+/// The default buffers (~208 KiB on Linux) overflow under batched traffic between nodes on one
+/// host: the kernel drops datagrams, and every loss halves a link's congestion window. The
+/// kernel caps the request at `net.core.rmem_max` / `wmem_max`; a smaller grant is logged, not
+/// an error.
+fn udp_socket(addr: SocketAddr, buffer_bytes: u32) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        if let Err(error) = socket.set_only_v6(false) {
+            tracing::debug!(%error, "could not make the socket dual-stack");
+        }
+    }
+    if buffer_bytes > 0 {
+        let want = buffer_bytes as usize;
+        // Refusals are not fatal: the socket works with the system's buffers.
+        let _ = socket.set_recv_buffer_size(want);
+        let _ = socket.set_send_buffer_size(want);
+        // Linux reports twice the size it grants (the doubling covers its bookkeeping).
+        let granted = socket.recv_buffer_size().unwrap_or(0) / 2;
+        if granted < want {
+            tracing::debug!(
+                want,
+                granted,
+                "UDP receive buffer smaller than asked (raise net.core.rmem_max for more)"
+            );
+        }
+    }
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
 }
 
 /// Dials `addr` with the endpoint's default client configuration.
@@ -137,4 +185,45 @@ pub async fn connect(
         .connect(addr, tls::SERVER_NAME)
         .map_err(|e| connect_error(e.to_string()))?;
     connecting.await.map_err(|e| connect_error(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel's cap on a socket buffer request, where it publishes one.
+    fn kernel_cap(name: &str) -> Option<usize> {
+        std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    #[test]
+    fn sockets_get_the_buffers_asked_for_up_to_the_kernel_cap() {
+        let want = 1024 * 1024;
+        let socket = udp_socket("127.0.0.1:0".parse().unwrap(), want as u32).unwrap();
+        let socket = socket2::Socket::from(socket);
+        let default = udp_socket("127.0.0.1:0".parse().unwrap(), 0).unwrap();
+        let default = socket2::Socket::from(default).recv_buffer_size().unwrap();
+        if let Some(cap) = kernel_cap("rmem_max") {
+            // Linux reports double what it grants.
+            let granted = socket.recv_buffer_size().unwrap() / 2;
+            assert!(
+                granted >= want.min(cap),
+                "receive buffer {granted} < min({want}, {cap})"
+            );
+            if want.min(cap) * 2 > default {
+                assert!(socket.recv_buffer_size().unwrap() > default);
+            }
+        }
+        if let Some(cap) = kernel_cap("wmem_max") {
+            let granted = socket.send_buffer_size().unwrap() / 2;
+            assert!(
+                granted >= want.min(cap),
+                "send buffer {granted} < min({want}, {cap})"
+            );
+        }
+    }
 }
