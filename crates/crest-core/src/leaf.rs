@@ -180,6 +180,27 @@ pub enum LogRecord {
     },
 }
 
+impl LogRecord {
+    /// Appends the record's MessagePack encoding (rmp-serde's form; `Enqueue`, one per pushed
+    /// message, is written by hand in that same form).
+    ///
+    /// # Errors
+    /// rmp-serde's message, for a record it cannot encode.
+    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), String> {
+        match self {
+            LogRecord::Enqueue {
+                head,
+                metadata,
+                payload,
+            } => {
+                crate::codec::encode_enqueue(head, metadata, payload, out);
+                Ok(())
+            }
+            _ => rmp_serde::encode::write(out, self).map_err(|e| e.to_string()),
+        }
+    }
+}
+
 /// How a leaf is set up.
 #[derive(Clone, Debug)]
 pub struct LeafConfig {

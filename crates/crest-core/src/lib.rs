@@ -16,6 +16,7 @@
 
 pub mod aggregator;
 mod ahead;
+mod codec;
 pub mod config;
 mod downstream;
 pub mod id;

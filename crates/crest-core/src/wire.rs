@@ -10,7 +10,8 @@
 //! ```
 //!
 //! `length` counts the body only; `crc32` (crc32fast, IEEE) covers the body only. The body is
-//! one [`Wire`] value encoded with rmp-serde (MessagePack, structs as arrays). A frame whose
+//! one [`Wire`] value encoded with rmp-serde (MessagePack, structs as arrays; push frames are
+//! written and read by hand in exactly that form, see `codec.rs`). A frame whose
 //! length exceeds the receiver's `frame_bytes_max` is skipped and answered with
 //! [`ErrorCode::FrameTooLarge`]; a body that fails its checksum or does not decode is answered
 //! with [`ErrorCode::ChecksumMismatch`] or [`ErrorCode::MalformedFrame`]. The stream and the
@@ -802,6 +803,11 @@ impl FrameHeader {
                 actual,
             });
         }
+        if crate::codec::is_push(body)
+            && let Some(push) = crate::codec::decode_push(body)
+        {
+            return Ok(Wire::Push(push));
+        }
         rmp_serde::from_slice(body).map_err(|error| FrameError::Malformed(error.to_string()))
     }
 }
@@ -814,9 +820,15 @@ impl FrameHeader {
 pub fn encode_frame(msg: &Wire, max: u32, out: &mut Vec<u8>) -> Result<(), FrameError> {
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_HEADER_BYTES]);
-    if let Err(error) = rmp_serde::encode::write(out, msg) {
-        out.truncate(start);
-        return Err(FrameError::Encode(error.to_string()));
+    match msg {
+        // Every pushed message passes here: written by hand, byte for byte as rmp-serde would.
+        Wire::Push(push) => crate::codec::encode_push(push, out),
+        _ => {
+            if let Err(error) = rmp_serde::encode::write(out, msg) {
+                out.truncate(start);
+                return Err(FrameError::Encode(error.to_string()));
+            }
+        }
     }
     let body_len = out.len() - start - FRAME_HEADER_BYTES;
     if body_len > max as usize {

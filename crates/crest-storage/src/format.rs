@@ -134,7 +134,7 @@ pub fn encode_record(
         rmp::encode::write_array_len(out, records.len() as u32).map_err(|e| e.to_string())?;
         for record in records {
             let element = out.len();
-            rmp_serde::encode::write(out, record).map_err(|e| e.to_string())?;
+            record.encode(out)?;
             if matches!(record, LogRecord::Enqueue { .. }) {
                 bodies.push(element..out.len());
             }
