@@ -122,8 +122,9 @@ pub struct Settings {
     /// A leaf takes a checkpoint at the latest this long after logging something new, in
     /// milliseconds.
     pub checkpoint_interval_ms: u64,
-    /// Bytes of message bodies (metadata and payload) a leaf with a log keeps in memory after
-    /// they are durable, so that their delivery needs no read. Bodies beyond it are read back
+    /// Memory for message bodies (metadata and payload, plus each one's bookkeeping:
+    /// `leaf::CACHED_BODY_OVERHEAD_BYTES`) a leaf with a log keeps after they are durable, so
+    /// that their delivery needs no read. Bodies beyond it are read back
     /// from the log when reserved: memory per queued message is then its index entry only.
     pub leaf_body_cache_bytes: u64,
     /// A sealed log segment is compacted (its live messages rewritten at the end of the log,

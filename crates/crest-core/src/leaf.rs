@@ -84,7 +84,19 @@ impl MessageBody {
         let metadata: usize = self.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
         (metadata + self.payload.len()) as u64
     }
+
+    /// Bytes of memory it takes in the body cache: [`MessageBody::bytes`] plus the cache's
+    /// slot and the payload's shared header ([`CACHED_BODY_OVERHEAD_BYTES`]), so that
+    /// `leaf_body_cache_bytes` bounds memory, not only payload bytes, whatever their size.
+    pub fn cached_bytes(&self) -> u64 {
+        self.bytes() + CACHED_BODY_OVERHEAD_BYTES
+    }
 }
+
+/// Memory a cached body takes besides its bytes: its slot in the id-ordered cache (id and
+/// body) and the header `bytes::Bytes` shares a payload through.
+pub const CACHED_BODY_OVERHEAD_BYTES: u64 =
+    (std::mem::size_of::<(MessageId, Option<MessageBody>)>() + 32) as u64;
 
 /// What the log keeps of a message besides its body.
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
@@ -734,7 +746,7 @@ impl Leaf {
             };
             if expires_at <= now && death.is_none() {
                 if let Some(body) = leaf.bodies.remove(&id) {
-                    leaf.body_bytes -= body.bytes();
+                    leaf.body_bytes -= body.cached_bytes();
                 }
                 leaf.counters.expired += 1;
                 continue;
@@ -831,14 +843,14 @@ impl Leaf {
         let location = match place {
             Ok(location) => {
                 if let Some(body) = self.bodies.remove(&id) {
-                    self.body_bytes -= body.bytes();
+                    self.body_bytes -= body.cached_bytes();
                 }
                 location
             }
             Err(body) => {
-                self.body_bytes += body.bytes();
+                self.body_bytes += body.cached_bytes();
                 if let Some(old) = self.bodies.insert(id, body) {
-                    self.body_bytes -= old.bytes();
+                    self.body_bytes -= old.cached_bytes();
                 }
                 NO_LOCATION
             }
@@ -944,7 +956,7 @@ impl Leaf {
                     recovery.dead.remove(&id);
                 }
                 if let Some(body) = self.bodies.remove(&id) {
-                    self.body_bytes -= body.bytes();
+                    self.body_bytes -= body.cached_bytes();
                 }
             }
             LogRecord::Dedup {
@@ -1426,7 +1438,7 @@ impl Leaf {
             self.expiries.remove(&(ttl.expires_at, id));
         }
         if let Some(body) = self.bodies.remove(&id) {
-            self.body_bytes -= body.bytes();
+            self.body_bytes -= body.cached_bytes();
             if slot.logged().is_none() {
                 self.unlogged_bytes -= body.bytes();
             }
@@ -2717,7 +2729,7 @@ impl Machine for Leaf {
             self.live.insert(id.seq());
             self.track_expiry(expires_at, &topic, key);
             // A body in the log stays in memory within the cache; one not in the log, always.
-            let bytes = body.bytes();
+            let (bytes, cached) = (body.bytes(), body.cached_bytes());
             let location = locations.next();
             match &location {
                 Some(location) => {
@@ -2729,13 +2741,13 @@ impl Machine for Leaf {
                         }
                         _ => placed.push((location.segment, 1, len)),
                     }
-                    if self.body_bytes + bytes <= cache {
-                        self.body_bytes += bytes;
+                    if self.body_bytes + cached <= cache {
+                        self.body_bytes += cached;
                         self.bodies.insert(id, body);
                     }
                 }
                 None => {
-                    self.body_bytes += bytes;
+                    self.body_bytes += cached;
                     self.unlogged_bytes += bytes;
                     self.bodies.insert(id, body);
                 }
