@@ -4,10 +4,10 @@
 //! decoding every whole frame it holds; a bad frame becomes a [`ReadEvent::Bad`] and reading
 //! goes on after it (an oversized frame's body is skipped as it arrives, never buffered).
 //! [`spawn_writer`] owns a send stream behind a bounded channel and writes every queued message
-//! in one `write_all`, so many small messages cost one stream write.
+//! in one buffer handed to quinn without a copy, so many small messages cost one stream write.
 
 use crate::TransportError;
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use crest_core::wire::{
     FRAME_HEADER_BYTES, FrameError, FrameHeader, STREAM_CONTROL, STREAM_DATA, Wire, encode_frame,
 };
@@ -97,9 +97,11 @@ impl FrameReader {
 pub fn spawn_writer(mut send: quinn::SendStream, max: u32, capacity: usize) -> mpsc::Sender<Wire> {
     let (tx, mut rx) = mpsc::channel::<Wire>(capacity);
     tokio::spawn(async move {
-        let mut out = Vec::with_capacity(64 * 1024);
+        // The buffer is handed to quinn whole (no copy; quinn holds it until the peer has
+        // acknowledged it), so each write gathers into a new one, sized like the last.
+        let mut size = 64 * 1024;
         while let Some(msg) = rx.recv().await {
-            out.clear();
+            let mut out = Vec::with_capacity(size);
             encode_logged(&msg, max, &mut out);
             while out.len() < WRITE_BATCH_BYTES {
                 match rx.try_recv() {
@@ -107,7 +109,8 @@ pub fn spawn_writer(mut send: quinn::SendStream, max: u32, capacity: usize) -> m
                     Err(_) => break,
                 }
             }
-            if let Err(error) = send.write_all(&out).await {
+            size = out.len().clamp(4 * 1024, WRITE_BATCH_BYTES);
+            if let Err(error) = send.write_chunk(Bytes::from(out)).await {
                 tracing::debug!(%error, "stream write failed");
                 return;
             }
