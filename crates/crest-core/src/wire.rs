@@ -10,8 +10,8 @@
 //! ```
 //!
 //! `length` counts the body only; `crc32` (crc32fast, IEEE) covers the body only. The body is
-//! one [`Wire`] value encoded with rmp-serde (MessagePack, structs as arrays; push frames are
-//! written and read by hand in exactly that form, see `codec.rs`). A frame whose
+//! one [`Wire`] value encoded with rmp-serde (MessagePack, structs as arrays; the messages that
+//! carry payloads are written and read by hand in exactly that form, see `codec.rs`). A frame whose
 //! length exceeds the receiver's `frame_bytes_max` is skipped and answered with
 //! [`ErrorCode::FrameTooLarge`]; a body that fails its checksum or does not decode is answered
 //! with [`ErrorCode::ChecksumMismatch`] or [`ErrorCode::MalformedFrame`]. The stream and the
@@ -803,10 +803,8 @@ impl FrameHeader {
                 actual,
             });
         }
-        if crate::codec::is_push(body)
-            && let Some(push) = crate::codec::decode_push(body)
-        {
-            return Ok(Wire::Push(push));
+        if let Some(msg) = crate::codec::decode(body) {
+            return Ok(msg);
         }
         rmp_serde::from_slice(body).map_err(|error| FrameError::Malformed(error.to_string()))
     }
@@ -821,8 +819,11 @@ pub fn encode_frame(msg: &Wire, max: u32, out: &mut Vec<u8>) -> Result<(), Frame
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_HEADER_BYTES]);
     match msg {
-        // Every pushed message passes here: written by hand, byte for byte as rmp-serde would.
+        // Every pushed or popped message passes here: written by hand, byte for byte as
+        // rmp-serde would.
         Wire::Push(push) => crate::codec::encode_push(push, out),
+        Wire::Reserved(reserved) => crate::codec::encode_reserved(reserved, out),
+        Wire::PopReply(reply) => crate::codec::encode_pop_reply(reply, out),
         _ => {
             if let Err(error) = rmp_serde::encode::write(out, msg) {
                 out.truncate(start);
