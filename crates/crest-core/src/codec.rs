@@ -72,13 +72,23 @@ fn metadata(out: &mut Vec<u8>, pairs: &[(String, String)]) {
     }
 }
 
+/// Starts an enum value: rmp-serde writes a one-entry map from the variant's name.
+fn enum_variant(out: &mut Vec<u8>, name: &str) {
+    w::write_map_len(out, 1).expect("write to Vec");
+    str_(out, name);
+}
+
+/// Starts a message made of a request number and a list of `len` elements.
+fn request_and_list(out: &mut Vec<u8>, variant: &str, request: u64, len: usize) {
+    enum_variant(out, variant);
+    array(out, 2);
+    uint(out, request);
+    array(out, len);
+}
+
 /// Appends `Wire::Push(push)` as rmp-serde would.
 pub(crate) fn encode_push(push: &Push, out: &mut Vec<u8>) {
-    w::write_map_len(out, 1).expect("write to Vec");
-    str_(out, PUSH_VARIANT);
-    array(out, 2);
-    uint(out, push.request);
-    array(out, push.messages.len());
+    request_and_list(out, PUSH_VARIANT, push.request, push.messages.len());
     for m in &push.messages {
         array(out, 8);
         str_(out, &m.topic);
@@ -99,8 +109,7 @@ pub(crate) fn encode_enqueue(
     payload: &[u8],
     out: &mut Vec<u8>,
 ) {
-    w::write_map_len(out, 1).expect("write to Vec");
-    str_(out, ENQUEUE_VARIANT);
+    enum_variant(out, ENQUEUE_VARIANT);
     array(out, 3);
     array(out, 7);
     uint(out, head.id.0);
@@ -136,22 +145,20 @@ fn delivery(out: &mut Vec<u8>, d: &Delivery) {
 
 /// Appends `Wire::Reserved(reserved)` as rmp-serde would.
 pub(crate) fn encode_reserved(reserved: &Reserved, out: &mut Vec<u8>) {
-    w::write_map_len(out, 1).expect("write to Vec");
-    str_(out, RESERVED_VARIANT);
+    enum_variant(out, RESERVED_VARIANT);
     array(out, 1);
     array(out, reserved.items.len());
     for item in &reserved.items {
         array(out, 3);
         uint(out, item.reservation);
         key(out, &item.key);
-        w::write_map_len(out, 1).expect("write to Vec");
         match &item.result {
             Ok(d) => {
-                str_(out, "Ok");
+                enum_variant(out, "Ok");
                 delivery(out, d);
             }
             Err(denied) => {
-                str_(out, "Err");
+                enum_variant(out, "Err");
                 str_(out, denied_name(*denied));
             }
         }
@@ -160,11 +167,12 @@ pub(crate) fn encode_reserved(reserved: &Reserved, out: &mut Vec<u8>) {
 
 /// Appends `Wire::PopReply(reply)` as rmp-serde would.
 pub(crate) fn encode_pop_reply(reply: &PopReply, out: &mut Vec<u8>) {
-    w::write_map_len(out, 1).expect("write to Vec");
-    str_(out, POP_REPLY_VARIANT);
-    array(out, 2);
-    uint(out, reply.request);
-    array(out, reply.deliveries.len());
+    request_and_list(
+        out,
+        POP_REPLY_VARIANT,
+        reply.request,
+        reply.deliveries.len(),
+    );
     for d in &reply.deliveries {
         delivery(out, d);
     }
