@@ -304,11 +304,8 @@ impl<'a> Reader<'a> {
     }
 
     fn metadata(&mut self) -> Option<Vec<(String, String)>> {
-        let len = self.array()?;
-        // Each pair takes at least 3 bytes: a length the body cannot hold is not believed.
-        if len > self.buf.len() / 3 {
-            return None;
-        }
+        // Each pair takes at least 3 bytes.
+        let len = self.count(3)?;
         let mut pairs = Vec::with_capacity(len);
         for _ in 0..len {
             if self.array()? != 2 {
@@ -371,8 +368,8 @@ pub(crate) fn decode_reserved(body: &[u8]) -> Option<Reserved> {
     if r.map()? != 1 || r.str()? != RESERVED_VARIANT || r.array()? != 1 {
         return None;
     }
-    // An outcome takes at least 9 bytes.
-    let count = r.count(9)?;
+    // An outcome takes at least 16 bytes (a denial; a delivery takes more).
+    let count = r.count(16)?;
     let mut items = Vec::with_capacity(count);
     for _ in 0..count {
         if r.array()? != 3 {
@@ -409,8 +406,8 @@ pub(crate) fn decode_pop_reply(body: &[u8]) -> Option<PopReply> {
         return None;
     }
     let request = r.uint()?;
-    // A delivery takes at least 12 bytes.
-    let count = r.count(12)?;
+    // A delivery takes at least 11 bytes.
+    let count = r.count(11)?;
     let mut deliveries = Vec::with_capacity(count);
     for _ in 0..count {
         deliveries.push(r.delivery()?);
@@ -439,11 +436,8 @@ pub(crate) fn decode_push(body: &[u8]) -> Option<Push> {
         return None;
     }
     let request = r.uint()?;
-    let count = r.array()?;
-    // A message takes at least 12 bytes: a count the body cannot hold is not believed.
-    if count > r.buf.len() / 12 + 1 {
-        return None;
-    }
+    // A message takes at least 10 bytes: a count the body cannot hold is not believed.
+    let count = r.count(10)?;
     let mut messages = Vec::with_capacity(count);
     let mut last_topic: Option<(&[u8], String)> = None;
     for _ in 0..count {

@@ -140,8 +140,8 @@ fn endpoint_on(
 ///
 /// The default buffers (~208 KiB on Linux) overflow under batched traffic between nodes on one
 /// host: the kernel drops datagrams, and every loss halves a link's congestion window. The
-/// kernel caps the request at `net.core.rmem_max` / `wmem_max`; a smaller grant is logged, not
-/// an error.
+/// kernel caps the request at `net.core.rmem_max` / `wmem_max`; a smaller grant is logged (info),
+/// not an error.
 fn udp_socket(addr: SocketAddr, buffer_bytes: u32) -> std::io::Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
@@ -158,7 +158,7 @@ fn udp_socket(addr: SocketAddr, buffer_bytes: u32) -> std::io::Result<std::net::
         // Linux reports twice the size it grants (the doubling covers its bookkeeping).
         let granted = socket.recv_buffer_size().unwrap_or(0) / 2;
         if granted < want {
-            tracing::debug!(
+            tracing::info!(
                 want,
                 granted,
                 "UDP receive buffer smaller than asked (raise net.core.rmem_max for more)"
