@@ -253,14 +253,14 @@ impl<'a> Reader<'a> {
     fn len(
         &mut self,
         fix: std::ops::RangeInclusive<u8>,
-        l8: u8,
+        l8: Option<u8>,
         l16: u8,
         l32: u8,
     ) -> Option<usize> {
         let marker = self.byte()?;
         let len = if fix.contains(&marker) {
             u64::from(marker - fix.start())
-        } else if marker == l8 && l8 != 0 {
+        } else if Some(marker) == l8 {
             self.be(1)?
         } else if marker == l16 {
             self.be(2)?
@@ -273,16 +273,16 @@ impl<'a> Reader<'a> {
     }
 
     fn array(&mut self) -> Option<usize> {
-        // No array8 in MessagePack: 0 never matches a marker taken from fix arrays' range.
-        self.len(0x90..=0x9f, 0, 0xdc, 0xdd)
+        // MessagePack has no array8 or map8.
+        self.len(0x90..=0x9f, None, 0xdc, 0xdd)
     }
 
     fn map(&mut self) -> Option<usize> {
-        self.len(0x80..=0x8f, 0, 0xde, 0xdf)
+        self.len(0x80..=0x8f, None, 0xde, 0xdf)
     }
 
     fn str(&mut self) -> Option<&'a str> {
-        let len = self.len(0xa0..=0xbf, 0xd9, 0xda, 0xdb)?;
+        let len = self.len(0xa0..=0xbf, Some(0xd9), 0xda, 0xdb)?;
         std::str::from_utf8(self.take(len)?).ok()
     }
 
@@ -353,128 +353,119 @@ impl Reader<'_> {
     }
 }
 
-/// The variant a body written by rmp-serde holds (its one-entry map's key), if it is one.
-pub(crate) fn variant(body: &[u8]) -> Option<&str> {
-    let mut r = Reader { buf: body };
-    if r.map()? != 1 {
-        return None;
-    }
-    r.str()
-}
-
-/// Decodes a `Wire::Reserved` body; `None` if it is not in the canonical form.
-pub(crate) fn decode_reserved(body: &[u8]) -> Option<Reserved> {
-    let mut r = Reader { buf: body };
-    if r.map()? != 1 || r.str()? != RESERVED_VARIANT || r.array()? != 1 {
-        return None;
-    }
-    // An outcome takes at least 16 bytes (a denial; a delivery takes more).
-    let count = r.count(16)?;
-    let mut items = Vec::with_capacity(count);
-    for _ in 0..count {
-        if r.array()? != 3 {
+impl Reader<'_> {
+    /// A one-entry map's key: the variant of an enum value rmp-serde wrote.
+    fn enum_variant(&mut self) -> Option<&str> {
+        if self.map()? != 1 {
             return None;
         }
-        let reservation = r.uint()?;
-        let key = r.key()?;
-        if r.map()? != 1 {
+        self.str()
+    }
+
+    /// The request number and list length that start a push or a pop reply.
+    fn request_and_list(&mut self, min_element_bytes: usize) -> Option<(u64, usize)> {
+        if self.array()? != 2 {
             return None;
         }
-        let result = match r.str()? {
-            "Ok" => Ok(r.delivery()?),
-            "Err" => Err(match r.str()? {
-                "Leased" => ReserveDenied::Leased,
-                "Gone" => ReserveDenied::Gone,
-                "Unavailable" => ReserveDenied::Unavailable,
-                _ => return None,
-            }),
-            _ => return None,
-        };
-        items.push(ReserveOutcome {
-            reservation,
-            key,
-            result,
-        });
+        Some((self.uint()?, self.count(min_element_bytes)?))
     }
-    r.buf.is_empty().then_some(Reserved { items })
-}
 
-/// Decodes a `Wire::PopReply` body; `None` if it is not in the canonical form.
-pub(crate) fn decode_pop_reply(body: &[u8]) -> Option<PopReply> {
-    let mut r = Reader { buf: body };
-    if r.map()? != 1 || r.str()? != POP_REPLY_VARIANT || r.array()? != 2 {
-        return None;
-    }
-    let request = r.uint()?;
-    // A delivery takes at least 11 bytes.
-    let count = r.count(11)?;
-    let mut deliveries = Vec::with_capacity(count);
-    for _ in 0..count {
-        deliveries.push(r.delivery()?);
-    }
-    r.buf.is_empty().then_some(PopReply {
-        request,
-        deliveries,
-    })
-}
-
-/// Decodes `body` if it holds one of the messages this module writes, in the canonical form;
-/// `None` otherwise (the caller then decodes it with rmp-serde).
-pub(crate) fn decode(body: &[u8]) -> Option<Wire> {
-    match variant(body)? {
-        PUSH_VARIANT => decode_push(body).map(Wire::Push),
-        RESERVED_VARIANT => decode_reserved(body).map(Wire::Reserved),
-        POP_REPLY_VARIANT => decode_pop_reply(body).map(Wire::PopReply),
-        _ => None,
-    }
-}
-
-/// Decodes a `Wire::Push` body; `None` if it is not in the canonical form.
-pub(crate) fn decode_push(body: &[u8]) -> Option<Push> {
-    let mut r = Reader { buf: body };
-    if r.map()? != 1 || r.str()? != PUSH_VARIANT || r.array()? != 2 {
-        return None;
-    }
-    let request = r.uint()?;
-    // A message takes at least 10 bytes: a count the body cannot hold is not believed.
-    let count = r.count(10)?;
-    let mut messages = Vec::with_capacity(count);
-    let mut last_topic: Option<(&[u8], String)> = None;
-    for _ in 0..count {
-        if r.array()? != 8 {
-            return None;
-        }
-        let topic = r.str()?;
-        // Consecutive messages mostly share a topic: checked as UTF-8 once, copied by clone.
-        let topic = match &last_topic {
-            Some((bytes, owned)) if *bytes == topic.as_bytes() => owned.clone(),
-            _ => {
-                last_topic = Some((topic.as_bytes(), topic.to_owned()));
-                topic.to_owned()
+    fn push(&mut self) -> Option<Push> {
+        // A message takes at least 10 bytes.
+        let (request, count) = self.request_and_list(10)?;
+        let mut messages = Vec::with_capacity(count);
+        let mut last_topic: Option<(&[u8], String)> = None;
+        for _ in 0..count {
+            if self.array()? != 8 {
+                return None;
             }
-        };
-        messages.push(PushMessage {
-            topic,
-            priority: r.u32()?,
-            metadata: r.metadata()?,
-            payload: Bytes::copy_from_slice(r.bin()?),
-            deliver_at: r.opt_uint()?.map(Time),
-            delay_ms: r.uint()?,
-            ttl_ms: r.opt_uint()?,
-            dedup_key: r.opt_string()?,
-        });
+            let topic = self.str()?;
+            // Consecutive messages mostly share a topic: checked as UTF-8 once, copied by clone.
+            let topic = match &last_topic {
+                Some((bytes, owned)) if *bytes == topic.as_bytes() => owned.clone(),
+                _ => {
+                    last_topic = Some((topic.as_bytes(), topic.to_owned()));
+                    topic.to_owned()
+                }
+            };
+            messages.push(PushMessage {
+                topic,
+                priority: self.u32()?,
+                metadata: self.metadata()?,
+                payload: Bytes::copy_from_slice(self.bin()?),
+                deliver_at: self.opt_uint()?.map(Time),
+                delay_ms: self.uint()?,
+                ttl_ms: self.opt_uint()?,
+                dedup_key: self.opt_string()?,
+            });
+        }
+        Some(Push { request, messages })
     }
-    if !r.buf.is_empty() {
-        return None;
+
+    fn reserved(&mut self) -> Option<Reserved> {
+        if self.array()? != 1 {
+            return None;
+        }
+        // An outcome takes at least 16 bytes (a denial; a delivery takes more).
+        let count = self.count(16)?;
+        let mut items = Vec::with_capacity(count);
+        for _ in 0..count {
+            if self.array()? != 3 {
+                return None;
+            }
+            let reservation = self.uint()?;
+            let key = self.key()?;
+            let result = match self.enum_variant()? {
+                "Ok" => Ok(self.delivery()?),
+                "Err" => Err(match self.str()? {
+                    "Leased" => ReserveDenied::Leased,
+                    "Gone" => ReserveDenied::Gone,
+                    "Unavailable" => ReserveDenied::Unavailable,
+                    _ => return None,
+                }),
+                _ => return None,
+            };
+            items.push(ReserveOutcome {
+                reservation,
+                key,
+                result,
+            });
+        }
+        Some(Reserved { items })
     }
-    Some(Push { request, messages })
+
+    fn pop_reply(&mut self) -> Option<PopReply> {
+        // A delivery takes at least 11 bytes.
+        let (request, count) = self.request_and_list(11)?;
+        let mut deliveries = Vec::with_capacity(count);
+        for _ in 0..count {
+            deliveries.push(self.delivery()?);
+        }
+        Some(PopReply {
+            request,
+            deliveries,
+        })
+    }
+}
+
+/// Decodes `body` if it holds one of the messages this module writes, in the canonical form
+/// and nothing after it; `None` otherwise (the caller then decodes it with rmp-serde).
+pub(crate) fn decode(body: &[u8]) -> Option<Wire> {
+    let mut r = Reader { buf: body };
+    let msg = match r.enum_variant()? {
+        PUSH_VARIANT => Wire::Push(r.push()?),
+        RESERVED_VARIANT => Wire::Reserved(r.reserved()?),
+        POP_REPLY_VARIANT => Wire::PopReply(r.pop_reply()?),
+        _ => return None,
+    };
+    r.buf.is_empty().then_some(msg)
 }
 
 /// Decodes what [`encode_enqueue`] wrote; `None` if `body` is not that canonical form.
 #[cfg(test)]
 pub(crate) fn decode_enqueue(body: &[u8]) -> Option<crate::leaf::LogRecord> {
     let mut r = Reader { buf: body };
-    if r.map()? != 1 || r.str()? != ENQUEUE_VARIANT || r.array()? != 3 || r.array()? != 7 {
+    if r.enum_variant()? != ENQUEUE_VARIANT || r.array()? != 3 || r.array()? != 7 {
         return None;
     }
     let head = MessageHead {
@@ -724,18 +715,18 @@ mod tests {
         w::write_u64(&mut wide, 5).unwrap();
         array(&mut wide, 0);
         assert_eq!(
-            decode_push(&wide),
-            Some(Push {
+            decode(&wide),
+            Some(Wire::Push(Push {
                 request: 5,
                 messages: vec![]
-            })
+            }))
         );
         // A message as a map (rmp-serde's named-struct form) is left to rmp-serde.
         let mut named = Vec::new();
         w::write_map_len(&mut named, 1).unwrap();
         str_(&mut named, PUSH_VARIANT);
         w::write_map_len(&mut named, 2).unwrap();
-        assert_eq!(decode_push(&named), None);
+        assert_eq!(decode(&named), None);
         // Trailing bytes are not a push.
         let mut trailing = Vec::new();
         encode_push(
@@ -746,6 +737,6 @@ mod tests {
             &mut trailing,
         );
         trailing.push(0);
-        assert_eq!(decode_push(&trailing), None);
+        assert_eq!(decode(&trailing), None);
     }
 }
