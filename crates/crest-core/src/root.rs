@@ -76,6 +76,10 @@ struct PendingPop {
     /// Whether it holds deliveries from the reserve-ahead buffer: it is then answered with
     /// them rather than wait a round trip for more.
     from_ahead: bool,
+    /// Whether a grant of its own reservations came back: it then takes nothing more and is
+    /// answered once its outstanding reserves are, so a steady trickle of arrivals cannot keep
+    /// a pop gathering until it is full (its latency would be the time to fill `max`).
+    granted: bool,
     /// When the pop arrived.
     arrived: Time,
 }
@@ -382,6 +386,7 @@ impl Root {
             outstanding: 0,
             deliveries: Vec::new(),
             from_ahead: false,
+            granted: false,
             arrived: now,
         };
         self.counters.pops += 1;
@@ -412,7 +417,7 @@ impl Root {
             // go to; buffered deliveries whose lease must be extended to the pop's, by leaf.
             let mut groups: BTreeMap<(ConnId, LeafId), Vec<ReserveItem>> = BTreeMap::new();
             let mut extends: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
-            while pop.deliveries.len() + pop.outstanding < pop.max {
+            while !pop.granted && pop.deliveries.len() + pop.outstanding < pop.max {
                 let in_window = window.as_ref().and_then(|window| window.first());
                 let in_buffer = buffer.as_ref().and_then(|buffer| buffer.first());
                 let awaited = buffer.as_ref().and_then(|buffer| buffer.first_awaited());
@@ -759,6 +764,7 @@ impl Root {
                                 extends.push((delivery.receipt(), lease_ms));
                             }
                             pop.deliveries.push((outcome.key, delivery));
+                            pop.granted = true;
                         }
                         self.dirty.insert(pop.topic.clone());
                     }

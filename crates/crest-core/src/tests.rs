@@ -875,8 +875,10 @@ fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
         0,
         "a snapshot of everything would not shrink the log yet"
     );
-    for _ in 0..4 {
-        let batch = h.pop(consumer, "jobs", 10);
+    // Pops of the window's size (the credits): each takes exactly what the window holds.
+    for _ in 0..10 {
+        let batch = h.pop(consumer, "jobs", 4);
+        assert_eq!(batch.len(), 4);
         h.ack(consumer, batch.iter().map(Delivery::receipt).collect());
     }
     assert_eq!(
@@ -2064,4 +2066,135 @@ fn a_time_to_live_follows_its_message_through_delays_releases_and_a_redrive() {
         (stats.dead, stats.ready_total(), stats.in_flight),
         (0, 0, 1)
     );
+}
+
+/// One entry of leaf `leaf` (priority 5, ready at `at` ms), as a child offers it.
+fn entry(leaf: u16, seq: u64, at: u64) -> OfferEntry {
+    let key = crate::key::Key {
+        priority: 5,
+        ready_at: Time::from_millis(at),
+        id: MessageId::new(LeafId(leaf), seq),
+    };
+    OfferEntry {
+        key,
+        size: 1,
+        since: key.ready_at,
+        entered: key.ready_at,
+    }
+}
+
+/// A child's offer of `adds` with nothing left unoffered behind them (all certain).
+fn offer(seq: u64, adds: Vec<OfferEntry>) -> Wire {
+    Wire::Offer(Offer {
+        topic: "jobs".into(),
+        adds,
+        retracts: vec![],
+        frontier: None,
+        seq,
+    })
+}
+
+/// The leaf's grant of every item of `reserve`.
+fn grant(reserve: &Reserve) -> Wire {
+    let items = reserve
+        .items
+        .iter()
+        .map(|item| ReserveOutcome {
+            reservation: item.reservation,
+            key: item.key,
+            result: Ok(Delivery {
+                id: item.key.id,
+                token: 7,
+                topic: reserve.topic.clone(),
+                priority: item.key.priority,
+                attempt: 1,
+                enqueued_at: item.key.ready_at,
+                lease_deadline: item.key.ready_at + Duration::from_secs(30),
+                metadata: vec![],
+                payload: Bytes::from_static(b"x"),
+            }),
+        })
+        .collect();
+    Wire::Reserved(Reserved { items })
+}
+
+fn expect_reserve(h: &mut Harness, child: ConnId) -> Reserve {
+    loop {
+        match h.recv(child) {
+            Wire::Reserve(reserve) => return reserve,
+            Wire::Welcome(_) | Wire::Report(_) => {}
+            other => panic!("expected a reserve, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_pop_granted_part_of_its_batch_takes_no_later_arrivals() {
+    // Goal: a batch pop's latency is a reserve round trip, not the time it takes arrivals to
+    // fill `max`. Under a steady trickle of arrivals a pop used to take every new entry while
+    // any of its reserves was outstanding, and was answered only when it was full. Method: a
+    // root with two scripted children; a pop of 10 reserves one entry from each; the first
+    // grant comes back; a new entry arrives; the second grant comes back. The pop is answered
+    // with the two entries it had reserved, and the new entry goes to the next pop.
+    let mut h = Harness::new();
+    let root = h.add(Box::new(Root::new(RootConfig {
+        name: "root".into(),
+        settings: settings(16),
+        subtree: vec![LeafId(1), LeafId(2)],
+    })));
+    let children = [1u16, 2].map(|leaf| {
+        h.client(
+            root,
+            PeerKind::Node {
+                name: format!("agg-{leaf}"),
+                role: crate::wire::Role::Aggregator,
+                leaves: vec![LeafId(leaf)],
+            },
+        )
+    });
+    let consumer = h.client(root, PeerKind::Consumer);
+    h.send(children[0], offer(1, vec![entry(1, 1, 10)]));
+    h.send(children[1], offer(1, vec![entry(2, 1, 20)]));
+    h.send(
+        consumer,
+        Wire::Pop(Pop {
+            request: 1,
+            topic: "jobs".into(),
+            max: 10,
+            wait_ms: 1_000,
+            ..Pop::default()
+        }),
+    );
+    let first = expect_reserve(&mut h, children[0]);
+    let second = expect_reserve(&mut h, children[1]);
+    h.send(children[0], grant(&first));
+    assert!(
+        h.try_recv(consumer).is_none(),
+        "one reserve still outstanding"
+    );
+    h.send(children[0], offer(2, vec![entry(1, 2, 30)]));
+    assert!(
+        h.try_recv(children[0]).is_none(),
+        "a pop with a grant back takes no new entry"
+    );
+    h.send(children[1], grant(&second));
+    let Wire::PopReply(reply) = h.recv(consumer) else {
+        panic!("a pop reply");
+    };
+    let ids: Vec<u64> = reply.deliveries.iter().map(|d| d.id.seq()).collect();
+    let leaves: Vec<u16> = reply.deliveries.iter().map(|d| d.id.leaf().0).collect();
+    assert_eq!((ids, leaves), (vec![1, 1], vec![1, 2]), "the two reserved");
+    h.send(
+        consumer,
+        Wire::Pop(Pop {
+            request: 2,
+            topic: "jobs".into(),
+            max: 10,
+            wait_ms: 1_000,
+            ..Pop::default()
+        }),
+    );
+    let third = expect_reserve(&mut h, children[0]);
+    assert_eq!(third.items.len(), 1);
+    assert_eq!(third.items[0].key.id, MessageId::new(LeafId(1), 2));
 }
