@@ -106,6 +106,9 @@ pub struct Settings {
     pub durability: Durability,
     /// A log segment is sealed and a new one started past this size, in bytes.
     pub wal_segment_bytes_max: u64,
+    /// Allocate each new log segment at its full size when it is created (`fallocate`), so
+    /// that an `fdatasync` flushes the written bytes without journaling a file-size change.
+    pub wal_preallocate: bool,
     /// Storage operations queued for the log writer at most.
     pub wal_queue_ops_max: u32,
     /// Bytes the log writer gathers into one write (one group commit) at most.
@@ -245,6 +248,7 @@ impl Default for Settings {
             reconnect_backoff_initial_ms: 50,
             durability: Durability::Fsync,
             wal_segment_bytes_max: 64 * 1024 * 1024,
+            wal_preallocate: true,
             wal_queue_ops_max: 65_536,
             wal_write_batch_bytes_max: 8 * 1024 * 1024,
             wal_unwaited_sync_ms: 100,

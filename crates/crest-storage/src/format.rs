@@ -44,10 +44,17 @@
 //! segment 7. Then come the snapshot's records, then an empty record as the end marker.
 //! Segments before the replay start are kept only while they hold bodies the leaf still needs.
 //!
+//! # Preallocation
+//! A segment may be allocated at its full size when created (`wal_preallocate`): its
+//! unwritten part reads as zeros. Writing stops where a record header of 8 zero bytes begins
+//! (a segment's record is never empty) and only zeros follow; a sealed segment is cut back to
+//! what was written. A file of zeros only is a segment whose creation a crash interrupted.
+//!
 //! # Scan
-//! [`scan_segment`] verifies a segment's header and yields its records until the end or the
-//! first bad record, and says where that is and whether the bad record reaches the end of the
-//! file (a torn tail: what a crash in the middle of a write leaves) or not (corruption).
+//! [`scan_segment`] verifies a segment's header and yields its records until the end (of the
+//! file, or of what was written) or the first bad record, and says where that is and whether
+//! the bad record is the last thing written, only zeros after it (a torn tail: what a crash in
+//! the middle of a write leaves), or not (corruption).
 
 use crest_core::leaf::{Location, LogRecord, MessageBody, MessageHead};
 use std::ops::Range;
@@ -275,6 +282,8 @@ pub enum BadRecord {
     Checksum,
     /// The record's body does not decode.
     Undecodable(String),
+    /// Written bytes follow an unwritten (zero) record header.
+    Unwritten,
 }
 
 impl std::fmt::Display for BadRecord {
@@ -285,6 +294,7 @@ impl std::fmt::Display for BadRecord {
             BadRecord::TooLong(len) => write!(f, "record length {len} exceeds the maximum"),
             BadRecord::Checksum => f.write_str("record checksum mismatch"),
             BadRecord::Undecodable(why) => write!(f, "record does not decode: {why}"),
+            BadRecord::Unwritten => f.write_str("written bytes after an unwritten record header"),
         }
     }
 }
@@ -421,13 +431,15 @@ fn scan_file<T>(
             reaches_end,
         })
     };
-    if bytes.len() < SEGMENT_HEADER_BYTES {
-        // A crash while creating the segment leaves a short header: nothing was ever in it.
-        scan.stop = stop(
-            0,
-            BadRecord::Header("file shorter than a header".into()),
-            true,
-        );
+    // A crash while creating the file leaves a short header, or a preallocated file with
+    // nothing written: nothing was ever in it.
+    if bytes.len() < SEGMENT_HEADER_BYTES || bytes.iter().all(|&b| b == 0) {
+        let why = if bytes.len() < SEGMENT_HEADER_BYTES {
+            "file shorter than a header"
+        } else {
+            "nothing written (preallocated zeros)"
+        };
+        scan.stop = stop(0, BadRecord::Header(why.into()), true);
         return scan;
     }
     if let Err(why) = check_header(&bytes[..SEGMENT_HEADER_BYTES], magic, seq) {
@@ -436,8 +448,26 @@ fn scan_file<T>(
     }
     let mut offset = from.max(SEGMENT_HEADER_BYTES);
     scan.valid_len = offset as u64;
+    // Whether nothing but zeros (a preallocated segment's unwritten part) follows `at`.
+    let zeros_from = |at: usize| {
+        bytes
+            .get(at..)
+            .is_none_or(|tail| tail.iter().all(|&b| b == 0))
+    };
     while offset < bytes.len() {
         let rest = &bytes[offset..];
+        // A segment's record is never empty: a zero header is where writing stopped in a
+        // preallocated segment. Zeros to the end are its clean end; anything after them is
+        // damage. (A checkpoint ends with an empty record, whose crc is not checked here.)
+        if magic == SEGMENT_MAGIC
+            && rest.len() >= RECORD_HEADER_BYTES
+            && rest[..RECORD_HEADER_BYTES] == [0; 8]
+        {
+            if !zeros_from(offset) {
+                scan.stop = stop(offset, BadRecord::Unwritten, false);
+            }
+            return scan;
+        }
         if rest.len() < RECORD_HEADER_BYTES {
             scan.stop = stop(offset, BadRecord::Truncated, true);
             return scan;
@@ -445,8 +475,10 @@ fn scan_file<T>(
         let len = u32::from_be_bytes(rest[..4].try_into().expect("4 bytes"));
         let crc = u32::from_be_bytes(rest[4..8].try_into().expect("4 bytes"));
         let end = RECORD_HEADER_BYTES + len as usize;
+        // A torn write is the last thing written: only zeros may follow it.
+        let torn = zeros_from(offset + end);
         if len > max {
-            scan.stop = stop(offset, BadRecord::TooLong(len), end >= rest.len());
+            scan.stop = stop(offset, BadRecord::TooLong(len), torn);
             return scan;
         }
         if rest.len() < end {
@@ -455,13 +487,13 @@ fn scan_file<T>(
         }
         let body = &rest[RECORD_HEADER_BYTES..end];
         if record_crc(seq, body) != crc {
-            scan.stop = stop(offset, BadRecord::Checksum, end == rest.len());
+            scan.stop = stop(offset, BadRecord::Checksum, torn);
             return scan;
         }
         match decode(body, (offset + RECORD_HEADER_BYTES) as u64) {
             Ok(records) => scan.operations.push(records),
             Err(error) => {
-                scan.stop = stop(offset, BadRecord::Undecodable(error), end == rest.len());
+                scan.stop = stop(offset, BadRecord::Undecodable(error), torn);
                 return scan;
             }
         }
@@ -618,6 +650,42 @@ mod tests {
             assert_eq!(scan.valid_len, two as u64);
             assert!(scan.stop.unwrap().reaches_end, "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn zeros_after_the_last_record_are_a_preallocated_segment_s_clean_end() {
+        let ops: Vec<_> = (1..=3).map(op).collect();
+        let written = segment(7, &ops);
+        let mut bytes = written.clone();
+        bytes.resize(written.len() + 4096, 0);
+        let scan = scan_segment(&bytes, 7, 1 << 20, SEGMENT_HEADER_BYTES);
+        assert_eq!(scan.operations, ops);
+        assert_eq!(scan.valid_len, written.len() as u64);
+        assert!(scan.stop.is_none(), "{:?}", scan.stop);
+
+        // A write torn inside the last record, zeros after it: a torn tail.
+        let two = segment(7, &ops[..2]).len();
+        let mut torn = bytes.clone();
+        torn[written.len() - 3..written.len()].fill(0);
+        let scan = scan_segment(&torn, 7, 1 << 20, SEGMENT_HEADER_BYTES);
+        assert_eq!(scan.valid_len, two as u64);
+        let stop = scan.stop.unwrap();
+        assert_eq!((stop.bad, stop.reaches_end), (BadRecord::Checksum, true));
+
+        // Written bytes beyond the zeros: damage, not an end.
+        let mut damaged = bytes.clone();
+        damaged[written.len() + 100] = 1;
+        let scan = scan_segment(&damaged, 7, 1 << 20, SEGMENT_HEADER_BYTES);
+        assert_eq!(scan.operations, ops);
+        let stop = scan.stop.unwrap();
+        assert_eq!(
+            (stop.offset, stop.bad, stop.reaches_end),
+            (written.len() as u64, BadRecord::Unwritten, false)
+        );
+
+        // A segment preallocated but never written (a crash while creating it) is empty.
+        let scan = scan_segment(&[0u8; 4096], 7, 1 << 20, SEGMENT_HEADER_BYTES);
+        assert!(scan.operations.is_empty() && scan.stop.unwrap().reaches_end);
     }
 
     #[test]

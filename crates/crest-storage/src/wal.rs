@@ -66,8 +66,9 @@ pub enum RecoveryMode {
 /// [`std::fs::File`]; tests wrap it to inject faults (a full disk, a failing sync, writes lost
 /// because they were never synced) without global failpoints.
 pub trait SegmentFile: Send {
-    /// Appends all of `buf`.
-    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()>;
+    /// Writes all of `buf` at `offset`, the end of what was written so far (the file may be
+    /// longer: preallocated).
+    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> std::io::Result<()>;
     /// Makes everything written so far durable (`fdatasync`).
     fn sync_data(&mut self) -> std::io::Result<()>;
     /// Cuts the file back to `len` bytes.
@@ -75,8 +76,8 @@ pub trait SegmentFile: Send {
 }
 
 impl SegmentFile for File {
-    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
-        Write::write_all(self, buf)
+    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(self, buf, offset)
     }
     fn sync_data(&mut self) -> std::io::Result<()> {
         File::sync_data(self)
@@ -115,6 +116,8 @@ pub struct WalOptions {
     pub dir: PathBuf,
     /// A segment is sealed and a new one started past this size.
     pub segment_bytes_max: u64,
+    /// Allocate each new segment at `segment_bytes_max` when creating it.
+    pub preallocate: bool,
     /// Largest record body.
     pub record_bytes_max: u32,
     /// When completion is reported.
@@ -141,6 +144,7 @@ impl WalOptions {
         WalOptions {
             dir,
             segment_bytes_max: settings.wal_segment_bytes_max,
+            preallocate: settings.wal_preallocate,
             record_bytes_max: settings.frame_bytes_max,
             durability: settings.durability,
             recovery: RecoveryMode::default(),
@@ -275,6 +279,8 @@ fn recover(
         // the checkpoint and deleting them; the next checkpoint deletes those).
         seqs.retain(|seq| *seq >= from);
     }
+    // Where writing stopped in each segment kept (a preallocated one is longer).
+    let mut written: HashMap<u64, u64> = HashMap::new();
     let mut index = 0;
     while index < seqs.len() {
         let seq = seqs[index];
@@ -288,6 +294,7 @@ fn recover(
         let scan = scan_segment(&bytes, seq, options.record_bytes_max, start);
         recovered.segments += 1;
         scan.operations.into_iter().for_each(&mut each);
+        written.insert(seq, scan.valid_len);
         if let Some(stop) = scan.stop {
             let last = index + 1 == seqs.len();
             let torn = last && stop.reaches_end;
@@ -340,10 +347,10 @@ fn recover(
         Some(&seq) => {
             let path = dir.join(segment_name(seq));
             let file = OpenOptions::new()
-                .append(true)
+                .write(true)
                 .open(&path)
                 .map_err(|e| io_error(&path, e))?;
-            let len = file.metadata().map_err(|e| io_error(&path, e))?.len();
+            let len = written[&seq];
             let file = wrap(&options, file);
             Wal {
                 options,
@@ -357,7 +364,7 @@ fn recover(
             }
         }
         None => {
-            let (file, len) = create_segment(&dir, 1)?;
+            let (file, len) = create_segment(&options, 1)?;
             let file = wrap(&options, file);
             Wal {
                 options,
@@ -475,17 +482,35 @@ fn check_version(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
     }
 }
 
-fn create_segment(dir: &Path, seq: u64) -> Result<(File, u64), StorageError> {
+/// Creates segment `seq` holding its header (allocated at full size with
+/// [`WalOptions::preallocate`]), synced with its directory entry; returns it and its written
+/// length.
+fn create_segment(options: &WalOptions, seq: u64) -> Result<(File, u64), StorageError> {
+    let dir = &options.dir;
     let path = dir.join(segment_name(seq));
     let mut file = OpenOptions::new()
-        .append(true)
+        .write(true)
         .create_new(true)
         .open(&path)
         .map_err(|e| io_error(&path, e))?;
     Write::write_all(&mut file, &segment_header(seq)).map_err(|e| io_error(&path, e))?;
+    if options.preallocate {
+        preallocate(&file, options.segment_bytes_max, &path);
+    }
     file.sync_all().map_err(|e| io_error(&path, e))?;
     sync_dir(dir)?;
     Ok((file, SEGMENT_HEADER_BYTES as u64))
+}
+
+/// Allocates `file` up to `len` bytes, which read as zeros until written. Writing into
+/// allocated space lets `fdatasync` skip journaling the file's new size with every group
+/// (measured on this machine's ext4: about a quarter faster, a quarter less kernel CPU). A
+/// filesystem without `fallocate` keeps the file growing as it is written.
+fn preallocate(file: &File, len: u64, path: &Path) {
+    let flags = rustix::fs::FallocateFlags::empty();
+    if let Err(error) = rustix::fs::fallocate(file, flags, 0, len) {
+        tracing::debug!(path = %path.display(), %error, "segment not preallocated");
+    }
 }
 
 struct Append {
@@ -739,7 +764,7 @@ impl Wal {
             failed = encode(self.seq, buf);
         }
         let path = self.options.dir.join(segment_name(self.seq));
-        if let Err(error) = self.file.write_all(buf) {
+        if let Err(error) = self.file.write_all_at(buf, self.len) {
             // Cut back whatever part of the group reached the file: none of it is acknowledged,
             // and recovery must not find half of it.
             let _ = self.file.set_len(self.len);
@@ -817,7 +842,14 @@ impl Wal {
             path: self.options.dir.display().to_string(),
             error,
         })?;
-        let (file, len) = create_segment(&self.options.dir, self.seq + 1)?;
+        // The sealed segment gives back its unwritten preallocated space (if this is lost in a
+        // crash, recovery reads the zeros as its end all the same).
+        if self.options.preallocate
+            && let Err(error) = self.file.set_len(self.len)
+        {
+            tracing::debug!(%error, "sealed segment not trimmed");
+        }
+        let (file, len) = create_segment(&self.options, self.seq + 1)?;
         self.seq += 1;
         self.file = wrap(&self.options, file);
         self.len = len;

@@ -4,7 +4,7 @@ use crest_core::config::Settings;
 use crest_core::id::{LeafId, MessageId};
 use crest_core::leaf::{LogRecord, MessageHead};
 use crest_storage::StorageError;
-use crest_storage::format::{SEGMENT_HEADER_BYTES, segment_name};
+use crest_storage::format::{SEGMENT_HEADER_BYTES, scan_segment, segment_name};
 use crest_storage::wal::{
     Completion, FileWrapper, RecoveryMode, SegmentFile, SyncFailure, WalHandle, WalOptions, open,
 };
@@ -25,6 +25,26 @@ fn options(dir: &Path) -> WalOptions {
     WalOptions {
         record_bytes_max: 1 << 20,
         ..WalOptions::new(dir.to_path_buf(), &Settings::default())
+    }
+}
+
+/// Where writing stopped in segment `seq` at `path` (a preallocated file is longer).
+fn written_len(path: &Path, seq: u64) -> u64 {
+    let bytes = std::fs::read(path).unwrap();
+    scan_segment(&bytes, seq, 1 << 20, SEGMENT_HEADER_BYTES).valid_len
+}
+
+/// Loses the last `n` written bytes of segment `seq`, as a crash does to a write that was
+/// never synced: a preallocated file keeps its length (the bytes read as zeros again), a
+/// growing one is shorter.
+fn tear(path: &Path, seq: u64, n: u64) {
+    let written = written_len(path, seq);
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    if file.metadata().unwrap().len() > written {
+        let zeros = vec![0u8; n as usize];
+        std::os::unix::fs::FileExt::write_all_at(&file, &zeros, written - n).unwrap();
+    } else {
+        file.set_len(written - n).unwrap();
     }
 }
 
@@ -122,13 +142,7 @@ fn a_torn_tail_is_cut_back_and_the_log_goes_on() {
     let dir = temp_dir("torn");
     write(options(&dir), 1, 10);
     let segment = dir.join(segment_name(1));
-    let len = std::fs::metadata(&segment).unwrap().len();
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&segment)
-        .unwrap();
-    file.set_len(len - 5).unwrap();
-    drop(file);
+    tear(&segment, 1, 5);
 
     let (_, recovered) = open(options(&dir)).unwrap();
     assert_eq!(ids(&recovered.operations), expect(1..=9));
@@ -138,6 +152,70 @@ fn a_torn_tail_is_cut_back_and_the_log_goes_on() {
     let (_, recovered) = open(options(&dir)).unwrap();
     assert_eq!(recovered.operations.len(), 10);
     assert_eq!(ids(&recovered.operations[9..]), expect([100]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_preallocated_segment_ends_where_writing_stopped_and_damage_past_it_is_refused() {
+    let dir = temp_dir("prealloc");
+    let segment = dir.join(segment_name(1));
+    write(options(&dir), 1, 10);
+    let size = std::fs::metadata(&segment).unwrap().len();
+    let written = written_len(&segment, 1);
+    assert_eq!(
+        size,
+        Settings::default().wal_segment_bytes_max,
+        "allocated whole"
+    );
+    assert!(written < size);
+    // Reopened, the log goes on where writing stopped: no torn tail is reported.
+    let (_, recovered) = open(options(&dir)).unwrap();
+    assert_eq!(ids(&recovered.operations), expect(1..=10));
+    assert!(recovered.truncated.is_empty(), "{:?}", recovered.truncated);
+    write(options(&dir), 100, 1);
+    let (_, recovered) = open(options(&dir)).unwrap();
+    assert_eq!(ids(&recovered.operations[10..]), expect([100]));
+    assert!(written_len(&segment, 1) > written);
+
+    // Bytes written past the unwritten part are damage, refused unless told to cut.
+    let end = written_len(&segment, 1);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, b"stale", end + 4096).unwrap();
+    drop(file);
+    let error = open(options(&dir)).err().expect("damage is refused");
+    assert!(
+        matches!(&error, StorageError::Corruption { offset, .. } if *offset == end),
+        "{error}"
+    );
+    let cut = WalOptions {
+        recovery: RecoveryMode::TruncateCorrupt,
+        ..options(&dir)
+    };
+    let (_, recovered) = open(cut).unwrap();
+    assert_eq!(recovered.operations.len(), 11);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn sealed_segments_give_back_their_preallocated_space() {
+    let dir = temp_dir("sealed");
+    let small = WalOptions {
+        segment_bytes_max: 2048,
+        ..options(&dir)
+    };
+    write_with(small.clone(), 1, 120, true);
+    let (_, recovered) = open(small).unwrap();
+    assert!(recovered.segments >= 2, "{}", recovered.segments);
+    for seq in 1..recovered.segments as u64 {
+        let path = dir.join(segment_name(seq));
+        let size = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(size, written_len(&path, seq), "segment {seq}");
+    }
+    let last = dir.join(segment_name(recovered.segments as u64));
+    assert_eq!(std::fs::metadata(&last).unwrap().len(), 2048);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -215,14 +293,8 @@ fn inspect_counts_records_and_tells_a_torn_tail_from_corruption() {
     assert_eq!(report.live_messages, 120);
     assert!(!report.is_fatal() && report.segments.iter().all(|s| s.problem.is_none()));
 
-    let last = dir.join(segment_name(report.segments.len() as u64));
-    let len = std::fs::metadata(&last).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&last)
-        .unwrap()
-        .set_len(len - 1)
-        .unwrap();
+    let seq = report.segments.len() as u64;
+    tear(&dir.join(segment_name(seq)), seq, 1);
     let report = crest_storage::inspect::inspect(&dir, 1 << 20).unwrap();
     let problem = report.segments.last().unwrap().problem.clone().unwrap();
     assert!(
@@ -266,7 +338,13 @@ struct FaultyFile {
 }
 
 impl SegmentFile for FaultyFile {
-    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        let synced = self.file.metadata()?.len();
+        assert_eq!(
+            offset,
+            synced + self.unsynced.len() as u64,
+            "writes go at the end"
+        );
         let space = self.faults.space.load(Ordering::SeqCst) as usize;
         let fits = buf.len().min(space);
         self.unsynced.extend_from_slice(&buf[..fits]);
@@ -283,7 +361,8 @@ impl SegmentFile for FaultyFile {
             return Err(std::io::Error::from_raw_os_error(5));
         }
         self.faults.syncs_left.fetch_sub(1, Ordering::SeqCst);
-        std::io::Write::write_all(&mut self.file, &self.unsynced)?;
+        let synced = self.file.metadata()?.len();
+        std::os::unix::fs::FileExt::write_all_at(&self.file, &self.unsynced, synced)?;
         self.unsynced.clear();
         self.file.sync_data()
     }
@@ -316,6 +395,8 @@ fn faulty(dir: &Path, faults: &std::sync::Arc<Faults>) -> WalOptions {
     WalOptions {
         sync_failure: SyncFailure::StopWriter,
         file_wrapper: Some(wrapper),
+        // The fake page cache appends at sync time: its file holds only what was synced.
+        preallocate: false,
         ..options(dir)
     }
 }
