@@ -105,8 +105,8 @@ pub(crate) struct OfferSet<V = Candidate> {
     offered: BTreeMap<Key, V>,
     /// Candidates the parent does not hold (at a leaf, most of its queued messages).
     unoffered: SortedMap<Key, V>,
-    /// Changes not yet sent.
-    pending: BTreeMap<Key, Pending>,
+    /// Changes not yet sent (sorted when sent).
+    pending: HashMap<Key, Pending>,
     /// The frontier last sent this session (`None`: nothing sent yet).
     sent_frontier: Option<Option<Key>>,
     /// Number of the last offer polled this session.
@@ -124,7 +124,7 @@ impl<V> Default for OfferSet<V> {
         OfferSet {
             offered: BTreeMap::new(),
             unoffered: SortedMap::default(),
-            pending: BTreeMap::new(),
+            pending: HashMap::default(),
             sent_frontier: None,
             seq: 0,
             sent_in: HashMap::default(),
@@ -278,10 +278,12 @@ impl<V: Offerable> OfferSet<V> {
         if lower {
             return true;
         }
-        let Some(best_add) = self.pending.iter().find_map(|(key, op)| match op {
-            Pending::Add(_) => Some(*key),
-            Pending::Retract => None,
-        }) else {
+        let best_add = self
+            .pending
+            .iter()
+            .filter_map(|(key, op)| matches!(op, Pending::Add(_)).then_some(*key))
+            .min();
+        let Some(best_add) = best_add else {
             return false;
         };
         // The parent's best entry from us: the first offered one whose add was sent.
@@ -311,7 +313,9 @@ impl<V: Offerable> OfferSet<V> {
         self.seq += 1;
         let mut adds = Vec::new();
         let mut retracts = Vec::new();
-        for (key, op) in std::mem::take(&mut self.pending) {
+        let mut pending: Vec<(Key, Pending)> = self.pending.drain().collect();
+        pending.sort_unstable_by_key(|(key, _)| *key);
+        for (key, op) in pending {
             match op {
                 Pending::Add(candidate) => {
                     self.sent_in.insert(key, self.seq);
