@@ -818,18 +818,13 @@ impl FrameHeader {
 pub fn encode_frame(msg: &Wire, max: u32, out: &mut Vec<u8>) -> Result<(), FrameError> {
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_HEADER_BYTES]);
-    match msg {
-        // Every pushed or popped message passes here: written by hand, byte for byte as
-        // rmp-serde would.
-        Wire::Push(push) => crate::codec::encode_push(push, out),
-        Wire::Reserved(reserved) => crate::codec::encode_reserved(reserved, out),
-        Wire::PopReply(reply) => crate::codec::encode_pop_reply(reply, out),
-        _ => {
-            if let Err(error) = rmp_serde::encode::write(out, msg) {
-                out.truncate(start);
-                return Err(FrameError::Encode(error.to_string()));
-            }
-        }
+    // The messages every pushed or popped message passes through are written by hand, byte
+    // for byte as rmp-serde would.
+    if !crate::codec::encode(msg, out)
+        && let Err(error) = rmp_serde::encode::write(out, msg)
+    {
+        out.truncate(start);
+        return Err(FrameError::Encode(error.to_string()));
     }
     let body_len = out.len() - start - FRAME_HEADER_BYTES;
     if body_len > max as usize {
