@@ -439,23 +439,16 @@ impl<'a> Reader<'a> {
 
     fn metadata(&mut self) -> Option<Vec<(String, String)>> {
         // Each pair takes at least 3 bytes.
-        let len = self.count(3)?;
-        let mut pairs = Vec::with_capacity(len);
-        for _ in 0..len {
-            if self.array()? != 2 {
-                return None;
-            }
-            pairs.push((self.str()?.to_owned(), self.str()?.to_owned()));
-        }
-        Some(pairs)
+        self.list(3, |r| {
+            r.fields(2)?;
+            Some((r.str()?.to_owned(), r.str()?.to_owned()))
+        })
     }
 }
 
 impl Reader<'_> {
     fn key(&mut self) -> Option<Key> {
-        if self.array()? != 3 {
-            return None;
-        }
+        self.fields(3)?;
         Some(Key {
             priority: self.u32()?,
             ready_at: Time(self.uint()?),
@@ -464,9 +457,7 @@ impl Reader<'_> {
     }
 
     fn delivery(&mut self) -> Option<Delivery> {
-        if self.array()? != 9 {
-            return None;
-        }
+        self.fields(9)?;
         Some(Delivery {
             id: MessageId(self.uint()?),
             token: self.uint()?,
@@ -485,6 +476,25 @@ impl Reader<'_> {
         let count = self.array()?;
         (count <= self.buf.len() / min_bytes).then_some(count)
     }
+
+    /// A list of elements of at least `min_bytes` each, read by `element`.
+    fn list<T>(
+        &mut self,
+        min_bytes: usize,
+        mut element: impl FnMut(&mut Self) -> Option<T>,
+    ) -> Option<Vec<T>> {
+        let count = self.count(min_bytes)?;
+        let mut items = Vec::with_capacity(count);
+        for _ in 0..count {
+            items.push(element(self)?);
+        }
+        Some(items)
+    }
+
+    /// An array of exactly `len` elements (a struct's fields) starts here.
+    fn fields(&mut self, len: usize) -> Option<()> {
+        (self.array()? == len).then_some(())
+    }
 }
 
 impl Reader<'_> {
@@ -496,23 +506,15 @@ impl Reader<'_> {
         self.str()
     }
 
-    /// The request number and list length that start a push or a pop reply.
-    fn request_and_list(&mut self, min_element_bytes: usize) -> Option<(u64, usize)> {
-        if self.array()? != 2 {
-            return None;
-        }
-        Some((self.uint()?, self.count(min_element_bytes)?))
-    }
-
     fn push(&mut self) -> Option<Push> {
+        self.fields(2)?;
+        let request = self.uint()?;
         // A message takes at least 10 bytes.
-        let (request, count) = self.request_and_list(10)?;
+        let count = self.count(10)?;
         let mut messages = Vec::with_capacity(count);
         let mut last_topic: Option<(&[u8], String)> = None;
         for _ in 0..count {
-            if self.array()? != 8 {
-                return None;
-            }
+            self.fields(8)?;
             let topic = self.str()?;
             // Consecutive messages mostly share a topic: checked as UTF-8 once, copied by clone.
             let topic = match &last_topic {
@@ -537,21 +539,15 @@ impl Reader<'_> {
     }
 
     fn reserved(&mut self) -> Option<Reserved> {
-        if self.array()? != 1 {
-            return None;
-        }
+        self.fields(1)?;
         // An outcome takes at least 16 bytes (a denial; a delivery takes more).
-        let count = self.count(16)?;
-        let mut items = Vec::with_capacity(count);
-        for _ in 0..count {
-            if self.array()? != 3 {
-                return None;
-            }
-            let reservation = self.uint()?;
-            let key = self.key()?;
-            let result = match self.enum_variant()? {
-                "Ok" => Ok(self.delivery()?),
-                "Err" => Err(match self.str()? {
+        let items = self.list(16, |r| {
+            r.fields(3)?;
+            let reservation = r.uint()?;
+            let key = r.key()?;
+            let result = match r.enum_variant()? {
+                "Ok" => Ok(r.delivery()?),
+                "Err" => Err(match r.str()? {
                     "Leased" => ReserveDenied::Leased,
                     "Gone" => ReserveDenied::Gone,
                     "Unavailable" => ReserveDenied::Unavailable,
@@ -559,25 +555,21 @@ impl Reader<'_> {
                 }),
                 _ => return None,
             };
-            items.push(ReserveOutcome {
+            Some(ReserveOutcome {
                 reservation,
                 key,
                 result,
-            });
-        }
+            })
+        })?;
         Some(Reserved { items })
     }
 
     fn pop_reply(&mut self) -> Option<PopReply> {
-        // A delivery takes at least 11 bytes.
-        let (request, count) = self.request_and_list(11)?;
-        let mut deliveries = Vec::with_capacity(count);
-        for _ in 0..count {
-            deliveries.push(self.delivery()?);
-        }
+        self.fields(2)?;
         Some(PopReply {
-            request,
-            deliveries,
+            request: self.uint()?,
+            // A delivery takes at least 11 bytes.
+            deliveries: self.list(11, Self::delivery)?,
         })
     }
 }
@@ -588,29 +580,19 @@ impl Reader<'_> {
     }
 
     fn offer(&mut self) -> Option<Offer> {
-        if self.array()? != 5 {
-            return None;
-        }
+        self.fields(5)?;
         let topic = self.str()?.to_owned();
         // An entry takes at least 8 bytes, a key 4.
-        let count = self.count(8)?;
-        let mut adds = Vec::with_capacity(count);
-        for _ in 0..count {
-            if self.array()? != 4 {
-                return None;
-            }
-            adds.push(OfferEntry {
-                key: self.key()?,
-                size: self.u32()?,
-                since: Time(self.uint()?),
-                entered: Time(self.uint()?),
-            });
-        }
-        let count = self.count(4)?;
-        let mut retracts = Vec::with_capacity(count);
-        for _ in 0..count {
-            retracts.push(self.key()?);
-        }
+        let adds = self.list(8, |r| {
+            r.fields(4)?;
+            Some(OfferEntry {
+                key: r.key()?,
+                size: r.u32()?,
+                since: Time(r.uint()?),
+                entered: Time(r.uint()?),
+            })
+        })?;
+        let retracts = self.list(4, Self::key)?;
         let frontier = if self.is_nil() {
             None
         } else {
@@ -626,24 +608,18 @@ impl Reader<'_> {
     }
 
     fn reserve(&mut self) -> Option<Reserve> {
-        if self.array()? != 5 {
-            return None;
-        }
+        self.fields(5)?;
         let leaf = self.leaf()?;
         let topic = self.str()?.to_owned();
         let lease_ms = self.uint()?;
         // An item takes at least 6 bytes.
-        let count = self.count(6)?;
-        let mut items = Vec::with_capacity(count);
-        for _ in 0..count {
-            if self.array()? != 2 {
-                return None;
-            }
-            items.push(ReserveItem {
-                reservation: self.uint()?,
-                key: self.key()?,
-            });
-        }
+        let items = self.list(6, |r| {
+            r.fields(2)?;
+            Some(ReserveItem {
+                reservation: r.uint()?,
+                key: r.key()?,
+            })
+        })?;
         Some(Reserve {
             leaf,
             topic,
@@ -660,24 +636,17 @@ impl Reader<'_> {
             return None;
         }
         // A receipt takes at least 3 bytes.
-        let count = self.count(3)?;
-        let mut receipts = Vec::with_capacity(count);
-        for _ in 0..count {
-            if self.array()? != 2 {
-                return None;
-            }
-            receipts.push(Receipt {
-                id: MessageId(self.uint()?),
-                token: self.uint()?,
-            });
-        }
-        Some(receipts)
+        self.list(3, |r| {
+            r.fields(2)?;
+            Some(Receipt {
+                id: MessageId(r.uint()?),
+                token: r.uint()?,
+            })
+        })
     }
 
     fn confirm(&mut self) -> Option<Confirm> {
-        if self.array()? != 4 {
-            return None;
-        }
+        self.fields(4)?;
         Some(Confirm {
             tag: self.uint()?,
             leaf: self.leaf()?,
@@ -687,9 +656,7 @@ impl Reader<'_> {
     }
 
     fn ack(&mut self) -> Option<Ack> {
-        if self.array()? != 3 {
-            return None;
-        }
+        self.fields(3)?;
         Some(Ack {
             request: self.uint()?,
             op: Settle::Ack,
@@ -699,27 +666,26 @@ impl Reader<'_> {
 
     /// The number and results of a `Confirmed` or an `AckReply`.
     fn tagged_results(&mut self) -> Option<(u64, Vec<Result<(), ReceiptError>>)> {
+        self.fields(2)?;
+        let tag = self.uint()?;
         // A result takes at least 5 bytes.
-        let (tag, count) = self.request_and_list(5)?;
-        let mut results = Vec::with_capacity(count);
-        for _ in 0..count {
-            let ok = match self.enum_variant()? {
+        let results = self.list(5, |r| {
+            let ok = match r.enum_variant()? {
                 "Ok" => true,
                 "Err" => false,
                 _ => return None,
             };
-            results.push(if ok {
-                self.is_nil().then_some(Ok(()))?
-            } else {
-                Err(match self.str()? {
-                    "Stale" => ReceiptError::Stale,
-                    "UnknownMessage" => ReceiptError::UnknownMessage,
-                    "UnknownLeaf" => ReceiptError::UnknownLeaf,
-                    "Unavailable" => ReceiptError::Unavailable,
-                    _ => return None,
-                })
-            });
-        }
+            if ok {
+                return r.is_nil().then_some(Ok(()));
+            }
+            Some(Err(match r.str()? {
+                "Stale" => ReceiptError::Stale,
+                "UnknownMessage" => ReceiptError::UnknownMessage,
+                "UnknownLeaf" => ReceiptError::UnknownLeaf,
+                "Unavailable" => ReceiptError::Unavailable,
+                _ => return None,
+            }))
+        })?;
         Some((tag, results))
     }
 }
@@ -753,9 +719,11 @@ pub(crate) fn decode(body: &[u8]) -> Option<Wire> {
 #[cfg(test)]
 pub(crate) fn decode_enqueue(body: &[u8]) -> Option<crate::leaf::LogRecord> {
     let mut r = Reader { buf: body };
-    if r.enum_variant()? != ENQUEUE_VARIANT || r.array()? != 3 || r.array()? != 7 {
+    if r.enum_variant()? != ENQUEUE_VARIANT {
         return None;
     }
+    r.fields(3)?;
+    r.fields(7)?;
     let head = MessageHead {
         id: MessageId(r.uint()?),
         topic: r.str()?.to_owned(),
