@@ -1505,7 +1505,8 @@ impl Leaf {
 
     fn handle_reserve(&mut self, now: Time, conn: ConnId, reserve: Reserve) {
         let mut outcomes = Vec::with_capacity(reserve.items.len());
-        let mut records = Vec::new();
+        // A lease record per item, mostly.
+        let mut records = Vec::with_capacity(reserve.items.len());
         let mut missing = Vec::new();
         let topic = self
             .topics
@@ -1820,7 +1821,8 @@ impl Leaf {
     }
 
     fn handle_confirm(&mut self, now: Time, conn: ConnId, confirm: Confirm) {
-        let mut records = Vec::new();
+        // A delete (or release) record per receipt, mostly.
+        let mut records = Vec::with_capacity(confirm.receipts.len());
         let mut results = Vec::with_capacity(confirm.receipts.len());
         for receipt in &confirm.receipts {
             let result = self
