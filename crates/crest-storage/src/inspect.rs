@@ -21,6 +21,8 @@ pub struct SegmentReport {
     pub name: String,
     /// File size in bytes.
     pub bytes: u64,
+    /// Bytes up to the end of the last valid record (a preallocated segment's file is longer).
+    pub written: u64,
     /// Valid records (storage operations) in it.
     pub records: u64,
     /// Where the scan stopped early, and what recovery would do about it.
@@ -131,6 +133,7 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
         report.segments.push(SegmentReport {
             name,
             bytes: bytes.len() as u64,
+            written: bytes.len() as u64,
             records,
             problem,
             fatal,
@@ -195,6 +198,7 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
         report.segments.push(SegmentReport {
             name,
             bytes: bytes.len() as u64,
+            written: scan.valid_len,
             records: scan.operations.len() as u64,
             problem,
             fatal,

@@ -292,6 +292,10 @@ fn inspect_counts_records_and_tells_a_torn_tail_from_corruption() {
     assert_eq!(report.entries[0], 120);
     assert_eq!(report.live_messages, 120);
     assert!(!report.is_fatal() && report.segments.iter().all(|s| s.problem.is_none()));
+    // Sealed segments are cut back to what was written; the active one is preallocated.
+    let (active, sealed) = report.segments.split_last().unwrap();
+    assert!(sealed.iter().all(|s| s.written == s.bytes));
+    assert!(active.written < active.bytes && active.bytes == 2048);
 
     let seq = report.segments.len() as u64;
     tear(&dir.join(segment_name(seq)), seq, 1);

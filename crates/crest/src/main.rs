@@ -1024,10 +1024,15 @@ fn wal_inspect(dir: &Path) -> Result<()> {
         println!("{}: no log segments", dir.display());
     }
     for segment in &report.segments {
+        let preallocated = if segment.bytes > segment.written {
+            format!(" (file {} bytes, preallocated)", segment.bytes)
+        } else {
+            String::new()
+        };
         println!(
-            "{}  {:>12} bytes  {:>9} records  {}",
+            "{}  {:>12} bytes  {:>9} records  {}{preallocated}",
             segment.name,
-            segment.bytes,
+            segment.written,
             segment.records,
             segment.problem.as_deref().unwrap_or("ok")
         );
