@@ -632,3 +632,59 @@ async fn producer_batches_adapt_to_load() {
     }
     tree.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_direct_pop_path_acks_reach_leaves_whose_aggregator_is_down() {
+    // Goal: the root reaches the leaves directly for reserves and acks (the default
+    // `direct_pop_path`), so the aggregators carry offers only, and a consumer can still ack
+    // what it holds from leaves whose aggregator went away.
+    // Method: pop a batch from all four leaves, stop agg-1, ack the batch; then restart agg-1
+    // and drain the rest, each message once.
+    let mut tree = start_tree().await;
+    let root = tree.node("root").unwrap();
+    assert_eq!(root.stats().await.unwrap().direct_links, 4);
+    let producers = producers(&tree).await;
+    let pushed = push_everywhere(&producers, 50, 11).await;
+    // Let the offers reach the root, so the batch spans the leaves.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let consumer = consumer(&tree).await;
+    let held = consumer.pop("jobs", 100, WAIT).await.unwrap();
+    let leaves: HashSet<LeafId> = held.iter().map(|d| d.id.leaf()).collect();
+    assert!(
+        leaves.contains(&LeafId(1)) || leaves.contains(&LeafId(2)),
+        "the batch holds messages of agg-1's leaves: {leaves:?}"
+    );
+    for name in ["agg-1", "agg-2"] {
+        let report = tree.node(name).unwrap().report().await.unwrap();
+        assert_eq!(
+            report.nodes[0].counters["reserves_forwarded"], 0,
+            "{name} saw no reserve"
+        );
+    }
+
+    tree.stop_node("agg-1").await;
+    let receipts: Vec<Receipt> = held.iter().map(Delivery::receipt).collect();
+    let results = consumer.ack_many(&receipts).await.unwrap();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+
+    tree.restart_node("agg-1").await.unwrap();
+    assert!(tree.wait_connected(WAIT).await);
+    let mut seen: HashSet<MessageId> = held.iter().map(|d| d.id).collect();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while seen.len() < pushed.len() && tokio::time::Instant::now() < deadline {
+        let batch = consumer
+            .pop("jobs", 64, Duration::from_millis(200))
+            .await
+            .unwrap();
+        let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
+        if !receipts.is_empty() {
+            let results = consumer.ack_many(&receipts).await.unwrap();
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+        }
+        for delivery in batch {
+            assert!(seen.insert(delivery.id), "{} delivered twice", delivery.id);
+        }
+    }
+    assert_eq!(seen.len(), pushed.len(), "every message delivered once");
+    tree.shutdown().await;
+}

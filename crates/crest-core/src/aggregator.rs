@@ -344,6 +344,11 @@ impl Machine for Aggregator {
             Link::Incoming => {
                 self.children.accept(conn);
             }
+            Link::Leaf(_) => {
+                self.violations += 1;
+                self.closes
+                    .push_back((conn, "only the root connects to leaves".into()));
+            }
         }
     }
 

@@ -177,6 +177,11 @@ pub struct Settings {
     /// (an entry more urgent than every one the parent holds from it, or a lower frontier) is
     /// sent at once instead of waiting for the linger. Off only to measure what it is worth.
     pub offer_urgent_flush: bool,
+    /// Whether the root connects to every leaf and sends reserves, settles and admin requests
+    /// to it directly (the answers, grants with their payloads included, come back the same
+    /// way) instead of through the aggregators, which then carry offers only and learn of
+    /// taken entries from the leaf's retracts. Off: the whole pop path goes through the tree.
+    pub direct_pop_path: bool,
     /// Most entries per topic the root keeps reserved ahead of pops (0, the default:
     /// reserve-ahead off; measured, it pays where a reserve crosses real network latency and
     /// cost pop throughput on a loopback tree). The buffer follows recent pop demand below
@@ -272,6 +277,7 @@ impl Default for Settings {
             offer_linger_us: OFFER_LINGER_US_DEFAULT,
             offer_batch_entries: 64,
             offer_urgent_flush: true,
+            direct_pop_path: true,
             reserve_ahead_max: 0,
             reserve_ahead_bytes_max: 8 * 1024 * 1024,
             reserve_ahead_hold_ms: 200,

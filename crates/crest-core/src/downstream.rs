@@ -34,6 +34,8 @@ pub(crate) enum Peer {
     Pending,
     /// A child node.
     Child { name: String, leaves: Vec<LeafId> },
+    /// The root, on its direct link to this leaf.
+    Root,
     /// A producer.
     Producer,
     /// A consumer.
@@ -137,6 +139,10 @@ impl Downstream {
                 }
                 self.peers.insert(conn, Peer::Child { name, leaves });
                 self.settings.credits_per_topic
+            }
+            PeerKind::Root { .. } => {
+                self.peers.insert(conn, Peer::Root);
+                0
             }
             PeerKind::Producer => {
                 self.peers.insert(conn, Peer::Producer);
@@ -245,6 +251,8 @@ impl Downstream {
 pub(crate) enum PeerKindTag {
     /// A child node.
     Node,
+    /// The root's direct link (accepted by leaves).
+    Root,
     /// A producer.
     Producer,
     /// A consumer.
@@ -255,6 +263,7 @@ impl PeerKindTag {
     fn of(peer: &PeerKind) -> PeerKindTag {
         match peer {
             PeerKind::Node { .. } => PeerKindTag::Node,
+            PeerKind::Root { .. } => PeerKindTag::Root,
             PeerKind::Producer => PeerKindTag::Producer,
             PeerKind::Consumer => PeerKindTag::Consumer,
         }

@@ -2536,6 +2536,11 @@ impl Machine for Leaf {
             Link::Incoming => {
                 self.clients.accept(conn);
             }
+            Link::Leaf(_) => {
+                self.violations += 1;
+                self.closes
+                    .push_back((conn, "a leaf does not connect to leaves".into()));
+            }
         }
     }
 
@@ -2566,12 +2571,24 @@ impl Machine for Leaf {
                 Wire::Error(_) => self.violations += 1,
                 other => self.reject_unexpected(conn, &other),
             }
+        } else if self.clients.peers.get(&conn) == Some(&crate::downstream::Peer::Root) {
+            // The root's direct link: the pop path without the aggregators. Its reserves carry
+            // no offer number (0), so an entry the parent was offered is retracted from it.
+            match msg {
+                Wire::Reserve(reserve) => self.handle_reserve(now, conn, reserve),
+                Wire::Confirm(confirm) => self.handle_confirm(now, conn, confirm),
+                Wire::Release(release) => self.handle_release(now, release),
+                Wire::LeafAdmin(admin) => self.handle_admin(now, conn, admin),
+                Wire::Error(_) => self.violations += 1,
+                other => self.reject_unexpected(conn, &other),
+            }
         } else {
             let is_producer =
                 self.clients.peers.get(&conn) == Some(&crate::downstream::Peer::Producer);
             match msg {
                 Wire::Hello(hello) => {
-                    let outcome = self.clients.hello(conn, hello, &[PeerKindTag::Producer]);
+                    let accepts = [PeerKindTag::Producer, PeerKindTag::Root];
+                    let outcome = self.clients.hello(conn, hello, &accepts);
                     self.send(conn, outcome.reply);
                     if outcome.close {
                         self.closes.push_back((conn, "handshake refused".into()));

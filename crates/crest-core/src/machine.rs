@@ -29,6 +29,10 @@ pub enum Link {
     /// Someone connected to this node (a child, a producer or a consumer); it says who in its
     /// `Hello`.
     Incoming,
+    /// The root connected to this leaf for its pop path (setting `direct_pop_path`): reserves,
+    /// settles and admin requests for the leaf travel on it and skip the aggregators, which
+    /// learn of taken entries from the leaf's retracts instead.
+    Leaf(crate::id::LeafId),
 }
 
 /// A message to send on a connection.
@@ -200,6 +204,8 @@ pub struct NodeStats {
     pub children: u64,
     /// Whether a parent session is established.
     pub parent_connected: bool,
+    /// Welcomed direct links to leaves (root, `direct_pop_path`).
+    pub direct_links: u64,
     /// Pops waiting (root).
     pub pending_pops: u64,
     /// Entries held reserved ahead of pops (root).

@@ -92,15 +92,15 @@ struct Reservations {
 }
 
 impl Reservations {
-    /// Registers a reservation of `key` (offered by `slot.child`) sent at `now`; returns its
-    /// number.
+    /// Registers a reservation of `key` (its window slot `slot`) sent on `at.conn` at
+    /// `at.now`; returns its number.
     fn add(&mut self, purpose: ReservedFor, topic: &Topic, key: Key, slot: Slot, at: Sent) -> u64 {
         self.next += 1;
         let reservation = Reservation {
             purpose,
             topic: topic.clone(),
             key,
-            child: slot.child,
+            conn: at.conn,
             size: slot.size,
             lease_ms: at.lease_ms,
             sent: at.now,
@@ -123,8 +123,9 @@ impl std::ops::DerefMut for Reservations {
     }
 }
 
-/// One `Reserve` per (child, leaf) group, each carrying the last offer of `topic` applied from
-/// that child (see [`Reserve::offer_seq`]).
+/// One `Reserve` per (connection, leaf) group, each carrying the last offer of `topic` applied
+/// from that connection's child (see [`Reserve::offer_seq`]; 0 on a direct link, which offers
+/// nothing: the leaf then retracts the entry from its parent, which did not see it taken).
 fn reserves(
     topic: &Topic,
     lease_ms: u64,
@@ -145,11 +146,31 @@ fn reserves(
         })
 }
 
-/// When a reserve is sent, and the visibility timeout it asks for.
+/// When a reserve is sent, on which connection, and the visibility timeout it asks for.
 #[derive(Debug, Clone, Copy)]
 struct Sent {
     now: Time,
+    conn: ConnId,
     lease_ms: u64,
+}
+
+/// The root's direct links to leaves ([`Link::Leaf`], setting `direct_pop_path`): reserves,
+/// settles and admin requests for a leaf go on its link once the leaf welcomed it, and through
+/// the aggregators otherwise.
+#[derive(Debug, Default)]
+struct DirectLinks {
+    /// Every direct connection: the leaf it reaches.
+    conns: HashMap<ConnId, LeafId>,
+    /// Welcomed links by leaf.
+    by_leaf: HashMap<LeafId, ConnId>,
+}
+
+impl DirectLinks {
+    /// The connection a message for `leaf` goes on: its direct link, else `child` (the child
+    /// that leads to it).
+    fn or(&self, leaf: LeafId, child: ConnId) -> ConnId {
+        self.by_leaf.get(&leaf).copied().unwrap_or(child)
+    }
 }
 
 /// Where a pop's next entry comes from.
@@ -178,7 +199,8 @@ struct Reservation {
     topic: Topic,
     /// The entry reserved.
     key: Key,
-    child: ConnId,
+    /// The connection the reserve went on (a child, or a direct link).
+    conn: ConnId,
     /// Payload size of the entry (reserve-ahead bytes are counted from the reserve on).
     size: u32,
     /// The visibility timeout the reserve asked for, in milliseconds.
@@ -210,7 +232,8 @@ struct RootCounters {
 #[derive(Debug)]
 struct PendingConfirm {
     ack: u64,
-    child: ConnId,
+    /// The connection the `Confirm` went on.
+    conn: ConnId,
     slots: Vec<usize>,
 }
 
@@ -228,7 +251,8 @@ struct PendingAdmin {
 #[derive(Debug)]
 struct PendingLeafAdmin {
     admin: u64,
-    child: ConnId,
+    /// The connection the `LeafAdmin` went on.
+    conn: ConnId,
     leaf: LeafId,
 }
 
@@ -261,6 +285,8 @@ pub struct Root {
     name: String,
     reporter: Reporter,
     counters: RootCounters,
+    /// Direct links to leaves.
+    direct: DirectLinks,
     /// Reserve-ahead buffers by topic (see [`crate::ahead`]).
     ahead: TopicMap<AheadBuffer>,
     /// Payload bytes held or expected in all reserve-ahead buffers.
@@ -310,6 +336,7 @@ impl Root {
             name,
             reporter,
             counters: RootCounters::default(),
+            direct: DirectLinks::default(),
             ahead: Default::default(),
             ahead_bytes: 0,
             ahead_expiry: BTreeSet::new(),
@@ -320,6 +347,15 @@ impl Root {
 
     fn send(&mut self, conn: ConnId, msg: Wire) {
         self.transmits.push_back(Transmit { conn, msg });
+    }
+
+    /// The connection that reaches `leaf`: its direct link if welcomed, else the child that
+    /// leads to it.
+    fn route(&self, leaf: LeafId) -> Result<ConnId, ReceiptError> {
+        match self.direct.by_leaf.get(&leaf) {
+            Some(conn) => Ok(*conn),
+            None => self.children.route(leaf),
+        }
     }
 
     fn validate_pop(&self, pop: &Pop) -> Result<(), (ErrorCode, String)> {
@@ -509,11 +545,12 @@ impl Root {
                 let purpose = ReservedFor::Pop(pop_id);
                 let sent = Sent {
                     now,
+                    conn: self.direct.or(key.id.leaf(), slot.child),
                     lease_ms: pop.lease_ms,
                 };
                 let reservation = self.reservations.add(purpose, topic, key, slot, sent);
                 groups
-                    .entry((slot.child, key.id.leaf()))
+                    .entry((sent.conn, key.id.leaf()))
                     .or_default()
                     .push(ReserveItem { reservation, key });
             }
@@ -538,7 +575,7 @@ impl Root {
     /// Moves the visibility timeout of buffered deliveries handed to a pop that asked for
     /// another one. Nobody waits for the answer: a refused extend shows on the consumer's ack.
     fn extend_unanswered(&mut self, leaf: LeafId, receipts: Vec<Receipt>, lease_ms: u64) {
-        let Ok(child) = self.children.route(leaf) else {
+        let Ok(child) = self.route(leaf) else {
             return;
         };
         // A tag the root never registers: the leaf's `Confirmed` is dropped on arrival.
@@ -587,13 +624,17 @@ impl Root {
             }
             window.take(&key);
             self.ahead_bytes += u64::from(slot.size);
-            let sent = Sent { now, lease_ms };
+            let sent = Sent {
+                now,
+                conn: self.direct.or(key.id.leaf(), slot.child),
+                lease_ms,
+            };
             let reservation = self
                 .reservations
                 .add(ReservedFor::Ahead, topic, key, slot, sent);
             buffer.outstanding.insert(key, reservation);
             groups
-                .entry((slot.child, key.id.leaf()))
+                .entry((sent.conn, key.id.leaf()))
                 .or_default()
                 .push(ReserveItem { reservation, key });
         }
@@ -611,7 +652,10 @@ impl Root {
             let unreachable: Vec<Key> = buffer
                 .held
                 .keys()
-                .filter(|key| self.children.route(key.id.leaf()).is_err())
+                .filter(|key| {
+                    let leaf = key.id.leaf();
+                    !self.direct.by_leaf.contains_key(&leaf) && self.children.route(leaf).is_err()
+                })
                 .copied()
                 .collect();
             for key in unreachable {
@@ -632,9 +676,9 @@ impl Root {
     /// Gives parked grants back to their leaves that are reachable again.
     fn release_parked(&mut self) {
         let mut by_leaf: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
-        let children = &self.children;
+        let (children, direct) = (&self.children, &self.direct);
         self.parked.retain(|(leaf, receipt)| {
-            if children.route(*leaf).is_err() {
+            if !direct.by_leaf.contains_key(leaf) && children.route(*leaf).is_err() {
                 return true;
             }
             by_leaf.entry(*leaf).or_default().push(*receipt);
@@ -642,7 +686,7 @@ impl Root {
         });
         for (leaf, receipts) in by_leaf {
             self.counters.ahead_released += receipts.len() as u64;
-            if let Ok(child) = self.children.route(leaf) {
+            if let Ok(child) = self.route(leaf) {
                 self.send(child, Wire::Release(Release { leaf, receipts }));
             }
         }
@@ -674,7 +718,7 @@ impl Root {
             self.dirty.insert(topic);
         }
         for (leaf, receipts) in by_leaf {
-            if let Ok(child) = self.children.route(leaf) {
+            if let Ok(child) = self.route(leaf) {
                 self.send(child, Wire::Release(Release { leaf, receipts }));
             }
         }
@@ -802,7 +846,7 @@ impl Root {
             }
         }
         for (leaf, receipts) in orphans {
-            if let Ok(child) = self.children.route(leaf) {
+            if let Ok(child) = self.route(leaf) {
                 self.send(child, Wire::Release(Release { leaf, receipts }));
             }
         }
@@ -874,7 +918,7 @@ impl Root {
         let mut results = vec![None; count];
         let mut groups: BTreeMap<(ConnId, LeafId), (Vec<usize>, Vec<Receipt>)> = BTreeMap::new();
         for (slot, receipt) in ack.receipts.into_iter().enumerate() {
-            match self.children.route(receipt.id.leaf()) {
+            match self.route(receipt.id.leaf()) {
                 Ok(child) => {
                     let group = groups.entry((child, receipt.id.leaf())).or_default();
                     group.0.push(slot);
@@ -891,7 +935,7 @@ impl Root {
                 tag,
                 PendingConfirm {
                     ack: ack_id,
-                    child,
+                    conn: child,
                     slots,
                 },
             );
@@ -1037,7 +1081,7 @@ impl Root {
             unreachable: Vec::new(),
         };
         for (leaf, ids) in targets {
-            let Ok(child) = self.children.route(leaf) else {
+            let Ok(child) = self.route(leaf) else {
                 pending.unreachable.push(leaf);
                 continue;
             };
@@ -1058,7 +1102,7 @@ impl Root {
                 tag,
                 PendingLeafAdmin {
                     admin: admin_id,
-                    child,
+                    conn: child,
                     leaf,
                 },
             );
@@ -1121,12 +1165,105 @@ impl Root {
                 .extend(removed.into_iter().map(|(topic, _)| topic));
         }
         self.park_unreachable();
+        self.fail_outstanding(conn);
+    }
+
+    /// A direct link ended: what went on it is answered as unavailable (as for a child), and
+    /// the leaf is reached through the aggregators again.
+    fn direct_gone(&mut self, conn: ConnId) {
+        let Some(leaf) = self.direct.conns.remove(&conn) else {
+            return;
+        };
+        if self.direct.by_leaf.get(&leaf) == Some(&conn) {
+            self.direct.by_leaf.remove(&leaf);
+        }
+        self.resend_through_the_tree(conn, leaf);
+        self.park_unreachable();
+        self.fail_outstanding(conn);
+    }
+
+    /// Sends the reserves still unanswered on a lost direct link again through the child that
+    /// leads to `leaf`, as the same reservations. The leaf may never have seen them: the
+    /// entries are then still offered to its aggregator, which believes the root holds them,
+    /// so dropping them here would strand them. Through the aggregator (with offer number 0:
+    /// the root holds nothing of it) the aggregator lets go of them, and the leaf grants each
+    /// or, if the first reserve got through and its grant was lost, refuses it as leased (the
+    /// lease then expires at the leaf). Without a route they fail as unavailable.
+    fn resend_through_the_tree(&mut self, lost: ConnId, leaf: LeafId) {
+        let Ok(child) = self.children.route(leaf) else {
+            return;
+        };
+        let mut numbers: Vec<u64> = self
+            .reservations
+            .iter()
+            .filter(|(_, r)| r.conn == lost)
+            .map(|(number, _)| *number)
+            .collect();
+        numbers.sort_unstable();
+        let mut groups: BTreeMap<(Topic, u64), Vec<ReserveItem>> = BTreeMap::new();
+        for reservation in numbers {
+            let r = self.reservations.get_mut(&reservation).expect("listed");
+            r.conn = child;
+            groups
+                .entry((r.topic.clone(), r.lease_ms))
+                .or_default()
+                .push(ReserveItem {
+                    reservation,
+                    key: r.key,
+                });
+        }
+        for ((topic, lease_ms), items) in groups {
+            self.counters.reserves += 1;
+            let msg = Wire::Reserve(Reserve {
+                leaf,
+                topic: topic.to_string(),
+                lease_ms,
+                items,
+                offer_seq: 0,
+            });
+            self.send(child, msg);
+        }
+    }
+
+    /// A direct link's `Welcome` (or refusal).
+    fn direct_message(&mut self, now: Time, conn: ConnId, msg: Wire) {
+        let leaf = self.direct.conns[&conn];
+        match msg {
+            Wire::Welcome(welcome) if welcome.role == Role::Leaf => {
+                if let Some(old) = self.direct.by_leaf.insert(leaf, conn)
+                    && old != conn
+                {
+                    self.direct_gone(old);
+                    self.closes
+                        .push_back((old, "superseded by a new direct link".into()));
+                }
+                if !self.parked.is_empty() {
+                    self.release_parked();
+                }
+            }
+            Wire::Welcome(welcome) => {
+                self.violations += 1;
+                let reason = format!("leaf {leaf}'s address answers as a {}", welcome.role);
+                self.closes.push_back((conn, reason));
+            }
+            Wire::Reserved(reserved) => self.handle_reserved(now, reserved),
+            Wire::Confirmed(confirmed) => self.handle_confirmed(confirmed),
+            Wire::LeafAdminReply(reply) => self.handle_leaf_admin_reply(reply),
+            // A refused handshake (say, a leaf of another protocol version): the pop path
+            // stays on the aggregators.
+            Wire::Error(_) => self.violations += 1,
+            other => self.reject_unexpected(conn, &other),
+        }
+    }
+
+    /// Answers everything that went on `conn` and was not answered as unavailable.
+    fn fail_outstanding(&mut self, conn: ConnId) {
         // In id order: the answers this produces go out in an order that does not depend on
         // hashing (the simulator's runs are reproducible).
         let mut lost: Vec<u64> = self
             .reservations
             .iter()
-            .filter(|(_, r)| r.child == conn)
+            .filter(|(_, r)| r.conn == conn)
             .map(|(id, _)| *id)
             .collect();
         lost.sort_unstable();
@@ -1152,7 +1289,7 @@ impl Root {
         let mut lost: Vec<u64> = self
             .confirms
             .iter()
-            .filter(|(_, c)| c.child == conn)
+            .filter(|(_, c)| c.conn == conn)
             .map(|(t, _)| *t)
             .collect();
         lost.sort_unstable();
@@ -1163,7 +1300,7 @@ impl Root {
         let mut lost: Vec<u64> = self
             .leaf_admins
             .iter()
-            .filter(|(_, a)| a.child == conn)
+            .filter(|(_, a)| a.conn == conn)
             .map(|(t, _)| *t)
             .collect();
         lost.sort_unstable();
@@ -1199,7 +1336,7 @@ impl Root {
                     .push(delivery.receipt());
             }
             for (leaf, receipts) in by_leaf {
-                if let Ok(child) = self.children.route(leaf) {
+                if let Ok(child) = self.route(leaf) {
                     self.send(child, Wire::Release(Release { leaf, receipts }));
                 }
             }
@@ -1257,10 +1394,32 @@ impl Machine for Root {
             Link::Incoming => {
                 self.children.accept(conn);
             }
+            Link::Leaf(leaf) => {
+                if self.children.route(leaf) == Err(ReceiptError::UnknownLeaf) {
+                    self.violations += 1;
+                    let reason = format!("leaf {leaf} is not in this tree");
+                    self.closes.push_back((conn, reason));
+                    return;
+                }
+                self.direct.conns.insert(conn, leaf);
+                let name = self.name.clone();
+                self.send(
+                    conn,
+                    Wire::Hello(crate::wire::Hello {
+                        protocol: crate::wire::PROTOCOL_VERSION,
+                        peer: crate::wire::PeerKind::Root { name },
+                    }),
+                );
+            }
         }
     }
 
     fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
+        if self.direct.conns.contains_key(&conn) {
+            self.direct_gone(conn);
+            self.serve_dirty(now);
+            return;
+        }
         match self.children.peers.get(&conn) {
             Some(crate::downstream::Peer::Child { .. }) => self.child_gone(conn),
             Some(crate::downstream::Peer::Consumer) => {
@@ -1275,6 +1434,11 @@ impl Machine for Root {
     }
 
     fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire) {
+        if self.direct.conns.contains_key(&conn) {
+            self.direct_message(now, conn, msg);
+            self.serve_dirty(now);
+            return;
+        }
         let peer = self.children.peers.get(&conn).cloned();
         match (peer, msg) {
             (Some(crate::downstream::Peer::Child { .. }), Wire::Offer(offer)) => {
@@ -1401,6 +1565,7 @@ impl Machine for Root {
         NodeStats {
             window_entries: self.children.window_entries() as u64,
             children: self.children.children() as u64,
+            direct_links: self.direct.by_leaf.len() as u64,
             pending_pops: self.pops.len() as u64,
             ahead_entries: self.ahead.values().map(|b| b.held.len() as u64).sum(),
             violations: self.violations,
@@ -1428,6 +1593,7 @@ impl Machine for Root {
         let gauges = [
             ("window_entries", self.children.window_entries() as u64),
             ("children", self.children.children() as u64),
+            ("direct_links", self.direct.by_leaf.len() as u64),
             ("pending_pops", self.pops.len() as u64),
             ("reservations", self.reservations.len() as u64),
             (

@@ -71,6 +71,40 @@ impl Harness {
         c
     }
 
+    /// Links the root `root` to leaf node `leaf` (id `id`) directly, as the node driver does
+    /// with `direct_pop_path`; returns the root's end.
+    fn direct(&mut self, root: usize, leaf: usize, id: LeafId) -> ConnId {
+        let (r, l) = self.pair(Owner::Node(root), Owner::Node(leaf));
+        self.nodes[leaf].handle_connected(self.now, l, Link::Incoming);
+        self.nodes[root].handle_connected(self.now, r, Link::Leaf(id));
+        self.run();
+        r
+    }
+
+    /// Delivers messages one at a time until one in flight matches `stop` (it is not
+    /// delivered); panics if the tree goes quiet first.
+    fn run_until(&mut self, stop: impl Fn(ConnId, &Wire) -> bool) {
+        loop {
+            for index in 0..self.nodes.len() {
+                self.drain(index);
+            }
+            if self.queue.iter().any(|(to, msg)| stop(*to, msg)) {
+                return;
+            }
+            let (to, msg) = self
+                .queue
+                .pop_front()
+                .expect("the awaited message never came");
+            match self.ends.get(&to) {
+                Some((Owner::Node(index), _)) => {
+                    self.nodes[*index].handle_message(self.now, to, msg)
+                }
+                Some((Owner::Client, _)) => self.inbox.get_mut(&to).unwrap().push_back(msg),
+                None => {}
+            }
+        }
+    }
+
     /// Connects a client that says `peer` in its Hello; returns the client's end.
     fn client(&mut self, node: usize, peer: PeerKind) -> ConnId {
         let (c, n) = self.pair(Owner::Client, Owner::Node(node));
@@ -313,6 +347,9 @@ struct Tree {
     root: usize,
     aggs: [usize; 2],
     leaves: [usize; 4],
+    /// The root's ends of its direct links to the leaves (empty: the pop path goes through
+    /// the aggregators).
+    direct: Vec<ConnId>,
     producers: [ConnId; 4],
     consumer: ConnId,
 }
@@ -336,9 +373,23 @@ impl Lcg {
 
 #[test]
 fn push_pop_ack_across_the_tree_in_key_order_with_zero_rank_error() {
-    // Goal: pushes spread over four leaves come out of the root in exact global key order.
+    // Goal: pushes spread over four leaves come out of the root in exact global key order,
+    // whether the pop path goes through the aggregators or on direct links.
     // Method: random priorities, small credits so windows refill constantly, pops of one.
-    let mut t = tree(3);
+    in_key_order(tree(3));
+    let mut t = in_key_order(direct_tree(3));
+    for agg in t.aggs {
+        // Nothing of the pop path passed through the aggregators, and what the root took was
+        // retracted from them by the leaves: their windows are empty.
+        assert_eq!(counter(&mut t.h, agg, "reserves_forwarded"), 0);
+        assert_eq!(t.h.nodes[agg].stats().window_entries, 0);
+    }
+    for (index, node) in t.h.nodes.iter().enumerate() {
+        assert_eq!(node.stats().violations, 0, "node {index}");
+    }
+}
+
+fn in_key_order(mut t: Tree) -> Tree {
     let mut rng = Lcg(7);
     let mut pushed = Vec::new();
     for round in 0..20 {
@@ -370,6 +421,7 @@ fn push_pop_ack_across_the_tree_in_key_order_with_zero_rank_error() {
             "acked messages are deleted"
         );
     }
+    t
 }
 
 #[test]
@@ -1083,9 +1135,15 @@ fn concurrent_pushes_pops_and_acks_in_any_interleaving_deliver_everything_once()
     // parents' windows stay in step with what their children think they offered: no offer is
     // refused, no message is stranded, every pushed message is delivered exactly once.
     // Method: small credits, several consumers, rounds of concurrent pushes / pops / acks
-    // delivered by a seeded random scheduler; then drain.
-    for seed in 1..=40u64 {
-        let mut t = tree(3);
+    // delivered by a seeded random scheduler; then drain. Both ways of the pop path: through
+    // the aggregators, and on direct links (the aggregators then learn of taken entries only
+    // from the leaves' retracts, racing the root's offers).
+    for seed in 1..=80u64 {
+        let mut t = if seed % 2 == 0 {
+            direct_tree(3)
+        } else {
+            tree(3)
+        };
         let consumers: Vec<ConnId> = (0..3)
             .map(|_| t.h.client(t.root, PeerKind::Consumer))
             .collect();
@@ -1277,9 +1335,26 @@ fn tree_with(settings: Settings) -> Tree {
         root,
         aggs,
         leaves,
+        direct: Vec::new(),
         producers,
         consumer,
     }
+}
+
+/// [`tree`] with the root linked to every leaf directly (`direct_pop_path`).
+fn direct_tree(credits: u32) -> Tree {
+    let mut t = tree(credits);
+    for (i, leaf) in t.leaves.into_iter().enumerate() {
+        let end = t.h.direct(t.root, leaf, LeafId(i as u16 + 1));
+        t.direct.push(end);
+    }
+    assert_eq!(gauge(&mut t.h, t.root, "direct_links"), 4);
+    t
+}
+
+fn gauge(h: &mut Harness, node: usize, name: &str) -> u64 {
+    let now = h.now;
+    h.nodes[node].report(now).nodes[0].gauges[name]
 }
 
 /// Settings with reserve-ahead on (it is off by default).
@@ -2197,4 +2272,86 @@ fn a_pop_granted_part_of_its_batch_takes_no_later_arrivals() {
     let third = expect_reserve(&mut h, children[0]);
     assert_eq!(third.items.len(), 1);
     assert_eq!(third.items[0].key.id, MessageId::new(LeafId(1), 2));
+}
+
+fn pop_later(t: &mut Tree, max: u32) -> u64 {
+    let request = t.h.request();
+    let pop = Pop {
+        request,
+        topic: "jobs".into(),
+        max,
+        ..Pop::default()
+    };
+    t.h.send_later(t.consumer, Wire::Pop(pop));
+    request
+}
+
+fn popped(t: &mut Tree) -> Vec<Delivery> {
+    match t.h.recv(t.consumer) {
+        Wire::PopReply(reply) => reply.deliveries,
+        other => panic!("pop failed: {other:?}"),
+    }
+}
+
+#[test]
+fn reserves_on_a_lost_direct_link_go_again_through_the_tree_and_strand_nothing() {
+    // Goal: a direct link that ends with reserves on it strands no message. The leaf may not
+    // have seen them (its aggregator still thinks the root holds the entries), or may have
+    // granted them with the grants lost.
+    // Method: a pop's reserve is on the link, or its grant is on the way back, when the link
+    // ends; then drain everything, past the visibility timeout.
+    let mut t = direct_tree(4);
+    let ids = t.h.push(t.producers[0], "jobs", &[1, 2, 3, 4, 5, 6]);
+    let agg = t.aggs[0];
+
+    // 1. The reserve never reached the leaf: it goes again through the aggregator, granted.
+    let link = t.direct[0];
+    let (_, leaf_end) = t.h.ends[&link];
+    pop_later(&mut t, 2);
+    t.h.run_until(|to, msg| to == leaf_end && matches!(msg, Wire::Reserve(_)));
+    t.h.disconnect(link);
+    let first = popped(&mut t);
+    assert_eq!(first.iter().map(|d| d.id).collect::<Vec<_>>(), ids[..2]);
+    let receipts = first.iter().map(Delivery::receipt).collect();
+    assert!(t.h.ack(t.consumer, receipts).iter().all(Result::is_ok));
+    assert_eq!(counter(&mut t.h, agg, "reserves_forwarded"), 1);
+    assert_eq!(gauge(&mut t.h, t.root, "direct_links"), 3);
+
+    // 2. The leaf granted, and the grant is lost with the link: the reserve sent again is
+    //    refused (leased), and the messages come back when their lease expires.
+    let link = t.h.direct(t.root, t.leaves[0], LeafId(1));
+    pop_later(&mut t, 2);
+    t.h.run_until(|to, msg| to == link && matches!(msg, Wire::Reserved(_)));
+    t.h.disconnect(link);
+    let mut delivered: Vec<Delivery> = popped(&mut t);
+    loop {
+        let more = t.h.pop(t.consumer, "jobs", 8);
+        if more.is_empty() {
+            break;
+        }
+        delivered.extend(more);
+    }
+    let lost: Vec<MessageId> = ids[2..]
+        .iter()
+        .copied()
+        .filter(|id| !delivered.iter().any(|d| d.id == *id))
+        .collect();
+    assert_eq!(lost, ids[2..4], "the grants lost with the link");
+    let receipts = delivered.iter().map(Delivery::receipt).collect();
+    assert!(t.h.ack(t.consumer, receipts).iter().all(Result::is_ok));
+    t.h.advance(Duration::from_millis(
+        Settings::default().lease_timeout_ms + 1_000,
+    ));
+    let again = t.h.pop(t.consumer, "jobs", 8);
+    assert_eq!(again.iter().map(|d| d.id).collect::<Vec<_>>(), lost);
+    assert!(again.iter().all(|d| d.attempt == 2), "{again:?}");
+    let receipts = again.iter().map(Delivery::receipt).collect();
+    assert!(t.h.ack(t.consumer, receipts).iter().all(Result::is_ok));
+    assert_eq!(t.h.nodes[t.leaves[0]].stats().messages, 0);
+    for node in [t.root, agg] {
+        assert_eq!(t.h.nodes[node].stats().window_entries, 0, "node {node}");
+    }
+    for (index, node) in t.h.nodes.iter().enumerate() {
+        assert_eq!(node.stats().violations, 0, "node {index}");
+    }
 }

@@ -333,6 +333,15 @@ impl Topology {
         self.nodes.iter().filter(|n| n.role == Role::Leaf)
     }
 
+    /// The leaves the root links to directly for its pop path (the root's `direct_pop_path`):
+    /// every leaf whose parent is not the root itself; none with the setting off.
+    pub fn direct_leaves(&self) -> impl Iterator<Item = &NodeSpec> {
+        let root = self.root();
+        let on = root.settings.direct_pop_path;
+        self.leaves()
+            .filter(move |n| on && n.parent.as_deref() != Some(root.name.as_str()))
+    }
+
     /// Ids of every leaf at or below `name`.
     pub fn subtree_leaves(&self, name: &str) -> Vec<LeafId> {
         let mut children: HashMap<&str, Vec<&NodeSpec>> = HashMap::new();

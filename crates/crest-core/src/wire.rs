@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 /// Bytes of a frame header (length and checksum).
 pub const FRAME_HEADER_BYTES: usize = 8;
 /// First byte written on a control stream.
@@ -83,6 +83,13 @@ pub enum PeerKind {
         role: Role,
         /// Every leaf in the child's subtree: the parent routes by these.
         leaves: Vec<LeafId>,
+    },
+    /// The root, connecting to a leaf for its pop path (see [`crate::machine::Link::Leaf`]):
+    /// reserves, settles and admin requests go to the leaf, and their answers come back, on
+    /// this connection instead of through the aggregators.
+    Root {
+        /// The root's name in the topology.
+        name: String,
     },
     /// A producer (pushes to a leaf).
     Producer,

@@ -22,7 +22,7 @@ pub use http::render_prometheus;
 use actor::{NodeActor, NodeArgs, NodeMsg};
 use crest_core::aggregator::{Aggregator, AggregatorConfig};
 use crest_core::leaf::{Leaf, LeafConfig};
-use crest_core::machine::{Machine, NodeStats};
+use crest_core::machine::{Link, Machine, NodeStats};
 use crest_core::root::{Root, RootConfig};
 use crest_core::topology::{NodeSpec, Topology};
 use crest_core::wire::Role;
@@ -72,7 +72,14 @@ pub struct StartOptions {
     pub data_dir: Option<PathBuf>,
     /// What log recovery does about corruption that is not a torn tail.
     pub recovery: RecoveryMode,
+    /// Addresses learnt at run time, by node name, read at every attempt of the root's
+    /// direct links before the topology's (a [`LocalTree`] on ephemeral ports learns a leaf's
+    /// address only once it is bound, after the root started).
+    pub addresses: Option<AddressBook>,
 }
+
+/// See [`StartOptions::addresses`].
+pub type AddressBook = Arc<std::sync::RwLock<std::collections::HashMap<String, String>>>;
 
 /// TLS material of one node: its certificate and the CA it trusts for its parent.
 #[derive(Clone, Debug)]
@@ -356,7 +363,29 @@ pub async fn start_node(
     tokio::spawn(net::accept_loop(ctx.clone(), endpoint.clone()));
     if let Some(parent) = &spec.parent {
         let address = topology.node(parent).expect("validated").address.clone();
-        tokio::spawn(net::parent_loop(ctx, endpoint.clone(), address));
+        let address = Arc::new(move || address.clone());
+        tokio::spawn(net::link_loop(
+            ctx.clone(),
+            endpoint.clone(),
+            address,
+            Link::Parent,
+        ));
+    }
+    if spec.role == Role::Root {
+        for leaf in topology.direct_leaves() {
+            let Some(id) = leaf.leaf_id else { continue };
+            let link = Link::Leaf(id);
+            let (name, fixed) = (leaf.name.clone(), leaf.address.clone());
+            let book = options.addresses.clone();
+            let address = Arc::new(move || {
+                let learnt = book.as_ref().and_then(|book| {
+                    let book = book.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    book.get(&name).cloned()
+                });
+                learnt.unwrap_or_else(|| fixed.clone())
+            });
+            tokio::spawn(net::link_loop(ctx.clone(), endpoint.clone(), address, link));
+        }
     }
     tracing::info!(node = name, role = %spec.role, %local_addr, "node started");
     Ok(NodeHandle {
@@ -442,9 +471,11 @@ impl LocalTree {
             index += 1;
         }
         let mut nodes = Vec::new();
+        let addresses = AddressBook::default();
         for name in order {
             let spec = topology.node(&name).expect("from the topology").clone();
-            let options = LocalTree::options(data_root.as_deref(), &name);
+            let mut options = LocalTree::options(data_root.as_deref(), &name);
+            options.addresses = Some(addresses.clone());
             let started = async {
                 start_node(&topology, &name, &NodeTls::issue(&ca, &spec)?, &options).await
             };
@@ -457,8 +488,10 @@ impl LocalTree {
                             .iter_mut()
                             .find(|n| n.name == name)
                             .expect("present");
-                        entry.address = address;
+                        entry.address = address.clone();
                         entry.listen = node.local_addr();
+                        let mut book = addresses.write().unwrap_or_else(|p| p.into_inner());
+                        book.insert(name.clone(), address);
                     }
                     nodes.push(node);
                 }
@@ -483,6 +516,7 @@ impl LocalTree {
         StartOptions {
             data_dir: data_root.map(|root| root.join(name)),
             recovery: RecoveryMode::default(),
+            addresses: None,
         }
     }
 
@@ -498,10 +532,15 @@ impl LocalTree {
         loop {
             let mut connected = true;
             for node in &self.nodes {
-                if node.role != Role::Root && !node.stats().await.is_ok_and(|s| s.parent_connected)
-                {
-                    connected = false;
-                }
+                let stats = node.stats().await;
+                let linked = if node.role == Role::Root {
+                    // With the direct pop path, every leaf has welcomed the root's link.
+                    let wanted = self.topology.direct_leaves().count() as u64;
+                    stats.is_ok_and(|s| s.direct_links >= wanted)
+                } else {
+                    stats.is_ok_and(|s| s.parent_connected)
+                };
+                connected &= linked;
             }
             if connected {
                 return true;

@@ -149,13 +149,24 @@ pub(crate) async fn accept_loop(ctx: NetContext, endpoint: quinn::Endpoint) {
     }
 }
 
-/// Keeps a session with the parent at `address`: connect, serve until the connection ends,
-/// back off (doubling, bounded by the settings), reconnect; until shutdown.
-pub(crate) async fn parent_loop(ctx: NetContext, endpoint: quinn::Endpoint, address: String) {
+/// Keeps a session with the node at `address` — this node's parent ([`Link::Parent`]), or a
+/// leaf the root links to directly ([`Link::Leaf`]): connect, serve until the connection
+/// ends, back off (doubling, bounded by the settings), reconnect; until shutdown.
+pub(crate) async fn link_loop(
+    ctx: NetContext,
+    endpoint: quinn::Endpoint,
+    address: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+    link: Link,
+) {
+    let peer = match link {
+        Link::Parent => "parent",
+        _ => "leaf",
+    };
     let initial = Duration::from_millis(ctx.settings.reconnect_backoff_initial_ms);
     let max = Duration::from_millis(ctx.settings.reconnect_backoff_max_ms);
     let mut backoff = initial;
     loop {
+        let address = address();
         let attempt = async {
             let addr = resolve(&address).await?;
             let connection = crest_transport::connect(&endpoint, addr)
@@ -170,15 +181,15 @@ pub(crate) async fn parent_loop(ctx: NetContext, endpoint: quinn::Endpoint, addr
         };
         match result {
             Ok((connection, streams)) => {
-                tracing::info!(parent = %address, "connected to parent");
+                tracing::info!(peer, %address, "connected");
                 backoff = initial;
-                ctx.attach(connection.clone(), streams, Link::Parent);
+                ctx.attach(connection.clone(), streams, link);
                 tokio::select! {
-                    reason = connection.closed() => tracing::warn!(parent = %address, %reason, "parent connection lost"),
+                    reason = connection.closed() => tracing::warn!(peer, %address, %reason, "connection lost"),
                     () = ctx.shutdown.cancelled() => return,
                 }
             }
-            Err(error) => tracing::debug!(parent = %address, %error, "cannot reach parent"),
+            Err(error) => tracing::debug!(peer, %address, %error, "cannot connect"),
         }
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}

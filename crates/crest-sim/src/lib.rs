@@ -478,6 +478,8 @@ struct Sim {
     root: usize,
     /// Each node's leaf id (leaves only).
     leaf_ids: Vec<Option<crest_core::id::LeafId>>,
+    /// The leaves the root links to directly (`direct_pop_path`), by index.
+    direct: Vec<usize>,
     /// The lease checker: the latest lease granted of each message, `(token, deadline)`,
     /// until it ends (ack, nack, release, or its leaf's crash).
     leases: HashMap<MessageId, (u64, Time)>,
@@ -828,6 +830,27 @@ impl Sim {
         self.drain(child);
     }
 
+    /// Makes the root's missing direct links to leaves that are up and reachable.
+    fn link_direct(&mut self) {
+        let root = self.root;
+        if !self.up[root] {
+            return;
+        }
+        for leaf in self.direct.clone() {
+            let id = self.leaf_ids[leaf].expect("a leaf");
+            let (r, l) = (Owner::Node(root), Owner::Node(leaf));
+            if !self.up[leaf] || self.cut_off(r, l) || self.connected(r, l) {
+                continue;
+            }
+            let (r_end, l_end) = self.pair(r, l);
+            let now = self.now;
+            self.nodes[leaf].handle_connected(now, l_end, Link::Incoming);
+            self.nodes[root].handle_connected(now, r_end, Link::Leaf(id));
+            self.drain(leaf);
+            self.drain(root);
+        }
+    }
+
     fn hello(peer: PeerKind) -> Wire {
         Wire::Hello(Hello {
             protocol: PROTOCOL_VERSION,
@@ -974,6 +997,7 @@ impl Sim {
                 }
             }
         }
+        self.link_direct();
         let root = self.root;
         for consumer in 0..self.consumers.len() {
             let (a, b) = (Owner::Consumer(consumer), Owner::Node(root));
@@ -1066,6 +1090,7 @@ impl Sim {
                 self.connect_producer(p, node);
             }
         }
+        self.link_direct();
         if node == root {
             for c in 0..self.consumers.len() {
                 self.connect_consumer(c, root);
@@ -1170,6 +1195,11 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
         idle_timeout: Duration::from_millis(topology.root().settings.idle_timeout_ms),
         root: 0,
         leaf_ids: topology.nodes.iter().map(|n| n.leaf_id).collect(),
+        direct: topology
+            .direct_leaves()
+            .map(|leaf| topology.nodes.iter().position(|n| n.name == leaf.name))
+            .map(|index| index.expect("a node of the topology"))
+            .collect(),
         leases: HashMap::new(),
         lease_violations: 0,
         lease_violation: None,
@@ -1267,6 +1297,7 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
         .position(|n| n.role == Role::Root)
         .expect("validated: one root");
     sim.root = root;
+    sim.link_direct();
     let begin = start + Duration::from_millis(workload.warmup_ms);
     let end = begin + Duration::from_millis(workload.duration_ms);
     for (p, spec) in workload.producers.iter().enumerate() {

@@ -77,11 +77,20 @@ fn one_priority_means_no_rank_error_and_no_inversion() {
     assert!(report.inversion_time_us.max <= 1, "{}", report.text());
 }
 
+/// The default tree with the whole pop path through the aggregators (`direct_pop_path` off).
+fn local_through_the_tree() -> Topology {
+    let text = LOCAL.replace("[settings]\n", "[settings]\ndirect_pop_path = false\n");
+    let topology = Topology::parse(&text).unwrap();
+    assert!(!topology.root().settings.direct_pop_path);
+    topology
+}
+
 #[test]
 fn a_drain_too_short_for_cut_leases_is_reported_as_a_violation_with_its_cause() {
-    // Leases cut by a crash come back only after their visibility timeout: with a 1 s drain,
-    // messages leased through the crashed aggregator are still out. The check says so.
-    let topology = Topology::parse(LOCAL).unwrap();
+    // Leases cut by a crash come back only after their visibility timeout: with a 1 s drain and
+    // the pop path through the aggregators, messages leased through the crashed aggregator are
+    // still out. The check says so.
+    let topology = local_through_the_tree();
     let workload =
         Workload::parse(&LEAF_CRASH.replace("drain_ms = 35000", "drain_ms = 1000")).unwrap();
     let failed = (1..=4).any(|seed| {
@@ -95,6 +104,24 @@ fn a_drain_too_short_for_cut_leases_is_reported_as_a_violation_with_its_cause() 
         failed,
         "some seed leaves leases cut by the aggregator crash"
     );
+}
+
+#[test]
+fn with_the_direct_pop_path_an_aggregator_crash_cuts_no_lease() {
+    // The same crashes with the root linked to the leaves directly (the default): grants and
+    // confirms do not pass through the aggregator, so its crash strands no lease and the 1 s
+    // drain delivers everything.
+    let topology = Topology::parse(LOCAL).unwrap();
+    assert!(topology.root().settings.direct_pop_path);
+    let workload =
+        Workload::parse(&LEAF_CRASH.replace("drain_ms = 35000", "drain_ms = 1000")).unwrap();
+    for seed in 1..=4 {
+        let report = run(&topology, &workload, seed).unwrap();
+        let text = report.text();
+        assert!(report.pushed > 30_000, "seed {seed}:\n{text}");
+        assert_eq!(report.undelivered, 0, "seed {seed}:\n{text}");
+        assert!(report.violations().is_empty(), "seed {seed}:\n{text}");
+    }
 }
 
 #[test]

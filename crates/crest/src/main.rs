@@ -616,6 +616,7 @@ async fn launch(
     let options = StartOptions {
         data_dir: durable.then(|| data_dir.clone()),
         recovery,
+        addresses: None,
     };
     let node = start_node(&topology, name, &tls, &options).await?;
     if durable {
