@@ -15,6 +15,11 @@
 //! the parent unchanged. A reserved
 //! entry leaves the window and the offered set as the `Reserve` passes, which returns credit
 //! both below and above.
+//!
+//! With the root's direct pop path (`direct_pop_path`), the root sends reserves, settles and
+//! admin requests to the leaf on its own link; the aggregator gets each reserve as a notice
+//! ([`Reserve::direct`]): it takes the entries and refills its parent, and forwards nothing.
+//! The leaf retracts what the root took from it, which the aggregator finds already gone.
 
 use crate::config::Settings;
 use crate::downstream::{Downstream, PeerKindTag, TopicMap, TopicSet};
@@ -60,7 +65,10 @@ struct Forwarded {
 struct AggregatorCounters {
     offers: u64,
     entries_added: u64,
+    /// Reserves forwarded to a child.
     reserves: u64,
+    /// Reserves the root sent its leaf directly, taken here without forwarding.
+    reserve_notices: u64,
 }
 
 /// See the module doc.
@@ -159,7 +167,6 @@ impl Aggregator {
     }
 
     fn handle_reserve(&mut self, now: Time, mut reserve: Reserve) {
-        self.counters.reserves += 1;
         let route = self.children.route(reserve.leaf);
         // What the child below has told us, for it to judge our takes by (see `offer`).
         let mut applied_below = 0;
@@ -181,6 +188,12 @@ impl Aggregator {
         reserve.offer_seq = applied_below;
         // The freed credit above is refilled at once: the parent's next pop sees it.
         self.flush_offers(now, true);
+        if reserve.direct {
+            // The root sent the reserve to the leaf itself.
+            self.counters.reserve_notices += 1;
+            return;
+        }
+        self.counters.reserves += 1;
         match route {
             Ok(child) => {
                 let forwarded = self.forwarded.entry(child).or_default();
@@ -472,6 +485,7 @@ impl Machine for Aggregator {
             ("offers_received", self.counters.offers),
             ("entries_added", self.counters.entries_added),
             ("reserves_forwarded", self.counters.reserves),
+            ("reserve_notices", self.counters.reserve_notices),
             ("swaps", swaps),
             ("credit_stalls", credit_stalls),
             ("protocol_violations", stats.violations),

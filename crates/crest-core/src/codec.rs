@@ -91,6 +91,10 @@ fn str_(out: &mut Vec<u8>, s: &str) {
 fn uint(out: &mut Vec<u8>, v: u64) {
     w::write_uint(out, v).expect("write to Vec");
 }
+fn bool_(out: &mut Vec<u8>, v: bool) {
+    w::write_bool(out, v).expect("write to Vec");
+}
+
 fn array(out: &mut Vec<u8>, len: usize) {
     w::write_array_len(out, len as u32).expect("write to Vec");
 }
@@ -256,7 +260,7 @@ fn encode_offer(offer: &Offer, out: &mut Vec<u8>) {
 
 fn encode_reserve(reserve: &Reserve, out: &mut Vec<u8>) {
     enum_variant(out, RESERVE_VARIANT);
-    array(out, 5);
+    array(out, 6);
     uint(out, reserve.leaf.0.into());
     str_(out, &reserve.topic);
     uint(out, reserve.lease_ms);
@@ -267,6 +271,7 @@ fn encode_reserve(reserve: &Reserve, out: &mut Vec<u8>) {
         key(out, &item.key);
     }
     uint(out, reserve.offer_seq);
+    bool_(out, reserve.direct);
 }
 
 fn receipts(out: &mut Vec<u8>, receipts: &[Receipt]) {
@@ -360,6 +365,14 @@ impl<'a> Reader<'a> {
             0xcd => self.be(2),
             0xce => self.be(4),
             0xcf => self.be(8),
+            _ => None,
+        }
+    }
+
+    fn bool(&mut self) -> Option<bool> {
+        match self.byte()? {
+            0xc2 => Some(false),
+            0xc3 => Some(true),
             _ => None,
         }
     }
@@ -608,7 +621,7 @@ impl Reader<'_> {
     }
 
     fn reserve(&mut self) -> Option<Reserve> {
-        self.fields(5)?;
+        self.fields(6)?;
         let leaf = self.leaf()?;
         let topic = self.str()?.to_owned();
         let lease_ms = self.uint()?;
@@ -626,6 +639,7 @@ impl Reader<'_> {
             lease_ms,
             items,
             offer_seq: self.uint()?,
+            direct: self.bool()?,
         })
     }
 
@@ -947,14 +961,16 @@ mod tests {
             number(),
             prop::collection::vec(item, 0..6),
             number(),
+            any::<bool>(),
         )
-            .prop_map(|(leaf, topic, lease_ms, items, offer_seq)| {
+            .prop_map(|(leaf, topic, lease_ms, items, offer_seq, direct)| {
                 Wire::Reserve(Reserve {
                     leaf: LeafId(leaf),
                     topic,
                     lease_ms,
                     items,
                     offer_seq,
+                    direct,
                 })
             });
         let receipts = || prop::collection::vec(receipt(), 0..6);

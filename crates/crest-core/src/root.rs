@@ -123,27 +123,41 @@ impl std::ops::DerefMut for Reservations {
     }
 }
 
-/// One `Reserve` per (connection, leaf) group, each carrying the last offer of `topic` applied
-/// from that connection's child (see [`Reserve::offer_seq`]; 0 on a direct link, which offers
-/// nothing: the leaf then retracts the entry from its parent, which did not see it taken).
+/// One `Reserve` per (child, leaf) group, each carrying the last offer of `topic` applied from
+/// that child (see [`Reserve::offer_seq`]). A leaf with a direct link gets its reserve there,
+/// numbered 0 (its parent did not take the entries: the leaf retracts them from it, so a
+/// re-offer in flight cannot leave a ghost), and the child gets the same items as a notice
+/// ([`Reserve::direct`]): it takes them from its window and refills at once.
 fn reserves(
     topic: &Topic,
     lease_ms: u64,
     groups: BTreeMap<(ConnId, LeafId), Vec<ReserveItem>>,
     window: Option<&Window>,
+    direct: &DirectLinks,
 ) -> impl Iterator<Item = Transmit> {
-    groups
-        .into_iter()
-        .map(move |((child, leaf), items)| Transmit {
-            conn: child,
-            msg: Wire::Reserve(Reserve {
+    groups.into_iter().flat_map(move |((child, leaf), items)| {
+        let reserve = |items, offer_seq, direct| {
+            Wire::Reserve(Reserve {
                 leaf,
                 topic: topic.to_string(),
                 lease_ms,
                 items,
-                offer_seq: window.map_or(0, |window| window.applied(child)),
-            }),
-        })
+                offer_seq,
+                direct,
+            })
+        };
+        let applied = window.map_or(0, |window| window.applied(child));
+        let link = direct.by_leaf.get(&leaf).copied();
+        let notice = link.map(|_| Transmit {
+            conn: child,
+            msg: reserve(items.clone(), applied, true),
+        });
+        let to_leaf = Transmit {
+            conn: link.unwrap_or(child),
+            msg: reserve(items, if link.is_some() { 0 } else { applied }, false),
+        };
+        notice.into_iter().chain(std::iter::once(to_leaf))
+    })
 }
 
 /// When a reserve is sent, on which connection, and the visibility timeout it asks for.
@@ -550,7 +564,7 @@ impl Root {
                 };
                 let reservation = self.reservations.add(purpose, topic, key, slot, sent);
                 groups
-                    .entry((sent.conn, key.id.leaf()))
+                    .entry((slot.child, key.id.leaf()))
                     .or_default()
                     .push(ReserveItem { reservation, key });
             }
@@ -558,7 +572,7 @@ impl Root {
             let window = window.as_deref();
             self.counters.reserves += groups.len() as u64;
             self.transmits
-                .extend(reserves(topic, lease_ms, groups, window));
+                .extend(reserves(topic, lease_ms, groups, window, &self.direct));
             for (leaf, receipts) in extends {
                 self.extend_unanswered(leaf, receipts, lease_ms);
             }
@@ -634,15 +648,20 @@ impl Root {
                 .add(ReservedFor::Ahead, topic, key, slot, sent);
             buffer.outstanding.insert(key, reservation);
             groups
-                .entry((sent.conn, key.id.leaf()))
+                .entry((slot.child, key.id.leaf()))
                 .or_default()
                 .push(ReserveItem { reservation, key });
         }
         self.counters.reserves += groups.len() as u64;
         self.counters.reserved_ahead +=
             groups.values().map(|items| items.len() as u64).sum::<u64>();
-        self.transmits
-            .extend(reserves(topic, lease_ms, groups, Some(window)));
+        self.transmits.extend(reserves(
+            topic,
+            lease_ms,
+            groups,
+            Some(window),
+            &self.direct,
+        ));
     }
 
     /// Moves buffered grants whose leaf has no route any more to [`Root::parked`].
@@ -1183,12 +1202,10 @@ impl Root {
     }
 
     /// Sends the reserves still unanswered on a lost direct link again through the child that
-    /// leads to `leaf`, as the same reservations. The leaf may never have seen them: the
-    /// entries are then still offered to its aggregator, which believes the root holds them,
-    /// so dropping them here would strand them. Through the aggregator (with offer number 0:
-    /// the root holds nothing of it) the aggregator lets go of them, and the leaf grants each
-    /// or, if the first reserve got through and its grant was lost, refuses it as leased (the
-    /// lease then expires at the leaf). Without a route they fail as unavailable.
+    /// leads to `leaf`, as the same reservations, so each gets an answer: the leaf grants it
+    /// if the first never reached it, or refuses it as leased if the first was granted and
+    /// its grant lost (the lease then expires at the leaf). Numbered 0: the aggregator took the
+    /// entries on the notice already. Without a route they fail as unavailable.
     fn resend_through_the_tree(&mut self, lost: ConnId, leaf: LeafId) {
         let Ok(child) = self.children.route(leaf) else {
             return;
@@ -1220,6 +1237,7 @@ impl Root {
                 lease_ms,
                 items,
                 offer_seq: 0,
+                direct: false,
             });
             self.send(child, msg);
         }

@@ -379,9 +379,13 @@ fn push_pop_ack_across_the_tree_in_key_order_with_zero_rank_error() {
     in_key_order(tree(3));
     let mut t = in_key_order(direct_tree(3));
     for agg in t.aggs {
-        // Nothing of the pop path passed through the aggregators, and what the root took was
-        // retracted from them by the leaves: their windows are empty.
+        // Nothing of the pop path passed through the aggregators (they took what the root
+        // took on its notices): their windows are empty.
         assert_eq!(counter(&mut t.h, agg, "reserves_forwarded"), 0);
+        assert!(
+            counter(&mut t.h, agg, "reserve_notices") > 0,
+            "taken on notice"
+        );
         assert_eq!(t.h.nodes[agg].stats().window_entries, 0);
     }
     for (index, node) in t.h.nodes.iter().enumerate() {

@@ -227,6 +227,10 @@ pub struct Reserve {
     /// it took the items from its window. An item the child re-added in a later offer (still
     /// in flight) will reach the parent again after this reserve: the child retracts it.
     pub offer_seq: u64,
+    /// A notice to an aggregator: the root sends this reserve to the leaf on its direct link
+    /// (setting `direct_pop_path`), so the aggregator takes the items from its window and
+    /// refills its parent, but does not forward it.
+    pub direct: bool,
 }
 
 /// Why a leaf refused to lease a message.
