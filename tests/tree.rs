@@ -547,26 +547,7 @@ async fn a_restarted_root_loses_nothing_a_leaf_holds() {
     assert!(tree.wait_connected(WAIT).await);
 
     let consumer_after = consumer(&tree).await;
-    let mut rest = Vec::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while rest.len() + early.len() < pushed.len() && tokio::time::Instant::now() < deadline {
-        let batch = consumer_after
-            .pop("jobs", 50, Duration::from_millis(200))
-            .await
-            .unwrap();
-        let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
-        if !receipts.is_empty() {
-            assert!(
-                consumer_after
-                    .ack_many(&receipts)
-                    .await
-                    .unwrap()
-                    .iter()
-                    .all(Result::is_ok)
-            );
-        }
-        rest.extend(batch);
-    }
+    let rest = pop_and_ack(&consumer_after, pushed.len() - early.len()).await;
     let mut ids: Vec<MessageId> = early.iter().chain(&rest).map(|d| d.id).collect();
     ids.sort();
     ids.dedup();
@@ -576,6 +557,26 @@ async fn a_restarted_root_loses_nothing_a_leaf_holds() {
         "every message delivered after the restart"
     );
     tree.shutdown().await;
+}
+
+/// Pops "jobs" and acknowledges each batch (every ack must succeed) until `count` deliveries
+/// came, or `WAIT` passed; returns them.
+async fn pop_and_ack(consumer: &Consumer, count: usize) -> Vec<Delivery> {
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while got.len() < count && tokio::time::Instant::now() < deadline {
+        let batch = consumer
+            .pop("jobs", 50, Duration::from_millis(200))
+            .await
+            .unwrap();
+        let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
+        if !receipts.is_empty() {
+            let results = consumer.ack_many(&receipts).await.unwrap();
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+        }
+        got.extend(batch);
+    }
+    got
 }
 
 /// The `pushed` and `push_batches` counters of every leaf, summed.
@@ -670,20 +671,8 @@ async fn with_the_direct_pop_path_acks_reach_leaves_whose_aggregator_is_down() {
     tree.restart_node("agg-1").await.unwrap();
     assert!(tree.wait_connected(WAIT).await);
     let mut seen: HashSet<MessageId> = held.iter().map(|d| d.id).collect();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while seen.len() < pushed.len() && tokio::time::Instant::now() < deadline {
-        let batch = consumer
-            .pop("jobs", 64, Duration::from_millis(200))
-            .await
-            .unwrap();
-        let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
-        if !receipts.is_empty() {
-            let results = consumer.ack_many(&receipts).await.unwrap();
-            assert!(results.iter().all(Result::is_ok), "{results:?}");
-        }
-        for delivery in batch {
-            assert!(seen.insert(delivery.id), "{} delivered twice", delivery.id);
-        }
+    for delivery in pop_and_ack(&consumer, pushed.len() - held.len()).await {
+        assert!(seen.insert(delivery.id), "{} delivered twice", delivery.id);
     }
     assert_eq!(seen.len(), pushed.len(), "every message delivered once");
     tree.shutdown().await;

@@ -2360,6 +2360,18 @@ impl Leaf {
             .any(|batch| batch.messages.iter().any(|m| Arc::ptr_eq(&m.topic, topic)))
     }
 
+    /// What the parent, or the root on its direct link, asks of the leaf.
+    fn handle_pop_path(&mut self, now: Time, conn: ConnId, msg: Wire) {
+        match msg {
+            Wire::Reserve(reserve) => self.handle_reserve(now, conn, reserve),
+            Wire::Confirm(confirm) => self.handle_confirm(now, conn, confirm),
+            Wire::Release(release) => self.handle_release(now, release),
+            Wire::LeafAdmin(admin) => self.handle_admin(now, conn, admin),
+            Wire::Error(_) => self.violations += 1,
+            other => self.reject_unexpected(conn, &other),
+        }
+    }
+
     fn reject_unexpected(&mut self, conn: ConnId, msg: &Wire) {
         self.violations += 1;
         let request = match msg {
@@ -2564,24 +2576,12 @@ impl Machine for Leaf {
                         self.dirty.extend(self.topics.keys().cloned());
                     }
                 }
-                Wire::Reserve(reserve) => self.handle_reserve(now, conn, reserve),
-                Wire::Confirm(confirm) => self.handle_confirm(now, conn, confirm),
-                Wire::Release(release) => self.handle_release(now, release),
-                Wire::LeafAdmin(admin) => self.handle_admin(now, conn, admin),
-                Wire::Error(_) => self.violations += 1,
-                other => self.reject_unexpected(conn, &other),
+                other => self.handle_pop_path(now, conn, other),
             }
         } else if self.clients.peers.get(&conn) == Some(&crate::downstream::Peer::Root) {
             // The root's direct link: the pop path without the aggregators. Its reserves carry
             // no offer number (0), so an entry the parent was offered is retracted from it.
-            match msg {
-                Wire::Reserve(reserve) => self.handle_reserve(now, conn, reserve),
-                Wire::Confirm(confirm) => self.handle_confirm(now, conn, confirm),
-                Wire::Release(release) => self.handle_release(now, release),
-                Wire::LeafAdmin(admin) => self.handle_admin(now, conn, admin),
-                Wire::Error(_) => self.violations += 1,
-                other => self.reject_unexpected(conn, &other),
-            }
+            self.handle_pop_path(now, conn, msg);
         } else {
             let is_producer =
                 self.clients.peers.get(&conn) == Some(&crate::downstream::Peer::Producer);

@@ -160,6 +160,18 @@ fn reserves(
     })
 }
 
+/// The numbers of `map`'s entries that satisfy `keep`, in order: answers produced from them go
+/// out in an order that does not depend on hashing (the simulator's runs are reproducible).
+fn sorted_where<V>(map: &HashMap<u64, V>, keep: impl Fn(&V) -> bool) -> Vec<u64> {
+    let mut numbers: Vec<u64> = map
+        .iter()
+        .filter(|(_, value)| keep(value))
+        .map(|(number, _)| *number)
+        .collect();
+    numbers.sort_unstable();
+    numbers
+}
+
 /// When a reserve is sent, on which connection, and the visibility timeout it asks for.
 #[derive(Debug, Clone, Copy)]
 struct Sent {
@@ -1210,13 +1222,7 @@ impl Root {
         let Ok(child) = self.children.route(leaf) else {
             return;
         };
-        let mut numbers: Vec<u64> = self
-            .reservations
-            .iter()
-            .filter(|(_, r)| r.conn == lost)
-            .map(|(number, _)| *number)
-            .collect();
-        numbers.sort_unstable();
+        let numbers = sorted_where(&self.reservations, |r| r.conn == lost);
         let mut groups: BTreeMap<(Topic, u64), Vec<ReserveItem>> = BTreeMap::new();
         for reservation in numbers {
             let r = self.reservations.get_mut(&reservation).expect("listed");
@@ -1276,15 +1282,7 @@ impl Root {
 
     /// Answers everything that went on `conn` and was not answered as unavailable.
     fn fail_outstanding(&mut self, conn: ConnId) {
-        // In id order: the answers this produces go out in an order that does not depend on
-        // hashing (the simulator's runs are reproducible).
-        let mut lost: Vec<u64> = self
-            .reservations
-            .iter()
-            .filter(|(_, r)| r.conn == conn)
-            .map(|(id, _)| *id)
-            .collect();
-        lost.sort_unstable();
+        let lost = sorted_where(&self.reservations, |r| r.conn == conn);
         for id in lost {
             let reservation = self.reservations.remove(&id).expect("present");
             match reservation.purpose {
@@ -1304,24 +1302,12 @@ impl Root {
                 }
             }
         }
-        let mut lost: Vec<u64> = self
-            .confirms
-            .iter()
-            .filter(|(_, c)| c.conn == conn)
-            .map(|(t, _)| *t)
-            .collect();
-        lost.sort_unstable();
+        let lost = sorted_where(&self.confirms, |c| c.conn == conn);
         for tag in lost {
             let confirm = self.confirms.remove(&tag).expect("present");
             self.fill_confirm(confirm, |_| Err(ReceiptError::Unavailable));
         }
-        let mut lost: Vec<u64> = self
-            .leaf_admins
-            .iter()
-            .filter(|(_, a)| a.conn == conn)
-            .map(|(t, _)| *t)
-            .collect();
-        lost.sort_unstable();
+        let lost = sorted_where(&self.leaf_admins, |a| a.conn == conn);
         for tag in lost {
             let pending = self.leaf_admins.remove(&tag).expect("present");
             self.merge_admin(pending, None);
@@ -1331,13 +1317,7 @@ impl Root {
     }
 
     fn consumer_gone(&mut self, conn: ConnId) {
-        let mut pops: Vec<u64> = self
-            .pops
-            .iter()
-            .filter(|(_, p)| p.conn == conn)
-            .map(|(id, _)| *id)
-            .collect();
-        pops.sort_unstable();
+        let pops = sorted_where(&self.pops, |p| p.conn == conn);
         for pop_id in pops {
             let pop = self.pops.remove(&pop_id).expect("present");
             self.timers.remove(&(pop.deadline, pop_id));
