@@ -235,6 +235,7 @@ async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
     );
     assert!(sum_of(&samples, "crest_bubble_up_to_root_microseconds_count") >= 15.0);
     assert_eq!(sum_of(&samples, "crest_protocol_violations_total{"), 0.0);
+    assert_eq!(sum_of(&samples, "crest_direct_links{"), 4.0);
 
     // Every node answers on its own; a leaf's subtree is itself.
     for node in &tree.nodes {
@@ -379,6 +380,10 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
     assert!(
         dom.contains("leaf-4") && dom.contains("agg-2"),
         "the tree and node table"
+    );
+    assert!(
+        dom.contains("direct links to 4 leaves"),
+        "the root's direct pop path in the tree"
     );
 
     let artifacts = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-artifacts");
