@@ -341,6 +341,15 @@ fn leaf(id: u16, credits: u32) -> Box<dyn Machine> {
     }))
 }
 
+/// A root over the leaves `subtree`.
+fn root_node(settings: Settings, subtree: Vec<LeafId>) -> Box<dyn Machine> {
+    Box::new(Root::new(RootConfig {
+        name: "root".into(),
+        settings,
+        subtree,
+    }))
+}
+
 /// A root, two aggregators, four leaves (ids 1..=4): the shape of `topology/local.toml`.
 struct Tree {
     h: Harness,
@@ -643,11 +652,7 @@ fn a_restarted_root_gets_everything_offered_again() {
     }
     t.h.disconnect(t.consumer);
     let all: Vec<LeafId> = (1..=4).map(LeafId).collect();
-    let root = t.h.add(Box::new(Root::new(RootConfig {
-        name: "root".into(),
-        settings: settings(3),
-        subtree: all,
-    })));
+    let root = t.h.add(root_node(settings(3), all));
     for agg in t.aggs {
         t.h.link(agg, root);
     }
@@ -753,11 +758,7 @@ fn a_leaf_rebuilt_from_its_log_holds_exactly_what_it_held() {
     // Goal: replaying the storage operations a leaf emitted rebuilds its state. Method: run a
     // leaf in the tree, record its log, then recover a second leaf from that log and pop.
     let mut h = Harness::new();
-    let root = h.add(Box::new(Root::new(RootConfig {
-        name: "root".into(),
-        settings: settings(4),
-        subtree: vec![LeafId(1)],
-    })));
+    let root = h.add(root_node(settings(4), vec![LeafId(1)]));
     let log = SharedLog::default();
     let first = h.add(Box::new(Recording {
         inner: leaf(1, 4),
@@ -897,11 +898,7 @@ impl Machine for Recording {
 #[test]
 fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
     let mut h = Harness::new();
-    let root = h.add(Box::new(Root::new(RootConfig {
-        name: "root".into(),
-        settings: settings(4),
-        subtree: vec![LeafId(1)],
-    })));
+    let root = h.add(root_node(settings(4), vec![LeafId(1)]));
     let leaf_settings = Settings {
         checkpoint_log_bytes: 2000,
         checkpoint_interval_ms: 1000,
@@ -967,11 +964,7 @@ fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
         "10 left of the first 50, and 2 more"
     );
     let mut h2 = Harness::new();
-    let root2 = h2.add(Box::new(Root::new(RootConfig {
-        name: "root".into(),
-        settings: settings(4),
-        subtree: vec![LeafId(1)],
-    })));
+    let root2 = h2.add(root_node(settings(4), vec![LeafId(1)]));
     let node2 = h2.add(Box::new(rebuilt));
     h2.link(node2, root2);
     let consumer2 = h2.client(root2, PeerKind::Consumer);
@@ -1023,11 +1016,7 @@ fn delays_of_days_are_exact_and_delivery_state_survives_a_rebuild_from_the_log()
         },
     );
     let mut h = Harness::new();
-    let root = h.add(Box::new(Root::new(RootConfig {
-        name: "root".into(),
-        settings: settings(4),
-        subtree: vec![LeafId(1)],
-    })));
+    let root = h.add(root_node(settings(4), vec![LeafId(1)]));
     let log = SharedLog::default();
     let config = LeafConfig {
         name: "leaf-1".into(),
@@ -1305,11 +1294,7 @@ fn reports_bubble_up_so_the_root_knows_the_whole_tree() {
 fn tree_with(settings: Settings) -> Tree {
     let mut h = Harness::new();
     let all: Vec<LeafId> = (1..=4).map(LeafId).collect();
-    let root = h.add(Box::new(Root::new(RootConfig {
-        name: "root".into(),
-        settings: settings.clone(),
-        subtree: all.clone(),
-    })));
+    let root = h.add(root_node(settings.clone(), all.clone()));
     let aggs = [0, 1].map(|i| {
         h.add(Box::new(Aggregator::new(AggregatorConfig {
             name: format!("agg-{i}"),
@@ -1843,11 +1828,7 @@ fn disk_leaf() -> (
         compaction_batch_messages: 3,
         ..settings(64)
     };
-    let root = h.add(Box::new(Root::new(RootConfig {
-        name: "root".into(),
-        settings: settings.clone(),
-        subtree: vec![LeafId(1)],
-    })));
+    let root = h.add(root_node(settings.clone(), vec![LeafId(1)]));
     let disk = Disk::new(Box::new(Leaf::new(LeafConfig {
         name: "leaf-1".into(),
         id: LeafId(1),
@@ -1990,11 +1971,7 @@ fn a_late_answer_to_a_former_roots_reservation_is_not_taken_for_the_new_ones() {
     // that message for its own reservation 1 (of another key): it releases it and waits for
     // its own answer.
     let mut h = Harness::new();
-    let root = h.add(Box::new(Root::new(RootConfig {
-        name: "root".into(),
-        settings: settings(4),
-        subtree: vec![LeafId(1)],
-    })));
+    let root = h.add(root_node(settings(4), vec![LeafId(1)]));
     let leaf = h.add(leaf(1, 4));
     let leaf_end = h.link(leaf, root);
     let root_end = h.ends[&leaf_end].1;
@@ -2216,11 +2193,7 @@ fn a_pop_granted_part_of_its_batch_takes_no_later_arrivals() {
     // grant comes back; a new entry arrives; the second grant comes back. The pop is answered
     // with the two entries it had reserved, and the new entry goes to the next pop.
     let mut h = Harness::new();
-    let root = h.add(Box::new(Root::new(RootConfig {
-        name: "root".into(),
-        settings: settings(16),
-        subtree: vec![LeafId(1), LeafId(2)],
-    })));
+    let root = h.add(root_node(settings(16), vec![LeafId(1), LeafId(2)]));
     let children = [1u16, 2].map(|leaf| {
         h.client(
             root,
