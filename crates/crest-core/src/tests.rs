@@ -2207,16 +2207,7 @@ fn a_pop_granted_part_of_its_batch_takes_no_later_arrivals() {
     let consumer = h.client(root, PeerKind::Consumer);
     h.send(children[0], offer(1, vec![entry(1, 1, 10)]));
     h.send(children[1], offer(1, vec![entry(2, 1, 20)]));
-    h.send(
-        consumer,
-        Wire::Pop(Pop {
-            request: 1,
-            topic: "jobs".into(),
-            max: 10,
-            wait_ms: 1_000,
-            ..Pop::default()
-        }),
-    );
+    h.send(consumer, jobs_pop(1, 10, 1_000));
     let first = expect_reserve(&mut h, children[0]);
     let second = expect_reserve(&mut h, children[1]);
     h.send(children[0], grant(&first));
@@ -2236,30 +2227,26 @@ fn a_pop_granted_part_of_its_batch_takes_no_later_arrivals() {
     let ids: Vec<u64> = reply.deliveries.iter().map(|d| d.id.seq()).collect();
     let leaves: Vec<u16> = reply.deliveries.iter().map(|d| d.id.leaf().0).collect();
     assert_eq!((ids, leaves), (vec![1, 1], vec![1, 2]), "the two reserved");
-    h.send(
-        consumer,
-        Wire::Pop(Pop {
-            request: 2,
-            topic: "jobs".into(),
-            max: 10,
-            wait_ms: 1_000,
-            ..Pop::default()
-        }),
-    );
+    h.send(consumer, jobs_pop(2, 10, 1_000));
     let third = expect_reserve(&mut h, children[0]);
     assert_eq!(third.items.len(), 1);
     assert_eq!(third.items[0].key.id, MessageId::new(LeafId(1), 2));
 }
 
-fn pop_later(t: &mut Tree, max: u32) -> u64 {
-    let request = t.h.request();
-    let pop = Pop {
+/// A pop of "jobs".
+fn jobs_pop(request: u64, max: u32, wait_ms: u64) -> Wire {
+    Wire::Pop(Pop {
         request,
         topic: "jobs".into(),
         max,
+        wait_ms,
         ..Pop::default()
-    };
-    t.h.send_later(t.consumer, Wire::Pop(pop));
+    })
+}
+
+fn pop_later(t: &mut Tree, max: u32) -> u64 {
+    let request = t.h.request();
+    t.h.send_later(t.consumer, jobs_pop(request, max, 0));
     request
 }
 
