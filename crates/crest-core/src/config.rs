@@ -22,6 +22,11 @@ pub const POP_MESSAGES_MAX_DEFAULT: u32 = 1000;
 /// [`Settings::offer_linger_us`]). 0: measured, a linger bought nothing on this machine's real
 /// tree and cost latency in the simulator (README, Flow control).
 pub const OFFER_LINGER_US_DEFAULT: u64 = 0;
+/// Default of [`Settings::udp_payload_max`]: [`UDP_PAYLOAD_MAX_CEILING`].
+pub const UDP_PAYLOAD_MAX_DEFAULT: u16 = UDP_PAYLOAD_MAX_CEILING;
+/// Highest allowed [`Settings::udp_payload_max`]: quinn sends up to 10 packets in one
+/// segmentation-offload `sendmsg`, whose total must fit a UDP datagram (65,507 bytes on IPv4).
+pub const UDP_PAYLOAD_MAX_CEILING: u16 = 6550;
 /// Room in a frame for everything that is not payload (headers, keys, metadata).
 pub const FRAME_OVERHEAD_BYTES: u32 = 1024 * 1024;
 
@@ -100,6 +105,20 @@ pub struct Settings {
     /// buffer that overflows drops datagrams, and QUIC's loss recovery then halves the link's
     /// sending rate.
     pub udp_buffer_bytes: u32,
+    /// Largest UDP datagram a node or client sends or accepts, in bytes (1200..=6550). QUIC
+    /// starts every path at 1200 bytes and raises its packet size by MTU discovery up to this
+    /// bound; probes the path cannot carry are lost and discovery settles below them, so a
+    /// bound above the path's MTU is safe. Where the path allows it (loopback, jumbo frames)
+    /// fewer, larger packets carry a batch of frames: fewer to encrypt, send, acknowledge and
+    /// receive. The ceiling 6550 keeps a send of 10 packets (quinn's most per `sendmsg` with
+    /// segmentation offload) within a UDP datagram's 64 KiB; above it such sends fail.
+    pub udp_payload_max: u16,
+    /// Congestion window every QUIC connection starts with, in bytes (at least 2,400). crest's
+    /// links are long-lived and carry bursts between idle gaps; a congestion controller grows
+    /// its window only while the window limits sending, so with the usual 12 KB start the
+    /// windows stayed small and each burst waited for round trips of acknowledgements. Lower it
+    /// for links that cross a slow or shared network.
+    pub quic_initial_window_bytes: u64,
     /// First delay before reconnecting to a parent, in milliseconds (doubles per failure).
     pub reconnect_backoff_initial_ms: u64,
     /// When a leaf acknowledges pushes (leaves with a data directory).
@@ -250,6 +269,8 @@ impl Default for Settings {
             idle_timeout_ms: 10_000,
             keep_alive_ms: 1_000,
             udp_buffer_bytes: 4 * 1024 * 1024,
+            udp_payload_max: UDP_PAYLOAD_MAX_DEFAULT,
+            quic_initial_window_bytes: 1024 * 1024,
             reconnect_backoff_initial_ms: 50,
             durability: Durability::Fsync,
             wal_segment_bytes_max: 64 * 1024 * 1024,
@@ -425,6 +446,24 @@ impl Settings {
                 ),
             );
         }
+        if !(1200..=UDP_PAYLOAD_MAX_CEILING).contains(&self.udp_payload_max) {
+            return fail(
+                "udp_payload_max",
+                format!(
+                    "{} is outside 1200..={UDP_PAYLOAD_MAX_CEILING}",
+                    self.udp_payload_max
+                ),
+            );
+        }
+        if self.quic_initial_window_bytes < 2400 {
+            return fail(
+                "quic_initial_window_bytes",
+                format!(
+                    "{} is below 2400 (two packets of 1200 bytes)",
+                    self.quic_initial_window_bytes
+                ),
+            );
+        }
         if self.keep_alive_ms == 0 || self.keep_alive_ms >= self.idle_timeout_ms {
             return fail(
                 "keep_alive_ms",
@@ -507,5 +546,22 @@ mod tests {
             ..Settings::default()
         };
         assert_eq!(settings.validate().unwrap_err().name, "credits_per_topic");
+    }
+
+    #[test]
+    fn quic_packet_and_window_bounds_are_checked() {
+        for (payload, window, name) in [
+            (16_384, 1 << 20, Some("udp_payload_max")),
+            (1_000, 1 << 20, Some("udp_payload_max")),
+            (1_452, 1_000, Some("quic_initial_window_bytes")),
+            (UDP_PAYLOAD_MAX_CEILING, 2_400, None),
+        ] {
+            let settings = Settings {
+                udp_payload_max: payload,
+                quic_initial_window_bytes: window,
+                ..Settings::default()
+            };
+            assert_eq!(settings.validate().err().map(|e| e.name), name);
+        }
     }
 }

@@ -55,6 +55,15 @@ pub fn transport_config(settings: &Settings) -> Arc<quinn::TransportConfig> {
     let mut ack_frequency = quinn::AckFrequencyConfig::default();
     ack_frequency.ack_eliciting_threshold(quinn::VarInt::from_u32(10));
     config.ack_frequency_config(Some(ack_frequency));
+    // Cubic grows its window only while the window is what limits sending; crest's links carry
+    // bursts (a batch of pushes, a pop's grants) between idle gaps, so their windows stayed near
+    // the 12 KB start and every burst waited for round trips of ACKs (README, Performance).
+    let mut cubic = quinn::congestion::CubicConfig::default();
+    cubic.initial_window(settings.quic_initial_window_bytes);
+    config.congestion_controller_factory(Arc::new(cubic));
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(settings.udp_payload_max);
+    config.mtu_discovery_config(Some(mtu));
     Arc::new(config)
 }
 
@@ -125,8 +134,12 @@ fn endpoint_on(
 ) -> Result<quinn::Endpoint, TransportError> {
     let error = |e: std::io::Error| TransportError::Endpoint(format!("bind {addr}: {e}"));
     let socket = udp_socket(addr, settings.udp_buffer_bytes).map_err(error)?;
+    let mut endpoint_config = quinn::EndpointConfig::default();
+    endpoint_config
+        .max_udp_payload_size(settings.udp_payload_max)
+        .map_err(|e| TransportError::Endpoint(format!("udp_payload_max: {e}")))?;
     let mut endpoint = quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        endpoint_config,
         server,
         socket,
         Arc::new(quinn::TokioRuntime),
@@ -225,5 +238,84 @@ mod tests {
                 "send buffer {granted} < min({want}, {cap})"
             );
         }
+    }
+
+    /// A loopback connection with `settings` on both ends, and the server's end.
+    async fn loopback_pair(settings: &Settings) -> (quinn::Connection, quinn::Connection) {
+        let ca = tls::CertificateAuthority::generate().unwrap();
+        let node = ca.issue("server", &[]).unwrap();
+        let client = client_config(ca.cert_pem(), settings).unwrap();
+        let server = node_endpoint(
+            "127.0.0.1:0".parse().unwrap(),
+            server_config(&node, settings).unwrap(),
+            client.clone(),
+            settings,
+        )
+        .unwrap();
+        let addr = server.local_addr().unwrap();
+        let dialer = client_endpoint(addr, client, settings).unwrap();
+        let accepted = tokio::spawn(async move { server.accept().await.unwrap().await.unwrap() });
+        let connection = connect(&dialer, addr).await.unwrap();
+        (connection, accepted.await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn links_start_with_the_configured_window_and_find_larger_packets_on_loopback() {
+        let settings = Settings::default();
+        let (connection, accepted) = loopback_pair(&settings).await;
+        assert!(
+            connection.stats().path.cwnd >= settings.quic_initial_window_bytes,
+            "cwnd {} below quic_initial_window_bytes {}",
+            connection.stats().path.cwnd,
+            settings.quic_initial_window_bytes
+        );
+        // A transfer lets MTU discovery probe; loopback carries 64 KiB datagrams, so the path
+        // settles above Ethernet's 1452 and never above the bound.
+        let reader = tokio::spawn(async move {
+            let (_, mut recv) = accepted.accept_bi().await.unwrap();
+            let bytes = recv.read_to_end(64 << 20).await.unwrap();
+            (accepted, bytes.len())
+        });
+        let (mut send, _recv) = connection.open_bi().await.unwrap();
+        let chunk = vec![7u8; 64 * 1024];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mut sent = 0;
+        while connection.stats().path.current_mtu <= 1452 && tokio::time::Instant::now() < deadline
+        {
+            send.write_all(&chunk).await.unwrap();
+            sent += chunk.len();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        send.finish().unwrap();
+        let (accepted, received) = reader.await.unwrap();
+        assert_eq!(received, sent, "every byte arrives");
+        let mtu = connection.stats().path.current_mtu;
+        assert!(
+            mtu > 1452 && mtu <= settings.udp_payload_max,
+            "path MTU {mtu} not in 1453..={}",
+            settings.udp_payload_max
+        );
+        assert_eq!(connection.stats().path.lost_packets, 0, "no sends failed");
+        drop(accepted);
+    }
+
+    #[tokio::test]
+    async fn a_low_bound_keeps_packets_at_ethernet_size() {
+        let settings = Settings {
+            udp_payload_max: 1452,
+            ..Settings::default()
+        };
+        let (connection, accepted) = loopback_pair(&settings).await;
+        let reader = tokio::spawn(async move {
+            let (_, mut recv) = accepted.accept_bi().await.unwrap();
+            recv.read_to_end(64 << 20).await.unwrap().len()
+        });
+        let (mut send, _recv) = connection.open_bi().await.unwrap();
+        for _ in 0..32 {
+            send.write_all(&[1u8; 64 * 1024]).await.unwrap();
+        }
+        send.finish().unwrap();
+        assert_eq!(reader.await.unwrap(), 32 * 64 * 1024);
+        assert!(connection.stats().path.current_mtu <= 1452);
     }
 }
