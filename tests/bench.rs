@@ -44,6 +44,15 @@ fn assert_accounted(report: &Value, messages: u64, text: &str) {
         "{text}"
     );
     assert_eq!(report["rank_error"]["count"], messages, "{text}");
+    // Every pop that delivered counts in pop wait; pop latency counts only those asked while
+    // a pushed message was known to be waiting.
+    let waits = report["latency"]["pop_wait_us"]["count"].as_u64().unwrap();
+    let pops = report["latency"]["pop_us"]["count"].as_u64().unwrap();
+    assert!(
+        waits > 0 && waits >= pops,
+        "pop waits {waits}, pops {pops}: {text}"
+    );
+    assert!(text.contains("pop wait (us)"), "{text}");
     assert!(report["push_rate"].as_f64().unwrap() > 0.0, "{text}");
     assert!(report["pop_rate"].as_f64().unwrap() > 0.0, "{text}");
 }

@@ -244,6 +244,12 @@ pub struct Latencies {
     /// knew of a message pushed (acknowledged) and not yet popped: time to serve, not time
     /// spent waiting for a producer.
     pub pop_us: Percentiles,
+    /// For every pop that returned messages: from the later of its request and the push of
+    /// the first message it got, to its answer. Unlike `pop_us`, a pop that waited for a
+    /// message to arrive (others having taken what was there) counts from that message's
+    /// push, not from its request; counting from the push (not from the leaf's durable ack)
+    /// errs on the long side.
+    pub pop_wait_us: Percentiles,
     /// Consumer ack round trip (one per pop batch).
     pub ack_us: Percentiles,
     /// Send to delivery.
@@ -559,6 +565,7 @@ fn settle_push(outcome: PushOutcome, shared: &Shared, push_ack: &mut Histogram<u
 #[derive(Default)]
 struct ConsumerResult {
     pop: Option<Histogram<u64>>,
+    pop_wait: Option<Histogram<u64>>,
     ack: Option<Histogram<u64>>,
     push_to_pop: Option<Histogram<u64>>,
     rank_error: Option<Histogram<u64>>,
@@ -575,6 +582,7 @@ async fn run_consumer(
     shared: Arc<Shared>,
 ) -> Result<ConsumerResult> {
     let mut pop = histogram();
+    let mut pop_wait = histogram();
     let mut ack = histogram();
     let mut push_to_pop = histogram();
     let mut rank_error = Histogram::<u64>::new_with_bounds(1, u64::MAX / 4, 3).expect("bounds");
@@ -597,6 +605,7 @@ async fn run_consumer(
             break;
         }
         let asked = Instant::now();
+        let asked_ns = shared.now_ns();
         let known_ready = shared.present.any();
         let deliveries: Vec<Delivery> = consumer
             .pop_with(&config.topic, options.clone())
@@ -613,6 +622,7 @@ async fn run_consumer(
         }
         shared.first_pop_ns.fetch_min(answered, Ordering::Relaxed);
         let mut new = 0u64;
+        let mut first_sent_ns = u64::MAX;
         {
             let mut seen = shared.seen.lock().expect("not poisoned");
             for delivery in &deliveries {
@@ -620,6 +630,7 @@ async fn run_consumer(
                     result.foreign += 1;
                     continue;
                 };
+                first_sent_ns = first_sent_ns.min(sent_ns);
                 if !seen.mark(seq) {
                     continue;
                 }
@@ -633,6 +644,9 @@ async fn run_consumer(
                     result.inverted_pops += 1;
                 }
             }
+        }
+        if let Some(wait) = pop_wait_ns(asked_ns, first_sent_ns, answered) {
+            record(&mut pop_wait, wait / 1000);
         }
         shared.popped.fetch_add(new, Ordering::AcqRel);
         if config.ack {
@@ -662,10 +676,18 @@ async fn run_consumer(
         settle_ack(Some(done), &mut ack, &mut result)?;
     }
     result.pop = Some(pop);
+    result.pop_wait = Some(pop_wait);
     result.ack = Some(ack);
     result.push_to_pop = Some(push_to_pop);
     result.rank_error = Some(rank_error);
     Ok(result)
+}
+
+/// How long a pop asked at `asked_ns` and answered at `answered_ns` kept a consumer waiting
+/// while something it got existed: from the later of the request and the first push among
+/// its deliveries (`first_sent_ns`; `u64::MAX`: none of the bench's), in nanoseconds.
+fn pop_wait_ns(asked_ns: u64, first_sent_ns: u64, answered_ns: u64) -> Option<u64> {
+    (first_sent_ns != u64::MAX).then(|| answered_ns.saturating_sub(asked_ns.max(first_sent_ns)))
 }
 
 type AckOutcome = (
@@ -877,6 +899,7 @@ fn report(
     results: Vec<ConsumerResult>,
 ) -> BenchReport {
     let mut pop = histogram();
+    let mut pop_wait = histogram();
     let mut ack = histogram();
     let mut push_to_pop = histogram();
     let mut rank_error = Histogram::<u64>::new_with_bounds(1, u64::MAX / 4, 3).expect("bounds");
@@ -888,6 +911,7 @@ fn report(
             }
         };
         merge(&mut pop, result.pop);
+        merge(&mut pop_wait, result.pop_wait);
         merge(&mut ack, result.ack);
         merge(&mut push_to_pop, result.push_to_pop);
         merge(&mut rank_error, result.rank_error);
@@ -945,6 +969,7 @@ fn report(
         latency: Latencies {
             push_ack_us: Percentiles::of(&push_ack),
             pop_us: Percentiles::of(&pop),
+            pop_wait_us: Percentiles::of(&pop_wait),
             ack_us: Percentiles::of(&ack),
             push_to_pop_us: Percentiles::of(&push_to_pop),
         },
@@ -1013,6 +1038,7 @@ impl BenchReport {
         };
         row("push-ack latency (us)", &self.latency.push_ack_us);
         row("pop latency (us)", &self.latency.pop_us);
+        row("pop wait (us)", &self.latency.pop_wait_us);
         row("ack latency (us)", &self.latency.ack_us);
         row("push-to-pop (us)", &self.latency.push_to_pop_us);
         row("rank error (msgs)", &self.rank_error);
@@ -1071,6 +1097,16 @@ mod tests {
         assert!((69_000..71_000).contains(&tiers[2]), "{tiers:?}");
         let uniform = PriorityMix::Uniform { levels: 4 };
         assert!((0..1000).all(|_| uniform.draw(&mut rng) < 4));
+    }
+
+    #[test]
+    fn a_pop_waits_from_its_request_or_its_first_message_s_push_whichever_is_later() {
+        // A message was there before the pop was asked: the whole request counts.
+        assert_eq!(pop_wait_ns(1_000, 400, 3_000), Some(2_000));
+        // Every message came after the request: from the first one's push.
+        assert_eq!(pop_wait_ns(1_000, 2_500, 3_000), Some(500));
+        // Nothing of the bench's was delivered: no figure.
+        assert_eq!(pop_wait_ns(1_000, u64::MAX, 3_000), None);
     }
 
     #[test]
