@@ -236,6 +236,31 @@ async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
     assert!(sum_of(&samples, "crest_bubble_up_to_root_microseconds_count") >= 15.0);
     assert_eq!(sum_of(&samples, "crest_protocol_violations_total{"), 0.0);
     assert_eq!(sum_of(&samples, "crest_direct_links{"), 4.0);
+    // The root's own QUIC links: one to each leaf for the pop path, and the aggregators' and
+    // the consumer's coming in.
+    assert_eq!(types["crest_quic_links"], "gauge");
+    assert_eq!(
+        sum_of(&samples, "crest_quic_links{node=\"root\",kind=\"leaf\"}"),
+        4.0
+    );
+    assert!(
+        sum_of(
+            &samples,
+            "crest_quic_links{node=\"root\",kind=\"incoming\"}"
+        ) >= 3.0
+    );
+    assert!(sum_of(&samples, "crest_quic_sent_packets{") > 0.0);
+    assert!(sum_of(&samples, "crest_quic_rtt_max_microseconds{") > 0.0);
+    let listed = stats["links"]["listed"].as_array().unwrap();
+    let to_leaves: Vec<&Value> = listed.iter().filter(|l| l["kind"] == "leaf").collect();
+    assert_eq!(to_leaves.len(), 4, "{listed:?}");
+    for link in to_leaves {
+        assert!(link["rtt_us"].as_u64().unwrap() > 0, "{link}");
+        assert!(link["mtu_bytes"].as_u64().unwrap() >= 1200, "{link}");
+        assert!(link["cwnd_bytes"].as_u64().unwrap() > 0, "{link}");
+        assert!(link["sent_packets"].as_u64().unwrap() > 0, "{link}");
+    }
+    assert_eq!(stats["links"]["omitted"], 0);
 
     // Every node answers on its own; a leaf's subtree is itself.
     for node in &tree.nodes {
@@ -252,6 +277,21 @@ async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
     let (_, leaf) = get(http(&tree, "leaf-1"), "/stats").await;
     let leaf: Value = serde_json::from_str(&leaf).unwrap();
     assert_eq!(leaf["nodes"].as_array().unwrap().len(), 1);
+    let kinds: Vec<&str> = leaf["links"]["listed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "parent").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert!(
+        kinds.contains(&"incoming"),
+        "the root's direct link: {kinds:?}"
+    );
     let (status, page) = get(root, "/").await;
     assert_eq!(status, 200);
     assert!(page.contains("<canvas id=\"bubble\""));

@@ -31,6 +31,123 @@ pub(crate) struct ConnHandle {
     pub(crate) control: mpsc::Sender<Wire>,
     pub(crate) data: mpsc::Sender<Wire>,
     pub(crate) connection: quinn::Connection,
+    pub(crate) link: Link,
+}
+
+/// Most links listed one by one in `/stats` (the node's own links to its parent and to leaves
+/// first, then incoming ones by age); the rest are only counted.
+pub(crate) const LINKS_LISTED_MAX: usize = 256;
+
+/// One QUIC connection of a node as its transport sees it (`/stats`, `/metrics`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct LinkStats {
+    /// The node's number for the connection.
+    pub(crate) conn: ConnId,
+    /// `parent` (this node dialled its parent), `leaf` (the root dialled a leaf for its pop
+    /// path) or `incoming` (a child, producer or consumer dialled this node).
+    pub(crate) kind: &'static str,
+    /// The peer's address.
+    pub(crate) remote: String,
+    /// Smoothed round-trip time, µs.
+    pub(crate) rtt_us: u64,
+    /// Congestion window, bytes.
+    pub(crate) cwnd_bytes: u64,
+    /// Largest packet the path carries now (after MTU discovery), bytes.
+    pub(crate) mtu_bytes: u16,
+    /// Packets sent.
+    pub(crate) sent_packets: u64,
+    /// Packets declared lost.
+    pub(crate) lost_packets: u64,
+    /// Times the congestion controller cut the window.
+    pub(crate) congestion_events: u64,
+}
+
+impl LinkStats {
+    fn of(conn: ConnId, handle: &ConnHandle) -> LinkStats {
+        let stats = handle.connection.stats();
+        LinkStats {
+            conn,
+            kind: link_kind(handle.link),
+            remote: handle.connection.remote_address().to_string(),
+            rtt_us: stats.path.rtt.as_micros() as u64,
+            cwnd_bytes: stats.path.cwnd,
+            mtu_bytes: stats.path.current_mtu,
+            sent_packets: stats.path.sent_packets,
+            lost_packets: stats.path.lost_packets,
+            congestion_events: stats.path.congestion_events,
+        }
+    }
+}
+
+/// The name of a link's kind in `/stats` and `/metrics`.
+pub(crate) fn link_kind(link: Link) -> &'static str {
+    match link {
+        Link::Parent => "parent",
+        Link::Leaf(_) => "leaf",
+        Link::Incoming => "incoming",
+    }
+}
+
+/// A node's links: every one summed by kind, the first [`LINKS_LISTED_MAX`] listed.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub(crate) struct Links {
+    /// Listed links: outgoing ones first, then incoming ones, each by connection number.
+    pub(crate) listed: Vec<LinkStats>,
+    /// Links not listed (beyond [`LINKS_LISTED_MAX`]).
+    pub(crate) omitted: usize,
+    /// Per kind: links, packets sent, packets lost, congestion events (all links).
+    pub(crate) totals: Vec<LinkTotals>,
+}
+
+/// The links of one kind, summed.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub(crate) struct LinkTotals {
+    /// See [`LinkStats::kind`].
+    pub(crate) kind: &'static str,
+    /// Open links of this kind.
+    pub(crate) links: u64,
+    /// Packets sent on them.
+    pub(crate) sent_packets: u64,
+    /// Packets lost on them.
+    pub(crate) lost_packets: u64,
+    /// Congestion events on them.
+    pub(crate) congestion_events: u64,
+    /// Largest smoothed round-trip time among them, µs.
+    pub(crate) rtt_max_us: u64,
+}
+
+fn links(conns: &HashMap<ConnId, ConnHandle>) -> Links {
+    let mut all: Vec<LinkStats> = conns
+        .iter()
+        .map(|(conn, handle)| LinkStats::of(*conn, handle))
+        .collect();
+    all.sort_by_key(|l| (l.kind == "incoming", l.conn));
+    let mut totals: Vec<LinkTotals> = Vec::new();
+    for link in &all {
+        let index = match totals.iter().position(|t| t.kind == link.kind) {
+            Some(index) => index,
+            None => {
+                totals.push(LinkTotals {
+                    kind: link.kind,
+                    ..LinkTotals::default()
+                });
+                totals.len() - 1
+            }
+        };
+        let total = &mut totals[index];
+        total.links += 1;
+        total.sent_packets += link.sent_packets;
+        total.lost_packets += link.lost_packets;
+        total.congestion_events += link.congestion_events;
+        total.rtt_max_us = total.rtt_max_us.max(link.rtt_us);
+    }
+    let omitted = all.len().saturating_sub(LINKS_LISTED_MAX);
+    all.truncate(LINKS_LISTED_MAX);
+    Links {
+        listed: all,
+        omitted,
+        totals,
+    }
 }
 
 /// Messages of the node actor.
@@ -60,6 +177,8 @@ pub(crate) enum NodeMsg {
     },
     /// Report counters.
     Stats(RpcReplyPort<NodeStats>),
+    /// The node's QUIC links as the transport sees them.
+    Links(RpcReplyPort<Links>),
     /// The subtree's measurements.
     Report(RpcReplyPort<Report>),
     /// Time to send the subtree's report to the parent (`report_interval_ms`). The flag is
@@ -78,6 +197,7 @@ impl NodeMsg {
             NodeMsg::Stored(_) => "stored",
             NodeMsg::Read { .. } => "read",
             NodeMsg::Stats(_) => "stats",
+            NodeMsg::Links(_) => "links",
             NodeMsg::Report(_) => "report",
             NodeMsg::ReportTick(_) => "report tick",
         }
@@ -278,6 +398,9 @@ impl Actor for NodeActor {
             }
             NodeMsg::Stats(reply) => {
                 let _ = reply.send(state.machine.stats());
+            }
+            NodeMsg::Links(reply) => {
+                let _ = reply.send(links(&state.conns));
             }
             NodeMsg::Report(reply) => {
                 let _ = reply.send(state.machine.report(now));

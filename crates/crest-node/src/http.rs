@@ -4,12 +4,13 @@
 //!   otherwise);
 //! - `GET /stats`: the node's subtree [`Report`] as JSON — one summary per node, the recent
 //!   latency histograms merged over the subtree, topic depths merged over its leaves (at the
-//!   root: the whole tree);
+//!   root: the whole tree) — and, under `links`, this node's own QUIC connections (round
+//!   trip, congestion window, path MTU, packets sent and lost);
 //! - `GET /metrics`: the same in Prometheus text format (counters and gauges per node, the
 //!   histograms as Prometheus histograms, topic depths);
 //! - `GET /`: the dashboard, a self-contained page (no external scripts) that polls `/stats`.
 
-use crate::actor::NodeMsg;
+use crate::actor::{Links, NodeMsg};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -86,24 +87,87 @@ async fn healthz(State(state): State<Arc<HttpState>>) -> Response {
     (code, axum::Json(body)).into_response()
 }
 
+async fn links(state: &HttpState) -> Result<Links, Response> {
+    ractor::call_t!(state.actor, NodeMsg::Links, ACTOR_TIMEOUT_MS).map_err(|error| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("node {} did not answer: {error}\n", state.name),
+        )
+            .into_response()
+    })
+}
+
 async fn stats(State(state): State<Arc<HttpState>>) -> Response {
-    match report(&state).await {
-        Ok(report) => axum::Json(report).into_response(),
-        Err(response) => response,
+    let (report, links) = match (report(&state).await, links(&state).await) {
+        (Ok(report), Ok(links)) => (report, links),
+        (Err(response), _) | (_, Err(response)) => return response,
+    };
+    let mut body = serde_json::to_value(report).unwrap_or_default();
+    if let Some(object) = body.as_object_mut() {
+        object.insert(
+            "links".into(),
+            serde_json::to_value(links).unwrap_or_default(),
+        );
     }
+    axum::Json(body).into_response()
 }
 
 async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
-    match report(&state).await {
-        Ok(report) => (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            render_prometheus(&report, wall_clock_micros()),
-        )
-            .into_response(),
-        Err(response) => response,
+    let (report, links) = match (report(&state).await, links(&state).await) {
+        (Ok(report), Ok(links)) => (report, links),
+        (Err(response), _) | (_, Err(response)) => return response,
+    };
+    let mut text = render_prometheus(&report, wall_clock_micros());
+    render_links(&mut text, &state.name, &links);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// Appends this node's QUIC links, summed per kind, in the Prometheus text format. The sums
+/// cover the links open now, so they fall when a link closes: gauges, not counters.
+fn render_links(out: &mut String, node: &str, links: &Links) {
+    type Field = fn(&crate::actor::LinkTotals) -> u64;
+    let families: [(&str, &str, Field); 5] = [
+        ("crest_quic_links", "open QUIC connections", |t| t.links),
+        (
+            "crest_quic_sent_packets",
+            "packets sent on the open connections",
+            |t| t.sent_packets,
+        ),
+        (
+            "crest_quic_lost_packets",
+            "packets lost on the open connections",
+            |t| t.lost_packets,
+        ),
+        (
+            "crest_quic_congestion_events",
+            "congestion window cuts on the open connections",
+            |t| t.congestion_events,
+        ),
+        (
+            "crest_quic_rtt_max_microseconds",
+            "largest smoothed round trip among the open connections",
+            |t| t.rtt_max_us,
+        ),
+    ];
+    for (name, help, field) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for total in &links.totals {
+            let _ = writeln!(
+                out,
+                "{name}{{node=\"{}\",kind=\"{}\"}} {}",
+                label(node),
+                total.kind,
+                field(total)
+            );
+        }
     }
 }
 

@@ -43,6 +43,7 @@ impl NetContext {
             control: control.clone(),
             data,
             connection: connection.clone(),
+            link,
         };
         if self
             .actor
