@@ -85,6 +85,12 @@ async fn bench_on_its_own_durable_tree_accounts_for_every_message() {
     assert_eq!(report["durable"], true);
     assert_eq!(report["phase"], "fill-then-drain");
     assert_eq!(report["protocol_violations"], 0, "{text}");
+    // Counted, not asserted zero: a loss is legal; its count must be reported.
+    assert!(report["quic_lost_packets"].is_u64(), "{text}");
+    assert!(
+        text.contains("QUIC packets lost on the tree's links"),
+        "{text}"
+    );
     // Everything is present before the drain starts and one consumer pops: the tree serves in
     // key order, so the typical pop has no more urgent message left behind.
     assert_eq!(report["rank_error"]["p50"], 0, "{text}");

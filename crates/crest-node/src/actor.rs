@@ -40,26 +40,26 @@ pub(crate) const LINKS_LISTED_MAX: usize = 256;
 
 /// One QUIC connection of a node as its transport sees it (`/stats`, `/metrics`).
 #[derive(Clone, Debug, serde::Serialize)]
-pub(crate) struct LinkStats {
+pub struct LinkStats {
     /// The node's number for the connection.
-    pub(crate) conn: ConnId,
+    pub conn: ConnId,
     /// `parent` (this node dialled its parent), `leaf` (the root dialled a leaf for its pop
     /// path) or `incoming` (a child, producer or consumer dialled this node).
-    pub(crate) kind: &'static str,
+    pub kind: &'static str,
     /// The peer's address.
-    pub(crate) remote: String,
+    pub remote: String,
     /// Smoothed round-trip time, µs.
-    pub(crate) rtt_us: u64,
+    pub rtt_us: u64,
     /// Congestion window, bytes.
-    pub(crate) cwnd_bytes: u64,
+    pub cwnd_bytes: u64,
     /// Largest packet the path carries now (after MTU discovery), bytes.
-    pub(crate) mtu_bytes: u16,
+    pub mtu_bytes: u16,
     /// Packets sent.
-    pub(crate) sent_packets: u64,
+    pub sent_packets: u64,
     /// Packets declared lost.
-    pub(crate) lost_packets: u64,
+    pub lost_packets: u64,
     /// Times the congestion controller cut the window.
-    pub(crate) congestion_events: u64,
+    pub congestion_events: u64,
 }
 
 impl LinkStats {
@@ -90,30 +90,30 @@ pub(crate) fn link_kind(link: Link) -> &'static str {
 
 /// A node's links: every one summed by kind, the first [`LINKS_LISTED_MAX`] listed.
 #[derive(Clone, Debug, Default, serde::Serialize)]
-pub(crate) struct Links {
+pub struct Links {
     /// Listed links: outgoing ones first, then incoming ones, each by connection number.
-    pub(crate) listed: Vec<LinkStats>,
+    pub listed: Vec<LinkStats>,
     /// Links not listed (beyond [`LINKS_LISTED_MAX`]).
-    pub(crate) omitted: usize,
+    pub omitted: usize,
     /// Per kind: links, packets sent, packets lost, congestion events (all links).
-    pub(crate) totals: Vec<LinkTotals>,
+    pub totals: Vec<LinkTotals>,
 }
 
 /// The links of one kind, summed.
 #[derive(Clone, Debug, Default, serde::Serialize)]
-pub(crate) struct LinkTotals {
+pub struct LinkTotals {
     /// See [`LinkStats::kind`].
-    pub(crate) kind: &'static str,
+    pub kind: &'static str,
     /// Open links of this kind.
-    pub(crate) links: u64,
+    pub links: u64,
     /// Packets sent on them.
-    pub(crate) sent_packets: u64,
+    pub sent_packets: u64,
     /// Packets lost on them.
-    pub(crate) lost_packets: u64,
+    pub lost_packets: u64,
     /// Congestion events on them.
-    pub(crate) congestion_events: u64,
+    pub congestion_events: u64,
     /// Largest smoothed round-trip time among them, µs.
-    pub(crate) rtt_max_us: u64,
+    pub rtt_max_us: u64,
 }
 
 fn links(conns: &HashMap<ConnId, ConnHandle>) -> Links {

@@ -17,6 +17,7 @@ mod http;
 mod net;
 mod storage;
 
+pub use actor::{LinkStats, LinkTotals, Links};
 pub use http::render_prometheus;
 
 use actor::{NodeActor, NodeArgs, NodeMsg};
@@ -188,6 +189,15 @@ impl NodeHandle {
     /// [`NodeError::Actor`] if the actor does not answer within 5 seconds.
     pub async fn stats(&self) -> Result<NodeStats, NodeError> {
         ractor::call_t!(self.actor, NodeMsg::Stats, 5_000)
+            .map_err(|e| NodeError::Actor(e.to_string()))
+    }
+
+    /// The node's QUIC connections as the transport sees them (as in `/stats`).
+    ///
+    /// # Errors
+    /// [`NodeError::Actor`] if the actor does not answer within 5 seconds.
+    pub async fn links(&self) -> Result<Links, NodeError> {
+        ractor::call_t!(self.actor, NodeMsg::Links, 5_000)
             .map_err(|e| NodeError::Actor(e.to_string()))
     }
 

@@ -314,6 +314,10 @@ pub struct BenchReport {
     /// Protocol violations the tree's nodes counted (offers over credit, unexpected messages);
     /// `None` for a remote tree. Anything above 0 is a bug.
     pub protocol_violations: Option<u64>,
+    /// QUIC packets the tree's nodes declared lost on their open links at the end of the run
+    /// (both ends of every link between nodes; the clients' own ends not counted); `None` for
+    /// a remote tree. Each loss cuts a link's congestion window.
+    pub quic_lost_packets: Option<u64>,
 }
 
 /// Which sequence numbers were popped: a growable bitmap.
@@ -789,14 +793,19 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     let running = start(&config.target).await?;
     let result = drive(&config, &running).await;
     let mut violations = None;
+    let mut lost = None;
     if let Some(tree) = &running.local {
-        let mut sum = 0;
+        let (mut violations_sum, mut lost_sum) = (0, 0);
         for node in &tree.nodes {
             if let Ok(stats) = node.stats().await {
-                sum += stats.violations;
+                violations_sum += stats.violations;
+            }
+            if let Ok(links) = node.links().await {
+                lost_sum += links.totals.iter().map(|t| t.lost_packets).sum::<u64>();
             }
         }
-        violations = Some(sum);
+        violations = Some(violations_sum);
+        lost = Some(lost_sum);
     }
     if let Some(tree) = running.local {
         tree.shutdown().await;
@@ -811,6 +820,7 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     let mut report = result?;
     report.durable = running.durable;
     report.protocol_violations = violations;
+    report.quic_lost_packets = lost;
     Ok(report)
 }
 
@@ -976,6 +986,7 @@ fn report(
         rank_error: Percentiles::of(&rank_error),
         inverted_pops: totals.inverted_pops,
         protocol_violations: None,
+        quic_lost_packets: None,
     }
 }
 
@@ -1049,6 +1060,11 @@ impl BenchReport {
         if let Some(violations) = self.protocol_violations {
             out.push_str(&format!(
                 "  protocol violations in the tree: {violations}\n"
+            ));
+        }
+        if let Some(lost) = self.quic_lost_packets {
+            out.push_str(&format!(
+                "  QUIC packets lost on the tree's links: {lost}\n"
             ));
         }
         out
