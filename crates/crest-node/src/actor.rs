@@ -80,7 +80,7 @@ impl LinkStats {
 }
 
 /// The name of a link's kind in `/stats` and `/metrics`.
-pub(crate) fn link_kind(link: Link) -> &'static str {
+fn link_kind(link: Link) -> &'static str {
     match link {
         Link::Parent => "parent",
         Link::Leaf(_) => "leaf",
@@ -117,11 +117,12 @@ pub struct LinkTotals {
 }
 
 fn links(conns: &HashMap<ConnId, ConnHandle>) -> Links {
-    let mut all: Vec<LinkStats> = conns
-        .iter()
+    let mut handles: Vec<(&ConnId, &ConnHandle)> = conns.iter().collect();
+    handles.sort_by_key(|(conn, handle)| (handle.link == Link::Incoming, **conn));
+    let mut all: Vec<LinkStats> = handles
+        .into_iter()
         .map(|(conn, handle)| LinkStats::of(*conn, handle))
         .collect();
-    all.sort_by_key(|l| (l.kind == "incoming", l.conn));
     let mut totals: Vec<LinkTotals> = Vec::new();
     for link in &all {
         let index = match totals.iter().position(|t| t.kind == link.kind) {

@@ -58,14 +58,27 @@ pub(crate) async fn serve(
     }
 }
 
-async fn report(state: &HttpState) -> Result<Report, Response> {
-    ractor::call_t!(state.actor, NodeMsg::Report, ACTOR_TIMEOUT_MS).map_err(|error| {
+/// Asks the node's actor (`message` wraps the reply port); 503 naming the node if it does not
+/// answer within [`ACTOR_TIMEOUT_MS`].
+async fn ask<T: Send + 'static>(
+    state: &HttpState,
+    message: impl FnOnce(ractor::RpcReplyPort<T>) -> NodeMsg,
+) -> Result<T, Response> {
+    ractor::call_t!(state.actor, message, ACTOR_TIMEOUT_MS).map_err(|error| {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("node {} did not answer: {error}\n", state.name),
         )
             .into_response()
     })
+}
+
+/// The node's subtree report and its own links.
+async fn report_and_links(state: &HttpState) -> Result<(Report, Links), Response> {
+    Ok((
+        ask(state, NodeMsg::Report).await?,
+        ask(state, NodeMsg::Links).await?,
+    ))
 }
 
 async fn dashboard() -> Html<&'static str> {
@@ -87,20 +100,10 @@ async fn healthz(State(state): State<Arc<HttpState>>) -> Response {
     (code, axum::Json(body)).into_response()
 }
 
-async fn links(state: &HttpState) -> Result<Links, Response> {
-    ractor::call_t!(state.actor, NodeMsg::Links, ACTOR_TIMEOUT_MS).map_err(|error| {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("node {} did not answer: {error}\n", state.name),
-        )
-            .into_response()
-    })
-}
-
 async fn stats(State(state): State<Arc<HttpState>>) -> Response {
-    let (report, links) = match (report(&state).await, links(&state).await) {
-        (Ok(report), Ok(links)) => (report, links),
-        (Err(response), _) | (_, Err(response)) => return response,
+    let (report, links) = match report_and_links(&state).await {
+        Ok(both) => both,
+        Err(response) => return response,
     };
     let mut body = serde_json::to_value(report).unwrap_or_default();
     if let Some(object) = body.as_object_mut() {
@@ -113,9 +116,9 @@ async fn stats(State(state): State<Arc<HttpState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
-    let (report, links) = match (report(&state).await, links(&state).await) {
-        (Ok(report), Ok(links)) => (report, links),
-        (Err(response), _) | (_, Err(response)) => return response,
+    let (report, links) = match report_and_links(&state).await {
+        Ok(both) => both,
+        Err(response) => return response,
     };
     let mut text = render_prometheus(&report, wall_clock_micros());
     render_links(&mut text, &state.name, &links);
