@@ -291,3 +291,42 @@ async fn crest_sim_is_reproducible_from_the_command_line() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_bench_measures_durable_appends_on_the_given_disk_and_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("wal.json");
+    let (ok, text) = crest(args(&[
+        "wal",
+        "bench",
+        "--dir",
+        dir.path().to_str().unwrap(),
+        "--logs",
+        "2",
+        "--rate",
+        "1000",
+        "--duration",
+        "300ms",
+        "--busy-threads",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]))
+    .await;
+    assert!(ok, "{text}");
+    assert!(text.contains("append latency (us)"), "{text}");
+    let report = report(&json);
+    // 0.3 s at 1000 appends/s on each of 2 logs, every one synced and timed.
+    assert_eq!(report["appends"], 600, "{text}");
+    assert_eq!(report["failed"], 0, "{text}");
+    assert_eq!(report["messages"], 600 * 4, "{text}");
+    assert_eq!(report["latency_us"]["count"], 600, "{text}");
+    assert_eq!(report["durability"], "fsync", "{text}");
+    assert!(report["groups"].as_u64().unwrap() >= 2, "{text}");
+    // Only the report is left behind: the logs' run directory is gone.
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(left.len(), 1, "{text}");
+
+    let (ok, text) = crest(args(&["wal", "bench", "--logs", "0"])).await;
+    assert!(!ok && text.contains("--logs must be"), "{text}");
+}

@@ -398,7 +398,8 @@ impl Shared {
     }
 }
 
-fn histogram() -> Histogram<u64> {
+/// A latency histogram in microseconds, up to an hour, 3 significant digits.
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
 }
 

@@ -6,9 +6,11 @@
 //! - [`core`]: sans-IO core (keys, wire protocol, topology, state machines);
 //! - [`node`]: running nodes (`start_node`, `LocalTree`);
 //! - [`sdk`]: `Producer` and `Consumer`;
-//! - [`bench`]: the load generator behind `crest bench`.
+//! - [`bench`]: the load generator behind `crest bench`;
+//! - [`wal_bench`]: the disk latency bench behind `crest wal bench`.
 
 pub mod bench;
+pub mod wal_bench;
 
 pub use crest_core as core;
 pub use crest_node as node;

@@ -134,6 +134,52 @@ enum WalCommand {
         /// The leaf's log directory.
         dir: PathBuf,
     },
+    /// Measure how long this disk takes to make appends durable, through the real log
+    /// (group commit, fdatasync) without the network: the floor under a durable push's
+    /// acknowledgement. Several logs model leaves sharing the disk; busy threads show how the
+    /// latency depends on how busy the processors are.
+    Bench(WalBenchArgs),
+}
+
+#[derive(Args)]
+struct WalBenchArgs {
+    /// Directory on the disk to measure (a fresh subdirectory is made and removed).
+    #[arg(long, default_value = ".crest")]
+    dir: PathBuf,
+    /// Logs written at once, each by its own writer thread (leaves sharing the disk).
+    #[arg(long, default_value_t = 1)]
+    logs: usize,
+    /// Appends per second to each log (open loop: latency counts from when an append was
+    /// due); 0 = flat out with --in-flight appends outstanding per log.
+    #[arg(long, default_value_t = 4000.0)]
+    rate: f64,
+    /// Flat out (--rate 0): appends outstanding per log.
+    #[arg(long, default_value_t = 64)]
+    in_flight: usize,
+    /// Messages per append (a push batch).
+    #[arg(long, default_value_t = 4)]
+    messages_per_append: usize,
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 100)]
+    payload_bytes: usize,
+    /// How long to append (e.g. 10s).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    duration: Duration,
+    /// Threads that spin on the CPU meanwhile.
+    #[arg(long, default_value_t = 0)]
+    busy_threads: usize,
+    /// Write without syncing (`buffered`), or sync before completing (`fsync`).
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Fsync)]
+    durability: DurabilityArg,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DurabilityArg {
+    Fsync,
+    Buffered,
 }
 
 #[derive(Subcommand)]
@@ -522,6 +568,9 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Wal {
             command: WalCommand::Inspect { dir },
         } => wal_inspect(&dir),
+        Command::Wal {
+            command: WalCommand::Bench(args),
+        } => wal_bench(args).await,
     }
 }
 
@@ -1014,6 +1063,31 @@ async fn bench(args: BenchArgs) -> Result<()> {
     }
     if report.missing > 0 {
         anyhow::bail!("{} acknowledged messages were never popped", report.missing);
+    }
+    Ok(())
+}
+
+async fn wal_bench(args: WalBenchArgs) -> Result<()> {
+    let config = crest::wal_bench::WalBenchConfig {
+        dir: args.dir,
+        logs: args.logs,
+        rate: args.rate,
+        in_flight: args.in_flight,
+        messages_per_append: args.messages_per_append,
+        payload_bytes: args.payload_bytes,
+        duration: args.duration,
+        busy_threads: args.busy_threads,
+        durability: match args.durability {
+            DurabilityArg::Fsync => crest::core::config::Durability::Fsync,
+            DurabilityArg::Buffered => crest::core::config::Durability::Buffered,
+        },
+    };
+    // The writers and submitters are threads; keep the runtime's workers out of their way.
+    let report = tokio::task::spawn_blocking(move || crest::wal_bench::run(&config)).await??;
+    print!("{}", report.table());
+    if let Some(path) = args.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
