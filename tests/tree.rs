@@ -112,6 +112,23 @@ async fn push_everywhere(
     pushed
 }
 
+#[test]
+fn every_shipped_topology_file_is_valid() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/topology");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let topology = Topology::parse(&text)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(topology.leaves().count() >= 1, "{}", path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked >= 5, "local, one-leaf, two-level, three-hosts, sim-16");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_message_is_delivered_once_in_key_order_across_leaves() {
     // Goal: exactly-once delivery of acked pops, and zero rank error once the tree is quiet.
