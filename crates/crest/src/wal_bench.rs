@@ -165,6 +165,41 @@ impl Drop for RunDir {
     }
 }
 
+/// Threads that spin on the CPU until dropped.
+struct Spinners {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Spinners {
+    fn start(count: usize) -> Spinners {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..count)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 1u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..1024 {
+                            x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005) + 1);
+                        }
+                    }
+                })
+            })
+            .collect();
+        Spinners { stop, threads }
+    }
+}
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// What the completion callbacks of one log share with its submitter.
 struct LogState {
     latency: Mutex<Histogram<u64>>,
@@ -236,13 +271,21 @@ pub fn run(config: &WalBenchConfig) -> Result<WalBenchReport> {
     std::fs::create_dir_all(&run_dir.0)
         .with_context(|| format!("creating {}", run_dir.0.display()))?;
 
-    let epoch = Instant::now();
-    let mut handles = Vec::with_capacity(config.logs);
-    let mut states = Vec::with_capacity(config.logs);
+    // Logs are created (and their first segments synced) and the spinners started before the
+    // clock starts: the run measures appends only.
+    let mut wals = Vec::with_capacity(config.logs);
     for log in 0..config.logs {
         let dir = run_dir.0.join(format!("log-{}", log + 1));
         let (wal, _) = open(WalOptions::new(dir.clone(), &settings))
             .with_context(|| format!("opening a log in {}", dir.display()))?;
+        wals.push((wal, dir));
+    }
+    let spinners = Spinners::start(config.busy_threads);
+
+    let epoch = Instant::now();
+    let mut handles = Vec::with_capacity(config.logs);
+    let mut states = Vec::with_capacity(config.logs);
+    for (wal, dir) in wals {
         let state = Arc::new(LogState {
             latency: Mutex::new(crate::bench::histogram()),
             outstanding: Mutex::new(0),
@@ -258,21 +301,6 @@ pub fn run(config: &WalBenchConfig) -> Result<WalBenchReport> {
         handles.push(handle);
         states.push(state);
     }
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let spinners: Vec<_> = (0..config.busy_threads)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut x = 1u64;
-                while !stop.load(Ordering::Relaxed) {
-                    for _ in 0..1024 {
-                        x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005) + 1);
-                    }
-                }
-            })
-        })
-        .collect();
 
     let payload = Bytes::from(vec![0x5a; config.payload_bytes]);
     let submitters: Vec<_> = handles
@@ -312,10 +340,7 @@ pub fn run(config: &WalBenchConfig) -> Result<WalBenchReport> {
         }
     }
     let seconds = epoch.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    for spinner in spinners {
-        let _ = spinner.join();
-    }
+    drop(spinners);
     if let Some(error) = submit_error {
         return Err(error);
     }
