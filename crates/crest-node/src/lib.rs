@@ -77,6 +77,11 @@ pub struct StartOptions {
     /// direct links before the topology's (a [`LocalTree`] on ephemeral ports learns a leaf's
     /// address only once it is bound, after the root started).
     pub addresses: Option<AddressBook>,
+    /// The root dials its direct links to the leaves once this turns `true` (`None`: at
+    /// once). A [`LocalTree`] starts parents before children, so its leaves listen only after
+    /// the root started; dialed earlier, each link's first handshake packet would be lost, and
+    /// the loss would cut the link's starting congestion window.
+    pub direct_links_start: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// See [`StartOptions::addresses`].
@@ -394,7 +399,17 @@ pub async fn start_node(
                 });
                 learnt.unwrap_or_else(|| fixed.clone())
             });
-            tokio::spawn(net::link_loop(ctx.clone(), endpoint.clone(), address, link));
+            let (ctx, endpoint) = (ctx.clone(), endpoint.clone());
+            let mut start = options.direct_links_start.clone();
+            tokio::spawn(async move {
+                // A gate whose sender is gone before opening means the tree did not start.
+                if let Some(start) = start.as_mut()
+                    && start.wait_for(|open| *open).await.is_err()
+                {
+                    return;
+                }
+                net::link_loop(ctx, endpoint, address, link).await;
+            });
         }
     }
     tracing::info!(node = name, role = %spec.role, %local_addr, "node started");
@@ -482,10 +497,12 @@ impl LocalTree {
         }
         let mut nodes = Vec::new();
         let addresses = AddressBook::default();
+        let (direct_links, direct_links_start) = tokio::sync::watch::channel(false);
         for name in order {
             let spec = topology.node(&name).expect("from the topology").clone();
             let mut options = LocalTree::options(data_root.as_deref(), &name);
             options.addresses = Some(addresses.clone());
+            options.direct_links_start = Some(direct_links_start.clone());
             let started = async {
                 start_node(&topology, &name, &NodeTls::issue(&ca, &spec)?, &options).await
             };
@@ -513,6 +530,8 @@ impl LocalTree {
                 }
             }
         }
+        // Every node listens now: the root may dial its leaves.
+        direct_links.send_replace(true);
         Ok(LocalTree {
             nodes,
             ca_pem: ca.cert_pem().to_string(),
@@ -527,6 +546,7 @@ impl LocalTree {
             data_dir: data_root.map(|root| root.join(name)),
             recovery: RecoveryMode::default(),
             addresses: None,
+            direct_links_start: None,
         }
     }
 

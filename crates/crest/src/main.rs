@@ -666,6 +666,7 @@ async fn launch(
         data_dir: durable.then(|| data_dir.clone()),
         recovery,
         addresses: None,
+        direct_links_start: None,
     };
     let node = start_node(&topology, name, &tls, &options).await?;
     if durable {
