@@ -48,10 +48,15 @@ fn dechunk(mut body: &str) -> String {
 }
 
 async fn tree() -> LocalTree {
+    tree_in(None).await
+}
+
+/// The default tree; with `data`, durable leaves logging under it.
+async fn tree_in(data: Option<&std::path::Path>) -> LocalTree {
     let topology = Topology::parse(crest::DEFAULT_TOPOLOGY)
         .unwrap()
         .with_ephemeral_ports();
-    let tree = LocalTree::start(&topology).await.unwrap();
+    let tree = LocalTree::start_with(&topology, data).await.unwrap();
     assert!(tree.wait_connected(Duration::from_secs(10)).await);
     tree
 }
@@ -226,6 +231,9 @@ async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
     let (types, samples) = parse_prometheus(&text);
     assert_eq!(types["crest_pushed_total"], "counter");
     assert_eq!(types["crest_bubble_up_to_root_microseconds"], "histogram");
+    // The leaves keep messages in memory here: no log, no syncs to report.
+    assert_eq!(types["crest_log_sync_microseconds"], "histogram");
+    assert_eq!(sum_of(&samples, "crest_log_sync_microseconds_count"), 0.0);
     assert_eq!(sum_of(&samples, "crest_pushed_total{"), 40.0);
     assert_eq!(sum_of(&samples, "crest_deliveries_total{"), 15.0);
     assert_eq!(sum_of(&samples, "crest_topic_ready{topic=\"jobs\""), 25.0);
@@ -351,7 +359,9 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
             "headless Chromium is needed (Debian: apt-get install chromium); .ci/run installs it"
         );
     };
-    let tree = tree().await;
+    // Durable leaves, so the page has the leaves' log syncs to draw too.
+    let data = tempfile::tempdir().unwrap();
+    let tree = tree_in(Some(data.path())).await;
     let tls = ClientTls {
         ca_pem: tree.ca_pem.clone(),
     };
@@ -414,7 +424,7 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
     }
     let client = attribute(&dom, "client", "series");
     assert!(
-        client.contains("push_ack") && client.contains("pop"),
+        client.contains("push_ack") && client.contains("pop") && client.contains("log_sync"),
         "{client}"
     );
     assert!(

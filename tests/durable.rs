@@ -143,6 +143,15 @@ async fn bodies_come_back_from_the_log_segments_are_compacted_and_a_restart_find
     for handle in handles {
         handle.acked().await.unwrap();
     }
+    // Every leaf synced its log for those pushes, and reports how long the syncs took.
+    for leaf in tree.topology.leaves() {
+        let report = tree.node(&leaf.name).unwrap().report().await.unwrap();
+        let syncs = report
+            .histograms
+            .get(&crest::core::metrics::Metric::LogSync)
+            .map_or(0, |h| h.count());
+        assert!(syncs >= 1, "{}: {syncs} log syncs reported", leaf.name);
+    }
     let (written, written_bytes) = segments(data.path());
     assert!(
         written >= 8,

@@ -2674,6 +2674,13 @@ impl Machine for Leaf {
         self.reporter.report(now, own)
     }
 
+    fn handle_storage_synced(&mut self, now: Time, sync: std::time::Duration) {
+        let micros = u64::try_from(sync.as_micros()).unwrap_or(u64::MAX);
+        self.reporter
+            .recorder
+            .record(now, Metric::LogSync, micros.max(1));
+    }
+
     fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
         if let Some((conn, confirmed)) = self.confirms.remove(&done.token) {
             self.send(conn, Wire::Confirmed(confirmed));

@@ -160,6 +160,8 @@ pub trait Machine: Send {
     fn handle_storage_done(&mut self, _now: Time, _done: StorageDone) {}
     /// A storage operation with a token failed: nothing of it is stored.
     fn handle_storage_failed(&mut self, _now: Time, _token: u64, _reason: &str) {}
+    /// A log group that completed operations was synced, taking `sync` (leaves record it).
+    fn handle_storage_synced(&mut self, _now: Time, _sync: std::time::Duration) {}
     /// The bodies a [`StorageOp::Read`] asked for, each read or failed, in order.
     fn handle_storage_read(
         &mut self,

@@ -49,11 +49,14 @@ pub enum Metric {
     PushBatch,
     /// At the root: deliveries per answered pop.
     PopBatch,
+    /// At a leaf: the `fdatasync` of a log group that pushes or acks waited for, µs (the
+    /// floor under a durable push's acknowledgement).
+    LogSync,
 }
 
 impl Metric {
     /// Every metric, in order.
-    pub const ALL: [Metric; 8] = [
+    pub const ALL: [Metric; 9] = [
         Metric::BubbleToAggregator,
         Metric::BubbleToRoot,
         Metric::HopToRoot,
@@ -62,6 +65,7 @@ impl Metric {
         Metric::ReserveRoundTrip,
         Metric::PushBatch,
         Metric::PopBatch,
+        Metric::LogSync,
     ];
 
     /// A stable snake_case name (Prometheus, JSON, the dashboard).
@@ -75,6 +79,7 @@ impl Metric {
             Metric::ReserveRoundTrip => "reserve_round_trip",
             Metric::PushBatch => "push_batch",
             Metric::PopBatch => "pop_batch",
+            Metric::LogSync => "log_sync",
         }
     }
 

@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 /// Bytes of a frame header (length and checksum).
 pub const FRAME_HEADER_BYTES: usize = 8;
 /// First byte written on a control stream.

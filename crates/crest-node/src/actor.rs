@@ -17,7 +17,7 @@ use crest_core::machine::{ConnId, Link, Machine, NodeStats};
 use crest_core::metrics::Report;
 use crest_core::time::Time;
 use crest_core::wire::Wire;
-use crest_storage::wal::Completion;
+use crest_storage::wal::{Completion, GroupTiming};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -169,8 +169,8 @@ pub(crate) enum NodeMsg {
     },
     /// The machine's timer may be due.
     Tick,
-    /// Storage operations finished (from the log writer).
-    Stored(Vec<Completion>),
+    /// Storage operations finished (from the log writer), and how long their sync took.
+    Stored(Vec<Completion>, GroupTiming),
     /// Bodies read from the log (from the log reader).
     Read {
         token: u64,
@@ -195,7 +195,7 @@ impl NodeMsg {
             NodeMsg::Disconnected { .. } => "disconnected",
             NodeMsg::Frame { msg, .. } => msg.name(),
             NodeMsg::Tick => "tick",
-            NodeMsg::Stored(_) => "stored",
+            NodeMsg::Stored(..) => "stored",
             NodeMsg::Read { .. } => "read",
             NodeMsg::Stats(_) => "stats",
             NodeMsg::Links(_) => "links",
@@ -383,7 +383,10 @@ impl Actor for NodeActor {
                     state.machine.handle_timeout(now);
                 }
             }
-            NodeMsg::Stored(completions) => {
+            NodeMsg::Stored(completions, timing) => {
+                if let Some(sync) = timing.sync {
+                    state.machine.handle_storage_synced(now, sync);
+                }
                 for (token, result) in completions {
                     match result {
                         Ok(locations) => state.machine.handle_storage_done(

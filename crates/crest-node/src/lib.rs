@@ -315,9 +315,9 @@ pub async fn start_node(
     let storage: Box<dyn storage::Storage> = match (wal, &options.data_dir) {
         (Some(wal), Some(dir)) => {
             let slot = actor_slot.clone();
-            let handle = wal.start(move |done| {
+            let handle = wal.start_timed(move |done, timing| {
                 if let Some(actor) = slot.get() {
-                    let _ = actor.send_message(NodeMsg::Stored(done));
+                    let _ = actor.send_message(NodeMsg::Stored(done, timing));
                 }
             })?;
             let slot = actor_slot.clone();

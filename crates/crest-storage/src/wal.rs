@@ -187,6 +187,16 @@ pub struct Wal {
     failed_tokens: VecDeque<u64>,
     /// Where recent appends with tokens start (bounded): a checkpoint's replay start.
     positions: VecDeque<(u64, (u64, u64))>,
+    /// Time spent in `fdatasync` since the current group started (see [`GroupTiming`]).
+    synced_for: Option<Duration>,
+}
+
+/// How the group that carried a set of completions was made durable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupTiming {
+    /// Time the group spent in `fdatasync` (more than one sync when the segment rotated);
+    /// `None` when it was not synced (`buffered` durability, or no append waited).
+    pub sync: Option<Duration>,
 }
 
 fn io_error(path: &Path, error: std::io::Error) -> StorageError {
@@ -361,6 +371,7 @@ fn recover(
                 unsynced_since: None,
                 failed_tokens: VecDeque::new(),
                 positions: VecDeque::new(),
+                synced_for: None,
             }
         }
         None => {
@@ -375,6 +386,7 @@ fn recover(
                 unsynced_since: None,
                 failed_tokens: VecDeque::new(),
                 positions: VecDeque::new(),
+                synced_for: None,
             }
         }
     };
@@ -582,7 +594,18 @@ impl Wal {
     /// [`StorageError::Io`] if the thread cannot be spawned.
     pub fn start(
         self,
-        on_complete: impl FnMut(Vec<Completion>) + Send + 'static,
+        mut on_complete: impl FnMut(Vec<Completion>) + Send + 'static,
+    ) -> Result<WalHandle, StorageError> {
+        self.start_timed(move |completions, _| on_complete(completions))
+    }
+
+    /// As [`Wal::start`], with how long each group's sync took.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`] if the thread cannot be spawned.
+    pub fn start_timed(
+        self,
+        on_complete: impl FnMut(Vec<Completion>, GroupTiming) + Send + 'static,
     ) -> Result<WalHandle, StorageError> {
         let (tx, rx) = mpsc::sync_channel(self.options.queue_ops_max);
         let dir = self.options.dir.clone();
@@ -593,7 +616,11 @@ impl Wal {
         Ok(WalHandle { tx })
     }
 
-    fn run(mut self, rx: mpsc::Receiver<Job>, mut on_complete: impl FnMut(Vec<Completion>)) {
+    fn run(
+        mut self,
+        rx: mpsc::Receiver<Job>,
+        mut on_complete: impl FnMut(Vec<Completion>, GroupTiming),
+    ) {
         let mut buf = Vec::with_capacity(1 << 20);
         loop {
             let first = if let Some(since) = self.unsynced_since {
@@ -668,11 +695,12 @@ impl Wal {
         &mut self,
         group: &mut Vec<Append>,
         buf: &mut Vec<u8>,
-        on_complete: &mut impl FnMut(Vec<Completion>),
+        on_complete: &mut impl FnMut(Vec<Completion>, GroupTiming),
     ) {
         if group.is_empty() {
             return;
         }
+        self.synced_for = None;
         let completions = if self.stopped {
             fail_all(group, "the log stopped after a failed sync")
         } else {
@@ -687,8 +715,11 @@ impl Wal {
                 self.failed_tokens.push_back(*token);
             }
         }
+        let timing = GroupTiming {
+            sync: self.synced_for.take(),
+        };
         if !completions.is_empty() {
-            on_complete(completions);
+            on_complete(completions, timing);
         }
     }
 
@@ -819,7 +850,10 @@ impl Wal {
 
     /// Syncs the active segment; a failure applies [`SyncFailure`] (abort, or stop the writer).
     fn sync(&mut self) -> Result<(), String> {
+        let started = Instant::now();
         let Err(error) = self.file.sync_data() else {
+            let took = started.elapsed();
+            self.synced_for = Some(self.synced_for.unwrap_or_default() + took);
             self.unsynced_since = None;
             return Ok(());
         };

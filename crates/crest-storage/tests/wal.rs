@@ -800,3 +800,59 @@ fn a_log_of_another_format_version_is_refused_by_name_and_never_cut() {
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing was cut");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A segment file whose syncs take at least `SLOW_SYNC` longer than the disk's.
+struct SlowSyncFile(std::fs::File);
+
+const SLOW_SYNC: Duration = Duration::from_millis(30);
+
+impl SegmentFile for SlowSyncFile {
+    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.0, buf, offset)
+    }
+
+    fn sync_data(&mut self) -> std::io::Result<()> {
+        std::thread::sleep(SLOW_SYNC);
+        self.0.sync_data()
+    }
+
+    fn set_len(&mut self, len: u64) -> std::io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+#[test]
+fn each_group_reports_how_long_its_sync_took_and_buffered_groups_none() {
+    use crest_core::config::Durability;
+    use crest_storage::wal::GroupTiming;
+    for durability in [Durability::Fsync, Durability::Buffered] {
+        let dir = temp_dir("timed");
+        let options = WalOptions {
+            durability,
+            file_wrapper: Some(FileWrapper(std::sync::Arc::new(|file| {
+                Box::new(SlowSyncFile(file)) as Box<dyn SegmentFile>
+            }))),
+            ..options(&dir)
+        };
+        let (wal, _) = open(options).unwrap();
+        let (tx, rx) = mpsc::channel::<(Vec<Completion>, GroupTiming)>();
+        let handle = wal
+            .start_timed(move |done, timing| tx.send((done, timing)).unwrap())
+            .unwrap();
+        for n in 1..=3 {
+            handle.submit(op(n), Some(n)).unwrap();
+            let (done, timing) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(done.len(), 1);
+            assert!(done[0].1.is_ok());
+            match durability {
+                Durability::Fsync => {
+                    let sync = timing.sync.expect("an fsync group reports its sync");
+                    assert!(sync >= SLOW_SYNC, "{sync:?}");
+                }
+                Durability::Buffered => assert_eq!(timing, GroupTiming::default()),
+            }
+        }
+        drop(handle);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -17,7 +17,7 @@ use crate::core::id::{LeafId, MessageId};
 use crate::core::leaf::{LogRecord, MessageHead};
 use crate::core::metrics::Percentiles;
 use crate::core::time::Time;
-use crate::storage::wal::{Completion, WalOptions, open};
+use crate::storage::wal::{Completion, GroupTiming, WalOptions, open};
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
@@ -114,6 +114,8 @@ pub struct WalBenchReport {
     pub groups_per_s: f64,
     /// From an append's due time (its submission, flat out) to its completion, microseconds.
     pub latency_us: Percentiles,
+    /// How long each group's `fdatasync` took, microseconds (none with `buffered`).
+    pub sync_us: Percentiles,
 }
 
 impl WalBenchConfig {
@@ -203,6 +205,8 @@ impl Drop for Spinners {
 /// What the completion callbacks of one log share with its submitter.
 struct LogState {
     latency: Mutex<Histogram<u64>>,
+    /// How long each group's `fdatasync` took, µs.
+    syncs: Mutex<Histogram<u64>>,
     /// Appends submitted and not yet completed, with a condition to wait on.
     outstanding: Mutex<usize>,
     changed: Condvar,
@@ -212,8 +216,13 @@ struct LogState {
 }
 
 impl LogState {
-    fn complete(&self, epoch: Instant, done: &[Completion]) {
+    fn complete(&self, epoch: Instant, done: &[Completion], timing: GroupTiming) {
         let now = epoch.elapsed().as_nanos() as u64;
+        if let Some(sync) = timing.sync {
+            let micros = u64::try_from(sync.as_micros()).unwrap_or(u64::MAX);
+            let mut syncs = self.syncs.lock().unwrap_or_else(|e| e.into_inner());
+            syncs.saturating_record(micros.max(1));
+        }
         {
             let mut latency = self.latency.lock().unwrap_or_else(|e| e.into_inner());
             for (due_ns, result) in done {
@@ -288,6 +297,7 @@ pub fn run(config: &WalBenchConfig) -> Result<WalBenchReport> {
     for (wal, dir) in wals {
         let state = Arc::new(LogState {
             latency: Mutex::new(crate::bench::histogram()),
+            syncs: Mutex::new(crate::bench::histogram()),
             outstanding: Mutex::new(0),
             changed: Condvar::new(),
             groups: AtomicU64::new(0),
@@ -296,7 +306,7 @@ pub fn run(config: &WalBenchConfig) -> Result<WalBenchReport> {
         });
         let callback_state = state.clone();
         let handle = wal
-            .start(move |done| callback_state.complete(epoch, &done))
+            .start_timed(move |done, timing| callback_state.complete(epoch, &done, timing))
             .with_context(|| format!("starting the writer of {}", dir.display()))?;
         handles.push(handle);
         states.push(state);
@@ -345,13 +355,13 @@ pub fn run(config: &WalBenchConfig) -> Result<WalBenchReport> {
         return Err(error);
     }
 
-    let mut latency = crate::bench::histogram();
+    let (mut latency, mut syncs) = (crate::bench::histogram(), crate::bench::histogram());
     let (mut appends, mut failed, mut groups) = (0, 0, 0);
     for state in &states {
-        let histogram = state.latency.lock().unwrap_or_else(|e| e.into_inner());
-        latency
-            .add(&*histogram)
-            .context("merging latency histograms")?;
+        for (into, from) in [(&mut latency, &state.latency), (&mut syncs, &state.syncs)] {
+            let from = from.lock().unwrap_or_else(|e| e.into_inner());
+            into.add(&*from).context("merging histograms")?;
+        }
         appends += state.completed.load(Ordering::Relaxed);
         failed += state.failed.load(Ordering::Relaxed);
         groups += state.groups.load(Ordering::Relaxed);
@@ -376,6 +386,7 @@ pub fn run(config: &WalBenchConfig) -> Result<WalBenchReport> {
         payload_mb_per_s: (messages * config.payload_bytes as u64) as f64 / seconds / 1e6,
         groups_per_s: groups as f64 / seconds,
         latency_us: Percentiles::of(&latency),
+        sync_us: Percentiles::of(&syncs),
     })
 }
 
@@ -480,15 +491,20 @@ impl WalBenchReport {
                 0.0
             }
         ));
-        let p = &self.latency_us;
         out.push_str(&format!(
             "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
             "", "count", "p50", "p90", "p99", "p99.9", "max"
         ));
-        out.push_str(&format!(
-            "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-            "append latency (us)", p.count, p.p50, p.p90, p.p99, p.p999, p.max
-        ));
+        let mut row = |name: &str, p: &Percentiles| {
+            out.push_str(&format!(
+                "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+                name, p.count, p.p50, p.p90, p.p99, p.p999, p.max
+            ));
+        };
+        row("append latency (us)", &self.latency_us);
+        if self.sync_us.count > 0 {
+            row("fdatasync (us)", &self.sync_us);
+        }
         out
     }
 }
@@ -527,6 +543,9 @@ mod tests {
         assert_eq!(report.messages, report.appends * 3);
         assert_eq!(report.latency_us.count, report.appends);
         assert!(report.groups >= 2 && report.groups <= report.appends);
+        // Every group was synced, and an append waits at least for its group's sync.
+        assert_eq!(report.sync_us.count, report.groups);
+        assert!(report.sync_us.p50 <= report.latency_us.max);
         let p = &report.latency_us;
         assert!(p.p50 >= 1 && p.p50 <= p.p99 && p.p99 <= p.max);
         assert!(report.seconds >= 0.39);
@@ -551,6 +570,7 @@ mod tests {
         assert_eq!(report.failed, 0);
         assert_eq!(report.latency_us.count, report.appends);
         assert_eq!(report.durability, "buffered");
+        assert_eq!(report.sync_us.count, 0, "nothing synced");
         assert!(report.table().contains("flat out, 4 appends in flight"));
     }
 
