@@ -91,6 +91,10 @@ async fn bench_on_its_own_durable_tree_accounts_for_every_message() {
         text.contains("QUIC packets lost on the tree's links"),
         "{text}"
     );
+    // Durable leaves synced their logs for the pushes and acks; the bench reports the syncs.
+    let syncs = report["log_sync_us"]["count"].as_u64().unwrap_or(0);
+    assert!(syncs >= 4, "at least one sync per leaf: {text}");
+    assert!(text.contains("leaves' log syncs (us)"), "{text}");
     // Everything is present before the drain starts and one consumer pops: the tree serves in
     // key order, so the typical pop has no more urgent message left behind.
     assert_eq!(report["rank_error"]["p50"], 0, "{text}");
@@ -213,6 +217,8 @@ async fn bench_for_a_duration_at_a_rate_without_acks() {
     // One priority only: nothing can be more urgent than what is popped.
     assert_eq!(report["rank_error"]["max"], 0, "{text}");
     assert_eq!(report["ack"], false);
+    // Leaves in memory have no log to sync.
+    assert!(report["log_sync_us"].is_null(), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,7 @@
 //! pop (request to answer, for pops asked while a pushed message was known to be waiting),
 //! ack (consumer ack round trip), push-to-pop (send to delivery).
 
+use crate::core::metrics::Metric;
 pub use crate::core::metrics::Percentiles;
 use crate::core::topology::Topology;
 use crate::node::LocalTree;
@@ -318,6 +319,10 @@ pub struct BenchReport {
     /// (both ends of every link between nodes; the clients' own ends not counted); `None` for
     /// a remote tree. Each loss cuts a link's congestion window.
     pub quic_lost_packets: Option<u64>,
+    /// The local tree's leaves' log syncs (`fdatasync` of groups pushes and acks waited
+    /// for), microseconds, over the leaves' recent past (their last 10–20 s: all of a short
+    /// run); `None` for a remote tree or leaves in memory.
+    pub log_sync_us: Option<Percentiles>,
 }
 
 /// Which sequence numbers were popped: a growable bitmap.
@@ -795,9 +800,17 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     let result = drive(&config, &running).await;
     let mut violations = None;
     let mut lost = None;
+    let mut log_sync = None;
     if let Some(tree) = &running.local {
         let (mut violations_sum, mut lost_sum) = (0, 0);
+        let mut syncs = crate::core::metrics::Hist::default();
         for node in &tree.nodes {
+            if node.role() == crate::core::wire::Role::Leaf
+                && let Ok(report) = node.report().await
+                && let Some(hist) = report.histograms.get(&Metric::LogSync)
+            {
+                syncs.merge(hist);
+            }
             if let Ok(stats) = node.stats().await {
                 violations_sum += stats.violations;
             }
@@ -807,6 +820,7 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
         }
         violations = Some(violations_sum);
         lost = Some(lost_sum);
+        log_sync = (syncs.count() > 0).then(|| syncs.percentiles());
     }
     if let Some(tree) = running.local {
         tree.shutdown().await;
@@ -822,6 +836,7 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     report.durable = running.durable;
     report.protocol_violations = violations;
     report.quic_lost_packets = lost;
+    report.log_sync_us = log_sync;
     Ok(report)
 }
 
@@ -988,6 +1003,7 @@ fn report(
         inverted_pops: totals.inverted_pops,
         protocol_violations: None,
         quic_lost_packets: None,
+        log_sync_us: None,
     }
 }
 
@@ -1053,6 +1069,9 @@ impl BenchReport {
         row("pop wait (us)", &self.latency.pop_wait_us);
         row("ack latency (us)", &self.latency.ack_us);
         row("push-to-pop (us)", &self.latency.push_to_pop_us);
+        if let Some(syncs) = &self.log_sync_us {
+            row("leaves' log syncs (us)", syncs);
+        }
         row("rank error (msgs)", &self.rank_error);
         out.push_str(&format!(
             "  pops with a rank error above 0: {} of {}\n",
