@@ -403,6 +403,22 @@ impl Shared {
     }
 }
 
+/// The header line of a percentile table (`crest bench`, `crest wal bench`).
+pub(crate) fn percentile_header() -> String {
+    format!(
+        "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "", "count", "p50", "p90", "p99", "p99.9", "max"
+    )
+}
+
+/// One line of a percentile table.
+pub(crate) fn percentile_row(name: &str, p: &Percentiles) -> String {
+    format!(
+        "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        name, p.count, p.p50, p.p90, p.p99, p.p999, p.max
+    )
+}
+
 /// A latency histogram in microseconds, up to an hour, 3 significant digits.
 pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
@@ -1054,16 +1070,8 @@ impl BenchReport {
             self.foreign,
             self.empty_pops
         ));
-        out.push_str(&format!(
-            "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-            "", "count", "p50", "p90", "p99", "p99.9", "max"
-        ));
-        let mut row = |name: &str, p: &Percentiles| {
-            out.push_str(&format!(
-                "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-                name, p.count, p.p50, p.p90, p.p99, p.p999, p.max
-            ));
-        };
+        out.push_str(&percentile_header());
+        let mut row = |name: &str, p: &Percentiles| out.push_str(&percentile_row(name, p));
         row("push-ack latency (us)", &self.latency.push_ack_us);
         row("pop latency (us)", &self.latency.pop_us);
         row("pop wait (us)", &self.latency.pop_wait_us);

@@ -491,16 +491,9 @@ impl WalBenchReport {
                 0.0
             }
         ));
-        out.push_str(&format!(
-            "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-            "", "count", "p50", "p90", "p99", "p99.9", "max"
-        ));
-        let mut row = |name: &str, p: &Percentiles| {
-            out.push_str(&format!(
-                "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-                name, p.count, p.p50, p.p90, p.p99, p.p999, p.max
-            ));
-        };
+        out.push_str(&crate::bench::percentile_header());
+        let mut row =
+            |name: &str, p: &Percentiles| out.push_str(&crate::bench::percentile_row(name, p));
         row("append latency (us)", &self.latency_us);
         if self.sync_us.count > 0 {
             row("fdatasync (us)", &self.sync_us);
