@@ -95,6 +95,19 @@ async fn bench_on_its_own_durable_tree_accounts_for_every_message() {
     let syncs = report["log_sync_us"]["count"].as_u64().unwrap_or(0);
     assert!(syncs >= 4, "at least one sync per leaf: {text}");
     assert!(text.contains("leaves' log syncs (us)"), "{text}");
+    // The process's CPU, tree included, split between the fill and the drain.
+    let cpu = &report["cpu"];
+    assert_eq!(cpu["includes_tree"], true, "{text}");
+    let seconds = cpu["seconds"].as_f64().unwrap();
+    let fill = cpu["fill_seconds"].as_f64().unwrap();
+    let drain = cpu["drain_seconds"].as_f64().unwrap();
+    assert!(fill > 0.0 && drain > 0.0, "{text}");
+    assert!((fill + drain - seconds).abs() < 1e-6, "{text}");
+    assert!(
+        cpu["drain_us_per_message"].as_f64().unwrap() > 0.0,
+        "{text}"
+    );
+    assert!(text.contains("CPU (tree + load generator)"), "{text}");
     // Everything is present before the drain starts and one consumer pops: the tree serves in
     // key order, so the typical pop has no more urgent message left behind.
     assert_eq!(report["rank_error"]["p50"], 0, "{text}");
@@ -148,6 +161,14 @@ async fn bench_drives_a_running_tree_with_a_steady_mixed_load_at_a_target_rate()
     assert_accounted(&report, 3000, &text);
     assert_eq!(report["phase"], "mixed");
     assert_eq!(report["durable"], Value::Null);
+    // Only the load generator's CPU, and no fill / drain split in a mixed run.
+    assert_eq!(report["cpu"]["includes_tree"], false, "{text}");
+    assert!(
+        report["cpu"]["us_per_message"].as_f64().unwrap() > 0.0,
+        "{text}"
+    );
+    assert_eq!(report["cpu"]["fill_seconds"], Value::Null, "{text}");
+    assert!(text.contains("CPU (load generator)"), "{text}");
     // The pacer never sends faster than asked: 3000 messages at 10,000/s take at least 0.3 s
     // (a lower bound, whatever the machine's load).
     assert!(

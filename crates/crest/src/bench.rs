@@ -323,6 +323,99 @@ pub struct BenchReport {
     /// for), microseconds, over the leaves' recent past (their last 10–20 s: all of a short
     /// run); `None` for a remote tree or leaves in memory.
     pub log_sync_us: Option<Percentiles>,
+    /// Processor time this process spent over the run.
+    pub cpu: CpuUse,
+}
+
+/// Processor time (user + system, all threads) of the bench's process while it ran: with a
+/// local tree, the tree's nodes and the load generator together; with `--connect`, the load
+/// generator alone. On a machine whose speed changes by the hour, CPU per message is the
+/// steadier figure to compare builds by (rates also move with the machine).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct CpuUse {
+    /// Whether the tree ran in this process (and is counted).
+    pub includes_tree: bool,
+    /// Seconds over the whole run (from the first push to the last pop).
+    pub seconds: f64,
+    /// Microseconds per message over the whole run (per message pushed: each was also popped).
+    pub us_per_message: f64,
+    /// Fill then drain: seconds while the producers pushed.
+    pub fill_seconds: Option<f64>,
+    /// Fill then drain: microseconds per message pushed, while the producers pushed.
+    pub fill_us_per_message: Option<f64>,
+    /// Fill then drain: seconds while the consumers drained.
+    pub drain_seconds: Option<f64>,
+    /// Fill then drain: microseconds per message popped, while the consumers drained.
+    pub drain_us_per_message: Option<f64>,
+}
+
+impl CpuUse {
+    /// The table's CPU line.
+    fn line(&self) -> String {
+        let whose = if self.includes_tree {
+            "tree + load generator"
+        } else {
+            "load generator"
+        };
+        let mut line = format!(
+            "  CPU ({whose}): {:.2} s = {:.1} us/msg",
+            self.seconds, self.us_per_message
+        );
+        if let (Some(fill), Some(fill_us), Some(drain), Some(drain_us)) = (
+            self.fill_seconds,
+            self.fill_us_per_message,
+            self.drain_seconds,
+            self.drain_us_per_message,
+        ) {
+            line.push_str(&format!(
+                "; fill {fill:.2} s = {fill_us:.1} us/msg, drain {drain:.2} s = {drain_us:.1} us/msg"
+            ));
+        }
+        line.push('\n');
+        line
+    }
+}
+
+/// The processor time this process has used so far (all threads, user + system).
+fn process_cpu() -> Duration {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or(0),
+        u32::try_from(now.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// Process CPU readings at the run's marks.
+#[derive(Clone, Copy)]
+struct CpuMarks {
+    start: Duration,
+    producers_done: Duration,
+    end: Duration,
+}
+
+impl CpuMarks {
+    fn usage(&self, phase: Phase, pushed: u64, popped: u64) -> CpuUse {
+        let per = |cpu: Duration, count: u64| {
+            if count == 0 {
+                0.0
+            } else {
+                cpu.as_secs_f64() * 1e6 / count as f64
+            }
+        };
+        let total = self.end.saturating_sub(self.start);
+        let fill = self.producers_done.saturating_sub(self.start);
+        let drain = self.end.saturating_sub(self.producers_done);
+        let split = phase == Phase::FillThenDrain;
+        CpuUse {
+            includes_tree: false,
+            seconds: total.as_secs_f64(),
+            us_per_message: per(total, pushed),
+            fill_seconds: split.then_some(fill.as_secs_f64()),
+            fill_us_per_message: split.then(|| per(fill, pushed)),
+            drain_seconds: split.then_some(drain.as_secs_f64()),
+            drain_us_per_message: split.then(|| per(drain, popped)),
+        }
+    }
 }
 
 /// Which sequence numbers were popped: a growable bitmap.
@@ -814,6 +907,7 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     config.validate()?;
     let running = start(&config.target).await?;
     let result = drive(&config, &running).await;
+    let includes_tree = running.local.is_some();
     let mut violations = None;
     let mut lost = None;
     let mut log_sync = None;
@@ -853,11 +947,13 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     report.protocol_violations = violations;
     report.quic_lost_packets = lost;
     report.log_sync_us = log_sync;
+    report.cpu.includes_tree = includes_tree;
     Ok(report)
 }
 
 async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
     let config = Arc::new(config.clone());
+    let cpu_start = process_cpu();
     let shared = Arc::new(Shared {
         started: Instant::now(),
         nonce: rand::rng().random(),
@@ -914,6 +1010,7 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
         }
     }
     shared.producers_done.store(true, Ordering::Release);
+    let cpu_producers_done = process_cpu();
     if let Some(error) = failure {
         shared.popped.store(u64::MAX, Ordering::Release);
         for task in consumer_tasks {
@@ -928,10 +1025,15 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
     for task in consumer_tasks {
         results.push(task.await.context("consumer task")??);
     }
+    let cpu = CpuMarks {
+        start: cpu_start,
+        producers_done: cpu_producers_done,
+        end: process_cpu(),
+    };
     if let Some(progress) = progress {
         progress.abort();
     }
-    Ok(report(&config, &shared, push_ack, results))
+    Ok(report(&config, &shared, push_ack, results, cpu))
 }
 
 fn report(
@@ -939,6 +1041,7 @@ fn report(
     shared: &Shared,
     push_ack: Histogram<u64>,
     results: Vec<ConsumerResult>,
+    cpu: CpuMarks,
 ) -> BenchReport {
     let mut pop = histogram();
     let mut pop_wait = histogram();
@@ -1020,6 +1123,7 @@ fn report(
         protocol_violations: None,
         quic_lost_packets: None,
         log_sync_us: None,
+        cpu: cpu.usage(config.phase, pushed, seen.distinct),
     }
 }
 
@@ -1095,6 +1199,7 @@ impl BenchReport {
                 "  QUIC packets lost on the tree's links: {lost}\n"
             ));
         }
+        out.push_str(&self.cpu.line());
         out
     }
 }
@@ -1102,6 +1207,44 @@ impl BenchReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_use_splits_fill_and_drain_and_divides_by_messages() {
+        let marks = CpuMarks {
+            start: Duration::from_millis(100),
+            producers_done: Duration::from_millis(300),
+            end: Duration::from_millis(900),
+        };
+        let fill_then_drain = marks.usage(Phase::FillThenDrain, 1000, 500);
+        assert!((fill_then_drain.seconds - 0.8).abs() < 1e-9);
+        assert!((fill_then_drain.us_per_message - 800.0).abs() < 1e-6);
+        assert!((fill_then_drain.fill_seconds.unwrap() - 0.2).abs() < 1e-9);
+        assert!((fill_then_drain.fill_us_per_message.unwrap() - 200.0).abs() < 1e-6);
+        assert!((fill_then_drain.drain_seconds.unwrap() - 0.6).abs() < 1e-9);
+        assert!((fill_then_drain.drain_us_per_message.unwrap() - 1200.0).abs() < 1e-6);
+        let line = fill_then_drain.line();
+        assert!(
+            line.contains("CPU (load generator): 0.80 s = 800.0 us/msg"),
+            "{line}"
+        );
+        assert!(
+            line.contains("fill 0.20 s = 200.0 us/msg, drain 0.60 s"),
+            "{line}"
+        );
+        // Mixed: no split; nothing pushed: no division by zero.
+        let mixed = marks.usage(Phase::Mixed, 0, 0);
+        assert_eq!(mixed.fill_seconds, None);
+        assert_eq!(mixed.us_per_message, 0.0);
+        assert!(!mixed.line().contains("fill"));
+        // The clock reads this process's time: it moves when the process works.
+        let before = process_cpu();
+        let mut x = 0u64;
+        for i in 0..5_000_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        std::hint::black_box(x);
+        assert!(process_cpu() > before);
+    }
 
     #[test]
     fn priority_mixes_parse_and_draw_in_range() {
