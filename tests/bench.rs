@@ -28,6 +28,12 @@ fn report(path: &std::path::Path) -> Value {
 }
 
 fn assert_accounted(report: &Value, messages: u64, text: &str) {
+    assert_run_accounted(report, messages, text);
+    assert!(text.contains("pop wait (us)"), "{text}");
+}
+
+/// What [`assert_accounted`] checks of one run's JSON report.
+fn assert_run_accounted(report: &Value, messages: u64, text: &str) {
     assert_eq!(report["pushed"], messages, "{text}");
     assert_eq!(report["popped"], messages, "{text}");
     assert_eq!(report["missing"], 0, "{text}");
@@ -52,7 +58,6 @@ fn assert_accounted(report: &Value, messages: u64, text: &str) {
         waits > 0 && waits >= pops,
         "pop waits {waits}, pops {pops}: {text}"
     );
-    assert!(text.contains("pop wait (us)"), "{text}");
     assert!(report["push_rate"].as_f64().unwrap() > 0.0, "{text}");
     assert!(report["pop_rate"].as_f64().unwrap() > 0.0, "{text}");
 }
@@ -197,6 +202,11 @@ async fn bench_refuses_bad_arguments_with_a_clear_error() {
     let (ok, text) = crest(args(&["bench", "--payload-bytes", "10", "--memory"])).await;
     assert!(!ok);
     assert!(text.contains("at least 24"), "{text}");
+    for runs in ["0", "101"] {
+        let (ok, text) = crest(args(&["bench", "--runs", runs, "--memory"])).await;
+        assert!(!ok);
+        assert!(text.contains("--runs must be 1 to 100"), "{text}");
+    }
     let (ok, text) = crest(args(&["bench", "--priorities", "zipf"])).await;
     assert!(!ok);
     assert!(text.contains("expected `skewed`"), "{text}");
@@ -356,4 +366,46 @@ async fn wal_bench_measures_durable_appends_on_the_given_disk_and_cleans_up() {
 
     let (ok, text) = crest(args(&["wal", "bench", "--logs", "0"])).await;
     assert!(!ok && text.contains("--logs must be"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_repeats_a_run_and_reports_medians_and_every_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("summary.json");
+    let (ok, text) = crest(args(&[
+        "bench",
+        "--memory",
+        "--runs",
+        "3",
+        "--messages",
+        "2000",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]))
+    .await;
+    assert!(ok, "{text}");
+    println!("{text}");
+    for run in 1..=3 {
+        assert!(text.contains(&format!("run {run}/3: pushes")), "{text}");
+    }
+    assert!(text.contains("median (min - max) of 3 runs"), "{text}");
+    assert!(text.contains("CPU per message, drain"), "{text}");
+    let summary = report(&json);
+    let runs = summary["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3, "{text}");
+    for run in runs {
+        assert_run_accounted(run, 2000, &text);
+    }
+    assert_eq!(summary["missing"], 0, "{text}");
+    assert_eq!(summary["protocol_violations"], 0, "{text}");
+    // The median is the middle run's figure, within the range.
+    let mut rates: Vec<f64> = runs
+        .iter()
+        .map(|run| run["push_rate"].as_f64().unwrap())
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    assert_eq!(summary["push_rate"]["median"].as_f64().unwrap(), rates[1]);
+    assert_eq!(summary["push_rate"]["min"].as_f64().unwrap(), rates[0]);
+    assert_eq!(summary["push_rate"]["max"].as_f64().unwrap(), rates[2]);
 }

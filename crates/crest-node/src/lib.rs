@@ -623,6 +623,11 @@ impl LocalTree {
     /// parent vanish (and warns about it) during an orderly stop.
     pub async fn shutdown(self) {
         let mut nodes = self.nodes;
+        // Every node stops dialing first: a link that closes while the tree shuts down is not
+        // a lost connection to warn about.
+        for node in &nodes {
+            node.shutdown.cancel();
+        }
         for role in [Role::Leaf, Role::Aggregator, Role::Root] {
             let (level, rest): (Vec<_>, Vec<_>) =
                 nodes.into_iter().partition(|node| node.role == role);

@@ -186,8 +186,15 @@ pub(crate) async fn link_loop(
                 backoff = initial;
                 ctx.attach(connection.clone(), streams, link);
                 tokio::select! {
-                    reason = connection.closed() => tracing::warn!(peer, %address, %reason, "connection lost"),
+                    biased;
                     () = ctx.shutdown.cancelled() => return,
+                    reason = connection.closed() => {
+                        // Our own shutdown closes the connection too: not a loss.
+                        if ctx.shutdown.is_cancelled() {
+                            return;
+                        }
+                        tracing::warn!(peer, %address, %reason, "connection lost");
+                    }
                 }
             }
             Err(error) => tracing::debug!(peer, %address, %error, "cannot connect"),

@@ -349,6 +349,165 @@ pub struct CpuUse {
     pub drain_us_per_message: Option<f64>,
 }
 
+/// The median and range of one figure over repeated runs.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Spread {
+    /// Median (the mean of the middle two for an even count).
+    pub median: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `values` (`None` if there are none).
+    pub fn of(values: impl IntoIterator<Item = f64>) -> Option<Spread> {
+        let mut values: Vec<f64> = values.into_iter().collect();
+        if values.is_empty() {
+            return None;
+        }
+        values.sort_by(f64::total_cmp);
+        let middle = values.len() / 2;
+        let median = if values.len() % 2 == 0 {
+            (values[middle - 1] + values[middle]) / 2.0
+        } else {
+            values[middle]
+        };
+        Some(Spread {
+            median,
+            min: values[0],
+            max: values[values.len() - 1],
+        })
+    }
+}
+
+/// Repeated runs of one configuration (`crest bench --runs N`): each run's report, and the
+/// median and range of the headline figures over them.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchSummary {
+    /// Pushed messages per second.
+    pub push_rate: Spread,
+    /// Popped (and acknowledged) messages per second.
+    pub pop_rate: Spread,
+    /// Push-ack latency p50, microseconds.
+    pub push_ack_p50_us: Spread,
+    /// Push-ack latency p99, microseconds.
+    pub push_ack_p99_us: Spread,
+    /// Pop latency p50, microseconds.
+    pub pop_p50_us: Spread,
+    /// Pop latency p99, microseconds.
+    pub pop_p99_us: Spread,
+    /// Rank error p99, messages.
+    pub rank_error_p99: Spread,
+    /// Process CPU over the run, seconds.
+    pub cpu_seconds: Spread,
+    /// Process CPU per message, microseconds.
+    pub cpu_us_per_message: Spread,
+    /// Fill then drain: CPU per message pushed while filling, microseconds.
+    pub fill_us_per_message: Option<Spread>,
+    /// Fill then drain: CPU per message popped while draining, microseconds.
+    pub drain_us_per_message: Option<Spread>,
+    /// Missing messages, summed over the runs (anything but 0 fails the command).
+    pub missing: u64,
+    /// Duplicate deliveries, summed over the runs.
+    pub duplicates: u64,
+    /// Protocol violations, summed over the runs (`None`: a remote tree).
+    pub protocol_violations: Option<u64>,
+    /// Every run's report, in order.
+    pub runs: Vec<BenchReport>,
+}
+
+impl BenchSummary {
+    /// Summarizes `runs` (at least one).
+    ///
+    /// # Panics
+    /// If `runs` is empty.
+    pub fn of(runs: Vec<BenchReport>) -> BenchSummary {
+        assert!(!runs.is_empty(), "a summary needs a run");
+        let spread = |figure: fn(&BenchReport) -> f64| {
+            Spread::of(runs.iter().map(figure)).expect("non-empty")
+        };
+        let optional =
+            |figure: fn(&BenchReport) -> Option<f64>| Spread::of(runs.iter().filter_map(figure));
+        BenchSummary {
+            push_rate: spread(|r| r.push_rate),
+            pop_rate: spread(|r| r.pop_rate),
+            push_ack_p50_us: spread(|r| r.latency.push_ack_us.p50 as f64),
+            push_ack_p99_us: spread(|r| r.latency.push_ack_us.p99 as f64),
+            pop_p50_us: spread(|r| r.latency.pop_us.p50 as f64),
+            pop_p99_us: spread(|r| r.latency.pop_us.p99 as f64),
+            rank_error_p99: spread(|r| r.rank_error.p99 as f64),
+            cpu_seconds: spread(|r| r.cpu.seconds),
+            cpu_us_per_message: spread(|r| r.cpu.us_per_message),
+            fill_us_per_message: optional(|r| r.cpu.fill_us_per_message),
+            drain_us_per_message: optional(|r| r.cpu.drain_us_per_message),
+            missing: runs.iter().map(|r| r.missing).sum(),
+            duplicates: runs.iter().map(|r| r.duplicates).sum(),
+            protocol_violations: runs
+                .iter()
+                .map(|r| r.protocol_violations)
+                .sum::<Option<u64>>(),
+            runs,
+        }
+    }
+
+    /// The summary table: median and range of each figure.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "crest bench: median (min - max) of {} runs\n",
+            self.runs.len()
+        );
+        let mut row = |name: &str, spread: &Spread, unit: &str| {
+            out.push_str(&format!(
+                "  {name:<30} {:>12.1} ({:.1} - {:.1}) {unit}\n",
+                spread.median, spread.min, spread.max
+            ));
+        };
+        row("pushes", &self.push_rate, "msgs/s");
+        row("pops", &self.pop_rate, "msgs/s");
+        row("push-ack latency p50", &self.push_ack_p50_us, "us");
+        row("push-ack latency p99", &self.push_ack_p99_us, "us");
+        row("pop latency p50", &self.pop_p50_us, "us");
+        row("pop latency p99", &self.pop_p99_us, "us");
+        row("rank error p99", &self.rank_error_p99, "msgs");
+        row("CPU", &self.cpu_seconds, "s");
+        row("CPU per message", &self.cpu_us_per_message, "us");
+        if let Some(fill) = &self.fill_us_per_message {
+            row("CPU per message, fill", fill, "us");
+        }
+        if let Some(drain) = &self.drain_us_per_message {
+            row("CPU per message, drain", drain, "us");
+        }
+        out.push_str(&format!(
+            "  missing {}  duplicates {}{}\n",
+            self.missing,
+            self.duplicates,
+            match self.protocol_violations {
+                Some(violations) => format!("  protocol violations {violations}"),
+                None => String::new(),
+            }
+        ));
+        out
+    }
+}
+
+impl BenchReport {
+    /// One line of a repeated run.
+    pub fn line(&self) -> String {
+        format!(
+            "pushes {:.0}/s  pops {:.0}/s  push-ack p99 {} us  pop p99 {} us  CPU {:.2} s  missing {}  duplicates {}\n",
+            self.push_rate,
+            self.pop_rate,
+            self.latency.push_ack_us.p99,
+            self.latency.pop_us.p99,
+            self.cpu.seconds,
+            self.missing,
+            self.duplicates
+        )
+    }
+}
+
 impl CpuUse {
     /// The table's CPU line.
     fn line(&self) -> String {
@@ -1207,6 +1366,15 @@ impl BenchReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spreads_take_the_median_and_range() {
+        assert_eq!(Spread::of([]), None);
+        let odd = Spread::of([3.0, 1.0, 2.0]).unwrap();
+        assert_eq!((odd.median, odd.min, odd.max), (2.0, 1.0, 3.0));
+        let even = Spread::of([4.0, 1.0, 3.0, 2.0]).unwrap();
+        assert_eq!((even.median, even.min, even.max), (2.5, 1.0, 4.0));
+    }
 
     #[test]
     fn cpu_use_splits_fill_and_drain_and_divides_by_messages() {

@@ -428,10 +428,18 @@ struct BenchArgs {
     /// No progress lines.
     #[arg(long)]
     quiet: bool,
-    /// Also write the report as JSON to this file.
+    /// Run the same benchmark this many times (each on a fresh local tree), print a line per
+    /// run and the median and range of each figure (at most 100).
+    #[arg(long, default_value_t = 1)]
+    runs: u32,
+    /// Also write the report as JSON to this file (with --runs above 1: the summary, every
+    /// run's report under `runs`).
     #[arg(long)]
     json: Option<PathBuf>,
 }
+
+/// Most repetitions of `crest bench --runs`.
+const BENCH_RUNS_MAX: u32 = 100;
 
 #[derive(Args)]
 struct StatsArgs {
@@ -1006,6 +1014,9 @@ fn sim(
 
 async fn bench(args: BenchArgs) -> Result<()> {
     use crest::bench::{BenchConfig, Target};
+    if !(1..=BENCH_RUNS_MAX).contains(&args.runs) {
+        anyhow::bail!("--runs must be 1 to {BENCH_RUNS_MAX}, not {}", args.runs);
+    }
     let topology = load_topology(args.topology.as_deref())?;
     let target = if args.connect {
         let leaves = if args.leaf.is_empty() {
@@ -1056,14 +1067,36 @@ async fn bench(args: BenchArgs) -> Result<()> {
         seed: args.seed,
         ..BenchConfig::reference(target)
     };
-    let report = crest::bench::run(config).await?;
-    print!("{}", report.table());
+    if args.runs == 1 {
+        let report = crest::bench::run(config).await?;
+        print!("{}", report.table());
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&report)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        if report.missing > 0 {
+            anyhow::bail!("{} acknowledged messages were never popped", report.missing);
+        }
+        return Ok(());
+    }
+    let mut reports = Vec::new();
+    for run in 1..=args.runs {
+        let report = crest::bench::run(config.clone()).await?;
+        print!("run {run}/{}: {}", args.runs, report.line());
+        reports.push(report);
+    }
+    let summary = crest::bench::BenchSummary::of(reports);
+    print!("{}", summary.table());
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+        std::fs::write(path, serde_json::to_string_pretty(&summary)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if report.missing > 0 {
-        anyhow::bail!("{} acknowledged messages were never popped", report.missing);
+    if summary.missing > 0 {
+        anyhow::bail!(
+            "{} acknowledged messages were never popped (over {} runs)",
+            summary.missing,
+            args.runs
+        );
     }
     Ok(())
 }
