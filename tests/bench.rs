@@ -390,6 +390,8 @@ async fn bench_repeats_a_run_and_reports_medians_and_every_run() {
         assert!(text.contains(&format!("run {run}/3: pushes")), "{text}");
     }
     assert!(text.contains("median (min - max) of 3 runs"), "{text}");
+    // Three trees started and stopped: an orderly stop reports no lost connection.
+    assert!(!text.contains("connection lost"), "{text}");
     assert!(text.contains("CPU per message, drain"), "{text}");
     let summary = report(&json);
     let runs = summary["runs"].as_array().unwrap();

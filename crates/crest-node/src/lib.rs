@@ -619,8 +619,9 @@ impl LocalTree {
         Ok(())
     }
 
-    /// Stops every node: the leaves first, then each level above, so that no node sees its
-    /// parent vanish (and warns about it) during an orderly stop.
+    /// Stops every node: first every node stops dialing, so that no link closing during the
+    /// stop is reported as lost (the root's direct links to the leaves, for one); then the
+    /// leaves, then each level above, so that no node sees its parent vanish.
     pub async fn shutdown(self) {
         let mut nodes = self.nodes;
         // Every node stops dialing first: a link that closes while the tree shuts down is not
