@@ -411,3 +411,68 @@ async fn bench_repeats_a_run_and_reports_medians_and_every_run() {
     assert_eq!(summary["push_rate"]["min"].as_f64().unwrap(), rates[0]);
     assert_eq!(summary["push_rate"]["max"].as_f64().unwrap(), rates[2]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_compares_two_trees_in_interleaved_pairs() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("comparison.json");
+    // B: the default tree with half the credits.
+    let b_topology = dir.path().join("b.toml");
+    let text =
+        crest::DEFAULT_TOPOLOGY.replace("credits_per_topic = 256", "credits_per_topic = 128");
+    assert_ne!(text, crest::DEFAULT_TOPOLOGY);
+    std::fs::write(&b_topology, text).unwrap();
+    let (ok, text) = crest(args(&[
+        "bench",
+        "--memory",
+        "--runs",
+        "2",
+        "--messages",
+        "2000",
+        "--against",
+        b_topology.to_str().unwrap(),
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]))
+    .await;
+    assert!(ok, "{text}");
+    println!("{text}");
+    // A and B alternate, run by run.
+    let a1 = text.find("A run 1/2:").expect("A 1");
+    let b1 = text.find("B run 1/2:").expect("B 1");
+    let a2 = text.find("A run 2/2:").expect("A 2");
+    let b2 = text.find("B run 2/2:").expect("B 2");
+    assert!(a1 < b1 && b1 < a2 && a2 < b2, "{text}");
+    assert!(text.contains("A against B, 2 interleaved pairs"), "{text}");
+    let comparison = report(&json);
+    for side in ["a", "b"] {
+        let runs = comparison[side]["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 2, "{text}");
+        for run in runs {
+            assert_run_accounted(run, 2000, &text);
+        }
+    }
+    let pushes = &comparison["push_rate"];
+    assert_eq!(pushes["pairs"], 2, "{text}");
+    assert!(pushes["b_better"].as_u64().unwrap() <= 2, "{text}");
+    let (a, b) = (pushes["a"].as_f64().unwrap(), pushes["b"].as_f64().unwrap());
+    assert_eq!(a, comparison["a"]["push_rate"]["median"].as_f64().unwrap());
+    assert!(
+        (pushes["ratio"].as_f64().unwrap() - b / a).abs() < 1e-9,
+        "{text}"
+    );
+
+    // Only trees the bench starts can be compared.
+    let (ok, text) = crest(args(&[
+        "bench",
+        "--connect",
+        "--against",
+        b_topology.to_str().unwrap(),
+        "--ca",
+        b_topology.to_str().unwrap(),
+    ]))
+    .await;
+    assert!(!ok);
+    assert!(text.contains("not with --connect"), "{text}");
+}

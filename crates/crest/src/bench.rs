@@ -492,6 +492,116 @@ impl BenchSummary {
     }
 }
 
+/// One figure of an A/B comparison (`crest bench --against`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Versus {
+    /// A's median.
+    pub a: f64,
+    /// B's median.
+    pub b: f64,
+    /// B's median over A's (0 when A's is 0).
+    pub ratio: f64,
+    /// Pairs (runs of A and B back to back) in which B did better: higher for rates, lower
+    /// for latencies and CPU.
+    pub b_better: usize,
+    /// Pairs compared.
+    pub pairs: usize,
+}
+
+/// Two configurations run in interleaved pairs (`crest bench --runs N --against T`): each
+/// one's summary and, per headline figure, their medians, ratio and pair-by-pair wins. On a
+/// machine whose speed changes while it runs, only interleaved pairs compare fairly.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchComparison {
+    /// Pushed messages per second.
+    pub push_rate: Versus,
+    /// Popped (and acknowledged) messages per second.
+    pub pop_rate: Versus,
+    /// Push-ack latency p99, microseconds.
+    pub push_ack_p99_us: Versus,
+    /// Pop latency p99, microseconds.
+    pub pop_p99_us: Versus,
+    /// Process CPU per message, microseconds.
+    pub cpu_us_per_message: Versus,
+    /// A: the first configuration.
+    pub a: BenchSummary,
+    /// B: the one it is compared against.
+    pub b: BenchSummary,
+}
+
+impl BenchComparison {
+    /// Compares `a` and `b`, whose runs were made in pairs (run i of each back to back).
+    pub fn of(a: BenchSummary, b: BenchSummary) -> BenchComparison {
+        let versus = |median: fn(&BenchSummary) -> f64,
+                      figure: fn(&BenchReport) -> f64,
+                      higher_is_better: bool| {
+            let (a_median, b_median) = (median(&a), median(&b));
+            let pairs = a.runs.len().min(b.runs.len());
+            let b_better = a
+                .runs
+                .iter()
+                .zip(&b.runs)
+                .filter(|(a, b)| {
+                    let (a, b) = (figure(a), figure(b));
+                    if higher_is_better { b > a } else { b < a }
+                })
+                .count();
+            Versus {
+                a: a_median,
+                b: b_median,
+                ratio: if a_median == 0.0 {
+                    0.0
+                } else {
+                    b_median / a_median
+                },
+                b_better,
+                pairs,
+            }
+        };
+        BenchComparison {
+            push_rate: versus(|s| s.push_rate.median, |r| r.push_rate, true),
+            pop_rate: versus(|s| s.pop_rate.median, |r| r.pop_rate, true),
+            push_ack_p99_us: versus(
+                |s| s.push_ack_p99_us.median,
+                |r| r.latency.push_ack_us.p99 as f64,
+                false,
+            ),
+            pop_p99_us: versus(
+                |s| s.pop_p99_us.median,
+                |r| r.latency.pop_us.p99 as f64,
+                false,
+            ),
+            cpu_us_per_message: versus(
+                |s| s.cpu_us_per_message.median,
+                |r| r.cpu.us_per_message,
+                false,
+            ),
+            a,
+            b,
+        }
+    }
+
+    /// The comparison table.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "crest bench: A against B, {} interleaved pairs (medians)\n  {:<24} {:>12} {:>12} {:>7}  B better in\n",
+            self.push_rate.pairs, "", "A", "B", "B/A"
+        );
+        let mut row = |name: &str, versus: &Versus| {
+            out.push_str(&format!(
+                "  {name:<24} {:>12.1} {:>12.1} {:>7.3}  {} of {}\n",
+                versus.a, versus.b, versus.ratio, versus.b_better, versus.pairs
+            ));
+        };
+        row("pushes (msgs/s)", &self.push_rate);
+        row("pops (msgs/s)", &self.pop_rate);
+        row("push-ack p99 (us)", &self.push_ack_p99_us);
+        row("pop p99 (us)", &self.pop_p99_us);
+        row("CPU per message (us)", &self.cpu_us_per_message);
+        out
+    }
+}
+
 impl BenchReport {
     /// One line of a repeated run.
     pub fn line(&self) -> String {

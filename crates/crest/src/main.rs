@@ -432,8 +432,14 @@ struct BenchArgs {
     /// run and the median and range of each figure (at most 100).
     #[arg(long, default_value_t = 1)]
     runs: u32,
+    /// Compare with the tree of this topology (not with --connect): each run of the first
+    /// tree (--topology, or the default) is followed by one of this tree (B), and the command
+    /// prints each one's medians, B/A and in how many pairs B did better.
+    #[arg(long)]
+    against: Option<PathBuf>,
     /// Also write the report as JSON to this file (with --runs above 1: the summary, every
-    /// run's report under `runs`).
+    /// run's report under `runs`; with --against: the comparison, each tree's summary under
+    /// `a` and `b`).
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -1017,6 +1023,9 @@ async fn bench(args: BenchArgs) -> Result<()> {
     if !(1..=BENCH_RUNS_MAX).contains(&args.runs) {
         anyhow::bail!("--runs must be 1 to {BENCH_RUNS_MAX}, not {}", args.runs);
     }
+    if args.connect && args.against.is_some() {
+        anyhow::bail!("--against compares trees the bench starts: not with --connect");
+    }
     let topology = load_topology(args.topology.as_deref())?;
     let target = if args.connect {
         let leaves = if args.leaf.is_empty() {
@@ -1067,6 +1076,9 @@ async fn bench(args: BenchArgs) -> Result<()> {
         seed: args.seed,
         ..BenchConfig::reference(target)
     };
+    if let Some(against) = &args.against {
+        return bench_against(&args, config, against).await;
+    }
     if args.runs == 1 {
         let report = crest::bench::run(config).await?;
         print!("{}", report.table());
@@ -1097,6 +1109,47 @@ async fn bench(args: BenchArgs) -> Result<()> {
             summary.missing,
             args.runs
         );
+    }
+    Ok(())
+}
+
+/// `crest bench --against`: the configured tree (A) and the `against` topology's (B) in
+/// interleaved runs.
+async fn bench_against(
+    args: &BenchArgs,
+    config: crest::bench::BenchConfig,
+    against: &Path,
+) -> Result<()> {
+    use crest::bench::{BenchComparison, BenchSummary, Target};
+    let Target::Local { data_dir, .. } = &config.target else {
+        anyhow::bail!("--against compares trees the bench starts: not with --connect");
+    };
+    let b_config = crest::bench::BenchConfig {
+        target: Target::Local {
+            topology: load_topology(Some(against))?,
+            data_dir: data_dir.clone(),
+        },
+        ..config.clone()
+    };
+    let (mut a_runs, mut b_runs) = (Vec::new(), Vec::new());
+    for run in 1..=args.runs {
+        for (name, config, runs) in [("A", &config, &mut a_runs), ("B", &b_config, &mut b_runs)] {
+            let report = crest::bench::run(config.clone()).await?;
+            print!("{name} run {run}/{}: {}", args.runs, report.line());
+            runs.push(report);
+        }
+    }
+    let comparison = BenchComparison::of(BenchSummary::of(a_runs), BenchSummary::of(b_runs));
+    print!("A: {}", comparison.a.table());
+    print!("B ({}): {}", against.display(), comparison.b.table());
+    print!("{}", comparison.table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&comparison)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let missing = comparison.a.missing + comparison.b.missing;
+    if missing > 0 {
+        anyhow::bail!("{missing} acknowledged messages were never popped (A and B together)");
     }
     Ok(())
 }
