@@ -27,6 +27,20 @@ fn report(path: &std::path::Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// Runs `crest bench ARGS --quiet --json FILE` and asserts it succeeded; its output and the
+/// JSON it wrote.
+async fn bench_ok(list: &[&str]) -> (String, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let mut list = args(list);
+    list.insert(0, "bench".into());
+    list.extend(args(&["--quiet", "--json", json.to_str().unwrap()]));
+    let (ok, text) = crest(list).await;
+    assert!(ok, "{text}");
+    println!("{text}");
+    (text, report(&json))
+}
+
 fn assert_accounted(report: &Value, messages: u64, text: &str) {
     assert_run_accounted(report, messages, text);
     assert!(text.contains("pop wait (us)"), "{text}");
@@ -64,10 +78,7 @@ fn assert_run_accounted(report: &Value, messages: u64, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_on_its_own_durable_tree_accounts_for_every_message() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("report.json");
-    let (ok, text) = crest(args(&[
-        "bench",
+    let (text, report) = bench_ok(&[
         "--messages",
         "4000",
         "--producers",
@@ -76,16 +87,10 @@ async fn bench_on_its_own_durable_tree_accounts_for_every_message() {
         "1",
         "--pop-batch",
         "64",
-        "--quiet",
-        "--json",
-        json.to_str().unwrap(),
-    ]))
+    ])
     .await;
-    assert!(ok, "{text}");
-    println!("{text}");
     assert!(text.contains("durable leaves"), "{text}");
     assert!(text.contains("rank error"), "{text}");
-    let report = report(&json);
     assert_accounted(&report, 4000, &text);
     assert_eq!(report["durable"], true);
     assert_eq!(report["phase"], "fill-then-drain");
@@ -217,10 +222,7 @@ async fn bench_refuses_bad_arguments_with_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_for_a_duration_at_a_rate_without_acks() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("report.json");
-    let (ok, text) = crest(args(&[
-        "bench",
+    let (text, report) = bench_ok(&[
         "--memory",
         "--duration",
         "1s",
@@ -231,13 +233,8 @@ async fn bench_for_a_duration_at_a_rate_without_acks() {
         "--no-ack",
         "--priorities",
         "fixed:3",
-        "--quiet",
-        "--json",
-        json.to_str().unwrap(),
-    ]))
+    ])
     .await;
-    assert!(ok, "{text}");
-    let report = report(&json);
     let pushed = report["pushed"].as_u64().unwrap();
     // The pacer never runs ahead of the rate: at most 2000/s for 1 s (a message or two of
     // slack per producer for rounding).
@@ -370,22 +367,7 @@ async fn wal_bench_measures_durable_appends_on_the_given_disk_and_cleans_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_repeats_a_run_and_reports_medians_and_every_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("summary.json");
-    let (ok, text) = crest(args(&[
-        "bench",
-        "--memory",
-        "--runs",
-        "3",
-        "--messages",
-        "2000",
-        "--quiet",
-        "--json",
-        json.to_str().unwrap(),
-    ]))
-    .await;
-    assert!(ok, "{text}");
-    println!("{text}");
+    let (text, summary) = bench_ok(&["--memory", "--runs", "3", "--messages", "2000"]).await;
     for run in 1..=3 {
         assert!(text.contains(&format!("run {run}/3: pushes")), "{text}");
     }
@@ -393,7 +375,6 @@ async fn bench_repeats_a_run_and_reports_medians_and_every_run() {
     // Three trees started and stopped: an orderly stop reports no lost connection.
     assert!(!text.contains("connection lost"), "{text}");
     assert!(text.contains("CPU per message, drain"), "{text}");
-    let summary = report(&json);
     let runs = summary["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 3, "{text}");
     for run in runs {
@@ -415,15 +396,13 @@ async fn bench_repeats_a_run_and_reports_medians_and_every_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_compares_two_trees_in_interleaved_pairs() {
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("comparison.json");
     // B: the default tree with half the credits.
     let b_topology = dir.path().join("b.toml");
     let text =
         crest::DEFAULT_TOPOLOGY.replace("credits_per_topic = 256", "credits_per_topic = 128");
     assert_ne!(text, crest::DEFAULT_TOPOLOGY);
     std::fs::write(&b_topology, text).unwrap();
-    let (ok, text) = crest(args(&[
-        "bench",
+    let (text, comparison) = bench_ok(&[
         "--memory",
         "--runs",
         "2",
@@ -431,13 +410,8 @@ async fn bench_compares_two_trees_in_interleaved_pairs() {
         "2000",
         "--against",
         b_topology.to_str().unwrap(),
-        "--quiet",
-        "--json",
-        json.to_str().unwrap(),
-    ]))
+    ])
     .await;
-    assert!(ok, "{text}");
-    println!("{text}");
     // A and B alternate, run by run.
     let a1 = text.find("A run 1/2:").expect("A 1");
     let b1 = text.find("B run 1/2:").expect("B 1");
@@ -445,7 +419,6 @@ async fn bench_compares_two_trees_in_interleaved_pairs() {
     let b2 = text.find("B run 2/2:").expect("B 2");
     assert!(a1 < b1 && b1 < a2 && a2 < b2, "{text}");
     assert!(text.contains("A against B, 2 interleaved pairs"), "{text}");
-    let comparison = report(&json);
     for side in ["a", "b"] {
         let runs = comparison[side]["runs"].as_array().unwrap();
         assert_eq!(runs.len(), 2, "{text}");
