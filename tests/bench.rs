@@ -121,6 +121,19 @@ async fn bench_on_its_own_durable_tree_accounts_for_every_message() {
     // Everything is present before the drain starts and one consumer pops: the tree serves in
     // key order, so the typical pop has no more urgent message left behind.
     assert_eq!(report["rank_error"]["p50"], 0, "{text}");
+    // The lease-time rank error covers every delivery and, with one consumer (nothing in
+    // flight to another), never exceeds the live one.
+    let lease = &report["lease_rank_error"];
+    assert_eq!(lease["count"], 4000, "{text}");
+    assert!(
+        lease["max"].as_u64() <= report["rank_error"]["max"].as_u64(),
+        "{text}"
+    );
+    assert!(
+        report["lease_inverted_pops"].as_u64() <= report["inverted_pops"].as_u64(),
+        "{text}"
+    );
+    assert!(text.contains("at lease time (msgs)"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
