@@ -63,16 +63,26 @@ impl Lcg {
     }
 }
 
-/// Waits until every window above the leaves is full and no offer moved for 300 ms.
-async fn wait_until_quiet(tree: &LocalTree) {
+/// Waits until every window above the leaves is full (each child offers its credits, or all
+/// of its subtree's `per_leaf` messages a leaf if fewer) and no offer moved for 300 ms.
+async fn wait_until_quiet(tree: &LocalTree, per_leaf: u64) {
     let credits = u64::from(tree.topology.root().settings.credits_per_topic);
+    let topology = &tree.topology;
+    let full_window = |name: &str| -> u64 {
+        topology
+            .nodes
+            .iter()
+            .filter(|child| child.parent.as_deref() == Some(name))
+            .map(|child| credits.min(per_leaf * topology.subtree_leaves(&child.name).len() as u64))
+            .sum()
+    };
     let deadline = std::time::Instant::now() + WAIT;
     let mut last = None;
     loop {
         let mut full = true;
         let mut offers = 0;
         for node in tree.nodes.iter().filter(|n| n.role() != Role::Leaf) {
-            if node.stats().await.unwrap().window_entries < 2 * credits {
+            if node.stats().await.unwrap().window_entries < full_window(node.name()) {
                 full = false;
             }
             let report = node.report().await.unwrap();
@@ -192,7 +202,7 @@ async fn every_message_is_delivered_once_in_key_order_across_leaves() {
     // without the root knowing of it: rank error by bubble-up latency, which grows with the
     // machine's load. Quiet: every window above the leaves is full and no offer has moved for
     // 300 ms.
-    wait_until_quiet(&tree).await;
+    wait_until_quiet(&tree, 300).await;
 
     let consumer = consumer(&tree).await;
     let mut popped: Vec<Delivery> = Vec::new();

@@ -225,16 +225,17 @@ fn a_million_messages_never_grow_the_windows_above_their_credit_bound() {
         "the backlog stayed below: {}",
         report.text()
     );
-    // Two aggregators' windows at the root (2 × 256); reserve-ahead (off by default) would
-    // add its buffer to the bound.
-    assert_eq!(report.window_entries_bound, 512);
+    // Two aggregators' windows at the root (2 × the credits); reserve-ahead (off by default)
+    // would add its buffer to the bound.
+    let bound = 2 * u64::from(topology.root().settings.credits_per_topic);
+    assert_eq!(report.window_entries_bound, bound);
     assert_eq!(
         report.window_entries_max,
-        512,
+        bound,
         "full, never over: {}",
         report.text()
     );
-    assert!(report.series.iter().all(|s| s.window_entries <= 3 * 512));
+    assert!(report.series.iter().all(|s| s.window_entries <= 3 * bound));
 }
 
 const PARTITION: &str = include_str!("../../../examples/sim/partition.toml");
