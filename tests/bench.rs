@@ -409,10 +409,10 @@ async fn bench_repeats_a_run_and_reports_medians_and_every_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_compares_two_trees_in_interleaved_pairs() {
     let dir = tempfile::tempdir().unwrap();
-    // B: the default tree with a quarter of the credits.
+    // B: the default tree with half the credits.
     let b_topology = dir.path().join("b.toml");
     let text =
-        crest::DEFAULT_TOPOLOGY.replace("credits_per_topic = 512", "credits_per_topic = 128");
+        crest::DEFAULT_TOPOLOGY.replace("credits_per_topic = 256", "credits_per_topic = 128");
     assert_ne!(text, crest::DEFAULT_TOPOLOGY);
     std::fs::write(&b_topology, text).unwrap();
     let (text, comparison) = bench_ok(&[
