@@ -1004,10 +1004,7 @@ fn sim(
         .map_err(|e| anyhow::anyhow!("{}: {e}", workload_path.display()))?;
     let report = crest::sim::run(&topology, &workload, seed)?;
     print!("{}", report.text());
-    if let Some(path) = json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    write_json(json, &report)?;
     let violations = report.violations();
     if !violations.is_empty() {
         bail!(
@@ -1082,10 +1079,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
     if args.runs == 1 {
         let report = crest::bench::run(config).await?;
         print!("{}", report.table());
-        if let Some(path) = &args.json {
-            std::fs::write(path, serde_json::to_string_pretty(&report)?)
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
+        write_json(args.json.as_deref(), &report)?;
         if report.missing > 0 {
             anyhow::bail!("{} acknowledged messages were never popped", report.missing);
         }
@@ -1099,10 +1093,7 @@ async fn bench(args: BenchArgs) -> Result<()> {
     }
     let summary = crest::bench::BenchSummary::of(reports);
     print!("{}", summary.table());
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&summary)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    write_json(args.json.as_deref(), &summary)?;
     if summary.missing > 0 {
         anyhow::bail!(
             "{} acknowledged messages were never popped (over {} runs)",
@@ -1143,10 +1134,7 @@ async fn bench_against(
     print!("A: {}", comparison.a.table());
     print!("B ({}): {}", against.display(), comparison.b.table());
     print!("{}", comparison.table());
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&comparison)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    write_json(args.json.as_deref(), &comparison)?;
     let missing = comparison.a.missing + comparison.b.missing;
     if missing > 0 {
         anyhow::bail!("{missing} acknowledged messages were never popped (A and B together)");
@@ -1172,9 +1160,16 @@ async fn wal_bench(args: WalBenchArgs) -> Result<()> {
     // The writers and submitters are threads; keep the runtime's workers out of their way.
     let report = tokio::task::spawn_blocking(move || crest::wal_bench::run(&config)).await??;
     print!("{}", report.table());
-    if let Some(path) = args.json {
-        let json = serde_json::to_string_pretty(&report)?;
-        std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
+    write_json(args.json.as_deref(), &report)?;
+    Ok(())
+}
+
+/// Writes `value` as pretty JSON to `path`, if one was given (the `--json FILE` of the
+/// benchmark and simulation commands).
+fn write_json(path: Option<&Path>, value: &impl serde::Serialize) -> Result<()> {
+    if let Some(path) = path {
+        std::fs::write(path, serde_json::to_string_pretty(value)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
