@@ -236,6 +236,7 @@ fn memory_per_pushed_message(batches: u64) -> f64 {
             if let StorageOp::Append {
                 token: Some(token),
                 records,
+                ..
             } = op
             {
                 let locations = records
@@ -288,7 +289,11 @@ fn leaf_push(dir: &Path, messages: u64) -> f64 {
         loop {
             while let Some(op) = leaf.poll_storage() {
                 match op {
-                    StorageOp::Append { records, token } => handle.submit(records, token).unwrap(),
+                    StorageOp::Append {
+                        records,
+                        token,
+                        wait,
+                    } => handle.submit_with(records, token, wait).unwrap(),
                     StorageOp::Checkpoint {
                         records,
                         includes,

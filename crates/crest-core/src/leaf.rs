@@ -37,7 +37,9 @@ use crate::config::{Settings, TopicPolicy};
 use crate::downstream::{Downstream, PeerKindTag, Topic, TopicMap, TopicSet};
 use crate::id::{AscendingIdMap, IdMap, LeafId, LiveIds, MESSAGE_SEQ_MAX, MessageId, Receipt};
 use crate::key::Key;
-use crate::machine::{ConnId, Link, Machine, NodeStats, StorageDone, StorageOp, Transmit};
+use crate::machine::{
+    ConnId, Link, Machine, NodeStats, StorageDone, StorageOp, SyncWait, Transmit,
+};
 use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
 use crate::offer::{Candidate, FlushPolicy, OfferSet, Offerable};
 use crate::sorted::SortedMap;
@@ -1224,11 +1226,11 @@ impl Leaf {
         );
         // A batch of duplicates only still goes through the log: its acknowledgement must not
         // overtake that of a batch it duplicates, and the log completes in order.
-        self.log(now, Some(token), records);
+        self.log(now, Some(token), SyncWait::Now, records);
     }
 
     /// Appends records to the log (through `poll_storage`) and counts log growth.
-    fn log(&mut self, now: Time, token: Option<u64>, records: Vec<LogRecord>) {
+    fn log(&mut self, now: Time, token: Option<u64>, wait: SyncWait, records: Vec<LogRecord>) {
         if records.is_empty() && token.is_none() {
             return;
         }
@@ -1237,7 +1239,11 @@ impl Leaf {
             let interval = Duration::from_millis(self.config.settings.checkpoint_interval_ms);
             self.checkpoint_due = Some(now + interval);
         }
-        self.storage.push_back(StorageOp::Append { token, records });
+        self.storage.push_back(StorageOp::Append {
+            token,
+            records,
+            wait,
+        });
     }
 
     /// Approximate bytes a checkpoint of the live state would take.
@@ -1548,7 +1554,7 @@ impl Leaf {
                 result: result.map(|(delivery, _)| delivery),
             });
         }
-        self.log(now, None, records);
+        self.log(now, None, SyncWait::Linger, records);
         // Refill the parent's window before answering, on the same stream: by the time the root
         // sees the answer it already holds this leaf's next entries, so its next pop is exact.
         self.flush_offers(now, true);
@@ -1705,7 +1711,7 @@ impl Leaf {
             }
         }
         self.answers[index] = answer;
-        self.log(now, None, records);
+        self.log(now, None, SyncWait::Linger, records);
         self.send_answers();
     }
 
@@ -1863,7 +1869,7 @@ impl Leaf {
         let token = self.next_token;
         self.next_token += 1;
         self.confirms.insert(token, (conn, confirmed));
-        self.log(now, Some(token), records);
+        self.log(now, Some(token), SyncWait::Linger, records);
     }
 
     /// The root gives back grants no consumer received: available again, attempt returned.
@@ -1890,7 +1896,7 @@ impl Leaf {
                 self.place(now, topic, key, slot);
             }
         }
-        self.log(now, None, records);
+        self.log(now, None, SyncWait::Linger, records);
     }
 
     /// The slot of message `key` of `topic`, in whatever state it is (`None`: gone, or its key
@@ -2064,7 +2070,7 @@ impl Leaf {
         step.writing = true;
         step.items = moving;
         self.compaction = Some(step);
-        self.log(now, Some(token), records);
+        self.log(now, Some(token), SyncWait::Linger, records);
     }
 
     /// A compaction step's bodies are in their new places.
@@ -2146,7 +2152,7 @@ impl Leaf {
             }
         }
         self.expire_dedup(now);
-        self.log(now, None, records);
+        self.log(now, None, SyncWait::Linger, records);
     }
 
     fn handle_admin(&mut self, now: Time, conn: ConnId, admin: LeafAdmin) {
@@ -2207,7 +2213,7 @@ impl Leaf {
             }
             AdminOp::Stats { topic } => AdminResult::Stats(self.topic_stats(topic.as_deref())),
         };
-        self.log(now, None, records);
+        self.log(now, None, SyncWait::Linger, records);
         self.send(
             conn,
             Wire::LeafAdminReply(LeafAdminReply {

@@ -44,6 +44,20 @@ pub struct Transmit {
     pub msg: Wire,
 }
 
+/// How soon the waiter of an append needs it durable (`fsync` mode; the log of `buffered`
+/// leaves completes every append once written).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum SyncWait {
+    /// Synced at once: a producer waits for its push's acknowledgement.
+    #[default]
+    Now,
+    /// Completed with the next sync another append forces, or after `wal_ack_sync_linger_us`
+    /// at the latest: an ack's delete, a nack's release, an extend, a compaction step. Its
+    /// waiter is not holding up a producer, and a push that arrives meanwhile then waits for
+    /// one sync instead of two.
+    Linger,
+}
+
 /// A storage operation the leaf asks its driver to perform, in order.
 #[derive(Clone, PartialEq, Debug)]
 pub enum StorageOp {
@@ -53,6 +67,8 @@ pub enum StorageOp {
         token: Option<u64>,
         /// The records, written and recovered as a whole.
         records: Vec<LogRecord>,
+        /// How soon its waiter needs it durable (with a token, in `fsync` mode).
+        wait: SyncWait,
     },
     /// Make these records — a snapshot of the leaf's state, equivalent to everything appended
     /// before this operation except the appends listed in `includes` — the new start of the

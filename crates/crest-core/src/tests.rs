@@ -896,6 +896,43 @@ impl Machine for Recording {
 }
 
 #[test]
+fn a_push_asks_for_a_sync_at_once_and_an_ack_s_delete_may_linger_for_one() {
+    use crate::machine::{StorageOp, SyncWait};
+    let mut h = Harness::new();
+    let root = h.add(root_node(settings(4), vec![LeafId(1)]));
+    let log = SharedLog::default();
+    let node = h.add(Box::new(Recording {
+        inner: leaf(1, 4),
+        log: log.clone(),
+        checkpoints: Default::default(),
+    }));
+    h.link(node, root);
+    let producer = h.client(node, PeerKind::Producer);
+    let consumer = h.client(root, PeerKind::Consumer);
+    h.push(producer, "jobs", &[1, 2]);
+    let delivery = h.pop(consumer, "jobs", 1).remove(0);
+    assert_eq!(h.ack(consumer, vec![delivery.receipt()]), vec![Ok(())]);
+    let waited: Vec<(bool, SyncWait)> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|op| match op {
+            StorageOp::Append {
+                token: Some(_),
+                records,
+                wait,
+            } => Some((matches!(records[0], LogRecord::Enqueue { .. }), *wait)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        waited,
+        vec![(true, SyncWait::Now), (false, SyncWait::Linger)],
+        "the push, then the ack"
+    );
+}
+
+#[test]
 fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
     let mut h = Harness::new();
     let root = h.add(root_node(settings(4), vec![LeafId(1)]));
@@ -1750,6 +1787,7 @@ impl Machine for Disk {
                 StorageOp::Append {
                     token: Some(token),
                     records,
+                    ..
                 } => {
                     let mut locations = Vec::new();
                     for record in records {

@@ -83,8 +83,12 @@ pub(crate) fn start_reader(
 
 impl Storage for WalStore {
     fn submit(&mut self, op: StorageOp) -> Submitted {
-        let (records, token) = match op {
-            StorageOp::Append { records, token } => (records, token),
+        let (records, token, wait) = match op {
+            StorageOp::Append {
+                records,
+                token,
+                wait,
+            } => (records, token, wait),
             StorageOp::Checkpoint {
                 records,
                 includes,
@@ -106,7 +110,7 @@ impl Storage for WalStore {
                 return Submitted::Pending;
             }
         };
-        match self.handle.submit(records, token) {
+        match self.handle.submit_with(records, token, wait) {
             Ok(()) => Submitted::Pending,
             Err(error) => match token {
                 Some(token) => Submitted::Failed {

@@ -1059,6 +1059,7 @@ impl Sim {
                         crest_core::machine::StorageOp::Append {
                             token: None,
                             records,
+                            wait: crest_core::machine::SyncWait::Now,
                         },
                     )
                 }));

@@ -7,6 +7,12 @@
 //! acknowledged by the same sync. In [`Durability::Buffered`] mode completion is reported after
 //! the write (a process crash loses nothing, a machine crash loses the last moments).
 //!
+//! Not every waiter is in a hurry. An append submitted with [`SyncWait::Linger`] (an ack's
+//! delete) is written at once, but its completion is held until the next sync that an
+//! append with [`SyncWait::Now`] (a push) forces, or until `linger_sync_after` has passed:
+//! it is still reported only once durable, and a push arriving meanwhile waits for one
+//! sync instead of two. Completions are always reported in log order.
+//!
 //! # Failures
 //! A failed write (disk full, I/O error) is cut back from the file and reported as failed for
 //! every operation of its group; nothing of it is acknowledged and the writer goes on. A failed
@@ -44,6 +50,7 @@ use crate::format::{
 };
 use crest_core::config::{Durability, Settings};
 use crest_core::leaf::{Location, LogRecord, MessageBody};
+use crest_core::machine::SyncWait;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -134,6 +141,9 @@ pub struct WalOptions {
     /// releases) is written at once but synced with the next group that has a waiter, or
     /// after this long at the latest.
     pub unwaited_sync_after: Duration,
+    /// In fsync mode, how long an append submitted with [`SyncWait::Linger`] may wait for a
+    /// sync another append forces before the writer syncs for it (zero: at once).
+    pub linger_sync_after: Duration,
     /// Wraps segment files (fault injection); `None` writes to the files directly.
     pub file_wrapper: Option<FileWrapper>,
 }
@@ -152,6 +162,7 @@ impl WalOptions {
             write_batch_bytes_max: settings.wal_write_batch_bytes_max as usize,
             sync_failure: SyncFailure::Abort,
             unwaited_sync_after: Duration::from_millis(settings.wal_unwaited_sync_ms),
+            linger_sync_after: Duration::from_micros(settings.wal_ack_sync_linger_us),
             file_wrapper: None,
         }
     }
@@ -187,8 +198,15 @@ pub struct Wal {
     failed_tokens: VecDeque<u64>,
     /// Where recent appends with tokens start (bounded): a checkpoint's replay start.
     positions: VecDeque<(u64, (u64, u64))>,
-    /// Time spent in `fdatasync` since the current group started (see [`GroupTiming`]).
+    /// Time spent in `fdatasync` since the last completions were reported (see
+    /// [`GroupTiming`]).
     synced_for: Option<Duration>,
+    /// Completions of lingering appends written but not yet synced, in log order, and since
+    /// when the first of them waits.
+    held: Vec<Completion>,
+    held_since: Option<Instant>,
+    /// Completions ready to report, in log order.
+    ready: Vec<Completion>,
 }
 
 /// How the group that carried a set of completions was made durable.
@@ -372,6 +390,9 @@ fn recover(
                 failed_tokens: VecDeque::new(),
                 positions: VecDeque::new(),
                 synced_for: None,
+                held: Vec::new(),
+                held_since: None,
+                ready: Vec::new(),
             }
         }
         None => {
@@ -387,6 +408,9 @@ fn recover(
                 failed_tokens: VecDeque::new(),
                 positions: VecDeque::new(),
                 synced_for: None,
+                held: Vec::new(),
+                held_since: None,
+                ready: Vec::new(),
             }
         }
     };
@@ -528,6 +552,7 @@ fn preallocate(file: &File, len: u64, path: &Path) {
 struct Append {
     records: Vec<LogRecord>,
     token: Option<u64>,
+    wait: SyncWait,
 }
 
 enum Job {
@@ -558,8 +583,25 @@ impl WalHandle {
     /// # Errors
     /// [`StorageError::Closed`] if the writer has stopped.
     pub fn submit(&self, records: Vec<LogRecord>, token: Option<u64>) -> Result<(), StorageError> {
+        self.submit_with(records, token, SyncWait::Now)
+    }
+
+    /// As [`WalHandle::submit`], saying how soon the waiter needs the append durable.
+    ///
+    /// # Errors
+    /// [`StorageError::Closed`] if the writer has stopped.
+    pub fn submit_with(
+        &self,
+        records: Vec<LogRecord>,
+        token: Option<u64>,
+        wait: SyncWait,
+    ) -> Result<(), StorageError> {
         self.tx
-            .send(Job::Append(Append { records, token }))
+            .send(Job::Append(Append {
+                records,
+                token,
+                wait,
+            }))
             .map_err(|_| StorageError::Closed)
     }
 
@@ -623,16 +665,27 @@ impl Wal {
     ) {
         let mut buf = Vec::with_capacity(1 << 20);
         loop {
-            let first = if let Some(since) = self.unsynced_since {
-                let due = since + self.options.unwaited_sync_after;
+            let unwaited_due = self
+                .unsynced_since
+                .map(|since| since + self.options.unwaited_sync_after);
+            let held_due = self
+                .held_since
+                .map(|since| since + self.options.linger_sync_after);
+            let due = match (unwaited_due, held_due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let first = if let Some(due) = due {
                 match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
                     Ok(job) => job,
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         let _ = self.sync();
+                        self.report(&mut on_complete);
                         continue;
                     }
                     Err(mpsc::RecvTimeoutError::Disconnected) => {
                         let _ = self.sync();
+                        self.report(&mut on_complete);
                         break;
                     }
                 }
@@ -679,6 +732,8 @@ impl Wal {
                             );
                         } else if !self.stopped {
                             self.checkpoint(&records, &includes, &segments);
+                            // Its sync made held completions durable.
+                            self.report(&mut on_complete);
                         }
                     }
                 }
@@ -700,13 +755,26 @@ impl Wal {
         if group.is_empty() {
             return;
         }
-        self.synced_for = None;
-        let completions = if self.stopped {
-            fail_all(group, "the log stopped after a failed sync")
+        if self.stopped {
+            let failed = fail_all(group, "the log stopped after a failed sync");
+            self.ready.extend(failed);
         } else {
-            self.write_group(group, buf)
-        };
+            self.write_group(group, buf);
+        }
         group.clear();
+        self.report(on_complete);
+    }
+
+    /// Reports the completions that are ready, with the time spent syncing since the last
+    /// report.
+    fn report(&mut self, on_complete: &mut impl FnMut(Vec<Completion>, GroupTiming)) {
+        let timing = GroupTiming {
+            sync: self.synced_for.take(),
+        };
+        if self.ready.is_empty() {
+            return;
+        }
+        let completions = std::mem::take(&mut self.ready);
         for (token, result) in &completions {
             if result.is_err() {
                 if self.failed_tokens.len() >= FAILED_TOKENS_KEPT {
@@ -715,12 +783,7 @@ impl Wal {
                 self.failed_tokens.push_back(*token);
             }
         }
-        let timing = GroupTiming {
-            sync: self.synced_for.take(),
-        };
-        if !completions.is_empty() {
-            on_complete(completions, timing);
-        }
+        on_complete(completions, timing);
     }
 
     /// Writes a checkpoint that starts the log at a fresh segment, then deletes what it
@@ -766,8 +829,9 @@ impl Wal {
         }
     }
 
-    /// Encodes, writes and (in fsync mode) syncs one group; returns its completions.
-    fn write_group(&mut self, jobs: &[Append], buf: &mut Vec<u8>) -> Vec<Completion> {
+    /// Encodes, writes and (in fsync mode) syncs one group; its completions join the ready
+    /// ones, or the held ones while it lingers unsynced.
+    fn write_group(&mut self, jobs: &[Append], buf: &mut Vec<u8>) {
         let max = self.options.record_bytes_max;
         // Per job: where its record starts in `buf`, and the spans of its bodies.
         let mut starts = Vec::with_capacity(jobs.len());
@@ -790,7 +854,8 @@ impl Wal {
         let header = SEGMENT_HEADER_BYTES as u64;
         if self.len > header && self.len + buf.len() as u64 > self.options.segment_bytes_max {
             if let Err(error) = self.rotate() {
-                return fail_all(jobs, &error.to_string());
+                self.ready.extend(fail_all(jobs, &error.to_string()));
+                return;
             }
             failed = encode(self.seq, buf);
         }
@@ -800,15 +865,30 @@ impl Wal {
             // and recovery must not find half of it.
             let _ = self.file.set_len(self.len);
             tracing::error!(path = %path.display(), %error, "log write failed; the group is refused");
-            return fail_all(
-                jobs,
-                &format!("log write to {} failed: {error}", path.display()),
-            );
+            let error = format!("log write to {} failed: {error}", path.display());
+            self.ready.extend(fail_all(jobs, &error));
+            return;
         }
+        // Whether this group's completions wait for a later sync.
+        let mut hold = false;
         if self.options.durability == Durability::Fsync {
-            if jobs.iter().any(|job| job.token.is_some()) {
+            let waits = |wait| jobs.iter().any(|j| j.token.is_some() && j.wait == wait);
+            let lingers = waits(SyncWait::Linger);
+            if waits(SyncWait::Now) || (lingers && self.options.linger_sync_after.is_zero()) {
                 if let Err(error) = self.sync() {
-                    return fail_all(jobs, &error);
+                    self.ready.extend(fail_all(jobs, &error));
+                    return;
+                }
+            } else if lingers {
+                let since = *self.held_since.get_or_insert_with(Instant::now);
+                self.unsynced_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= self.options.linger_sync_after {
+                    if let Err(error) = self.sync() {
+                        self.ready.extend(fail_all(jobs, &error));
+                        return;
+                    }
+                } else {
+                    hold = true;
                 }
             } else {
                 // Synced by the next waiter, or here once the oldest unsynced write is due
@@ -817,7 +897,8 @@ impl Wal {
                 if since.elapsed() >= self.options.unwaited_sync_after
                     && let Err(error) = self.sync()
                 {
-                    return fail_all(jobs, &error);
+                    self.ready.extend(fail_all(jobs, &error));
+                    return;
                 }
             }
         }
@@ -845,7 +926,11 @@ impl Wal {
             };
             completions.push((token, result));
         }
-        completions
+        if hold {
+            self.held.extend(completions);
+        } else {
+            self.ready.extend(completions);
+        }
     }
 
     /// Syncs the active segment; a failure applies [`SyncFailure`] (abort, or stop the writer).
@@ -855,6 +940,9 @@ impl Wal {
             let took = started.elapsed();
             self.synced_for = Some(self.synced_for.unwrap_or_default() + took);
             self.unsynced_since = None;
+            // Everything held was written before this sync: it is durable now.
+            self.held_since = None;
+            self.ready.append(&mut self.held);
             return Ok(());
         };
         let path = self.options.dir.join(segment_name(self.seq));
@@ -868,7 +956,15 @@ impl Wal {
         }
         self.stopped = true;
         self.unsynced_since = None;
-        Err(format!("fdatasync of {} failed: {error}", path.display()))
+        let error = format!("fdatasync of {} failed: {error}", path.display());
+        // What was held is lost with the sync: its waiters learn so.
+        self.held_since = None;
+        let held = std::mem::take(&mut self.held);
+        self.ready.extend(
+            held.into_iter()
+                .map(|(token, _)| (token, Err(error.clone()))),
+        );
+        Err(error)
     }
 
     fn rotate(&mut self) -> Result<(), StorageError> {

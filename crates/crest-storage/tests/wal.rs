@@ -3,6 +3,7 @@
 use crest_core::config::Settings;
 use crest_core::id::{LeafId, MessageId};
 use crest_core::leaf::{LogRecord, MessageHead};
+use crest_core::machine::SyncWait;
 use crest_storage::StorageError;
 use crest_storage::format::{SEGMENT_HEADER_BYTES, scan_segment, segment_name};
 use crest_storage::wal::{
@@ -558,15 +559,7 @@ fn appends_nobody_waits_for_are_synced_with_the_next_waiter_or_after_the_interva
     );
     // A machine crash now (the faulty file loses what was not synced) keeps 1–3, loses 4.
     std::mem::forget(handle);
-    let crashed = temp_dir("unwaited-crash");
-    std::fs::create_dir_all(&crashed).unwrap();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), crashed.join(entry.file_name())).unwrap();
-    }
-    let (_, recovered) = open(options(&crashed)).unwrap();
-    assert_eq!(ids(&recovered.operations), expect(1..=3));
-    std::fs::remove_dir_all(&crashed).unwrap();
+    assert_eq!(recovered_after_crash(&dir), expect(1..=3));
     std::fs::remove_dir_all(&dir).unwrap();
 
     // With a short interval, an unwaited append is synced on its own soon after.
@@ -584,6 +577,124 @@ fn appends_nobody_waits_for_are_synced_with_the_next_waiter_or_after_the_interva
     std::thread::sleep(Duration::from_millis(50));
     let (_, recovered) = open(options(&dir)).unwrap();
     assert_eq!(ids(&recovered.operations), expect([1]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A faulty file allowed `syncs` syncs, whose writer holds lingering appends up to `linger`.
+fn lingering(dir: &Path, linger: Duration, syncs: u64) -> (std::sync::Arc<Faults>, WalOptions) {
+    let faults = std::sync::Arc::new(Faults {
+        space: AtomicU64::new(u64::MAX / 2),
+        syncs_left: AtomicU64::new(syncs),
+    });
+    let options = WalOptions {
+        linger_sync_after: linger,
+        unwaited_sync_after: Duration::from_secs(3600),
+        ..faulty(dir, &faults)
+    };
+    (faults, options)
+}
+
+/// A started log as [`lingering`] makes it, with its completions' receiver.
+fn start_lingering(
+    dir: &Path,
+    linger: Duration,
+    syncs: u64,
+) -> (
+    std::sync::Arc<Faults>,
+    WalHandle,
+    mpsc::Receiver<Vec<Completion>>,
+) {
+    let (faults, wal_options) = lingering(dir, linger, syncs);
+    let (wal, _) = open(wal_options).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let handle = wal.start(move |done| tx.send(done).unwrap()).unwrap();
+    (faults, handle, rx)
+}
+
+/// Submits operation `n` as an ack's append: it may linger for a sync.
+fn submit_lingering(handle: &WalHandle, n: u64) {
+    handle
+        .submit_with(op(n), Some(n), SyncWait::Linger)
+        .unwrap();
+}
+
+/// The next `n` completions, and their tokens in the order they came.
+fn completions(rx: &mpsc::Receiver<Vec<Completion>>, n: usize) -> (Vec<Completion>, Vec<u64>) {
+    let mut done = Vec::new();
+    while done.len() < n {
+        done.extend(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+    }
+    let tokens = done.iter().map(|(token, _)| *token).collect();
+    (done, tokens)
+}
+
+/// What recovery finds in `dir` after a machine crash now (the faulty file keeps only what
+/// was synced).
+fn recovered_after_crash(dir: &Path) -> Vec<Vec<MessageId>> {
+    let crashed = temp_dir("crash");
+    std::fs::create_dir_all(&crashed).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), crashed.join(entry.file_name())).unwrap();
+    }
+    let (_, recovered) = open(options(&crashed)).unwrap();
+    std::fs::remove_dir_all(&crashed).unwrap();
+    ids(&recovered.operations)
+}
+
+#[test]
+fn a_lingering_append_completes_with_the_next_forced_sync_or_after_its_linger_never_before_it_is_durable()
+ {
+    // A linger no test run reaches: only a push's sync completes an ack's append.
+    let dir = temp_dir("linger");
+    let (faults, handle, rx) = start_lingering(&dir, Duration::from_secs(3600), u64::MAX);
+    submit_lingering(&handle, 1);
+    submit_lingering(&handle, 2);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(rx.try_recv().is_err(), "no completion before a sync");
+    assert_eq!(syncs(&faults), 0, "a lingering append forces no sync");
+    assert_eq!(
+        recovered_after_crash(&dir),
+        Vec::<Vec<MessageId>>::new(),
+        "written, not yet durable: its waiter was told nothing"
+    );
+    // A push's sync makes both durable: all three complete, in log order, after one sync.
+    handle.submit(op(3), Some(3)).unwrap();
+    let (done, tokens) = completions(&rx, 3);
+    assert_eq!(tokens, vec![1, 2, 3]);
+    assert!(done.iter().all(|(_, result)| result.is_ok()));
+    assert_eq!(syncs(&faults), 1, "one sync for the three");
+    assert_eq!(recovered_after_crash(&dir), expect(1..=3));
+    drop(handle);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Alone, a lingering append is synced once its linger passes (or at once with none).
+    for linger in [Duration::from_millis(20), Duration::ZERO] {
+        let dir = temp_dir("linger-timer");
+        let (faults, handle, rx) = start_lingering(&dir, linger, u64::MAX);
+        submit_lingering(&handle, 1);
+        let (done, _) = completions(&rx, 1);
+        assert!(done[0].1.is_ok());
+        assert_eq!(syncs(&faults), 1, "{linger:?}: synced before it completed");
+        assert_eq!(recovered_after_crash(&dir), expect([1]));
+        drop(handle);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[test]
+fn a_failed_sync_fails_the_lingering_appends_it_would_have_made_durable() {
+    let dir = temp_dir("linger-fail");
+    let (_, handle, rx) = start_lingering(&dir, Duration::from_secs(3600), 0);
+    submit_lingering(&handle, 1);
+    handle.submit(op(2), Some(2)).unwrap();
+    let (done, tokens) = completions(&rx, 2);
+    assert_eq!(tokens, vec![1, 2]);
+    for (token, result) in &done {
+        let error = result.as_ref().expect_err("nothing was made durable");
+        assert!(error.contains("fdatasync"), "{token}: {error}");
+    }
+    drop(handle);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -432,9 +432,9 @@ struct BenchArgs {
     /// run and the median and range of each figure (at most 100).
     #[arg(long, default_value_t = 1)]
     runs: u32,
-    /// Compare with the tree of this topology (not with --connect): each run of the first
-    /// tree (--topology, or the default) is followed by one of this tree (B), and the command
-    /// prints each one's medians, B/A and in how many pairs B did better.
+    /// Compare with the tree of this topology (not with --connect): runs of the first tree
+    /// (--topology, or the default: A) and of this tree (B) alternate in pairs, A B then B A,
+    /// and the command prints each one's medians, B/A and in how many pairs B did better.
     #[arg(long)]
     against: Option<PathBuf>,
     /// Also write the report as JSON to this file (with --runs above 1: the summary, every
@@ -1124,7 +1124,14 @@ async fn bench_against(
     };
     let (mut a_runs, mut b_runs) = (Vec::new(), Vec::new());
     for run in 1..=args.runs {
-        for (name, config, runs) in [("A", &config, &mut a_runs), ("B", &b_config, &mut b_runs)] {
+        // A then B, then B then A: the second run of a pair is faster (it gets memory the
+        // first one gave back, which this VM need not fault in again from the host), so
+        // neither side may always go second.
+        let mut pair = [("A", &config, &mut a_runs), ("B", &b_config, &mut b_runs)];
+        if run % 2 == 0 {
+            pair.reverse();
+        }
+        for (name, config, runs) in pair {
             let report = crest::bench::run(config.clone()).await?;
             print!("{name} run {run}/{}: {}", args.runs, report.line());
             runs.push(report);
