@@ -22,11 +22,11 @@ pub const POP_MESSAGES_MAX_DEFAULT: u32 = 1000;
 /// [`Settings::offer_linger_us`]). 0: measured, a linger bought nothing on this machine's real
 /// tree and cost latency in the simulator (README, Flow control).
 pub const OFFER_LINGER_US_DEFAULT: u64 = 0;
-/// Default of [`Settings::wal_ack_sync_linger_us`] (README, Storage: measured against 0).
-pub const WAL_ACK_SYNC_LINGER_US_DEFAULT: u64 = 1000;
+/// Default of [`Settings::wal_ack_sync_linger_us`] (README, Storage: measured against 0, 500, 1000 and 4000).
+pub const WAL_ACK_SYNC_LINGER_US_DEFAULT: u64 = 2000;
 /// Default of [`Settings::udp_payload_max`]. Measured on loopback against 1,452 and 6,550
-/// (README, Performance): pops gain as much as with 6,550, and pushes do not lose what they
-/// lost with 6,550 when the CPU bounds them.
+/// (docs/performance-history.md): pops gain as much as with 6,550, and pushes do not lose
+/// what they lost with 6,550 when the CPU bounds them.
 pub const UDP_PAYLOAD_MAX_DEFAULT: u16 = 3000;
 /// Highest allowed [`Settings::udp_payload_max`]: quinn sends up to 10 packets in one
 /// segmentation-offload `sendmsg`, whose total must fit a UDP datagram (65,507 bytes on IPv4).
@@ -563,6 +563,17 @@ mod tests {
             ..Settings::default()
         };
         assert_eq!(settings.validate().unwrap_err().name, "credits_per_topic");
+        for (linger, name) in [
+            (1_000_001, Some("wal_ack_sync_linger_us")),
+            (1_000_000, None),
+            (0, None),
+        ] {
+            let settings = Settings {
+                wal_ack_sync_linger_us: linger,
+                ..Settings::default()
+            };
+            assert_eq!(settings.validate().err().map(|e| e.name), name);
+        }
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub fn transport_config(settings: &Settings) -> Arc<quinn::TransportConfig> {
     config.ack_frequency_config(Some(ack_frequency));
     // Cubic grows its window only while the window is what limits sending; crest's links carry
     // bursts (a batch of pushes, a pop's grants) between idle gaps, so their windows stayed near
-    // the 12 KB start and every burst waited for round trips of ACKs (README, Performance).
+    // the 12 KB start and every burst waited for round trips of ACKs (docs/performance-history.md).
     let mut cubic = quinn::congestion::CubicConfig::default();
     cubic.initial_window(settings.quic_initial_window_bytes);
     config.congestion_controller_factory(Arc::new(cubic));
