@@ -51,10 +51,11 @@ pub enum SyncWait {
     /// Synced at once: a producer waits for its push's acknowledgement.
     #[default]
     Now,
-    /// Completed with the next sync another append forces, or after `wal_ack_sync_linger_us`
-    /// at the latest: an ack's delete, a nack's release, an extend, a compaction step. Its
-    /// waiter is not holding up a producer, and a push that arrives meanwhile then waits for
-    /// one sync instead of two.
+    /// While pushes are coming, completed with the next sync a push forces, or after
+    /// `wal_ack_sync_linger_us` at the latest (with no pushes coming, synced at once): an
+    /// ack's delete, a nack's release, an extend, a compaction step. Its waiter is not
+    /// holding up a producer, and a push that arrives meanwhile then waits for one sync
+    /// instead of two.
     Linger,
 }
 

@@ -7,11 +7,12 @@
 //! acknowledged by the same sync. In [`Durability::Buffered`] mode completion is reported after
 //! the write (a process crash loses nothing, a machine crash loses the last moments).
 //!
-//! Not every waiter is in a hurry. An append submitted with [`SyncWait::Linger`] (an ack's
-//! delete) is written at once, but its completion is held until the next sync that an
-//! append with [`SyncWait::Now`] (a push) forces, or until `linger_sync_after` has passed:
-//! it is still reported only once durable, and a push arriving meanwhile waits for one
-//! sync instead of two. Completions are always reported in log order.
+//! Not every waiter is in a hurry. While pushes are coming (an append with [`SyncWait::Now`]
+//! forced a sync within `linger_sync_after`), an append submitted with [`SyncWait::Linger`]
+//! (an ack's delete) is written at once, but its completion is held until the next sync a
+//! push forces, or until `linger_sync_after` has passed: it is still reported only once
+//! durable, and a push arriving meanwhile waits for one sync instead of two. With no pushes
+//! coming it is synced at once, like a push. Completions are always reported in log order.
 //!
 //! # Failures
 //! A failed write (disk full, I/O error) is cut back from the file and reported as failed for
@@ -142,7 +143,8 @@ pub struct WalOptions {
     /// after this long at the latest.
     pub unwaited_sync_after: Duration,
     /// In fsync mode, how long an append submitted with [`SyncWait::Linger`] may wait for a
-    /// sync another append forces before the writer syncs for it (zero: at once).
+    /// sync a push forces before the writer syncs for it (zero: at once); it waits only if a
+    /// push forced a sync within this long before it.
     pub linger_sync_after: Duration,
     /// Wraps segment files (fault injection); `None` writes to the files directly.
     pub file_wrapper: Option<FileWrapper>,
@@ -205,6 +207,9 @@ pub struct Wal {
     /// when the first of them waits.
     held: Vec<Completion>,
     held_since: Option<Instant>,
+    /// When a push (an append with [`SyncWait::Now`]) last forced a sync: a lingering append
+    /// waits only while pushes are coming.
+    pushed_at: Option<Instant>,
     /// Completions ready to report, in log order.
     ready: Vec<Completion>,
 }
@@ -392,6 +397,7 @@ fn recover(
                 synced_for: None,
                 held: Vec::new(),
                 held_since: None,
+                pushed_at: None,
                 ready: Vec::new(),
             }
         }
@@ -410,6 +416,7 @@ fn recover(
                 synced_for: None,
                 held: Vec::new(),
                 held_since: None,
+                pushed_at: None,
                 ready: Vec::new(),
             }
         }
@@ -873,11 +880,14 @@ impl Wal {
         let mut hold = false;
         if self.options.durability == Durability::Fsync {
             let waits = |wait| jobs.iter().any(|j| j.token.is_some() && j.wait == wait);
-            let lingers = waits(SyncWait::Linger);
-            if waits(SyncWait::Now) || (lingers && self.options.linger_sync_after.is_zero()) {
+            let (now, lingers) = (waits(SyncWait::Now), waits(SyncWait::Linger));
+            if now || (lingers && !self.pushes_coming()) {
                 if let Err(error) = self.sync() {
                     self.ready.extend(fail_all(jobs, &error));
                     return;
+                }
+                if now {
+                    self.pushed_at = Some(Instant::now());
                 }
             } else if lingers {
                 let since = *self.held_since.get_or_insert_with(Instant::now);
@@ -931,6 +941,15 @@ impl Wal {
         } else {
             self.ready.extend(completions);
         }
+    }
+
+    /// Whether pushes are coming, so that a lingering append may wait for the next one: a
+    /// push forced a sync within the linger. With none (a drain), there is no push to protect
+    /// nor to ride with, and a consumer acking one message at a time is not kept waiting for
+    /// nothing.
+    fn pushes_coming(&self) -> bool {
+        self.pushed_at
+            .is_some_and(|at| at.elapsed() < self.options.linger_sync_after)
     }
 
     /// Syncs the active segment; a failure applies [`SyncFailure`] (abort, or stop the writer).

@@ -618,6 +618,14 @@ fn submit_lingering(handle: &WalHandle, n: u64) {
         .unwrap();
 }
 
+/// Submits operation `n` as a push (synced at once) and waits for its completion.
+fn push_and_wait(handle: &WalHandle, rx: &mpsc::Receiver<Vec<Completion>>, n: u64) {
+    handle.submit(op(n), Some(n)).unwrap();
+    let (done, tokens) = completions(rx, 1);
+    assert_eq!(tokens, vec![n]);
+    assert!(done[0].1.is_ok());
+}
+
 /// The next `n` completions, and their tokens in the order they came.
 fn completions(rx: &mpsc::Receiver<Vec<Completion>>, n: usize) -> (Vec<Completion>, Vec<u64>) {
     let mut done = Vec::new();
@@ -643,40 +651,50 @@ fn recovered_after_crash(dir: &Path) -> Vec<Vec<MessageId>> {
 }
 
 #[test]
-fn a_lingering_append_completes_with_the_next_forced_sync_or_after_its_linger_never_before_it_is_durable()
+fn a_lingering_append_waits_for_a_push_s_sync_only_while_pushes_come_and_never_completes_before_it_is_durable()
  {
-    // A linger no test run reaches: only a push's sync completes an ack's append.
+    // A linger no test run reaches: only a push's sync completes an ack's held append.
     let dir = temp_dir("linger");
     let (faults, handle, rx) = start_lingering(&dir, Duration::from_secs(3600), u64::MAX);
+    // No push has come: nothing to ride with, so it is synced at once.
     submit_lingering(&handle, 1);
-    submit_lingering(&handle, 2);
+    completions(&rx, 1);
+    assert_eq!(syncs(&faults), 1, "synced at once with no push coming");
+    // A push comes: from now on acks' appends wait for the next push's sync.
+    push_and_wait(&handle, &rx, 2);
+    assert_eq!(syncs(&faults), 2);
+    submit_lingering(&handle, 3);
+    submit_lingering(&handle, 4);
     std::thread::sleep(Duration::from_millis(100));
     assert!(rx.try_recv().is_err(), "no completion before a sync");
-    assert_eq!(syncs(&faults), 0, "a lingering append forces no sync");
+    assert_eq!(syncs(&faults), 2, "a lingering append forces no sync");
     assert_eq!(
         recovered_after_crash(&dir),
-        Vec::<Vec<MessageId>>::new(),
-        "written, not yet durable: its waiter was told nothing"
+        expect(1..=2),
+        "3 and 4 are written, not yet durable: their waiters were told nothing"
     );
-    // A push's sync makes both durable: all three complete, in log order, after one sync.
-    handle.submit(op(3), Some(3)).unwrap();
+    // The next push's sync makes them durable: all three complete, in log order, after one
+    // sync.
+    handle.submit(op(5), Some(5)).unwrap();
     let (done, tokens) = completions(&rx, 3);
-    assert_eq!(tokens, vec![1, 2, 3]);
+    assert_eq!(tokens, vec![3, 4, 5]);
     assert!(done.iter().all(|(_, result)| result.is_ok()));
-    assert_eq!(syncs(&faults), 1, "one sync for the three");
-    assert_eq!(recovered_after_crash(&dir), expect(1..=3));
+    assert_eq!(syncs(&faults), 3, "one sync for the three");
+    assert_eq!(recovered_after_crash(&dir), expect(1..=5));
     drop(handle);
     std::fs::remove_dir_all(&dir).unwrap();
 
-    // Alone, a lingering append is synced once its linger passes (or at once with none).
-    for linger in [Duration::from_millis(20), Duration::ZERO] {
+    // While pushes come, a lingering append with no push after it is synced once its linger
+    // passes (or at once with none).
+    for linger in [Duration::from_millis(300), Duration::ZERO] {
         let dir = temp_dir("linger-timer");
         let (faults, handle, rx) = start_lingering(&dir, linger, u64::MAX);
-        submit_lingering(&handle, 1);
+        push_and_wait(&handle, &rx, 1);
+        submit_lingering(&handle, 2);
         let (done, _) = completions(&rx, 1);
         assert!(done[0].1.is_ok());
-        assert_eq!(syncs(&faults), 1, "{linger:?}: synced before it completed");
-        assert_eq!(recovered_after_crash(&dir), expect([1]));
+        assert_eq!(syncs(&faults), 2, "{linger:?}: synced before it completed");
+        assert_eq!(recovered_after_crash(&dir), expect(1..=2));
         drop(handle);
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -685,11 +703,13 @@ fn a_lingering_append_completes_with_the_next_forced_sync_or_after_its_linger_ne
 #[test]
 fn a_failed_sync_fails_the_lingering_appends_it_would_have_made_durable() {
     let dir = temp_dir("linger-fail");
-    let (_, handle, rx) = start_lingering(&dir, Duration::from_secs(3600), 0);
-    submit_lingering(&handle, 1);
-    handle.submit(op(2), Some(2)).unwrap();
+    // One sync succeeds (a push's, so that pushes are coming), the next fails.
+    let (_, handle, rx) = start_lingering(&dir, Duration::from_secs(3600), 1);
+    push_and_wait(&handle, &rx, 1);
+    submit_lingering(&handle, 2);
+    handle.submit(op(3), Some(3)).unwrap();
     let (done, tokens) = completions(&rx, 2);
-    assert_eq!(tokens, vec![1, 2]);
+    assert_eq!(tokens, vec![2, 3]);
     for (token, result) in &done {
         let error = result.as_ref().expect_err("nothing was made durable");
         assert!(error.contains("fdatasync"), "{token}: {error}");
