@@ -758,13 +758,7 @@ fn a_leaf_rebuilt_from_its_log_holds_exactly_what_it_held() {
     // Goal: replaying the storage operations a leaf emitted rebuilds its state. Method: run a
     // leaf in the tree, record its log, then recover a second leaf from that log and pop.
     let mut h = Harness::new();
-    let root = h.add(root_node(settings(4), vec![LeafId(1)]));
-    let log = SharedLog::default();
-    let first = h.add(Box::new(Recording {
-        inner: leaf(1, 4),
-        log: log.clone(),
-        checkpoints: Default::default(),
-    }));
+    let (root, first, log) = recorded_leaf_and_root(&mut h);
     let leaf_end = h.link(first, root);
     let producer = h.client(first, PeerKind::Producer);
     let consumer = h.client(root, PeerKind::Consumer);
@@ -843,6 +837,18 @@ fn a_batch_storage_refuses_is_answered_with_an_error_and_nothing_is_kept() {
 
 type SharedLog = std::sync::Arc<std::sync::Mutex<Vec<crate::machine::StorageOp>>>;
 
+/// A root (4 credits) and leaf 1 whose log is recorded, not yet linked: (root, leaf, log).
+fn recorded_leaf_and_root(h: &mut Harness) -> (usize, usize, SharedLog) {
+    let root = h.add(root_node(settings(4), vec![LeafId(1)]));
+    let log = SharedLog::default();
+    let node = h.add(Box::new(Recording {
+        inner: leaf(1, 4),
+        log: log.clone(),
+        checkpoints: Default::default(),
+    }));
+    (root, node, log)
+}
+
 /// Wraps a machine and keeps a copy of every storage operation it emits: its log.
 struct Recording {
     inner: Box<dyn Machine>,
@@ -899,13 +905,7 @@ impl Machine for Recording {
 fn a_push_asks_for_a_sync_at_once_and_an_ack_s_delete_may_linger_for_one() {
     use crate::machine::{StorageOp, SyncWait};
     let mut h = Harness::new();
-    let root = h.add(root_node(settings(4), vec![LeafId(1)]));
-    let log = SharedLog::default();
-    let node = h.add(Box::new(Recording {
-        inner: leaf(1, 4),
-        log: log.clone(),
-        checkpoints: Default::default(),
-    }));
+    let (root, node, log) = recorded_leaf_and_root(&mut h);
     h.link(node, root);
     let producer = h.client(node, PeerKind::Producer);
     let consumer = h.client(root, PeerKind::Consumer);

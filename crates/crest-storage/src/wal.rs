@@ -678,10 +678,7 @@ impl Wal {
             let held_due = self
                 .held_since
                 .map(|since| since + self.options.linger_sync_after);
-            let due = match (unwaited_due, held_due) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let due = [unwaited_due, held_due].into_iter().flatten().min();
             let first = if let Some(due) = due {
                 match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
                     Ok(job) => job,
