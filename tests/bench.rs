@@ -41,6 +41,18 @@ async fn bench_ok(list: &[&str]) -> (String, Value) {
     (text, report(&json))
 }
 
+/// A small fill-then-drain: 2 producers, 1 consumer popping 64 at a time.
+const SMALL_FILL: &[&str] = &["--producers", "2", "--consumers", "1", "--pop-batch", "64"];
+
+/// The leaves whose log syncs a report gives one by one (node names), and the sum of their
+/// counts.
+fn syncs_by_leaf(report: &Value) -> (Vec<String>, u64) {
+    let by_leaf = report["log_sync_by_leaf_us"].as_object().unwrap();
+    let names = by_leaf.keys().cloned().collect();
+    let count = by_leaf.values().map(|p| p["count"].as_u64().unwrap()).sum();
+    (names, count)
+}
+
 fn assert_accounted(report: &Value, messages: u64, text: &str) {
     assert_run_accounted(report, messages, text);
     assert!(text.contains("pop wait (us)"), "{text}");
@@ -64,6 +76,20 @@ fn assert_run_accounted(report: &Value, messages: u64, text: &str) {
         "{text}"
     );
     assert_eq!(report["rank_error"]["count"], messages, "{text}");
+    // Push-ack latency per leaf: every message counted once, at one of the tree's leaves
+    // (the default tree's ids 1-4), by the id its leaf gave it.
+    let by_leaf = report["latency"]["push_ack_by_leaf_us"]
+        .as_object()
+        .unwrap();
+    let per_leaf: u64 = by_leaf.values().map(|p| p["count"].as_u64().unwrap()).sum();
+    assert_eq!(per_leaf, messages, "{text}");
+    assert!(
+        !by_leaf.is_empty()
+            && by_leaf
+                .keys()
+                .all(|id| ["1", "2", "3", "4"].contains(&id.as_str())),
+        "{text}"
+    );
     // Every pop that delivered counts in pop wait; pop latency counts only those asked while
     // a pushed message was known to be waiting.
     let waits = report["latency"]["pop_wait_us"]["count"].as_u64().unwrap();
@@ -78,17 +104,7 @@ fn assert_run_accounted(report: &Value, messages: u64, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_on_its_own_durable_tree_accounts_for_every_message() {
-    let (text, report) = bench_ok(&[
-        "--messages",
-        "4000",
-        "--producers",
-        "2",
-        "--consumers",
-        "1",
-        "--pop-batch",
-        "64",
-    ])
-    .await;
+    let (text, report) = bench_ok(&[&["--messages", "4000"], SMALL_FILL].concat()).await;
     assert!(text.contains("durable leaves"), "{text}");
     assert!(text.contains("rank error"), "{text}");
     assert_accounted(&report, 4000, &text);
@@ -105,6 +121,19 @@ async fn bench_on_its_own_durable_tree_accounts_for_every_message() {
     let syncs = report["log_sync_us"]["count"].as_u64().unwrap_or(0);
     assert!(syncs >= 4, "at least one sync per leaf: {text}");
     assert!(text.contains("leaves' log syncs (us)"), "{text}");
+    // ... and each leaf's: all four synced, and together they are the whole.
+    assert_eq!(
+        report["syncing_leaves"],
+        serde_json::json!([4, 4]),
+        "{text}"
+    );
+    let (names, per_leaf) = syncs_by_leaf(&report);
+    assert_eq!(names, ["leaf-1", "leaf-2", "leaf-3", "leaf-4"], "{text}");
+    assert_eq!(per_leaf, syncs, "{text}");
+    assert!(
+        text.contains("at leaf-4") && text.contains("at leaf 4"),
+        "{text}"
+    );
     // The process's CPU, tree included, split between the fill and the drain.
     let cpu = &report["cpu"];
     assert_eq!(cpu["includes_tree"], true, "{text}");
@@ -134,6 +163,30 @@ async fn bench_on_its_own_durable_tree_accounts_for_every_message() {
         "{text}"
     );
     assert!(text.contains("at lease time (msgs)"), "{text}");
+}
+
+/// `topology/one-syncing-leaf.toml`: the default tree whose leaves 2-4 write their logs
+/// without syncing. Only leaf-1's syncs are reported, the table says how many leaves sync,
+/// and every message is still accounted for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_reports_which_leaves_sync_when_a_topology_makes_some_buffered() {
+    let topology = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/topology/one-syncing-leaf.toml"
+    );
+    let (text, report) =
+        bench_ok(&[&["--topology", topology, "--messages", "3000"], SMALL_FILL].concat()).await;
+    assert_accounted(&report, 3000, &text);
+    assert_eq!(report["durable"], true, "{text}");
+    assert_eq!(
+        report["syncing_leaves"],
+        serde_json::json!([1, 4]),
+        "{text}"
+    );
+    assert!(text.contains("1 of 4 fsync before ack"), "{text}");
+    let (names, per_leaf) = syncs_by_leaf(&report);
+    assert_eq!(names, ["leaf-1"], "only leaf-1 syncs: {text}");
+    assert_eq!(per_leaf, report["log_sync_us"]["count"], "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

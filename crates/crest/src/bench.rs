@@ -16,6 +16,7 @@
 //! pop (request to answer, for pops asked while a pushed message was known to be waiting),
 //! ack (consumer ack round trip), push-to-pop (send to delivery).
 
+use crate::core::config::Durability;
 use crate::core::metrics::Metric;
 pub use crate::core::metrics::Percentiles;
 use crate::core::topology::Topology;
@@ -32,6 +33,7 @@ use rand::Rng;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
@@ -241,6 +243,9 @@ impl BenchConfig {
 pub struct Latencies {
     /// Send to the leaf's acknowledgement (durable when the leaf logs).
     pub push_ack_us: Percentiles,
+    /// The same, per leaf (by leaf id): one slow log shows here when the whole does not
+    /// say which. A batch split over leaves counts its slowest part for each of them.
+    pub push_ack_by_leaf_us: BTreeMap<u16, Percentiles>,
     /// Pop request to answer, for pops that returned messages and were asked while the bench
     /// knew of a message pushed (acknowledged) and not yet popped: time to serve, not time
     /// spent waiting for a producer.
@@ -278,6 +283,9 @@ pub struct BenchReport {
     pub target_rate: Option<f64>,
     /// Whether the leaves were durable (`None`: a remote tree, unknown).
     pub durable: Option<bool>,
+    /// With durable leaves, how many of them sync before they acknowledge (the others' settings
+    /// say `durability = "buffered"`), and of how many (`None`: a remote tree, unknown).
+    pub syncing_leaves: Option<(usize, usize)>,
     /// Messages acknowledged by leaves.
     pub pushed: u64,
     /// Pushes that failed (their error counted, not retried).
@@ -330,6 +338,8 @@ pub struct BenchReport {
     /// for), microseconds, over the leaves' recent past (their last 10–20 s: all of a short
     /// run); `None` for a remote tree or leaves in memory.
     pub log_sync_us: Option<Percentiles>,
+    /// The same, per durable leaf (by node name).
+    pub log_sync_by_leaf_us: BTreeMap<String, Percentiles>,
     /// Processor time this process spent over the run.
     pub cpu: CpuUse,
 }
@@ -995,8 +1005,39 @@ fn read_stamp(payload: &[u8], nonce: u64) -> Option<(u64, u64)> {
     (word(0) == nonce).then(|| (word(1), word(2)))
 }
 
+/// Push-ack latencies, in all and per leaf.
+struct PushAcks {
+    all: Histogram<u64>,
+    by_leaf: BTreeMap<u16, Histogram<u64>>,
+}
+
+impl PushAcks {
+    fn new() -> PushAcks {
+        PushAcks {
+            all: histogram(),
+            by_leaf: BTreeMap::new(),
+        }
+    }
+
+    fn record(&mut self, leaf: u16, micros: u64) {
+        record(&mut self.all, micros);
+        record(self.by_leaf.entry(leaf).or_insert_with(histogram), micros);
+    }
+
+    fn merge(&mut self, other: PushAcks) {
+        self.all.add(&other.all).expect("same bounds");
+        for (leaf, hist) in other.by_leaf {
+            self.by_leaf
+                .entry(leaf)
+                .or_insert_with(histogram)
+                .add(&hist)
+                .expect("same bounds");
+        }
+    }
+}
+
 struct ProducerResult {
-    push_ack: Histogram<u64>,
+    push_ack: PushAcks,
 }
 
 async fn run_producer(
@@ -1009,7 +1050,7 @@ async fn run_producer(
         .await
         .context("producer connecting to the leaves")?;
     let mut rng = SmallRng::seed_from_u64(config.seed.wrapping_add(index as u64));
-    let mut push_ack = histogram();
+    let mut push_ack = PushAcks::new();
     let mut in_flight = FuturesUnordered::new();
     // Messages sent and not yet settled (the window counts messages, not batches).
     let mut unsettled = 0usize;
@@ -1115,13 +1156,13 @@ type PushOutcome = (
 );
 
 /// Counts a batch's outcome; how many messages it settled.
-fn settle_push(outcome: PushOutcome, shared: &Shared, push_ack: &mut Histogram<u64>) -> usize {
+fn settle_push(outcome: PushOutcome, shared: &Shared, push_ack: &mut PushAcks) -> usize {
     let (result, stamps) = outcome;
     match result {
-        Ok(_) => {
+        Ok(ids) => {
             let now = shared.now_ns();
-            for &(priority, sent_ns, seq) in &stamps {
-                record(push_ack, now.saturating_sub(sent_ns) / 1000);
+            for (&(priority, sent_ns, seq), id) in stamps.iter().zip(&ids) {
+                push_ack.record(id.leaf().0, now.saturating_sub(sent_ns) / 1000);
                 shared.present.add(priority);
                 if let Some(ledger) = &shared.ledger {
                     ledger.acked(seq, priority, now);
@@ -1339,6 +1380,7 @@ struct Running {
     tls: ClientTls,
     local: Option<LocalTree>,
     durable: Option<bool>,
+    syncing_leaves: Option<(usize, usize)>,
 }
 
 async fn start(target: &Target) -> Result<Running> {
@@ -1349,6 +1391,7 @@ async fn start(target: &Target) -> Result<Running> {
             tls: tls.clone(),
             local: None,
             durable: None,
+            syncing_leaves: None,
         }),
         Target::Local { topology, data_dir } => {
             if let Some(dir) = data_dir {
@@ -1367,8 +1410,16 @@ async fn start(target: &Target) -> Result<Running> {
                 tls: ClientTls {
                     ca_pem: tree.ca_pem.clone(),
                 },
-                local: Some(tree),
                 durable: Some(data_dir.is_some()),
+                syncing_leaves: data_dir.is_some().then(|| {
+                    let leaves: Vec<_> = tree.topology.leaves().collect();
+                    let syncing = leaves
+                        .iter()
+                        .filter(|leaf| leaf.settings.durability == Durability::Fsync)
+                        .count();
+                    (syncing, leaves.len())
+                }),
+                local: Some(tree),
             })
         }
     }
@@ -1386,6 +1437,7 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     let mut violations = None;
     let mut lost = None;
     let mut log_sync = None;
+    let mut log_sync_by_leaf = BTreeMap::new();
     if let Some(tree) = &running.local {
         let (mut violations_sum, mut lost_sum) = (0, 0);
         let mut syncs = crate::core::metrics::Hist::default();
@@ -1393,8 +1445,10 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
             if node.role() == crate::core::wire::Role::Leaf
                 && let Ok(report) = node.report().await
                 && let Some(hist) = report.histograms.get(&Metric::LogSync)
+                && hist.count() > 0
             {
                 syncs.merge(hist);
+                log_sync_by_leaf.insert(node.name().to_string(), hist.percentiles());
             }
             if let Ok(stats) = node.stats().await {
                 violations_sum += stats.violations;
@@ -1419,9 +1473,11 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     }
     let mut report = result?;
     report.durable = running.durable;
+    report.syncing_leaves = running.syncing_leaves;
     report.protocol_violations = violations;
     report.quic_lost_packets = lost;
     report.log_sync_us = log_sync;
+    report.log_sync_by_leaf_us = log_sync_by_leaf;
     report.cpu.includes_tree = includes_tree;
     Ok(report)
 }
@@ -1477,11 +1533,11 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
         Phase::Mixed => start_consumers(std::mem::take(&mut consumers)),
         Phase::FillThenDrain => Vec::new(),
     };
-    let mut push_ack = histogram();
+    let mut push_ack = PushAcks::new();
     let mut failure = None;
     for task in producers {
         match task.await.context("producer task")? {
-            Ok(result) => push_ack.add(&result.push_ack).expect("same bounds"),
+            Ok(result) => push_ack.merge(result.push_ack),
             Err(error) => failure = Some(error),
         }
     }
@@ -1515,7 +1571,7 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
 fn report(
     config: &BenchConfig,
     shared: &Shared,
-    push_ack: Histogram<u64>,
+    push_ack: PushAcks,
     results: Vec<ConsumerResult>,
     cpu: CpuMarks,
 ) -> BenchReport {
@@ -1579,6 +1635,7 @@ fn report(
         ack: config.ack,
         target_rate: config.rate,
         durable: None,
+        syncing_leaves: None,
         pushed,
         push_errors: shared.push_errors.load(Ordering::Relaxed),
         popped: seen.distinct,
@@ -1594,7 +1651,12 @@ fn report(
         pop_seconds,
         pop_rate: rate(seen.distinct, pop_seconds),
         latency: Latencies {
-            push_ack_us: Percentiles::of(&push_ack),
+            push_ack_us: Percentiles::of(&push_ack.all),
+            push_ack_by_leaf_us: push_ack
+                .by_leaf
+                .iter()
+                .map(|(leaf, hist)| (*leaf, Percentiles::of(hist)))
+                .collect(),
             pop_us: Percentiles::of(&pop),
             pop_wait_us: Percentiles::of(&pop_wait),
             ack_us: Percentiles::of(&ack),
@@ -1607,6 +1669,7 @@ fn report(
         protocol_violations: None,
         quic_lost_packets: None,
         log_sync_us: None,
+        log_sync_by_leaf_us: BTreeMap::new(),
         cpu: cpu.usage(config.phase, pushed, seen.distinct),
     }
 }
@@ -1615,10 +1678,14 @@ impl BenchReport {
     /// The final table.
     pub fn table(&self) -> String {
         let mut out = String::new();
-        let tree = match self.durable {
-            Some(true) => "local tree, durable leaves (fsync before ack)",
-            Some(false) => "local tree, in-memory leaves",
-            None => "remote tree",
+        let tree = match (self.durable, self.syncing_leaves) {
+            (Some(true), Some((syncing, leaves))) if syncing < leaves => format!(
+                "local tree, leaves with logs: {syncing} of {leaves} fsync before ack, the \
+                 others write without syncing"
+            ),
+            (Some(true), _) => "local tree, durable leaves (fsync before ack)".into(),
+            (Some(false), _) => "local tree, in-memory leaves".into(),
+            (None, _) => "remote tree".into(),
         };
         out.push_str(&format!(
             "crest bench: {:?}, {} producers x {} consumers, {} B payloads, {:?} priorities, pop batch {}, ack {}, {}\n",
@@ -1661,12 +1728,22 @@ impl BenchReport {
         out.push_str(&percentile_header());
         let mut row = |name: &str, p: &Percentiles| out.push_str(&percentile_row(name, p));
         row("push-ack latency (us)", &self.latency.push_ack_us);
+        if self.latency.push_ack_by_leaf_us.len() > 1 {
+            for (leaf, p) in &self.latency.push_ack_by_leaf_us {
+                row(&format!("  at leaf {leaf}"), p);
+            }
+        }
         row("pop latency (us)", &self.latency.pop_us);
         row("pop wait (us)", &self.latency.pop_wait_us);
         row("ack latency (us)", &self.latency.ack_us);
         row("push-to-pop (us)", &self.latency.push_to_pop_us);
         if let Some(syncs) = &self.log_sync_us {
             row("leaves' log syncs (us)", syncs);
+            if self.log_sync_by_leaf_us.len() > 1 {
+                for (leaf, p) in &self.log_sync_by_leaf_us {
+                    row(&format!("  at {leaf}"), p);
+                }
+            }
         }
         row("rank error (msgs)", &self.rank_error);
         if let Some(lease) = &self.lease_rank_error {
