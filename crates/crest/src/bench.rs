@@ -1161,8 +1161,11 @@ fn settle_push(outcome: PushOutcome, shared: &Shared, push_ack: &mut PushAcks) -
     match result {
         Ok(ids) => {
             let now = shared.now_ns();
-            for (&(priority, sent_ns, seq), id) in stamps.iter().zip(&ids) {
-                push_ack.record(id.leaf().0, now.saturating_sub(sent_ns) / 1000);
+            for (index, &(priority, sent_ns, seq)) in stamps.iter().enumerate() {
+                // The SDK gives an id per message; were one missing, it would count as leaf 0,
+                // which no leaf is.
+                let leaf = ids.get(index).map_or(0, |id| id.leaf().0);
+                push_ack.record(leaf, now.saturating_sub(sent_ns) / 1000);
                 shared.present.add(priority);
                 if let Some(ledger) = &shared.ledger {
                     ledger.acked(seq, priority, now);
