@@ -90,6 +90,13 @@ fn assert_run_accounted(report: &Value, messages: u64, text: &str) {
                 .all(|id| ["1", "2", "3", "4"].contains(&id.as_str())),
         "{text}"
     );
+    // No more than 1 % of any leaf's pushes are slower than its p99, so no more than 1 % of
+    // all: the whole's p99 is never above the slowest leaf's.
+    let slowest = by_leaf.values().map(|p| p["p99"].as_u64().unwrap()).max();
+    assert!(
+        slowest >= report["latency"]["push_ack_us"]["p99"].as_u64(),
+        "{text}"
+    );
     // Every pop that delivered counts in pop wait; pop latency counts only those asked while
     // a pushed message was known to be waiting.
     let waits = report["latency"]["pop_wait_us"]["count"].as_u64().unwrap();
@@ -448,6 +455,13 @@ async fn bench_repeats_a_run_and_reports_medians_and_every_run() {
     }
     assert_eq!(summary["missing"], 0, "{text}");
     assert_eq!(summary["protocol_violations"], 0, "{text}");
+    // Each run's slowest leaf is at least the whole, so the medians are too.
+    assert!(text.contains("push-ack p99, slowest leaf"), "{text}");
+    let median = |name: &str| summary[name]["median"].as_f64().unwrap();
+    assert!(
+        median("push_ack_p99_slowest_leaf_us") >= median("push_ack_p99_us"),
+        "{text}"
+    );
     // The median is the middle run's figure, within the range.
     let mut rates: Vec<f64> = runs
         .iter()
@@ -494,6 +508,11 @@ async fn bench_compares_two_trees_in_interleaved_pairs() {
     }
     let pushes = &comparison["push_rate"];
     assert_eq!(pushes["pairs"], 2, "{text}");
+    assert_eq!(
+        comparison["push_ack_p99_slowest_leaf_us"]["pairs"], 2,
+        "{text}"
+    );
+    assert!(text.contains("slowest leaf (us)"), "{text}");
     assert!(pushes["b_better"].as_u64().unwrap() <= 2, "{text}");
     let (a, b) = (pushes["a"].as_f64().unwrap(), pushes["b"].as_f64().unwrap());
     assert_eq!(a, comparison["a"]["push_rate"]["median"].as_f64().unwrap());

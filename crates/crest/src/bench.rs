@@ -411,6 +411,9 @@ pub struct BenchSummary {
     pub push_ack_p50_us: Spread,
     /// Push-ack latency p99, microseconds.
     pub push_ack_p99_us: Spread,
+    /// The slowest leaf's push-ack latency p99, microseconds: what the producers of the
+    /// worst-placed leaf see (never below the whole's p99).
+    pub push_ack_p99_slowest_leaf_us: Spread,
     /// Pop latency p50, microseconds.
     pub pop_p50_us: Spread,
     /// Pop latency p99, microseconds.
@@ -456,6 +459,7 @@ impl BenchSummary {
             pop_rate: spread(|r| r.pop_rate),
             push_ack_p50_us: spread(|r| r.latency.push_ack_us.p50 as f64),
             push_ack_p99_us: spread(|r| r.latency.push_ack_us.p99 as f64),
+            push_ack_p99_slowest_leaf_us: spread(|r| r.slowest_leaf_push_ack_p99_us() as f64),
             pop_p50_us: spread(|r| r.latency.pop_us.p50 as f64),
             pop_p99_us: spread(|r| r.latency.pop_us.p99 as f64),
             rank_error_p99: spread(|r| r.rank_error.p99 as f64),
@@ -491,6 +495,11 @@ impl BenchSummary {
         row("pops", &self.pop_rate, "msgs/s");
         row("push-ack latency p50", &self.push_ack_p50_us, "us");
         row("push-ack latency p99", &self.push_ack_p99_us, "us");
+        row(
+            "push-ack p99, slowest leaf",
+            &self.push_ack_p99_slowest_leaf_us,
+            "us",
+        );
         row("pop latency p50", &self.pop_p50_us, "us");
         row("pop latency p99", &self.pop_p99_us, "us");
         row("rank error p99", &self.rank_error_p99, "msgs");
@@ -546,6 +555,8 @@ pub struct BenchComparison {
     pub pop_rate: Versus,
     /// Push-ack latency p99, microseconds.
     pub push_ack_p99_us: Versus,
+    /// The slowest leaf's push-ack latency p99, microseconds.
+    pub push_ack_p99_slowest_leaf_us: Versus,
     /// Pop latency p99, microseconds.
     pub pop_p99_us: Versus,
     /// Process CPU per message, microseconds.
@@ -593,6 +604,11 @@ impl BenchComparison {
                 |r| r.latency.push_ack_us.p99 as f64,
                 false,
             ),
+            push_ack_p99_slowest_leaf_us: versus(
+                |s| s.push_ack_p99_slowest_leaf_us.median,
+                |r| r.slowest_leaf_push_ack_p99_us() as f64,
+                false,
+            ),
             pop_p99_us: versus(
                 |s| s.pop_p99_us.median,
                 |r| r.latency.pop_us.p99 as f64,
@@ -623,6 +639,7 @@ impl BenchComparison {
         row("pushes (msgs/s)", &self.push_rate);
         row("pops (msgs/s)", &self.pop_rate);
         row("push-ack p99 (us)", &self.push_ack_p99_us);
+        row("  slowest leaf (us)", &self.push_ack_p99_slowest_leaf_us);
         row("pop p99 (us)", &self.pop_p99_us);
         row("CPU per message (us)", &self.cpu_us_per_message);
         out
@@ -630,6 +647,16 @@ impl BenchComparison {
 }
 
 impl BenchReport {
+    /// The highest of the leaves' push-ack p99s (the whole's when no leaf is known).
+    pub fn slowest_leaf_push_ack_p99_us(&self) -> u64 {
+        self.latency
+            .push_ack_by_leaf_us
+            .values()
+            .map(|p| p.p99)
+            .max()
+            .unwrap_or(self.latency.push_ack_us.p99)
+    }
+
     /// One line of a repeated run.
     pub fn line(&self) -> String {
         format!(
