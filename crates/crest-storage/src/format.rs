@@ -57,7 +57,10 @@
 //! the middle of a write leaves), or not (corruption).
 
 use crest_core::leaf::{Location, LogRecord, MessageBody, MessageHead};
+use std::fs::File;
+use std::io;
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 
 /// First bytes of every segment.
 pub const SEGMENT_MAGIC: &[u8; 8] = b"CRESTWAL";
@@ -324,9 +327,149 @@ pub struct Scan<T = Vec<LogRecord>> {
 /// Scans the bytes of segment `seq` (see the module doc) from offset `from` (a record boundary;
 /// the header's size to scan it all). `Enqueue` records come back as `Index` records.
 pub fn scan_segment(bytes: &[u8], seq: u64, max: u32, from: usize) -> Scan {
-    scan_file(bytes, SEGMENT_MAGIC, seq, max, from, &|body, offset| {
-        decode_segment_record(body, seq, offset)
-    })
+    let scanned = scan_file(
+        &mut SliceSource(bytes),
+        SEGMENT_MAGIC,
+        seq,
+        max,
+        from,
+        &|body, offset| decode_segment_record(body, seq, offset),
+    );
+    match scanned {
+        Ok(scan) => scan,
+        Err(never) => match never {},
+    }
+}
+
+/// [`scan_segment`] of a segment file, read a window at a time: memory holds at most
+/// [`SCAN_CHUNK_BYTES`] or one record (at most `max` bytes) and one chunk more, whatever the
+/// file's size (a preallocated segment is `wal_segment_bytes_max` long, mostly zeros).
+///
+/// # Errors
+/// A read that failed.
+pub fn scan_segment_file(file: &File, seq: u64, max: u32, from: usize) -> io::Result<Scan> {
+    scan_segment_file_in_chunks(file, seq, max, from, SCAN_CHUNK_BYTES)
+}
+
+fn scan_segment_file_in_chunks(
+    file: &File,
+    seq: u64,
+    max: u32,
+    from: usize,
+    chunk: usize,
+) -> io::Result<Scan> {
+    let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    let mut source = FileSource {
+        file,
+        len,
+        chunk: chunk.max(1),
+        start: 0,
+        window: Vec::new(),
+        scratch: Vec::new(),
+    };
+    scan_file(
+        &mut source,
+        SEGMENT_MAGIC,
+        seq,
+        max,
+        from,
+        &|body, offset| decode_segment_record(body, seq, offset),
+    )
+}
+
+/// Bytes a file scan reads at once.
+pub const SCAN_CHUNK_BYTES: usize = 1 << 20;
+
+/// Where a scan reads a file's bytes. Offsets asked for never go back by more than a record.
+trait ScanSource {
+    type Error;
+    /// The file's length.
+    fn len(&self) -> usize;
+    /// Bytes `at..at + n`, within the file.
+    fn bytes(&mut self, at: usize, n: usize) -> Result<&[u8], Self::Error>;
+    /// Whether nothing but zeros follows `at`.
+    fn zeros_from(&mut self, at: usize) -> Result<bool, Self::Error>;
+}
+
+/// Whether `bytes` are all zero: a block at a time, each folded without branches (which the
+/// compiler vectorizes; a preallocated segment's tail is tens of MiB of zeros).
+fn all_zero(bytes: &[u8]) -> bool {
+    bytes
+        .chunks(4096)
+        .all(|block| block.iter().fold(0u8, |acc, &b| acc | b) == 0)
+}
+
+/// A file already in memory.
+struct SliceSource<'a>(&'a [u8]);
+
+impl ScanSource for SliceSource<'_> {
+    type Error = std::convert::Infallible;
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn bytes(&mut self, at: usize, n: usize) -> Result<&[u8], Self::Error> {
+        Ok(&self.0[at..at + n])
+    }
+
+    fn zeros_from(&mut self, at: usize) -> Result<bool, Self::Error> {
+        Ok(self.0.get(at..).is_none_or(all_zero))
+    }
+}
+
+/// A file read through a window of at least a chunk ([`SCAN_CHUNK_BYTES`]) or one record.
+struct FileSource<'a> {
+    file: &'a File,
+    len: usize,
+    chunk: usize,
+    /// The window holds the file's bytes `start..start + window.len()`.
+    start: usize,
+    window: Vec<u8>,
+    /// For reading past the window (a zero tail), a chunk at a time.
+    scratch: Vec<u8>,
+}
+
+impl ScanSource for FileSource<'_> {
+    type Error = io::Error;
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn bytes(&mut self, at: usize, n: usize) -> io::Result<&[u8]> {
+        let end = self.start + self.window.len();
+        if at < self.start || at + n > end {
+            let take = n.max(self.chunk).min(self.len - at);
+            self.window.resize(take, 0);
+            self.file.read_exact_at(&mut self.window, at as u64)?;
+            self.start = at;
+        }
+        let from = at - self.start;
+        Ok(&self.window[from..from + n])
+    }
+
+    fn zeros_from(&mut self, at: usize) -> io::Result<bool> {
+        let end = self.start + self.window.len();
+        // Most often the next record's header is already in the window.
+        let mut next = at;
+        if at >= self.start && at < end {
+            if !all_zero(&self.window[at - self.start..]) {
+                return Ok(false);
+            }
+            next = end;
+        }
+        while next < self.len {
+            let take = self.chunk.min(self.len - next);
+            self.scratch.resize(take, 0);
+            self.file.read_exact_at(&mut self.scratch, next as u64)?;
+            if !all_zero(&self.scratch) {
+                return Ok(false);
+            }
+            next += take;
+        }
+        Ok(true)
+    }
 }
 
 /// A checkpoint: where replay starts, and the snapshot's records.
@@ -348,8 +491,8 @@ const CHECKPOINT_START_BODY: u64 = (SEGMENT_HEADER_BYTES + RECORD_HEADER_BYTES) 
 /// # Errors
 /// What is wrong and where.
 pub fn read_checkpoint(bytes: &[u8], seq: u64, max: u32) -> Result<Checkpoint, String> {
-    let scan = scan_file(
-        bytes,
+    let scanned = scan_file(
+        &mut SliceSource(bytes),
         CHECKPOINT_MAGIC,
         seq,
         max,
@@ -364,6 +507,10 @@ pub fn read_checkpoint(bytes: &[u8], seq: u64, max: u32) -> Result<Checkpoint, S
                 .map_err(|e| e.to_string())
         },
     );
+    let scan = match scanned {
+        Ok(scan) => scan,
+        Err(never) => match never {},
+    };
     if let Some(stop) = scan.stop {
         return Err(format!("at offset {}: {}", stop.offset, stop.bad));
     }
@@ -411,14 +558,14 @@ pub fn encode_checkpoint_start(
 /// Decodes a record's body, which starts at the given file offset.
 type Decode<'a, T> = &'a dyn Fn(&[u8], u64) -> Result<T, String>;
 
-fn scan_file<T>(
-    bytes: &[u8],
+fn scan_file<T, S: ScanSource>(
+    bytes: &mut S,
     magic: &[u8; 8],
     seq: u64,
     max: u32,
     from: usize,
     decode: Decode<'_, T>,
-) -> Scan<T> {
+) -> Result<Scan<T>, S::Error> {
     let mut scan = Scan {
         operations: Vec::new(),
         valid_len: 0,
@@ -433,74 +580,69 @@ fn scan_file<T>(
     };
     // A crash while creating the file leaves a short header, or a preallocated file with
     // nothing written: nothing was ever in it.
-    if bytes.len() < SEGMENT_HEADER_BYTES || bytes.iter().all(|&b| b == 0) {
-        let why = if bytes.len() < SEGMENT_HEADER_BYTES {
+    let file_len = bytes.len();
+    if file_len < SEGMENT_HEADER_BYTES || bytes.zeros_from(0)? {
+        let why = if file_len < SEGMENT_HEADER_BYTES {
             "file shorter than a header"
         } else {
             "nothing written (preallocated zeros)"
         };
         scan.stop = stop(0, BadRecord::Header(why.into()), true);
-        return scan;
+        return Ok(scan);
     }
-    if let Err(why) = check_header(&bytes[..SEGMENT_HEADER_BYTES], magic, seq) {
+    if let Err(why) = check_header(bytes.bytes(0, SEGMENT_HEADER_BYTES)?, magic, seq) {
         scan.stop = stop(0, BadRecord::Header(why), false);
-        return scan;
+        return Ok(scan);
     }
     let mut offset = from.max(SEGMENT_HEADER_BYTES);
     scan.valid_len = offset as u64;
-    // Whether nothing but zeros (a preallocated segment's unwritten part) follows `at`.
-    let zeros_from = |at: usize| {
-        bytes
-            .get(at..)
-            .is_none_or(|tail| tail.iter().all(|&b| b == 0))
-    };
-    while offset < bytes.len() {
-        let rest = &bytes[offset..];
+    while offset < file_len {
+        let rest = file_len - offset;
+        if rest < RECORD_HEADER_BYTES {
+            scan.stop = stop(offset, BadRecord::Truncated, true);
+            return Ok(scan);
+        }
+        let header = bytes.bytes(offset, RECORD_HEADER_BYTES)?;
+        let len = u32::from_be_bytes(header[..4].try_into().expect("4 bytes"));
+        let crc = u32::from_be_bytes(header[4..8].try_into().expect("4 bytes"));
         // A segment's record is never empty: a zero header is where writing stopped in a
         // preallocated segment. Zeros to the end are its clean end; anything after them is
         // damage. (A checkpoint ends with an empty record, whose crc is not checked here.)
-        if magic == SEGMENT_MAGIC
-            && rest.len() >= RECORD_HEADER_BYTES
-            && rest[..RECORD_HEADER_BYTES] == [0; 8]
-        {
-            if !zeros_from(offset) {
+        if magic == SEGMENT_MAGIC && len == 0 && crc == 0 {
+            if !bytes.zeros_from(offset)? {
                 scan.stop = stop(offset, BadRecord::Unwritten, false);
             }
-            return scan;
+            return Ok(scan);
         }
-        if rest.len() < RECORD_HEADER_BYTES {
-            scan.stop = stop(offset, BadRecord::Truncated, true);
-            return scan;
-        }
-        let len = u32::from_be_bytes(rest[..4].try_into().expect("4 bytes"));
-        let crc = u32::from_be_bytes(rest[4..8].try_into().expect("4 bytes"));
         let end = RECORD_HEADER_BYTES + len as usize;
         // A torn write is the last thing written: only zeros may follow it.
-        let torn = zeros_from(offset + end);
         if len > max {
+            let torn = bytes.zeros_from(offset + end)?;
             scan.stop = stop(offset, BadRecord::TooLong(len), torn);
-            return scan;
+            return Ok(scan);
         }
-        if rest.len() < end {
+        if rest < end {
             scan.stop = stop(offset, BadRecord::Truncated, true);
-            return scan;
+            return Ok(scan);
         }
-        let body = &rest[RECORD_HEADER_BYTES..end];
-        if record_crc(seq, body) != crc {
-            scan.stop = stop(offset, BadRecord::Checksum, torn);
-            return scan;
-        }
-        match decode(body, (offset + RECORD_HEADER_BYTES) as u64) {
-            Ok(records) => scan.operations.push(records),
-            Err(error) => {
-                scan.stop = stop(offset, BadRecord::Undecodable(error), torn);
-                return scan;
+        let body = bytes.bytes(offset + RECORD_HEADER_BYTES, len as usize)?;
+        let decoded = (record_crc(seq, body) == crc)
+            .then(|| decode(body, (offset + RECORD_HEADER_BYTES) as u64));
+        let bad = match decoded {
+            Some(Ok(records)) => {
+                scan.operations.push(records);
+                offset += end;
+                scan.valid_len = offset as u64;
+                continue;
             }
-        }
-        offset += end;
-        scan.valid_len = offset as u64;
+            Some(Err(error)) => BadRecord::Undecodable(error),
+            None => BadRecord::Checksum,
+        };
+        let torn = bytes.zeros_from(offset + end)?;
+        scan.stop = stop(offset, bad, torn);
+        return Ok(scan);
     }
-    scan
+    Ok(scan)
 }
 
 /// The format version of a log or checkpoint file whose header is otherwise sound (known
@@ -541,6 +683,22 @@ mod tests {
     use super::*;
     use crest_core::id::{LeafId, MessageId};
     use proptest::prelude::*;
+
+    /// Scans `bytes` in memory ([`scan_segment`]) and as a file read a window at a time
+    /// ([`scan_segment_file`]) with windows of 1, 7, 64 and 4096 bytes and the default: every
+    /// way must find the same records, end and stop. Returns the scan.
+    fn scan_both(bytes: &[u8], seq: u64, max: u32, from: usize) -> Scan {
+        let whole = scan_segment(bytes, seq, max, from);
+        let mut file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut file, bytes).unwrap();
+        for chunk in [1, 7, 64, 4096, SCAN_CHUNK_BYTES] {
+            let read = scan_segment_file_in_chunks(&file, seq, max, from, chunk).unwrap();
+            assert_eq!(read.operations, whole.operations, "window of {chunk}");
+            assert_eq!(read.valid_len, whole.valid_len, "window of {chunk}");
+            assert_eq!(read.stop, whole.stop, "window of {chunk}");
+        }
+        whole
+    }
 
     fn op(n: u64) -> Vec<LogRecord> {
         vec![
@@ -594,7 +752,7 @@ mod tests {
         for records in &ops {
             encode_record(4, records, 1 << 20, &mut bytes, &mut spans).unwrap();
         }
-        let scan = scan_segment(&bytes, 4, 1 << 20, SEGMENT_HEADER_BYTES);
+        let scan = scan_both(&bytes, 4, 1 << 20, SEGMENT_HEADER_BYTES);
         assert!(scan.stop.is_none());
         assert_eq!(scan.operations[0], ops[0]);
         let LogRecord::Index {
@@ -640,12 +798,12 @@ mod tests {
     fn a_cut_anywhere_in_the_last_record_is_a_torn_tail() {
         let ops: Vec<_> = (1..=3).map(op).collect();
         let bytes = segment(7, &ops);
-        let whole = scan_segment(&bytes, 7, 1 << 20, SEGMENT_HEADER_BYTES);
+        let whole = scan_both(&bytes, 7, 1 << 20, SEGMENT_HEADER_BYTES);
         assert_eq!(whole.operations, ops);
         assert_eq!(whole.valid_len, bytes.len() as u64);
         let two = segment(7, &ops[..2]).len();
         for cut in two + 1..bytes.len() {
-            let scan = scan_segment(&bytes[..cut], 7, 1 << 20, SEGMENT_HEADER_BYTES);
+            let scan = scan_both(&bytes[..cut], 7, 1 << 20, SEGMENT_HEADER_BYTES);
             assert_eq!(scan.operations, ops[..2].to_vec(), "cut at {cut}");
             assert_eq!(scan.valid_len, two as u64);
             assert!(scan.stop.unwrap().reaches_end, "cut at {cut}");
@@ -658,7 +816,7 @@ mod tests {
         let written = segment(7, &ops);
         let mut bytes = written.clone();
         bytes.resize(written.len() + 4096, 0);
-        let scan = scan_segment(&bytes, 7, 1 << 20, SEGMENT_HEADER_BYTES);
+        let scan = scan_both(&bytes, 7, 1 << 20, SEGMENT_HEADER_BYTES);
         assert_eq!(scan.operations, ops);
         assert_eq!(scan.valid_len, written.len() as u64);
         assert!(scan.stop.is_none(), "{:?}", scan.stop);
@@ -667,7 +825,7 @@ mod tests {
         let two = segment(7, &ops[..2]).len();
         let mut torn = bytes.clone();
         torn[written.len() - 3..written.len()].fill(0);
-        let scan = scan_segment(&torn, 7, 1 << 20, SEGMENT_HEADER_BYTES);
+        let scan = scan_both(&torn, 7, 1 << 20, SEGMENT_HEADER_BYTES);
         assert_eq!(scan.valid_len, two as u64);
         let stop = scan.stop.unwrap();
         assert_eq!((stop.bad, stop.reaches_end), (BadRecord::Checksum, true));
@@ -675,7 +833,7 @@ mod tests {
         // Written bytes beyond the zeros: damage, not an end.
         let mut damaged = bytes.clone();
         damaged[written.len() + 100] = 1;
-        let scan = scan_segment(&damaged, 7, 1 << 20, SEGMENT_HEADER_BYTES);
+        let scan = scan_both(&damaged, 7, 1 << 20, SEGMENT_HEADER_BYTES);
         assert_eq!(scan.operations, ops);
         let stop = scan.stop.unwrap();
         assert_eq!(
@@ -684,7 +842,7 @@ mod tests {
         );
 
         // A segment preallocated but never written (a crash while creating it) is empty.
-        let scan = scan_segment(&[0u8; 4096], 7, 1 << 20, SEGMENT_HEADER_BYTES);
+        let scan = scan_both(&[0u8; 4096], 7, 1 << 20, SEGMENT_HEADER_BYTES);
         assert!(scan.operations.is_empty() && scan.stop.unwrap().reaches_end);
     }
 
@@ -694,7 +852,7 @@ mod tests {
         let mut bytes = segment(7, &ops);
         let first = SEGMENT_HEADER_BYTES;
         bytes[first + RECORD_HEADER_BYTES + 2] ^= 0x10;
-        let scan = scan_segment(&bytes, 7, 1 << 20, SEGMENT_HEADER_BYTES);
+        let scan = scan_both(&bytes, 7, 1 << 20, SEGMENT_HEADER_BYTES);
         assert!(scan.operations.is_empty());
         let stop = scan.stop.unwrap();
         assert_eq!(
@@ -708,11 +866,11 @@ mod tests {
         let bytes = segment(7, &[op(1)]);
         let mut moved = segment_header(8).to_vec();
         moved.extend_from_slice(&bytes[SEGMENT_HEADER_BYTES..]);
-        let stop = scan_segment(&moved, 8, 1 << 20, SEGMENT_HEADER_BYTES)
+        let stop = scan_both(&moved, 8, 1 << 20, SEGMENT_HEADER_BYTES)
             .stop
             .unwrap();
         assert_eq!(stop.bad, BadRecord::Checksum);
-        let stop = scan_segment(&bytes, 8, 1 << 20, SEGMENT_HEADER_BYTES)
+        let stop = scan_both(&bytes, 8, 1 << 20, SEGMENT_HEADER_BYTES)
             .stop
             .unwrap();
         assert!(matches!(stop.bad, BadRecord::Header(why) if why.contains("segment 7")));
@@ -723,8 +881,8 @@ mod tests {
         fn scanning_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let mut with_header = segment_header(1).to_vec();
             with_header.extend_from_slice(&bytes);
-            let _ = scan_segment(&with_header, 1, 1 << 16, SEGMENT_HEADER_BYTES);
-            let _ = scan_segment(&bytes, 1, 1 << 16, SEGMENT_HEADER_BYTES);
+            let _ = scan_both(&with_header, 1, 1 << 16, SEGMENT_HEADER_BYTES);
+            let _ = scan_both(&bytes, 1, 1 << 16, SEGMENT_HEADER_BYTES);
         }
     }
 }

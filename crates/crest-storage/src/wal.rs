@@ -47,7 +47,7 @@ use crate::StorageError;
 use crate::format::{
     SEGMENT_HEADER_BYTES, SEGMENT_VERSION, body_location, checkpoint_header, checkpoint_name,
     decode_body, encode_checkpoint_start, encode_record, file_version, parse_checkpoint_name,
-    parse_segment_name, read_checkpoint, scan_segment, segment_header, segment_name,
+    parse_segment_name, read_checkpoint, scan_segment_file, segment_header, segment_name,
 };
 use crest_core::config::{Durability, Settings};
 use crest_core::leaf::{Location, LogRecord, MessageBody};
@@ -55,6 +55,7 @@ use crest_core::machine::SyncWait;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -318,13 +319,21 @@ fn recover(
     while index < seqs.len() {
         let seq = seqs[index];
         let path = dir.join(segment_name(seq));
-        let bytes = std::fs::read(&path).map_err(|e| io_error(&path, e))?;
-        check_version(&path, &bytes)?;
+        // Read a window at a time: a preallocated segment is mostly zeros, and recovery's
+        // memory must not grow with `wal_segment_bytes_max`.
+        let file = File::open(&path).map_err(|e| io_error(&path, e))?;
+        let file_len = file.metadata().map_err(|e| io_error(&path, e))?.len();
+        let mut header = vec![0u8; SEGMENT_HEADER_BYTES.min(file_len as usize)];
+        file.read_exact_at(&mut header, 0)
+            .map_err(|e| io_error(&path, e))?;
+        check_version(&path, &header)?;
         let start = match replay_from {
             Some((from, offset)) if from == seq => offset as usize,
             _ => SEGMENT_HEADER_BYTES,
         };
-        let scan = scan_segment(&bytes, seq, options.record_bytes_max, start);
+        let scan = scan_segment_file(&file, seq, options.record_bytes_max, start)
+            .map_err(|e| io_error(&path, e))?;
+        drop(file);
         recovered.segments += 1;
         scan.operations.into_iter().for_each(&mut each);
         written.insert(seq, scan.valid_len);
@@ -346,7 +355,7 @@ fn recover(
             recovered.truncated.push(format!(
                 "{}: cut {} bytes at offset {} ({what}: {})",
                 path.display(),
-                bytes.len() as u64 - scan.valid_len,
+                file_len - scan.valid_len,
                 stop.offset,
                 stop.bad
             ));
