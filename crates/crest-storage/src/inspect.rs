@@ -7,7 +7,7 @@
 use crate::StorageError;
 use crate::format::{
     SEGMENT_HEADER_BYTES, checkpoint_name, parse_checkpoint_name, parse_segment_name,
-    read_checkpoint, scan_segment, segment_name,
+    read_checkpoint, scan_segment_file, segment_name,
 };
 use crest_core::id::MessageId;
 use crest_core::leaf::LogRecord;
@@ -142,11 +142,15 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
     for (index, &seq) in seqs.iter().enumerate() {
         let name = segment_name(seq);
         let path = dir.join(&name);
-        let bytes = std::fs::read(&path).map_err(|e| StorageError::Io {
+        // A window at a time, as recovery reads it: a preallocated segment is mostly zeros.
+        let io = |e: std::io::Error| StorageError::Io {
             path: path.display().to_string(),
             error: e.to_string(),
-        })?;
-        let scan = scan_segment(&bytes, seq, record_bytes_max, SEGMENT_HEADER_BYTES);
+        };
+        let file = std::fs::File::open(&path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        let scan =
+            scan_segment_file(&file, seq, record_bytes_max, SEGMENT_HEADER_BYTES).map_err(io)?;
         let (from, offset) = replay_from;
         if seq > from {
             scan.operations
@@ -154,7 +158,8 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
                 .flatten()
                 .for_each(|r| count(r, &mut report));
         } else if seq == from {
-            let replayed = scan_segment(&bytes, seq, record_bytes_max, offset as usize);
+            let replayed =
+                scan_segment_file(&file, seq, record_bytes_max, offset as usize).map_err(io)?;
             replayed
                 .operations
                 .iter()
@@ -178,7 +183,7 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
                     "torn tail at offset {}: {} (recovery cuts {} bytes)",
                     stop.offset,
                     stop.bad,
-                    bytes.len() as u64 - scan.valid_len
+                    file_len - scan.valid_len
                 )),
                 false,
             ),
@@ -197,7 +202,7 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
         };
         report.segments.push(SegmentReport {
             name,
-            bytes: bytes.len() as u64,
+            bytes: file_len,
             written: scan.valid_len,
             records: scan.operations.len() as u64,
             problem,
