@@ -473,6 +473,9 @@ fn recover_checkpoint(
             detail: format!("checkpoint {detail}"),
         }
     })?;
+    // The decoded records are all that is needed from here: the file's bytes need not stay
+    // in memory while the leaf takes them in.
+    drop(bytes);
     for older in checkpoints.iter().filter(|s| **s < seq) {
         let older = dir.join(checkpoint_name(*older));
         std::fs::remove_file(&older).map_err(|e| io_error(&older, e))?;
