@@ -341,27 +341,33 @@ pub fn scan_segment(bytes: &[u8], seq: u64, max: u32, from: usize) -> Scan {
     }
 }
 
-/// [`scan_segment`] of a segment file, read a window at a time: memory holds at most
-/// [`SCAN_CHUNK_BYTES`] or one record (at most `max` bytes) and one chunk more, whatever the
-/// file's size (a preallocated segment is `wal_segment_bytes_max` long, mostly zeros).
+/// [`scan_segment`] of a segment file of `len` bytes, read a window at a time: memory holds at
+/// most [`SCAN_CHUNK_BYTES`] or one record (at most `max` bytes) and one chunk more, whatever
+/// the file's size (a preallocated segment is `wal_segment_bytes_max` long, mostly zeros).
 ///
 /// # Errors
 /// A read that failed.
-pub fn scan_segment_file(file: &File, seq: u64, max: u32, from: usize) -> io::Result<Scan> {
-    scan_segment_file_in_chunks(file, seq, max, from, SCAN_CHUNK_BYTES)
+pub fn scan_segment_file(
+    file: &File,
+    len: u64,
+    seq: u64,
+    max: u32,
+    from: usize,
+) -> io::Result<Scan> {
+    scan_segment_file_in_chunks(file, len, seq, max, from, SCAN_CHUNK_BYTES)
 }
 
 fn scan_segment_file_in_chunks(
     file: &File,
+    len: u64,
     seq: u64,
     max: u32,
     from: usize,
     chunk: usize,
 ) -> io::Result<Scan> {
-    let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
     let mut source = FileSource {
         file,
-        len,
+        len: usize::try_from(len).unwrap_or(usize::MAX),
         chunk: chunk.max(1),
         start: 0,
         window: Vec::new(),
@@ -692,7 +698,8 @@ mod tests {
         let mut file = tempfile::tempfile().unwrap();
         std::io::Write::write_all(&mut file, bytes).unwrap();
         for chunk in [1, 7, 64, 4096, SCAN_CHUNK_BYTES] {
-            let read = scan_segment_file_in_chunks(&file, seq, max, from, chunk).unwrap();
+            let len = bytes.len() as u64;
+            let read = scan_segment_file_in_chunks(&file, len, seq, max, from, chunk).unwrap();
             assert_eq!(read.operations, whole.operations, "window of {chunk}");
             assert_eq!(read.valid_len, whole.valid_len, "window of {chunk}");
             assert_eq!(read.stop, whole.stop, "window of {chunk}");

@@ -149,8 +149,8 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
         };
         let file = std::fs::File::open(&path).map_err(io)?;
         let file_len = file.metadata().map_err(io)?.len();
-        let scan =
-            scan_segment_file(&file, seq, record_bytes_max, SEGMENT_HEADER_BYTES).map_err(io)?;
+        let scan = scan_segment_file(&file, file_len, seq, record_bytes_max, SEGMENT_HEADER_BYTES)
+            .map_err(io)?;
         let (from, offset) = replay_from;
         if seq > from {
             scan.operations
@@ -159,7 +159,8 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
                 .for_each(|r| count(r, &mut report));
         } else if seq == from {
             let replayed =
-                scan_segment_file(&file, seq, record_bytes_max, offset as usize).map_err(io)?;
+                scan_segment_file(&file, file_len, seq, record_bytes_max, offset as usize)
+                    .map_err(io)?;
             replayed
                 .operations
                 .iter()

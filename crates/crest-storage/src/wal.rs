@@ -331,7 +331,7 @@ fn recover(
             Some((from, offset)) if from == seq => offset as usize,
             _ => SEGMENT_HEADER_BYTES,
         };
-        let scan = scan_segment_file(&file, seq, options.record_bytes_max, start)
+        let scan = scan_segment_file(&file, file_len, seq, options.record_bytes_max, start)
             .map_err(|e| io_error(&path, e))?;
         drop(file);
         recovered.segments += 1;
