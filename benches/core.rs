@@ -7,13 +7,15 @@
 use bytes::Bytes;
 use crest::core::aggregator::{Aggregator, AggregatorConfig};
 use crest::core::config::{Durability, Settings};
+use crest::core::frame::{decode_frame, encode_frame};
 use crest::core::id::{LeafId, MessageId};
 use crest::core::key::Key;
-use crest::core::leaf::{Leaf, LeafConfig, LogRecord};
+use crest::core::leaf::{Leaf, LeafConfig};
 use crest::core::machine::{Link, Machine, StorageDone};
+use crest::core::record::LogRecord;
 use crest::core::time::Time;
 use crest::core::wire::{Hello, Offer, OfferEntry, PROTOCOL_VERSION, PeerKind, Role, Welcome};
-use crest::core::wire::{Push, PushMessage, Wire, decode_frame, encode_frame};
+use crest::core::wire::{Push, PushMessage, Wire};
 use crest::storage::wal::{WalOptions, open};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
@@ -263,7 +265,7 @@ fn wal_append(c: &mut Criterion) {
         b.iter(|| {
             let records: Vec<LogRecord> = (next..next + 1024)
                 .map(|seq| LogRecord::Enqueue {
-                    head: crest::core::leaf::MessageHead {
+                    head: crest::core::record::MessageHead {
                         id: MessageId::new(LeafId(1), seq),
                         topic: "bench".into(),
                         priority: (seq % 10) as u32,

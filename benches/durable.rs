@@ -7,7 +7,8 @@
 use bytes::Bytes;
 use crest::core::config::{Durability, Settings};
 use crest::core::id::{LeafId, MessageId};
-use crest::core::leaf::{Leaf, LeafConfig, LogRecord};
+use crest::core::leaf::{Leaf, LeafConfig};
+use crest::core::record::LogRecord;
 use crest::core::time::Time;
 use crest::core::topology::Topology;
 use crest::node::LocalTree;
@@ -43,7 +44,7 @@ fn batch(first: u64) -> Vec<LogRecord> {
     let accepted = Time::from_millis(first / BATCH);
     (first..first + BATCH)
         .map(|seq| LogRecord::Enqueue {
-            head: crest::core::leaf::MessageHead {
+            head: crest::core::record::MessageHead {
                 id: MessageId::new(LeafId(1), seq),
                 topic: "bench".into(),
                 priority: (seq % 10) as u32,
@@ -243,7 +244,7 @@ fn memory_per_pushed_message(batches: u64) -> f64 {
                     .iter()
                     .map(|_| {
                         offset += 160;
-                        crest::core::leaf::Location {
+                        crest::core::record::Location {
                             segment: 1 + offset / (64 << 20),
                             offset: offset % (64 << 20),
                             len: 160,

@@ -390,9 +390,37 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
-    // Two report intervals, so the root holds every level's histograms.
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let url = format!("http://{}/", http(&tree, "root"));
+    // Reports climb a level per interval: wait until the root holds every node and every
+    // level's histograms, which is what the page draws.
+    let root = http(&tree, "root");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = get(root, "/stats").await;
+        assert_eq!(status, 200, "{body}");
+        let stats: Value = serde_json::from_str(&body).unwrap();
+        let has = |metric: &str| {
+            stats["histograms"][metric]
+                .as_array()
+                .is_some_and(|h| !h.is_empty())
+        };
+        let levels = [
+            "BubbleToAggregator",
+            "HopToRoot",
+            "BubbleToRoot",
+            "PushAck",
+            "Pop",
+        ];
+        if stats["nodes"].as_array().is_some_and(|n| n.len() == 7) && levels.iter().all(|m| has(m))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the root never held every level's histograms: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = format!("http://{root}/");
     let profile = tempfile::tempdir().unwrap();
     let mut dump = headless(&browser, profile.path());
     dump.arg("--dump-dom").arg(&url);

@@ -147,20 +147,22 @@ async fn extend_and_a_heartbeat_keep_a_lease_alive_past_its_timeout() {
     let (worker, thief) = (consumer(&tree).await, consumer(&tree).await);
     push(&producer, Message::new("jobs", "long job")).await;
 
-    let visibility = Duration::from_millis(300);
+    // Margins of hundreds of milliseconds, so a busy machine cannot make an extend late: the
+    // sleeps stand for the worker's processing, not for synchronisation.
+    let visibility = Duration::from_millis(1000);
     let delivery = pop_one(&worker, "jobs", Some(visibility)).await;
-    // By hand: extend twice, each time before the deadline.
+    // By hand: extend twice, each time well before the deadline, until past the first one.
     for _ in 0..2 {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(visibility * 6 / 10).await;
         worker
-            .extend(&delivery.receipt(), Duration::from_millis(500))
+            .extend(&delivery.receipt(), visibility * 2)
             .await
             .unwrap();
     }
     pop_none(&thief, "jobs").await;
-    // With a heartbeat: the handler runs for four timeouts and keeps its lease.
+    // With a heartbeat: the handler runs for three timeouts and keeps its lease.
     let heartbeat = worker.heartbeat(delivery.receipt(), visibility);
-    tokio::time::sleep(visibility * 4).await;
+    tokio::time::sleep(visibility * 3).await;
     pop_none(&thief, "jobs").await;
     assert!(heartbeat.lost().is_none());
     heartbeat.stop();
@@ -336,7 +338,12 @@ async fn an_expired_message_is_never_popped_and_is_counted() {
         Message::new("ephemeral", "forever").ttl(Duration::ZERO),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The three expire on the leaves' timers: wait until they are counted.
+    let deadline = Instant::now() + WAIT;
+    while admin.stats(None).await.unwrap().value.expired < 3 {
+        assert!(Instant::now() < deadline, "the messages never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     pop_none(&consumer, "jobs").await;
     let got = consumer
         .pop_with("ephemeral", options(10, Duration::from_millis(300), None))

@@ -477,3 +477,29 @@ async fn a_leaf_holding_far_more_payload_than_its_memory_budget_stays_near_the_b
     cluster.kill("leaf-1");
     assert_logs_clean(&cluster.dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_on_a_leaf_s_data_directory_is_refused_by_name() {
+    let cluster = Cluster::start("lock");
+    // Every leaf is up (and holds its log) once a producer reaches them all.
+    let producer = cluster.producer().await;
+    producer.push("jobs", 1, "before").await.unwrap();
+    let holder = cluster.pid("leaf-1");
+    let second = Command::new(CREST)
+        .args(["launch", "--node", "leaf-1", "--topology"])
+        .arg(&cluster.topology_path)
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success(),
+        "the second process must not start"
+    );
+    assert!(
+        stderr.contains(&format!("in use by process {holder}")) && stderr.contains("LOCK"),
+        "the error names the directory's holder: {stderr}"
+    );
+    // The first keeps serving.
+    producer.push("jobs", 1, "after").await.unwrap();
+}

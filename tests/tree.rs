@@ -5,9 +5,10 @@
 //! it needs to send what the SDK never would.
 
 use bytes::Bytes;
+use crest::core::frame::encode_frame;
 use crest::core::topology::Topology;
 use crest::core::wire::{
-    ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Role, Wire, encode_frame,
+    ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Role, Wire,
 };
 use crest::node::LocalTree;
 use crest::sdk::{
@@ -723,7 +724,7 @@ async fn with_the_direct_pop_path_acks_reach_leaves_whose_aggregator_is_down() {
     let producers = producers(&tree).await;
     let pushed = push_everywhere(&producers, 50, 11).await;
     // Let the offers reach the root, so the batch spans the leaves.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until_quiet(&tree, 50).await;
     let consumer = consumer(&tree).await;
     let held = consumer.pop("jobs", 100, WAIT).await.unwrap();
     let leaves: HashSet<LeafId> = held.iter().map(|d| d.id.leaf()).collect();

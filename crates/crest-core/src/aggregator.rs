@@ -348,6 +348,11 @@ impl Aggregator {
 }
 
 impl Machine for Aggregator {
+    fn check_invariants(&self) {
+        // What the aggregator holds from each child is bounded by the credits it granted.
+        self.children.check_windows();
+    }
+
     fn handle_connected(&mut self, _now: Time, conn: ConnId, link: Link) {
         match link {
             Link::Parent => {

@@ -18,11 +18,11 @@
 //! a drain's; once the payload-bearing messages were done, the other pop-path messages were
 //! still 8 % of a drain's.
 //!
-//! [`LogRecord::Enqueue`]: crate::leaf::LogRecord::Enqueue
+//! [`LogRecord::Enqueue`]: crate::record::LogRecord::Enqueue
 
 use crate::id::{LeafId, MessageId, Receipt};
 use crate::key::Key;
-use crate::leaf::MessageHead;
+use crate::record::{LogRecord, MessageHead};
 use crate::time::Time;
 use crate::wire::{
     Ack, AckReply, Confirm, Confirmed, Delivery, Offer, OfferEntry, PopReply, Push, PushMessage,
@@ -30,6 +30,27 @@ use crate::wire::{
 };
 use bytes::Bytes;
 use rmp::encode as w;
+
+impl LogRecord {
+    /// Appends the record's MessagePack encoding (rmp-serde's form; `Enqueue`, one per pushed
+    /// message, is written by hand in that same form).
+    ///
+    /// # Errors
+    /// rmp-serde's message, for a record it cannot encode.
+    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), String> {
+        match self {
+            LogRecord::Enqueue {
+                head,
+                metadata,
+                payload,
+            } => {
+                encode_enqueue(head, metadata, payload, out);
+                Ok(())
+            }
+            _ => rmp_serde::encode::write(out, self).map_err(|e| e.to_string()),
+        }
+    }
+}
 
 /// The map key rmp-serde writes before a `Push` variant's value.
 const PUSH_VARIANT: &str = "Push";
@@ -731,7 +752,7 @@ pub(crate) fn decode(body: &[u8]) -> Option<Wire> {
 
 /// Decodes what [`encode_enqueue`] wrote; `None` if `body` is not that canonical form.
 #[cfg(test)]
-pub(crate) fn decode_enqueue(body: &[u8]) -> Option<crate::leaf::LogRecord> {
+pub(crate) fn decode_enqueue(body: &[u8]) -> Option<LogRecord> {
     let mut r = Reader { buf: body };
     if r.enum_variant()? != ENQUEUE_VARIANT {
         return None;
@@ -749,7 +770,7 @@ pub(crate) fn decode_enqueue(body: &[u8]) -> Option<crate::leaf::LogRecord> {
     };
     let metadata = r.metadata()?;
     let payload = Bytes::copy_from_slice(r.bin()?);
-    r.buf.is_empty().then_some(crate::leaf::LogRecord::Enqueue {
+    r.buf.is_empty().then_some(LogRecord::Enqueue {
         head,
         metadata,
         payload,
@@ -759,7 +780,6 @@ pub(crate) fn decode_enqueue(body: &[u8]) -> Option<crate::leaf::LogRecord> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leaf::LogRecord;
     use proptest::prelude::*;
 
     fn text() -> impl Strategy<Value = String> {

@@ -7,8 +7,8 @@
 //! timed out).
 
 use crate::config::Settings;
+use crate::id::ConnId;
 use crate::id::LeafId;
-use crate::machine::ConnId;
 use crate::window::Window;
 use crate::wire::{
     ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, ReceiptError, Role, Welcome, Wire,
@@ -233,6 +233,14 @@ impl Downstream {
             .values()
             .filter(|peer| matches!(peer, Peer::Child { .. }))
             .count()
+    }
+
+    /// Checks every window against the credits (see [`Window::check`]).
+    pub(crate) fn check_windows(&self) {
+        let credits = self.credits();
+        for window in self.windows.values() {
+            window.check(credits);
+        }
     }
 
     /// Entries held in all windows.

@@ -11,6 +11,23 @@ use std::fmt;
 use std::hash::BuildHasherDefault;
 use std::str::FromStr;
 
+/// A connection, named by the driver. Ids are never reused within one driver.
+pub type ConnId = u64;
+
+/// How a connection came to be.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Link {
+    /// This node connected to its parent.
+    Parent,
+    /// Someone connected to this node (a child, a producer or a consumer); it says who in its
+    /// `Hello`.
+    Incoming,
+    /// The root connected to this leaf for its pop path (setting `direct_pop_path`): reserves,
+    /// settles and admin requests for the leaf travel on it and skip the aggregators, which
+    /// learn of taken entries from the leaf's retracts instead.
+    Leaf(LeafId),
+}
+
 /// Identifies a leaf in the topology (`1..=65535`; 0 is reserved and never valid).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
 pub struct LeafId(pub u16);
@@ -171,7 +188,15 @@ impl<V> AscendingIdMap<V> {
         }
     }
 
-    /// The value under `id`.
+    /// Every value held, in no particular order.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+        self.ordered
+            .iter()
+            .filter_map(|(_, value)| value.as_ref())
+            .chain(self.others.values())
+    }
+
+    /// The value of `id`, if held.
     pub(crate) fn get(&self, id: &MessageId) -> Option<&V> {
         if !self.others.is_empty()
             && let Some(value) = self.others.get(id)
@@ -209,7 +234,6 @@ impl<V> AscendingIdMap<V> {
     }
 
     /// How many values it holds.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.ordered.len() - self.holes + self.others.len()
     }

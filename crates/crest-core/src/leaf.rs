@@ -31,7 +31,8 @@
 //! Every state change a restart must see is emitted as a [`LogRecord`] through
 //! `poll_storage`. Push batches carry a token and are acknowledged on `handle_storage_done`;
 //! the other records carry none. Leases are not restored by recovery (their root is gone with
-//! the crash), so extends and lease grants need only their attempt numbers logged.
+//! the crash), so a lease grant logs only its attempt number and an extend logs nothing: it is
+//! answered at once.
 
 use crate::config::{Settings, TopicPolicy};
 use crate::downstream::{Downstream, PeerKindTag, Topic, TopicMap, TopicSet};
@@ -42,178 +43,19 @@ use crate::machine::{
 };
 use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
 use crate::offer::{Candidate, FlushPolicy, OfferSet, Offerable};
+use crate::record::{Location, LogRecord, MessageBody, MessageHead};
 use crate::sorted::SortedMap;
 use crate::time::Time;
 use crate::upstream::Upstream;
+use crate::validate::validate_message;
 use crate::wire::{
     AdminOp, AdminResult, Confirm, Confirmed, DeadLetter, Delivery, ErrorCode, LeafAdmin,
     LeafAdminReply, Push, PushAck, PushMessage, ReceiptError, Release, Reserve, ReserveDenied,
     ReserveOutcome, Reserved, Role, Settle, Stats, TopicStats, Wire,
 };
-use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Where a message's body lies in the log: the bytes of its `Enqueue` record (as encoded in
-/// the record's body) in segment `segment`, and their crc32. A 32-bit offset is enough:
-/// segments are bounded below 4 GiB (`wal_segment_bytes_max`).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
-pub struct Location {
-    /// The segment's sequence number.
-    pub segment: u32,
-    /// Offset of the encoded `Enqueue` record in the segment file.
-    pub offset: u32,
-    /// Its length.
-    pub len: u32,
-    /// crc32 of those bytes: a read that does not match fails rather than deliver damage.
-    pub crc: u32,
-}
-
-/// What a leaf does not need in memory to order and route a message: its producer metadata
-/// and payload.
-#[derive(Clone, PartialEq, Eq, Debug, Default)]
-pub struct MessageBody {
-    /// Producer metadata.
-    pub metadata: Vec<(String, String)>,
-    /// The payload.
-    pub payload: Bytes,
-}
-
-impl MessageBody {
-    /// Bytes it takes (metadata strings and payload).
-    pub fn bytes(&self) -> u64 {
-        let metadata: usize = self.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
-        (metadata + self.payload.len()) as u64
-    }
-
-    /// Bytes of memory it takes in the body cache: [`MessageBody::bytes`] plus the cache's
-    /// slot and the payload's shared header ([`CACHED_BODY_OVERHEAD_BYTES`]), so that
-    /// `leaf_body_cache_bytes` bounds memory, not only payload bytes, whatever their size.
-    pub fn cached_bytes(&self) -> u64 {
-        self.bytes() + CACHED_BODY_OVERHEAD_BYTES
-    }
-}
-
-/// Memory a cached body takes besides its bytes: its slot in the id-ordered cache (id and
-/// body) and the header `bytes::Bytes` shares a payload through.
-pub const CACHED_BODY_OVERHEAD_BYTES: u64 =
-    (std::mem::size_of::<(MessageId, Option<MessageBody>)>() + 32) as u64;
-
-/// What the log keeps of a message besides its body.
-#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
-pub struct MessageHead {
-    /// Its id.
-    pub id: MessageId,
-    /// Its topic.
-    pub topic: String,
-    /// Its priority.
-    pub priority: u32,
-    /// When it is ready.
-    pub ready_at: Time,
-    /// When it was accepted.
-    pub enqueued_at: Time,
-    /// When it expires (`None`: never).
-    pub expires_at: Option<Time>,
-    /// Its dedup key, if it has one (the key's window starts at `enqueued_at`).
-    pub dedup_key: Option<String>,
-}
-
-/// One record of the leaf's log.
-#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
-pub enum LogRecord {
-    /// A message was accepted.
-    Enqueue {
-        /// What is kept of it besides its body.
-        head: MessageHead,
-        /// Producer metadata.
-        metadata: Vec<(String, String)>,
-        /// The payload (the last field: its bytes end the record's encoding).
-        payload: Bytes,
-    },
-    /// A lease was granted.
-    Lease {
-        /// The message.
-        id: MessageId,
-        /// The attempt number this lease is.
-        attempt: u32,
-        /// The lease deadline.
-        deadline: Time,
-    },
-    /// A message was acknowledged, purged or expired: it is gone.
-    Delete {
-        /// The message.
-        id: MessageId,
-    },
-    /// A lease ended without an ack (nack, expiry, or the root gave the grant back); the
-    /// message is delayed or available again.
-    Release {
-        /// The message.
-        id: MessageId,
-        /// Its attempt count from now on.
-        attempt: u32,
-        /// Its ready time from now on (later than before after a nack with delay).
-        ready_at: Time,
-    },
-    /// A message moved to its topic's dead-letter queue.
-    Dead {
-        /// The message.
-        id: MessageId,
-        /// Why its last delivery failed.
-        reason: String,
-        /// When it moved.
-        at: Time,
-    },
-    /// A dead letter went back into its topic with its attempts reset.
-    Redrive {
-        /// The message.
-        id: MessageId,
-    },
-    /// A message whose body is in the log: what checkpoints hold, and what recovery reads an
-    /// `Enqueue` record as (with `location` where it found it). For a message the leaf already
-    /// holds, it only moves the body (compaction rewrote it).
-    Index {
-        /// What is kept of it besides its body (`dedup_key` only when recovered from an
-        /// `Enqueue`; checkpoints log keys as `Dedup`).
-        head: MessageHead,
-        /// Payload bytes.
-        size: u32,
-        /// Where its body is.
-        location: Location,
-    },
-    /// A dedup key whose window is still open (checkpoints only: it may outlive its message).
-    Dedup {
-        /// The topic.
-        topic: String,
-        /// The key.
-        key: String,
-        /// The first message pushed with it.
-        id: MessageId,
-        /// When its window ends.
-        until: Time,
-    },
-}
-
-impl LogRecord {
-    /// Appends the record's MessagePack encoding (rmp-serde's form; `Enqueue`, one per pushed
-    /// message, is written by hand in that same form).
-    ///
-    /// # Errors
-    /// rmp-serde's message, for a record it cannot encode.
-    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), String> {
-        match self {
-            LogRecord::Enqueue {
-                head,
-                metadata,
-                payload,
-            } => {
-                crate::codec::encode_enqueue(head, metadata, payload, out);
-                Ok(())
-            }
-            _ => rmp_serde::encode::write(out, self).map_err(|e| e.to_string()),
-        }
-    }
-}
 
 /// How a leaf is set up.
 #[derive(Clone, Debug)]
@@ -550,7 +392,7 @@ pub struct Leaf {
     dedup: HashMap<Topic, HashMap<Box<str>, DedupEntry>>,
     dedup_expiry: BTreeMap<(Time, MessageId), (Topic, Box<str>)>,
     pending: HashMap<u64, PendingBatch>,
-    /// Settlements (acks, nacks, extends) waiting for their records to be durable before
+    /// Settlements (acks, nacks; extends only beside them) waiting for their records to be durable before
     /// they are answered: a confirmed ack is never undone by a crash.
     confirms: HashMap<u64, (ConnId, Confirmed)>,
     pending_messages: u64,
@@ -2458,93 +2300,72 @@ fn place_body(segments: &mut BTreeMap<u32, SegmentUse>, location: &Location) {
     used.add(1, u64::from(location.len));
 }
 
-/// Checks one message of a push batch against the settings.
-fn validate_message(
-    s: &Settings,
-    now: Time,
-    message: &PushMessage,
-) -> Result<(), (ErrorCode, String)> {
-    let invalid = |why: String| Err((ErrorCode::InvalidArgument, why));
-    if message.payload.len() > s.payload_bytes_max as usize {
-        return Err((
-            ErrorCode::PayloadTooLarge,
-            format!(
-                "payload of {} bytes exceeds payload_bytes_max {}",
-                message.payload.len(),
-                s.payload_bytes_max
-            ),
-        ));
-    }
-    validate_topic(s, &message.topic).map_err(|why| (ErrorCode::InvalidArgument, why))?;
-    if message.metadata.len() > s.metadata_entries_max as usize {
-        return invalid(format!(
-            "{} metadata entries exceed metadata_entries_max {}",
-            message.metadata.len(),
-            s.metadata_entries_max
-        ));
-    }
-    let metadata_bytes: usize = message
-        .metadata
-        .iter()
-        .map(|(k, v)| k.len() + v.len())
-        .sum();
-    if metadata_bytes > s.metadata_bytes_max as usize {
-        return invalid(format!(
-            "{metadata_bytes} metadata bytes exceed metadata_bytes_max {}",
-            s.metadata_bytes_max
-        ));
-    }
-    if message.delay_ms > s.delay_max_ms {
-        return invalid(format!(
-            "delay of {} ms exceeds delay_max_ms {}",
-            message.delay_ms, s.delay_max_ms
-        ));
-    }
-    if let Some(at) = message.deliver_at
-        && at > now + Duration::from_millis(s.delay_max_ms)
-    {
-        return invalid(format!(
-            "deliver_at is {} ms ahead; delay_max_ms is {}",
-            at.saturating_since(now).as_millis(),
-            s.delay_max_ms
-        ));
-    }
-    if let Some(key) = &message.dedup_key
-        && (key.is_empty() || key.len() > s.dedup_key_bytes_max as usize)
-    {
-        return invalid(format!(
-            "dedup key of {} bytes is outside 1..={} (dedup_key_bytes_max)",
-            key.len(),
-            s.dedup_key_bytes_max
-        ));
-    }
-    Ok(())
-}
-
-/// Checks a topic name: 1 to `topic_bytes_max` bytes of printable characters.
-///
-/// # Errors
-/// A sentence naming the problem.
-pub fn validate_topic(s: &Settings, topic: &str) -> Result<(), String> {
-    if topic.is_empty() {
-        return Err("topic is empty".into());
-    }
-    if topic.len() > s.topic_bytes_max as usize {
-        return Err(format!(
-            "topic of {} bytes exceeds topic_bytes_max {}",
-            topic.len(),
-            s.topic_bytes_max
-        ));
-    }
-    if topic.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(format!(
-            "topic {topic:?} contains whitespace or control characters"
-        ));
-    }
-    Ok(())
-}
+/// Up to how many items a table is summed in full by [`Machine::check_invariants`].
+const INVARIANT_DEEP_ITEMS_MAX: usize = 10_000;
 
 impl Machine for Leaf {
+    fn check_invariants(&self) {
+        // Every live message is in exactly one state, and each state's counts agree with the
+        // tables that hold it.
+        let (mut messages, mut delayed, mut leased) = (0u64, 0u64, 0u64);
+        for (topic, t) in &self.topics {
+            let available = t.offers.len() as u64;
+            assert_eq!(
+                t.messages,
+                available + t.delayed + t.leased + t.dead.len() as u64,
+                "topic {topic}: messages = available + delayed + leased + dead"
+            );
+            assert_eq!(
+                t.ready.values().sum::<u64>(),
+                available,
+                "topic {topic}: ready by priority adds up to the available messages"
+            );
+            assert_eq!(
+                t.dead.len(),
+                t.dead_at.len(),
+                "topic {topic}: dead letters indexed twice"
+            );
+            messages += t.messages;
+            delayed += t.delayed;
+            leased += t.leased;
+        }
+        assert_eq!(
+            self.live.len(),
+            messages,
+            "live ids = messages of every topic"
+        );
+        assert_eq!(
+            delayed,
+            self.delayed.len() as u64,
+            "delayed counts match the delay table"
+        );
+        assert_eq!(
+            leased,
+            self.leased.len() as u64,
+            "leased counts match the lease table"
+        );
+        assert_eq!(
+            self.leases.len(),
+            self.leased.len(),
+            "one deadline per lease"
+        );
+        assert_eq!(
+            self.ttl.len(),
+            self.expiries.len(),
+            "one expiry per time to live"
+        );
+        // The body cache's byte count, summed in full while the cache is small enough for that
+        // to stay cheap.
+        if self.bodies.len() <= INVARIANT_DEEP_ITEMS_MAX {
+            let cached: u64 = self.bodies.values().map(MessageBody::cached_bytes).sum();
+            assert_eq!(cached, self.body_bytes, "cached body bytes add up");
+        }
+        assert!(
+            self.bodies.len() == 0 || self.body_bytes > 0,
+            "cached bodies take bytes"
+        );
+    }
+
     fn handle_connected(&mut self, _now: Time, conn: ConnId, link: Link) {
         match link {
             Link::Parent => {
@@ -2922,5 +2743,41 @@ impl Machine for Leaf {
             violations: self.violations,
             ..NodeStats::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod invariant_tests {
+    use super::*;
+
+    fn leaf() -> Leaf {
+        Leaf::new(LeafConfig {
+            name: "leaf-1".into(),
+            id: LeafId(1),
+            settings: Settings::default(),
+            seed: 1,
+            first_seq: 1,
+        })
+    }
+
+    #[test]
+    fn a_new_leaf_passes_its_check() {
+        leaf().check_invariants();
+    }
+
+    #[test]
+    #[should_panic(expected = "one deadline per lease")]
+    fn a_deadline_without_its_lease_is_caught() {
+        let mut leaf = leaf();
+        leaf.leases.insert((Time(5), MessageId::new(LeafId(1), 1)));
+        leaf.check_invariants();
+    }
+
+    #[test]
+    #[should_panic(expected = "cached body bytes add up")]
+    fn miscounted_body_bytes_are_caught() {
+        let mut leaf = leaf();
+        leaf.body_bytes = 7;
+        leaf.check_invariants();
     }
 }

@@ -6,10 +6,12 @@
 //!
 //! # Layout
 //! - [`key`]: the priority key, the total order of ready messages;
-//! - [`id`]: message ids (which encode the owning leaf) and receipt handles;
+//! - [`id`]: message ids (which encode the owning leaf), receipt handles, connection ids;
 //! - [`time`]: the `Time` the caller passes in;
 //! - [`config`]: every bound, named, with defaults;
-//! - [`wire`]: protocol messages and their framing;
+//! - [`wire`]: protocol messages; [`frame`]: how they travel on a stream;
+//! - [`record`]: the leaf's log records;
+//! - [`metrics`]: histograms, counters and the reports nodes send up the tree;
 //! - [`topology`]: the topology file (TOML) and what each node derives from it;
 //! - [`machine`]: the driver contract shared by the three roles;
 //! - [`leaf`], [`aggregator`], [`root`]: the state machines.
@@ -19,12 +21,14 @@ mod ahead;
 mod codec;
 pub mod config;
 mod downstream;
+pub mod frame;
 pub mod id;
 pub mod key;
 pub mod leaf;
 pub mod machine;
 pub mod metrics;
 mod offer;
+pub mod record;
 pub mod root;
 mod sorted;
 #[cfg(test)]
@@ -32,6 +36,7 @@ mod tests;
 pub mod time;
 pub mod topology;
 mod upstream;
+mod validate;
 mod window;
 pub mod wire;
 

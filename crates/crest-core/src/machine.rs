@@ -14,26 +14,10 @@
 //! Time passed in must never go backwards; drivers clamp a clock that does. Machines never
 //! read a clock, open a socket, spawn a task or draw from a global random source.
 
-use crate::leaf::{Location, LogRecord, MessageBody};
+pub use crate::id::{ConnId, Link};
+use crate::record::{Location, LogRecord, MessageBody};
 use crate::time::Time;
 use crate::wire::Wire;
-
-/// A connection, named by the driver. Ids are never reused within one driver.
-pub type ConnId = u64;
-
-/// How a connection came to be.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Link {
-    /// This node connected to its parent.
-    Parent,
-    /// Someone connected to this node (a child, a producer or a consumer); it says who in its
-    /// `Hello`.
-    Incoming,
-    /// The root connected to this leaf for its pop path (setting `direct_pop_path`): reserves,
-    /// settles and admin requests for the leaf travel on it and skip the aggregators, which
-    /// learn of taken entries from the leaf's retracts instead.
-    Leaf(crate::id::LeafId),
-}
 
 /// A message to send on a connection.
 #[derive(Clone, PartialEq, Debug)]
@@ -53,7 +37,7 @@ pub enum SyncWait {
     Now,
     /// While pushes are coming, completed with the next sync a push forces, or after
     /// `wal_ack_sync_linger_us` at the latest (with no pushes coming, synced at once): an
-    /// ack's delete, a nack's release, an extend, a compaction step. Its waiter is not
+    /// ack's delete, a nack's release, a compaction step. Its waiter is not
     /// holding up a producer, and a push that arrives meanwhile then waits for one sync
     /// instead of two.
     Linger,
@@ -175,6 +159,11 @@ pub trait Machine: Send {
     fn handle_timeout(&mut self, now: Time);
     /// A storage operation finished durably.
     fn handle_storage_done(&mut self, _now: Time, _done: StorageDone) {}
+    /// Checks the machine's own invariants, panicking with the one that does not hold. Drivers
+    /// call it after every input and the outputs it drained: the node in debug builds, the
+    /// simulator and the core tests always. It costs O(topics × children) at most, never
+    /// O(messages), except where a bounded deep check says otherwise.
+    fn check_invariants(&self) {}
     /// A storage operation with a token failed: nothing of it is stored.
     fn handle_storage_failed(&mut self, _now: Time, _token: u64, _reason: &str) {}
     /// A log group that completed operations was synced, taking `sync` (leaves record it).

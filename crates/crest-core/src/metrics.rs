@@ -13,9 +13,8 @@
 //! its topic list is capped by `report_topics_max` (the deepest topics are kept).
 
 use crate::config::Settings;
-use crate::machine::ConnId;
+use crate::id::ConnId;
 use crate::time::Time;
-use crate::wire::Stats;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -308,7 +307,7 @@ impl Report {
         if self.stats.topics.len() <= max {
             return;
         }
-        let depth = |t: &crate::wire::TopicStats| {
+        let depth = |t: &TopicStats| {
             t.ready.iter().map(|(_, n)| n).sum::<u64>() + t.delayed + t.in_flight + t.dead
         };
         let mut topics = std::mem::take(&mut self.stats.topics);
@@ -404,6 +403,79 @@ pub(crate) fn named(values: &[(&str, u64)]) -> BTreeMap<String, u64> {
 /// Most node summaries a report carries (a bound far above any topology's size).
 pub const NODES_MAX: usize = 4096;
 
+/// Depths of one topic.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct TopicStats {
+    /// The topic.
+    pub topic: String,
+    /// Ready messages by priority: `(priority, count)`, most urgent first.
+    pub ready: Vec<(u32, u64)>,
+    /// Messages waiting for their delivery time.
+    pub delayed: u64,
+    /// Messages leased to consumers.
+    pub in_flight: u64,
+    /// Messages in the dead-letter queue.
+    pub dead: u64,
+    /// Enqueue time of the oldest message not in the dead-letter queue.
+    pub oldest_enqueued_at: Option<Time>,
+}
+
+impl TopicStats {
+    /// Ready messages of every priority.
+    pub fn ready_total(&self) -> u64 {
+        self.ready.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Adds another part of the same topic (another leaf's).
+    pub fn merge(&mut self, other: &TopicStats) {
+        let mut ready: std::collections::BTreeMap<u32, u64> = self.ready.iter().copied().collect();
+        for (priority, count) in &other.ready {
+            *ready.entry(*priority).or_default() += count;
+        }
+        self.ready = ready.into_iter().collect();
+        self.delayed += other.delayed;
+        self.in_flight += other.in_flight;
+        self.dead += other.dead;
+        self.oldest_enqueued_at = match (self.oldest_enqueued_at, other.oldest_enqueued_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+/// Depths per topic and event counters (since each leaf started).
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct Stats {
+    /// Per topic, sorted by name.
+    pub topics: Vec<TopicStats>,
+    /// Messages dropped because their time to live passed.
+    pub expired: u64,
+    /// Messages moved to a dead-letter queue.
+    pub dead_lettered: u64,
+    /// Pushes answered with an earlier message's id (dedup).
+    pub deduplicated: u64,
+}
+
+impl Stats {
+    /// Adds another leaf's stats.
+    pub fn merge(&mut self, other: &Stats) {
+        for theirs in &other.topics {
+            match self.topics.binary_search_by(|t| t.topic.cmp(&theirs.topic)) {
+                Ok(index) => self.topics[index].merge(theirs),
+                Err(index) => self.topics.insert(index, theirs.clone()),
+            }
+        }
+        self.expired += other.expired;
+        self.dead_lettered += other.dead_lettered;
+        self.deduplicated += other.deduplicated;
+    }
+
+    /// One topic's stats, if it has any messages.
+    pub fn topic(&self, topic: &str) -> Option<&TopicStats> {
+        self.topics.iter().find(|t| t.topic == topic)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -447,10 +519,10 @@ mod tests {
 
     #[test]
     fn reports_merge_nodes_histograms_and_stats_and_cap_topics() {
-        let topic = |name: &str, ready: u64| crate::wire::TopicStats {
+        let topic = |name: &str, ready: u64| TopicStats {
             topic: name.into(),
             ready: vec![(1, ready)],
-            ..crate::wire::TopicStats::default()
+            ..TopicStats::default()
         };
         let mut parent = Report {
             nodes: vec![NodeReport {

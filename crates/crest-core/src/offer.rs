@@ -6,7 +6,7 @@
 //! - it fills up to `credits` with the most urgent unoffered candidates;
 //! - when an unoffered candidate is strictly more urgent than the least urgent offered one,
 //!   the two swap: the worst is retracted and the better one offered. Credits therefore never
-//!   let a less urgent entry block a more urgent one (DESIGN.md, bubble-up).
+//!   let a less urgent entry block a more urgent one (ARCHITECTURE.md, "Bubble-up").
 //!
 //! Changes accumulate as a diff (adds and retracts that cancel each other out) until the
 //! owner polls them into an [`Offer`]. The parent holds exactly the union of the adds minus
@@ -107,9 +107,9 @@ pub(crate) struct OfferSet<V = Candidate> {
     unoffered: SortedMap<Key, V>,
     /// Changes not yet sent (sorted when sent).
     pending: HashMap<Key, Pending>,
-    /// The frontier last sent this session (`None`: nothing sent yet).
+    /// The frontier last sent on the current session (`None`: nothing sent yet).
     sent_frontier: Option<Option<Key>>,
-    /// Number of the last offer polled this session.
+    /// Number of the last offer polled on the current session.
     seq: u64,
     /// For entries whose last change sent to the parent was an add: the offer that carried it.
     sent_in: HashMap<Key, u64>,
@@ -261,7 +261,7 @@ impl<V: Offerable> OfferSet<V> {
 
     /// Whether the unsent diff must go at once rather than linger, for a child whose whole
     /// frontier is now `frontier`:
-    /// - nothing was sent yet this session (the parent knows nothing of this child);
+    /// - nothing was sent yet on the current session (the parent knows nothing of this child);
     /// - the frontier moved down (more urgent): the parent's certainty depends on it;
     /// - an add would enter the front of what the parent holds from this child: it is more
     ///   urgent than every entry the parent already holds from it (or it holds none).

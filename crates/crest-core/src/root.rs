@@ -32,10 +32,10 @@ use crate::config::{FRAME_OVERHEAD_BYTES, Settings};
 use crate::downstream::{Downstream, PeerKindTag, Topic, TopicMap, TopicSet};
 use crate::id::{LeafId, Receipt};
 use crate::key::Key;
-use crate::leaf::validate_topic;
 use crate::machine::{ConnId, Link, Machine, NodeStats, Transmit};
 use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
 use crate::time::Time;
+use crate::validate::validate_topic;
 use crate::window::{Slot, Window};
 use crate::wire::{
     Ack, AckReply, Admin, AdminOp, AdminReply, AdminResult, Confirm, Confirmed, Delivery,
@@ -1382,6 +1382,16 @@ impl Root {
 }
 
 impl Machine for Root {
+    fn check_invariants(&self) {
+        // What the root holds from each child is bounded by the credits it granted.
+        self.children.check_windows();
+        assert!(
+            self.pops.len() <= self.settings.root_pending_pops_max as usize,
+            "{} pops held over root_pending_pops_max",
+            self.pops.len()
+        );
+    }
+
     fn handle_connected(&mut self, _now: Time, conn: ConnId, link: Link) {
         match link {
             Link::Parent => {

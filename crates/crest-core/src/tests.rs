@@ -4,8 +4,9 @@
 use crate::aggregator::{Aggregator, AggregatorConfig};
 use crate::config::Settings;
 use crate::id::{LeafId, MessageId, Receipt};
-use crate::leaf::{Leaf, LeafConfig, LogRecord};
+use crate::leaf::{Leaf, LeafConfig};
 use crate::machine::{ConnId, Link, Machine, StorageDone};
+use crate::record::LogRecord;
 use crate::root::{Root, RootConfig};
 use crate::time::Time;
 use crate::wire::*;
@@ -220,6 +221,7 @@ impl Harness {
                 self.disconnect(conn);
             }
             if !progressed {
+                self.nodes[index].check_invariants();
                 return;
             }
         }
@@ -857,6 +859,9 @@ struct Recording {
 }
 
 impl Machine for Recording {
+    fn check_invariants(&self) {
+        self.inner.check_invariants()
+    }
     fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
         self.inner.handle_connected(now, conn, link)
     }
@@ -930,6 +935,36 @@ fn a_push_asks_for_a_sync_at_once_and_an_ack_s_delete_may_linger_for_one() {
         vec![(true, SyncWait::Now), (false, SyncWait::Linger)],
         "the push, then the ack"
     );
+}
+
+#[test]
+fn an_extend_is_answered_at_once_and_logs_nothing() {
+    // Leases do not survive a restart of their leaf, so a new deadline has nothing to make
+    // durable: the extend must not wait for a sync, nor write a record a crash could lose.
+    let mut h = Harness::new();
+    let (root, node, log) = recorded_leaf_and_root(&mut h);
+    h.link(node, root);
+    let producer = h.client(node, PeerKind::Producer);
+    let consumer = h.client(root, PeerKind::Consumer);
+    h.push(producer, "jobs", &[1]);
+    let delivery = h.pop(consumer, "jobs", 1).remove(0);
+    let logged = log.lock().unwrap().len();
+    let extend = Settle::Extend { lease_ms: 60_000 };
+    assert_eq!(
+        h.settle(consumer, extend, vec![delivery.receipt()]),
+        vec![Ok(())]
+    );
+    assert_eq!(
+        log.lock().unwrap().len(),
+        logged,
+        "the extend wrote nothing"
+    );
+    // It did move the deadline: past the default timeout the lease still holds.
+    h.advance(Duration::from_millis(
+        Settings::default().lease_timeout_ms + 1,
+    ));
+    assert!(h.pop(consumer, "jobs", 1).is_empty(), "still leased");
+    assert_eq!(h.ack(consumer, vec![delivery.receipt()]), vec![Ok(())]);
 }
 
 #[test]
@@ -1714,8 +1749,8 @@ struct Disk {
     now: Time,
     segment: u32,
     placed: u32,
-    bodies: HashMap<crate::leaf::Location, crate::leaf::MessageBody>,
-    waiting: HashMap<u64, Vec<crate::leaf::Location>>,
+    bodies: HashMap<crate::record::Location, crate::record::MessageBody>,
+    waiting: HashMap<u64, Vec<crate::record::Location>>,
     unreadable: std::sync::Arc<std::sync::Mutex<HashSet<u32>>>,
     reads: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
@@ -1736,6 +1771,9 @@ impl Disk {
 }
 
 impl Machine for Disk {
+    fn check_invariants(&self) {
+        self.inner.check_invariants()
+    }
     fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
         self.now = now;
         self.inner.handle_connected(now, conn, link)
@@ -1799,14 +1837,14 @@ impl Machine for Disk {
                                 self.segment += 1;
                                 self.placed = 0;
                             }
-                            let location = crate::leaf::Location {
+                            let location = crate::record::Location {
                                 segment: self.segment,
                                 offset: self.placed * 100,
                                 len: 100,
                                 crc: 0,
                             };
                             self.placed += 1;
-                            let body = crate::leaf::MessageBody {
+                            let body = crate::record::MessageBody {
                                 metadata: metadata.clone(),
                                 payload: payload.clone(),
                             };
@@ -1825,7 +1863,7 @@ impl Machine for Disk {
         &mut self,
         now: Time,
         token: u64,
-        bodies: Vec<Result<crate::leaf::MessageBody, String>>,
+        bodies: Vec<Result<crate::record::MessageBody, String>>,
     ) {
         self.inner.handle_storage_read(now, token, bodies)
     }

@@ -5,8 +5,9 @@
 //! credit. A session ends when the connection does; everything offered on it is then taken
 //! back (the parent's window is soft state) and offered again on the next session.
 
+use crate::id::ConnId;
 use crate::id::LeafId;
-use crate::machine::{ConnId, Transmit};
+use crate::machine::Transmit;
 use crate::wire::{Hello, PROTOCOL_VERSION, PeerKind, Role, Welcome, Wire};
 
 /// See the module doc.

@@ -6,8 +6,8 @@
 //! can beat it. The root serves certain entries at once and gives a child whose window is
 //! being refilled a short, bounded time before it serves an uncertain one.
 
+use crate::id::ConnId;
 use crate::key::Key;
-use crate::machine::ConnId;
 use crate::time::Time;
 use crate::wire::{Offer, OfferEntry};
 use rustc_hash::FxHashMap as HashMap;
@@ -146,8 +146,84 @@ impl Window {
         self.entries.len()
     }
 
+    /// Checks that each child holds at most `credits` entries and that the per-child counts add
+    /// up to the entries held; panics naming what does not hold.
+    pub(crate) fn check(&self, credits: u32) {
+        let mut held: HashMap<ConnId, u32> = HashMap::default();
+        for slot in self.entries.values() {
+            *held.entry(slot.child).or_default() += 1;
+        }
+        for (child, view) in &self.children {
+            let counted = held.remove(child).unwrap_or(0);
+            assert_eq!(view.held, counted, "child {child}: entries held miscounted");
+            assert!(
+                view.held <= credits,
+                "child {child} holds {} entries over {credits} credits",
+                view.held
+            );
+        }
+        assert!(
+            held.is_empty(),
+            "entries of children the window does not know: {held:?}"
+        );
+    }
+
     /// Whether the window holds nothing and knows of nothing below.
     pub(crate) fn is_idle(&self) -> bool {
         self.entries.is_empty() && self.min_frontier().is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::{LeafId, MessageId};
+    use crate::wire::OfferEntry;
+
+    fn offer(seqs: &[u64]) -> Offer {
+        let entry = |seq: u64| OfferEntry {
+            key: Key {
+                priority: 1,
+                ready_at: Time(seq),
+                id: MessageId::new(LeafId(1), seq),
+            },
+            size: 10,
+            since: Time(seq),
+            entered: Time(seq),
+        };
+        Offer {
+            topic: "jobs".into(),
+            adds: seqs.iter().copied().map(entry).collect(),
+            retracts: Vec::new(),
+            frontier: None,
+            seq: 1,
+        }
+    }
+
+    #[test]
+    fn a_window_within_its_credits_passes_its_check() {
+        let mut window = Window::default();
+        let delta = window.apply(7, &offer(&[1, 2, 3]), 2);
+        assert_eq!((delta.added.len(), delta.refused), (2, 1));
+        window.check(2);
+        window.take(&delta.added[0].key).expect("held");
+        window.check(2);
+    }
+
+    #[test]
+    #[should_panic(expected = "over 1 credits")]
+    fn a_child_over_its_credits_is_caught() {
+        let mut window = Window::default();
+        window.apply(7, &offer(&[1, 2]), 2);
+        window.check(1);
+    }
+
+    #[test]
+    #[should_panic(expected = "entries held miscounted")]
+    fn a_miscounted_child_is_caught() {
+        let mut window = Window::default();
+        window.apply(7, &offer(&[1, 2]), 2);
+        window.children.get_mut(&7).expect("child").held = 1;
+        window.check(2);
     }
 }

@@ -174,7 +174,7 @@ pub(crate) enum NodeMsg {
     /// Bodies read from the log (from the log reader).
     Read {
         token: u64,
-        bodies: Vec<Result<crest_core::leaf::MessageBody, String>>,
+        bodies: Vec<Result<crest_core::record::MessageBody, String>>,
     },
     /// Report counters.
     Stats(RpcReplyPort<NodeStats>),
@@ -269,6 +269,10 @@ impl NodeState {
             if !progressed {
                 break;
             }
+        }
+        // Debug builds (every test) check the machine's invariants after each input.
+        if cfg!(debug_assertions) {
+            self.machine.check_invariants();
         }
         self.arm_timer(myself);
     }

@@ -156,6 +156,16 @@ pub struct NodeHandle {
     actor_task: tokio::task::JoinHandle<()>,
     endpoint: quinn::Endpoint,
     shutdown: CancellationToken,
+    /// A leaf's log writer and body reader, joined by [`NodeHandle::shutdown`].
+    storage_threads: Option<StorageThreads>,
+}
+
+/// The threads of a leaf's storage, outliving the actor that feeds them until they drain.
+struct StorageThreads {
+    /// A handle to the log writer: the last one closed waits for it to finish.
+    wal: crest_storage::wal::WalHandle,
+    /// The body reader, which ends once the actor's sender is gone.
+    reader: std::thread::JoinHandle<()>,
 }
 
 impl NodeHandle {
@@ -212,6 +222,20 @@ impl NodeHandle {
         self.endpoint.close(0u32.into(), b"shutdown");
         self.actor.stop(Some("shutdown".into()));
         let _ = self.actor_task.await;
+        // The actor's storage handles went with it: the log writer now writes and syncs what
+        // was queued and releases the data directory, and the reader ends. Wait for both, so a
+        // stopped node holds no file and the directory can be opened again at once.
+        if let Some(StorageThreads { wal, reader }) = self.storage_threads {
+            let joined = tokio::task::spawn_blocking(move || {
+                let closed = wal.close();
+                let _ = reader.join();
+                closed
+            })
+            .await;
+            if let Ok(Err(error)) = joined {
+                tracing::error!(node = %self.name, %error, "the log writer did not stop cleanly");
+            }
+        }
         // Give close frames a moment to leave, without waiting out peers that are gone.
         let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
     }
@@ -312,6 +336,7 @@ pub async fn start_node(
     // The log writer reports completions to the actor, which exists only after the spawn; no
     // operation can be submitted before the actor runs, so none can complete before this is set.
     let actor_slot: Arc<OnceLock<ActorRef<NodeMsg>>> = Arc::new(OnceLock::new());
+    let mut storage_threads = None;
     let storage: Box<dyn storage::Storage> = match (wal, &options.data_dir) {
         (Some(wal), Some(dir)) => {
             let slot = actor_slot.clone();
@@ -322,15 +347,20 @@ pub async fn start_node(
             })?;
             let slot = actor_slot.clone();
             let queue = spec.settings.wal_queue_ops_max as usize;
-            let reads = storage::start_reader(dir.clone(), queue, move |token, bodies| {
-                if let Some(actor) = slot.get() {
-                    let _ = actor.send_message(NodeMsg::Read { token, bodies });
-                }
-            })
-            .map_err(|error| NodeError::Io {
-                path: dir.display().to_string(),
-                error,
-            })?;
+            let (reads, reader) =
+                storage::start_reader(dir.clone(), queue, move |token, bodies| {
+                    if let Some(actor) = slot.get() {
+                        let _ = actor.send_message(NodeMsg::Read { token, bodies });
+                    }
+                })
+                .map_err(|error| NodeError::Io {
+                    path: dir.display().to_string(),
+                    error,
+                })?;
+            storage_threads = Some(StorageThreads {
+                wal: handle.clone(),
+                reader,
+            });
             Box::new(storage::WalStore { handle, reads })
         }
         _ => Box::new(storage::MemoryStore),
@@ -414,6 +444,7 @@ pub async fn start_node(
     }
     tracing::info!(node = name, role = %spec.role, %local_addr, "node started");
     Ok(NodeHandle {
+        storage_threads,
         name: name.to_string(),
         role: spec.role,
         local_addr,

@@ -8,8 +8,8 @@
 //!   messages then live only in its memory and a leaf crash loses them: for tests and for
 //!   `crest local --memory`.
 
-use crest_core::leaf::{Location, MessageBody};
 use crest_core::machine::{StorageDone, StorageOp};
+use crest_core::record::{Location, MessageBody};
 use crest_storage::wal::{BodyReader, WalHandle};
 use std::sync::mpsc;
 
@@ -61,15 +61,22 @@ pub(crate) struct WalStore {
     pub(crate) reads: mpsc::SyncSender<(u64, Vec<Location>)>,
 }
 
+/// The sending side of the body reader's queue, and the reader thread (it ends once every
+/// sender is gone).
+pub(crate) type Reader = (
+    mpsc::SyncSender<(u64, Vec<Location>)>,
+    std::thread::JoinHandle<()>,
+);
+
 /// Starts the thread that reads bodies from the log in `dir`; `on_read` receives each read's
 /// bodies. At most `queue` reads wait for it (then the node waits: reads are not dropped).
 pub(crate) fn start_reader(
     dir: std::path::PathBuf,
     queue: usize,
     on_read: impl Fn(u64, Vec<Result<MessageBody, String>>) + Send + 'static,
-) -> std::io::Result<mpsc::SyncSender<(u64, Vec<Location>)>> {
+) -> std::io::Result<Reader> {
     let (tx, rx) = mpsc::sync_channel::<(u64, Vec<Location>)>(queue);
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("crest-read".into())
         .spawn(move || {
             let mut reader = BodyReader::new(dir);
@@ -78,7 +85,7 @@ pub(crate) fn start_reader(
                 on_read(token, bodies);
             }
         })?;
-    Ok(tx)
+    Ok((tx, thread))
 }
 
 impl Storage for WalStore {

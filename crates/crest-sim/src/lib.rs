@@ -7,7 +7,7 @@
 //! `(time, sequence number)`, every random draw comes from one seeded generator, and the state
 //! machines take time only from the events.
 //!
-//! What it measures (definitions in DESIGN.md), from ground truth the simulator holds:
+//! What it measures (definitions in ARCHITECTURE.md, "Measuring ordering"), from ground truth the simulator holds:
 //! - **rank error** of each pop: at the moment the root answers it, how many messages acknowledged
 //!   by their leaf and not yet delivered were strictly more urgent;
 //! - **inversion time** of each message: from the first delivery of a strictly less urgent
@@ -600,6 +600,8 @@ impl Sim {
                 break;
             }
         }
+        // The simulator runs the machines' own invariant checks after every event.
+        self.nodes[node].check_invariants();
         if let Some(at) = self.nodes[node].poll_timeout()
             && self.armed[node].is_none_or(|armed| at < armed)
         {

@@ -56,7 +56,7 @@
 //! the bad record is the last thing written, only zeros after it (a torn tail: what a crash in
 //! the middle of a write leaves), or not (corruption).
 
-use crest_core::leaf::{Location, LogRecord, MessageBody, MessageHead};
+use crest_core::record::{Location, LogRecord, MessageBody, MessageHead};
 use std::fs::File;
 use std::io;
 use std::ops::Range;

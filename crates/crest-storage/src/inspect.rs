@@ -10,7 +10,7 @@ use crate::format::{
     read_checkpoint, scan_segment_file, segment_name,
 };
 use crest_core::id::MessageId;
-use crest_core::leaf::LogRecord;
+use crest_core::record::LogRecord;
 use std::collections::HashSet;
 use std::path::Path;
 
@@ -59,10 +59,7 @@ impl Report {
 /// # Errors
 /// [`StorageError::Io`] if the directory or a file cannot be read.
 pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError> {
-    let io = |error: std::io::Error| StorageError::Io {
-        path: dir.display().to_string(),
-        error: error.to_string(),
-    };
+    let io = |error: std::io::Error| StorageError::io(dir, &error);
     let mut seqs: Vec<u64> = std::fs::read_dir(dir)
         .map_err(io)?
         .filter_map(|entry| {
@@ -108,10 +105,7 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
     if let Some(&base) = checkpoints.last() {
         let name = checkpoint_name(base);
         let path = dir.join(&name);
-        let bytes = std::fs::read(&path).map_err(|e| StorageError::Io {
-            path: path.display().to_string(),
-            error: e.to_string(),
-        })?;
+        let bytes = std::fs::read(&path).map_err(|e| StorageError::io(&path, &e))?;
         let (records, problem, fatal) = match read_checkpoint(&bytes, base, record_bytes_max) {
             Ok(checkpoint) => {
                 checkpoint
@@ -143,10 +137,7 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
         let name = segment_name(seq);
         let path = dir.join(&name);
         // A window at a time, as recovery reads it: a preallocated segment is mostly zeros.
-        let io = |e: std::io::Error| StorageError::Io {
-            path: path.display().to_string(),
-            error: e.to_string(),
-        };
+        let io = |e: std::io::Error| StorageError::io(&path, &e);
         let file = std::fs::File::open(&path).map_err(io)?;
         let file_len = file.metadata().map_err(io)?.len();
         let scan = scan_segment_file(&file, file_len, seq, record_bytes_max, SEGMENT_HEADER_BYTES)

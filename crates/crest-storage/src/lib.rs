@@ -19,8 +19,23 @@ pub enum StorageError {
     Io {
         /// The file or directory.
         path: String,
+        /// The kind of the operating system's error (`Other` where none was involved), so a
+        /// caller can tell a full disk (`StorageFull`) from a missing file (`NotFound`).
+        kind: std::io::ErrorKind,
         /// The error.
         error: String,
+    },
+    /// Another process (or another log in this one) has the data directory open.
+    #[error(
+        "{dir}: the data directory is in use by {} (it holds {dir}/LOCK); stop it, or give \
+         this node another data directory",
+        holder.map_or_else(|| "another crest process".to_string(), |pid| format!("process {pid}"))
+    )]
+    Locked {
+        /// The data directory.
+        dir: String,
+        /// The process id the lock file names, if it could be read.
+        holder: Option<u32>,
     },
     /// A record in the middle of the log is bad: recovery stops rather than guess.
     #[error(
@@ -52,4 +67,24 @@ pub enum StorageError {
     /// The writer has stopped.
     #[error("the log writer has stopped")]
     Closed,
+}
+
+impl StorageError {
+    /// An I/O error at `path`, keeping its kind.
+    pub fn io(path: &std::path::Path, error: &std::io::Error) -> Self {
+        StorageError::Io {
+            path: path.display().to_string(),
+            kind: error.kind(),
+            error: error.to_string(),
+        }
+    }
+
+    /// A failure at `path` that no operating-system error carries (kind `Other`).
+    pub fn other(path: &std::path::Path, error: impl Into<String>) -> Self {
+        StorageError::Io {
+            path: path.display().to_string(),
+            kind: std::io::ErrorKind::Other,
+            error: error.into(),
+        }
+    }
 }

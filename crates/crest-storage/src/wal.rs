@@ -50,14 +50,14 @@ use crate::format::{
     parse_segment_name, read_checkpoint, scan_segment_file, segment_header, segment_name,
 };
 use crest_core::config::{Durability, Settings};
-use crest_core::leaf::{Location, LogRecord, MessageBody};
 use crest_core::machine::SyncWait;
+use crest_core::record::{Location, LogRecord, MessageBody};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 /// What recovery does about a bad record that is not a torn tail.
@@ -190,6 +190,8 @@ pub type Completion = (u64, Result<Vec<Location>, String>);
 /// The log, recovered and ready to start writing.
 pub struct Wal {
     options: WalOptions,
+    /// The data directory's `LOCK` file, exclusively `flock`ed: released when the writer ends.
+    _lock: File,
     seq: u64,
     file: Box<dyn SegmentFile>,
     len: u64,
@@ -224,10 +226,40 @@ pub struct GroupTiming {
 }
 
 fn io_error(path: &Path, error: std::io::Error) -> StorageError {
-    StorageError::Io {
-        path: path.display().to_string(),
-        error: error.to_string(),
+    StorageError::io(path, &error)
+}
+
+/// The file in a data directory whose exclusive `flock` the log holds while it is open. It
+/// holds the process id of its holder, for the error a second process gets.
+pub const LOCK_FILE: &str = "LOCK";
+
+/// Takes the exclusive lock of `dir` (see [`LOCK_FILE`]) without waiting for it.
+fn lock_dir(dir: &Path) -> Result<File, StorageError> {
+    use rustix::fs::{FlockOperation, flock};
+    let path = dir.join(LOCK_FILE);
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io_error(&path, e))?;
+    match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            return Err(StorageError::Locked {
+                dir: dir.display().to_string(),
+                holder: holder.trim().parse().ok(),
+            });
+        }
+        Err(errno) => return Err(io_error(&path, errno.into())),
     }
+    // Who holds it, for the error of the next one to try (best effort: the lock is what counts).
+    let _ = file
+        .set_len(0)
+        .and_then(|()| writeln!(file, "{}", std::process::id()));
+    Ok(file)
 }
 
 fn sync_dir(dir: &Path) -> Result<(), StorageError> {
@@ -287,12 +319,9 @@ pub fn open_with(
         for records in rx {
             each(records);
         }
-        reader.join().unwrap_or_else(|_| {
-            Err(StorageError::Io {
-                path: dir.display().to_string(),
-                error: "the recovery thread panicked".into(),
-            })
-        })
+        reader
+            .join()
+            .unwrap_or_else(|_| Err(StorageError::other(&dir, "the recovery thread panicked")))
     })
 }
 
@@ -305,9 +334,18 @@ fn recover(
 ) -> Result<(Wal, Recovered), StorageError> {
     let dir = options.dir.clone();
     std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
+    // Held from before the first read until the writer thread ends: no second process may
+    // recover or append to this log meanwhile.
+    let lock = lock_dir(&dir)?;
     let mut recovered = Recovered::default();
     let replay_from = recover_checkpoint(&dir, &options, &mut recovered, &mut each)?;
     let mut seqs = segments(&dir)?;
+    // A new segment, if one is needed, comes after every segment present and not before
+    // replay starts: never over a segment a checkpoint still reads bodies from.
+    let first_new = seqs
+        .last()
+        .map_or(1, |last| last + 1)
+        .max(replay_from.map_or(1, |(from, _)| from));
     if let Some((from, _)) = replay_from {
         // Older segments hold bodies only (or nothing, left over from a crash between writing
         // the checkpoint and deleting them; the next checkpoint deletes those).
@@ -385,50 +423,36 @@ fn recover(
         }
         index += 1;
     }
-    let wal = match seqs.last() {
+    let (seq, file, len) = match seqs.last() {
         Some(&seq) => {
             let path = dir.join(segment_name(seq));
             let file = OpenOptions::new()
                 .write(true)
                 .open(&path)
                 .map_err(|e| io_error(&path, e))?;
-            let len = written[&seq];
-            let file = wrap(&options, file);
-            Wal {
-                options,
-                seq,
-                file,
-                len,
-                stopped: false,
-                unsynced_since: None,
-                failed_tokens: VecDeque::new(),
-                positions: VecDeque::new(),
-                synced_for: None,
-                held: Vec::new(),
-                held_since: None,
-                pushed_at: None,
-                ready: Vec::new(),
-            }
+            (seq, file, written[&seq])
         }
         None => {
-            let (file, len) = create_segment(&options, 1)?;
-            let file = wrap(&options, file);
-            Wal {
-                options,
-                seq: 1,
-                file,
-                len,
-                stopped: false,
-                unsynced_since: None,
-                failed_tokens: VecDeque::new(),
-                positions: VecDeque::new(),
-                synced_for: None,
-                held: Vec::new(),
-                held_since: None,
-                pushed_at: None,
-                ready: Vec::new(),
-            }
+            let (file, len) = create_segment(&options, first_new)?;
+            (first_new, file, len)
         }
+    };
+    let file = wrap(&options, file);
+    let wal = Wal {
+        options,
+        _lock: lock,
+        seq,
+        file,
+        len,
+        stopped: false,
+        unsynced_since: None,
+        failed_tokens: VecDeque::new(),
+        positions: VecDeque::new(),
+        synced_for: None,
+        held: Vec::new(),
+        held_since: None,
+        pushed_at: None,
+        ready: Vec::new(),
     };
     Ok((wal, recovered))
 }
@@ -559,7 +583,7 @@ fn create_segment(options: &WalOptions, seq: u64) -> Result<(File, u64), Storage
 
 /// Allocates `file` up to `len` bytes, which read as zeros until written. Writing into
 /// allocated space lets `fdatasync` skip journaling the file's new size with every group
-/// (measured on this machine's ext4: about a quarter faster, a quarter less kernel CPU). A
+/// (on ext4 about a quarter faster, a quarter less kernel CPU: docs/storage.md). A
 /// filesystem without `fallocate` keeps the file growing as it is written.
 fn preallocate(file: &File, len: u64, path: &Path) {
     let flags = rustix::fs::FallocateFlags::empty();
@@ -590,12 +614,40 @@ const FAILED_TOKENS_KEPT: usize = 4096;
 const POSITIONS_KEPT: usize = 65_536;
 
 /// Submits operations to the writer thread.
+///
+/// The writer runs until every clone of its handle is dropped or closed: it then writes and
+/// syncs what was queued, reports it, and ends, releasing the data directory's lock.
+/// [`WalHandle::close`] waits for that.
 #[derive(Clone)]
 pub struct WalHandle {
     tx: mpsc::SyncSender<Job>,
+    writer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
 }
 
 impl WalHandle {
+    /// Drops this handle and, if it was the last one, waits until the writer has written,
+    /// synced and reported everything queued and has released the directory's lock, so the
+    /// log can be opened again at once. A clone still alive keeps the writer running; the
+    /// last one to close waits for it.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`] if the writer thread panicked.
+    pub fn close(self) -> Result<(), StorageError> {
+        let WalHandle { tx, writer } = self;
+        drop(tx);
+        let Some(writer) = Arc::into_inner(writer) else {
+            return Ok(());
+        };
+        let thread = writer.into_inner().unwrap_or_else(|e| e.into_inner());
+        match thread.map(std::thread::JoinHandle::join) {
+            Some(Err(_)) => Err(StorageError::other(
+                Path::new("crest-wal"),
+                "the log writer thread panicked",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Queues an operation. Waits while the queue is full (`queue_ops_max`): records must not
     /// be dropped, so a leaf whose disk cannot keep up slows down instead.
     ///
@@ -670,11 +722,14 @@ impl Wal {
     ) -> Result<WalHandle, StorageError> {
         let (tx, rx) = mpsc::sync_channel(self.options.queue_ops_max);
         let dir = self.options.dir.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("crest-wal".into())
             .spawn(move || self.run(rx, on_complete))
             .map_err(|e| io_error(&dir, e))?;
-        Ok(WalHandle { tx })
+        Ok(WalHandle {
+            tx,
+            writer: Arc::new(Mutex::new(Some(thread))),
+        })
     }
 
     fn run(
@@ -996,10 +1051,8 @@ impl Wal {
     }
 
     fn rotate(&mut self) -> Result<(), StorageError> {
-        self.sync().map_err(|error| StorageError::Io {
-            path: self.options.dir.display().to_string(),
-            error,
-        })?;
+        self.sync()
+            .map_err(|error| StorageError::other(&self.options.dir, error))?;
         // The sealed segment gives back its unwritten preallocated space (if this is lost in a
         // crash, recovery reads the zeros as its end all the same).
         if self.options.preallocate
@@ -1027,10 +1080,7 @@ fn write_checkpoint(
     let final_path = dir.join(checkpoint_name(seq));
     let tmp_path = dir.join(format!("{}.tmp", checkpoint_name(seq)));
     let result = (|| {
-        let encoding = |error: String| StorageError::Io {
-            path: tmp_path.display().to_string(),
-            error,
-        };
+        let encoding = |error: String| StorageError::other(&tmp_path, error);
         let mut file = File::create(&tmp_path).map_err(|e| io_error(&tmp_path, e))?;
         let mut buf = checkpoint_header(seq).to_vec();
         encode_checkpoint_start(seq, replay_from, &mut buf).map_err(encoding)?;

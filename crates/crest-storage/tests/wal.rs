@@ -2,8 +2,8 @@
 
 use crest_core::config::Settings;
 use crest_core::id::{LeafId, MessageId};
-use crest_core::leaf::{LogRecord, MessageHead};
 use crest_core::machine::SyncWait;
+use crest_core::record::{LogRecord, MessageHead};
 use crest_storage::StorageError;
 use crest_storage::format::{SEGMENT_HEADER_BYTES, scan_segment, segment_name};
 use crest_storage::wal::{
@@ -112,6 +112,7 @@ fn write_with(options: WalOptions, from: u64, count: u64, one_by_one: bool) {
     while acked < count {
         receive(&mut acked);
     }
+    handle.close().unwrap();
 }
 
 fn write(options: WalOptions, from: u64, count: u64) {
@@ -468,8 +469,7 @@ fn a_full_disk_refuses_the_batch_keeps_what_was_acknowledged_and_recovers_when_s
     assert_eq!(submit_and_wait(&handle, &rx, 200), Some(Ok(())));
     acked.push(200);
     assert_eq!(files(&dir, ".ckpt"), 0, "the checkpoint is abandoned");
-    drop(handle);
-    std::thread::sleep(Duration::from_millis(50));
+    handle.close().unwrap();
 
     let (_, recovered) = open(options(&dir)).unwrap();
     assert_eq!(ids(&recovered.operations), expect(acked.iter().copied()));
@@ -573,8 +573,7 @@ fn appends_nobody_waits_for_are_synced_with_the_next_waiter_or_after_the_interva
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(syncs(&faults), 1, "synced by the interval");
-    drop(handle);
-    std::thread::sleep(Duration::from_millis(50));
+    handle.close().unwrap();
     let (_, recovered) = open(options(&dir)).unwrap();
     assert_eq!(ids(&recovered.operations), expect([1]));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -681,7 +680,7 @@ fn a_lingering_append_waits_for_a_push_s_sync_only_while_pushes_come_and_never_c
     assert!(done.iter().all(|(_, result)| result.is_ok()));
     assert_eq!(syncs(&faults), 3, "one sync for the three");
     assert_eq!(recovered_after_crash(&dir), expect(1..=5));
-    drop(handle);
+    handle.close().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 
     // While pushes come, a lingering append with no push after it is synced once its linger
@@ -695,7 +694,7 @@ fn a_lingering_append_waits_for_a_push_s_sync_only_while_pushes_come_and_never_c
         assert!(done[0].1.is_ok());
         assert_eq!(syncs(&faults), 2, "{linger:?}: synced before it completed");
         assert_eq!(recovered_after_crash(&dir), expect(1..=2));
-        drop(handle);
+        handle.close().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
@@ -714,7 +713,7 @@ fn a_failed_sync_fails_the_lingering_appends_it_would_have_made_durable() {
         let error = result.as_ref().expect_err("nothing was made durable");
         assert!(error.contains("fdatasync"), "{token}: {error}");
     }
-    drop(handle);
+    handle.close().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -774,8 +773,7 @@ fn a_checkpoint_replaces_the_log_before_it_and_recovery_starts_from_it() {
         1,
         "every segment before the checkpoint is gone"
     );
-    drop(handle);
-    std::thread::sleep(Duration::from_millis(50));
+    handle.close().unwrap();
 
     let (_, recovered) = open(small.clone()).unwrap();
     assert!(recovered.checkpoint.is_some());
@@ -850,8 +848,7 @@ fn bodies_are_read_back_where_completions_say_and_a_checkpoint_keeps_the_segment
         .checkpoint(snapshot.clone(), vec![41], vec![keep])
         .unwrap();
     barrier(&handle, &rx, 42);
-    drop(handle);
-    std::thread::sleep(Duration::from_millis(50));
+    handle.close().unwrap();
     let present: Vec<u64> = {
         let mut seqs: Vec<u64> = std::fs::read_dir(&dir)
             .unwrap()
@@ -983,7 +980,52 @@ fn each_group_reports_how_long_its_sync_took_and_buffered_groups_none() {
                 Durability::Buffered => assert_eq!(timing, GroupTiming::default()),
             }
         }
-        drop(handle);
+        handle.close().unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+#[test]
+fn a_second_open_of_a_data_directory_is_refused_until_the_writer_has_stopped() {
+    let dir = temp_dir("lock");
+    let (wal, _) = open(options(&dir)).unwrap();
+    let refused = open(options(&dir)).err().expect("a second open is refused");
+    assert!(
+        matches!(refused, StorageError::Locked { holder: Some(pid), .. } if pid == std::process::id()),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains(&format!("in use by process {}", std::process::id())),
+        "{refused}"
+    );
+    let handle = wal.start(|_| {}).unwrap();
+    handle.submit(op(1), Some(1)).unwrap();
+    assert!(matches!(
+        open(options(&dir)),
+        Err(StorageError::Locked { .. })
+    ));
+    // A closed log is written, synced and unlocked: it opens again at once, whole.
+    handle.close().unwrap();
+    let (_, recovered) = open(options(&dir)).unwrap();
+    assert_eq!(ids(&recovered.operations), expect([1]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_io_error_keeps_its_kind() {
+    let parent = temp_dir("kind");
+    std::fs::create_dir_all(&parent).unwrap();
+    let file = parent.join("not-a-directory");
+    std::fs::write(&file, b"x").unwrap();
+    let error = open(options(&file.join("log")))
+        .err()
+        .expect("no log inside a file");
+    let StorageError::Io { kind, path, .. } = &error else {
+        panic!("{error:?}")
+    };
+    assert_eq!(*kind, std::io::ErrorKind::NotADirectory, "{error}");
+    assert!(path.contains("not-a-directory"), "{error}");
+    std::fs::remove_dir_all(&parent).unwrap();
 }

@@ -8,9 +8,8 @@
 
 use crate::TransportError;
 use bytes::{Buf, Bytes, BytesMut};
-use crest_core::wire::{
-    FRAME_HEADER_BYTES, FrameError, FrameHeader, STREAM_CONTROL, STREAM_DATA, Wire, encode_frame,
-};
+use crest_core::frame::{FRAME_HEADER_BYTES, FrameError, FrameHeader, encode_frame};
+use crest_core::wire::{STREAM_CONTROL, STREAM_DATA, Wire};
 use tokio::sync::mpsc;
 
 /// Bytes asked of the stream per read.

@@ -9,7 +9,7 @@
 //! Every payload starts with a stamp: the run's nonce, a sequence number and the send time, so
 //! the bench knows, for every pop, which message it is (duplicates and losses are counted), how
 //! long it took from push to pop, and — since it knows what it pushed and what was already
-//! popped — the **rank error** of the pop (DESIGN.md): how many messages whose push was
+//! popped — the **rank error** of the pop (ARCHITECTURE.md, "Measuring ordering"): how many messages whose push was
 //! acknowledged and which were not yet popped were strictly more urgent than the popped one.
 //!
 //! Latencies are HDR histograms in microseconds: push-ack (send to the leaf's durable ack),
@@ -188,7 +188,7 @@ pub struct BenchConfig {
 }
 
 impl BenchConfig {
-    /// The reference workload (README, "Performance") against `target`.
+    /// The reference workload (docs/performance.md) against `target`.
     pub fn reference(target: Target) -> BenchConfig {
         BenchConfig {
             target,
@@ -907,7 +907,7 @@ impl RankCounter {
 /// delivered, the strictly more urgent messages that were certainly ready and unleased when
 /// the root served that pop — acknowledged before the pop was asked, and delivered only by a
 /// pop asked after it was answered (or never). A more urgent message in flight to another
-/// consumer at the time is not counted (DESIGN.md counts only unleased messages); the live
+/// consumer at the time is not counted (the definition counts only unleased messages); the live
 /// rank error counts it, so the truth lies between the two.
 fn lease_rank_errors(messages: &[LedgerEntry], pops: &mut [PopRecord]) -> Histogram<u64> {
     let mut errors = Histogram::<u64>::new_with_bounds(1, u64::MAX / 4, 3).expect("bounds");

@@ -1125,7 +1125,7 @@ async fn bench_against(
     let (mut a_runs, mut b_runs) = (Vec::new(), Vec::new());
     for run in 1..=args.runs {
         // A then B, then B then A: the second run of a pair is faster (it gets memory the
-        // first one gave back, which this VM need not fault in again from the host), so
+        // first one gave back, which a virtual machine need not fault in again from its host), so
         // neither side may always go second.
         let mut pair = [("A", &config, &mut a_runs), ("B", &b_config, &mut b_runs)];
         if run % 2 == 0 {

@@ -14,8 +14,8 @@
 
 use crate::core::config::{Durability, Settings};
 use crate::core::id::{LeafId, MessageId};
-use crate::core::leaf::{LogRecord, MessageHead};
 use crate::core::metrics::Percentiles;
+use crate::core::record::{LogRecord, MessageHead};
 use crate::core::time::Time;
 use crate::storage::wal::{Completion, GroupTiming, WalOptions, open};
 use anyhow::{Context, Result, bail};

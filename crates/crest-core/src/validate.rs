@@ -1,0 +1,93 @@
+//! Validation of what clients send, shared by the machines that receive it: a leaf checks
+//! every pushed message, the root every topic a pop or an admin request names.
+
+use crate::config::Settings;
+use crate::time::Time;
+use crate::wire::{ErrorCode, PushMessage};
+use std::time::Duration;
+
+/// Checks one message of a push batch against the settings.
+pub(crate) fn validate_message(
+    s: &Settings,
+    now: Time,
+    message: &PushMessage,
+) -> Result<(), (ErrorCode, String)> {
+    let invalid = |why: String| Err((ErrorCode::InvalidArgument, why));
+    if message.payload.len() > s.payload_bytes_max as usize {
+        return Err((
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "payload of {} bytes exceeds payload_bytes_max {}",
+                message.payload.len(),
+                s.payload_bytes_max
+            ),
+        ));
+    }
+    validate_topic(s, &message.topic).map_err(|why| (ErrorCode::InvalidArgument, why))?;
+    if message.metadata.len() > s.metadata_entries_max as usize {
+        return invalid(format!(
+            "{} metadata entries exceed metadata_entries_max {}",
+            message.metadata.len(),
+            s.metadata_entries_max
+        ));
+    }
+    let metadata_bytes: usize = message
+        .metadata
+        .iter()
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    if metadata_bytes > s.metadata_bytes_max as usize {
+        return invalid(format!(
+            "{metadata_bytes} metadata bytes exceed metadata_bytes_max {}",
+            s.metadata_bytes_max
+        ));
+    }
+    if message.delay_ms > s.delay_max_ms {
+        return invalid(format!(
+            "delay of {} ms exceeds delay_max_ms {}",
+            message.delay_ms, s.delay_max_ms
+        ));
+    }
+    if let Some(at) = message.deliver_at
+        && at > now + Duration::from_millis(s.delay_max_ms)
+    {
+        return invalid(format!(
+            "deliver_at is {} ms ahead; delay_max_ms is {}",
+            at.saturating_since(now).as_millis(),
+            s.delay_max_ms
+        ));
+    }
+    if let Some(key) = &message.dedup_key
+        && (key.is_empty() || key.len() > s.dedup_key_bytes_max as usize)
+    {
+        return invalid(format!(
+            "dedup key of {} bytes is outside 1..={} (dedup_key_bytes_max)",
+            key.len(),
+            s.dedup_key_bytes_max
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a topic name: 1 to `topic_bytes_max` bytes of printable characters.
+///
+/// # Errors
+/// A sentence naming the problem.
+pub(crate) fn validate_topic(s: &Settings, topic: &str) -> Result<(), String> {
+    if topic.is_empty() {
+        return Err("topic is empty".into());
+    }
+    if topic.len() > s.topic_bytes_max as usize {
+        return Err(format!(
+            "topic of {} bytes exceeds topic_bytes_max {}",
+            topic.len(),
+            s.topic_bytes_max
+        ));
+    }
+    if topic.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!(
+            "topic {topic:?} contains whitespace or control characters"
+        ));
+    }
+    Ok(())
+}

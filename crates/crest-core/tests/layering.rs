@@ -1,0 +1,173 @@
+//! The shape of crest-core's source, checked so it stays readable:
+//! - its modules depend on each other without a circle (a reader can learn them bottom up,
+//!   and a change low down cannot be caught in a loop of files that all need each other);
+//! - no source file of the workspace grows past `FILE_LINES_MAX` lines.
+//!
+//! A module is a file or folder directly under `src/`; it depends on another when its code (not
+//! its comments) names `crate::other`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read source directory") {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|n| n == "target") {
+                continue;
+            }
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The code of a file without its comments (line comments and doc comments).
+fn code_of(source: &str) -> String {
+    source
+        .lines()
+        .map(|line| match line.find("//") {
+            Some(at) => &line[..at],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `crate::name` references in `code`.
+fn crate_references(code: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        let preceded_by_ident = rest[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_');
+        rest = &rest[at + "crate::".len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if !preceded_by_ident && !name.is_empty() {
+            found.insert(name);
+        }
+    }
+    found
+}
+
+/// The module graph of crest-core: module → the modules it names.
+fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).expect("under src");
+        let module = relative
+            .components()
+            .next()
+            .expect("a first component")
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_string();
+        if module == "lib" {
+            continue;
+        }
+        let source = std::fs::read_to_string(&file).expect("read source file");
+        let references = crate_references(&code_of(&source));
+        let entry = graph.entry(module.clone()).or_default();
+        entry.extend(references.into_iter().filter(|r| *r != module));
+    }
+    // Names that are not modules (re-exports at the crate root) are not edges.
+    let modules: BTreeSet<String> = graph.keys().cloned().collect();
+    for deps in graph.values_mut() {
+        deps.retain(|d| modules.contains(d));
+    }
+    graph
+}
+
+/// A circle in `graph`, if there is one, as the modules along it.
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Open,
+        Done,
+    }
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        marks: &mut BTreeMap<String, Mark>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        match marks.get(node) {
+            Some(Mark::Done) => return None,
+            Some(Mark::Open) => {
+                let start = path
+                    .iter()
+                    .position(|n| n == node)
+                    .expect("open is on the path");
+                let mut cycle = path[start..].to_vec();
+                cycle.push(node.to_string());
+                return Some(cycle);
+            }
+            None => {}
+        }
+        marks.insert(node.to_string(), Mark::Open);
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, marks, path) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        marks.insert(node.to_string(), Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for node in graph.keys() {
+        if let Some(cycle) = visit(node, graph, &mut marks, &mut Vec::new()) {
+            return Some(cycle);
+        }
+    }
+    None
+}
+
+#[test]
+fn crest_core_modules_have_no_import_circle() {
+    let graph = module_graph();
+    assert!(graph.contains_key("leaf") && graph.contains_key("wire"));
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!(
+            "crest-core has an import circle: {} (move the shared types down into a module \
+             both can use)",
+            cycle.join(" -> ")
+        );
+    }
+}
+
+#[test]
+fn the_checker_finds_a_circle_and_ignores_comments() {
+    let refs = crate_references(&code_of(
+        "use crate::wire::Wire; // crate::leaf\n/// [`crate::root::Root`]\nlet x = crate::key::Key;",
+    ));
+    assert_eq!(
+        refs,
+        BTreeSet::from(["key".to_string(), "wire".to_string()])
+    );
+    let graph = BTreeMap::from([
+        ("a".to_string(), BTreeSet::from(["b".to_string()])),
+        ("b".to_string(), BTreeSet::from(["c".to_string()])),
+        ("c".to_string(), BTreeSet::from(["a".to_string()])),
+    ]);
+    assert_eq!(
+        find_cycle(&graph),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+    let acyclic = BTreeMap::from([
+        ("a".to_string(), BTreeSet::from(["b".to_string()])),
+        ("b".to_string(), BTreeSet::new()),
+    ]);
+    assert_eq!(find_cycle(&acyclic), None);
+}
