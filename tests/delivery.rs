@@ -6,6 +6,7 @@
 //! with ephemeral ports and short per-topic policies appended to its settings. Times asserted
 //! are lower bounds ("not before"), which a slow machine cannot break.
 
+use crest::core::rng::SplitMix64;
 use crest::core::topology::Topology;
 use crest::node::LocalTree;
 use crest::sdk::{
@@ -601,7 +602,7 @@ async fn no_message_is_held_by_two_consumers_under_live_leases_at_once() {
         let consumer = consumer(&tree).await;
         let (deliveries, acked) = (deliveries.clone(), acked.clone());
         tasks.push(tokio::spawn(async move {
-            let mut rng = worker * 7919 + 1;
+            let mut rng = SplitMix64::new(worker * 7919 + 1);
             let mut idle = 0;
             while idle < 3 {
                 let got = consumer
@@ -618,12 +619,11 @@ async fn no_message_is_held_by_two_consumers_under_live_leases_at_once() {
                 idle = 0;
                 deliveries.lock().unwrap().extend(got.iter().cloned());
                 for delivery in got {
-                    rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1);
                     // One delivery in four is held past its lease.
-                    let hold = if (rng >> 33) % 4 == 0 {
+                    let hold = if rng.below(4) == 0 {
                         visibility + Duration::from_millis(60)
                     } else {
-                        Duration::from_millis((rng >> 40) % 20)
+                        Duration::from_millis(rng.below(20))
                     };
                     tokio::time::sleep(hold).await;
                     match consumer.ack(&delivery.receipt()).await {

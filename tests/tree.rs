@@ -6,6 +6,7 @@
 
 use bytes::Bytes;
 use crest::core::frame::encode_frame;
+use crest::core::rng::SplitMix64;
 use crest::core::topology::Topology;
 use crest::core::wire::{
     ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Role, Wire,
@@ -52,18 +53,6 @@ async fn consumer(tree: &LocalTree) -> Consumer {
         .unwrap()
 }
 
-/// A small deterministic generator for test data.
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, bound: u32) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 33) % u64::from(bound)) as u32
-    }
-}
-
 /// Waits until every window above the leaves is full (each child offers its credits, or all
 /// of its subtree's `per_leaf` messages a leaf if fewer) and no offer moved for 300 ms.
 async fn wait_until_quiet(tree: &LocalTree, per_leaf: u64) {
@@ -107,11 +96,11 @@ async fn push_everywhere(
     per_leaf: usize,
     seed: u64,
 ) -> Vec<(MessageId, u32)> {
-    let mut rng = Lcg(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut handles = Vec::new();
     for round in 0..per_leaf {
         for producer in producers {
-            let priority = rng.next(10);
+            let priority = rng.below(10) as u32;
             let message = crest::sdk::Message::new("jobs", format!("m{round}")).priority(priority);
             handles.push((producer.send(message).await.unwrap(), priority));
         }

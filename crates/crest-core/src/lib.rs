@@ -29,6 +29,7 @@ pub mod machine;
 pub mod metrics;
 mod offer;
 pub mod record;
+pub mod rng;
 pub mod root;
 mod sorted;
 #[cfg(test)]

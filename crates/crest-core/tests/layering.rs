@@ -171,3 +171,53 @@ fn the_checker_finds_a_circle_and_ignores_comments() {
     ]);
     assert_eq!(find_cycle(&acyclic), None);
 }
+
+/// Longest a source file may grow, in lines: past it, a file has several subjects and a reader
+/// finds none of them by its name.
+const FILE_LINES_MAX: usize = 1000;
+
+/// Files still over [`FILE_LINES_MAX`], each with the most lines it may have until it is split.
+/// The list only shrinks: a file split below the limit must leave it.
+const OVER_LIMIT: &[(&str, usize)] = &[
+    ("crates/crest/src/main.rs", 1219),
+    ("crates/crest/src/bench.rs", 2002),
+];
+
+#[test]
+fn no_source_file_grows_past_the_line_limit() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = Vec::new();
+    for dir in ["crates", "tests", "benches", "examples"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    assert!(files.len() > 50, "the walk found the workspace's sources");
+    let mut problems = Vec::new();
+    for file in files {
+        let name = file
+            .strip_prefix(&root)
+            .expect("under the workspace")
+            .to_string_lossy()
+            .to_string();
+        let lines = std::fs::read_to_string(&file)
+            .expect("read source file")
+            .lines()
+            .count();
+        let allowed = OVER_LIMIT
+            .iter()
+            .find(|(listed, _)| *listed == name)
+            .map(|(_, max)| *max);
+        match allowed {
+            Some(max) if lines > max => {
+                problems.push(format!("{name}: {lines} lines, grown past its {max}"));
+            }
+            Some(_) if lines <= FILE_LINES_MAX => problems.push(format!(
+                "{name}: {lines} lines, now within {FILE_LINES_MAX}: remove it from OVER_LIMIT"
+            )),
+            None if lines > FILE_LINES_MAX => problems.push(format!(
+                "{name}: {lines} lines, over {FILE_LINES_MAX}: split it by subject"
+            )),
+            _ => {}
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

@@ -1,0 +1,131 @@
+//! What a leaf logs, and when it replaces its log with a checkpoint of its index.
+
+use super::*;
+use crate::key::Key;
+use crate::machine::{StorageOp, SyncWait};
+use crate::record::LogRecord;
+use crate::time::Time;
+use std::time::Duration;
+
+impl Leaf {
+    /// Appends records to the log (through `poll_storage`) and counts log growth.
+    pub(super) fn log(
+        &mut self,
+        now: Time,
+        token: Option<u64>,
+        wait: SyncWait,
+        records: Vec<LogRecord>,
+    ) {
+        if records.is_empty() && token.is_none() {
+            return;
+        }
+        self.logged_bytes += records.iter().map(record_bytes).sum::<u64>();
+        if self.checkpoint_due.is_none() {
+            let interval = Duration::from_millis(self.config.settings.checkpoint_interval_ms);
+            self.checkpoint_due = Some(now + interval);
+        }
+        self.storage.push_back(StorageOp::Append {
+            token,
+            records,
+            wait,
+        });
+    }
+
+    /// Approximate bytes a checkpoint of the live state would take.
+    pub(super) fn live_bytes(&self) -> u64 {
+        // Pending batches count too: the log replays them after the snapshot.
+        (self.live.len() + self.pending_messages) * INDEX_RECORD_BYTES
+            + self.unlogged_bytes
+            + self.dedup_len() as u64 * 64
+    }
+
+    /// Takes a checkpoint when the log has grown by `checkpoint_log_bytes` and a snapshot would
+    /// be at most half its size, or when `checkpoint_interval_ms` passed since the first record
+    /// logged after the last checkpoint.
+    pub(super) fn maybe_checkpoint(&mut self, now: Time) {
+        let by_growth = self.logged_bytes >= self.config.settings.checkpoint_log_bytes
+            && self.live_bytes().saturating_mul(2) <= self.logged_bytes;
+        let by_time = self.checkpoint_due.is_some_and(|due| due <= now);
+        if !(by_growth || by_time) {
+            return;
+        }
+        let records = self.snapshot();
+        let compaction = self.compaction.as_ref().filter(|c| c.writing);
+        let includes = self
+            .pending
+            .keys()
+            .chain(self.confirms.keys())
+            .copied()
+            .chain(compaction.map(|c| c.token))
+            .collect();
+        let segments = self.segments.keys().copied().collect();
+        self.logged_bytes = 0;
+        self.checkpoint_due = None;
+        self.storage.push_back(StorageOp::Checkpoint {
+            records,
+            includes,
+            segments,
+        });
+    }
+
+    /// The leaf's state as log records, except the batches still pending (the log replays
+    /// their appends after the snapshot: see [`StorageOp::Checkpoint`]). Replaying them
+    /// rebuilds the leaf (see `recover`). Bodies in the log are referred to, not copied.
+    pub(super) fn snapshot(&self) -> Vec<LogRecord> {
+        let mut records = Vec::with_capacity(self.live.len() as usize + self.dedup_len());
+        for (name, topic) in &self.topics {
+            for (key, slot) in topic.offers.iter() {
+                let head = self.head(
+                    name,
+                    key,
+                    topic.enqueued_at(key.id),
+                    self.expires_at(key.id),
+                );
+                self.message_records(&mut records, head, slot, None);
+            }
+            for (&(at, id), dead) in &topic.dead {
+                let key = Key {
+                    priority: dead.priority,
+                    ready_at: dead.ready_at,
+                    id,
+                };
+                let head = self.head(name, &key, dead.enqueued_at, dead.expires_at);
+                self.message_records(&mut records, head, &dead.slot, Some((at, &dead.reason)));
+            }
+        }
+        for (&(ready_at, id), delayed) in self.delayed.iter() {
+            let key = Key {
+                priority: delayed.priority,
+                ready_at,
+                id,
+            };
+            let topic = &self.topics[&delayed.topic];
+            let head = self.head(
+                &delayed.topic,
+                &key,
+                topic.enqueued_at(id),
+                self.expires_at(id),
+            );
+            self.message_records(&mut records, head, &delayed.slot, None);
+        }
+        for (&id, leased) in &self.leased {
+            let topic = &self.topics[&leased.topic];
+            let head = self.head(
+                &leased.topic,
+                &leased.key,
+                topic.enqueued_at(id),
+                self.expires_at(id),
+            );
+            self.message_records(&mut records, head, &leased.slot, None);
+        }
+        for ((until, id), (topic, key)) in &self.dedup_expiry {
+            records.push(LogRecord::Dedup {
+                topic: topic.to_string(),
+                key: key.to_string(),
+                id: *id,
+                until: *until,
+            });
+        }
+        records
+    }
+}

@@ -1,0 +1,446 @@
+//! The pop path at its owner: reserves granted as leases, their answers with bodies, acks,
+//! nacks, extends, releases, and the moves to the dead-letter queue.
+
+use super::*;
+use crate::downstream::Topic;
+use crate::id::{MessageId, Receipt};
+use crate::key::Key;
+use crate::machine::{ConnId, StorageOp, SyncWait};
+use crate::record::{Location, LogRecord, MessageBody};
+use crate::time::Time;
+use crate::wire::{
+    AdminResult, Confirm, Confirmed, Delivery, LeafAdminReply, ReceiptError, Release, Reserve,
+    ReserveDenied, ReserveOutcome, Reserved, Settle, Wire,
+};
+use std::time::Duration;
+
+impl Leaf {
+    pub(super) fn handle_reserve(&mut self, now: Time, conn: ConnId, reserve: Reserve) {
+        let mut outcomes = Vec::with_capacity(reserve.items.len());
+        // A lease record per item, mostly.
+        let mut records = Vec::with_capacity(reserve.items.len());
+        let mut missing = Vec::new();
+        let topic = self
+            .topics
+            .get_key_value(reserve.topic.as_str())
+            .map(|(topic, _)| topic.clone());
+        for item in reserve.items {
+            let id = item.key.id;
+            let available = topic
+                .as_ref()
+                .is_some_and(|t| self.topics[t].offers.get(&item.key).is_some());
+            let result = match topic.clone() {
+                Some(topic) if available => {
+                    if self.expires_at(id) <= now {
+                        let leaf_topic = self.topics.get_mut(&topic).expect("present");
+                        let slot = leaf_topic.unavailable(&item.key, None).expect("present");
+                        self.expire(&topic, id, &slot, &mut records);
+                        Err(ReserveDenied::Gone)
+                    } else {
+                        Ok(self.lease(now, topic, item.key, reserve.lease_ms, reserve.offer_seq))
+                    }
+                }
+                _ if self.leased.contains_key(&id) => Err(ReserveDenied::Leased),
+                _ => Err(ReserveDenied::Gone),
+            };
+            if let Ok((delivery, cached)) = &result {
+                self.counters.leased += 1;
+                records.push(LogRecord::Lease {
+                    id,
+                    attempt: delivery.attempt,
+                    deadline: delivery.lease_deadline,
+                });
+                if !cached {
+                    missing.push(outcomes.len());
+                }
+            }
+            outcomes.push(ReserveOutcome {
+                reservation: item.reservation,
+                key: item.key,
+                result: result.map(|(delivery, _)| delivery),
+            });
+        }
+        self.log(now, None, SyncWait::Linger, records);
+        // Refill the parent's window before answering, on the same stream: by the time the root
+        // sees the answer it already holds this leaf's next entries, so its next pop is exact.
+        self.flush_offers(now, true);
+        let locations: Vec<Location> = missing
+            .iter()
+            .map(|&index| {
+                let id = outcomes[index].key.id;
+                self.leased[&id].slot.location
+            })
+            .collect();
+        self.answer(conn, Waiting::Reserved(outcomes), missing, locations);
+    }
+
+    /// Leases available message `key` of `topic`; `offer_seq` is the parent's
+    /// [`Reserve::offer_seq`]. Also says whether the delivery carries its body (`false`: it
+    /// must be read).
+    pub(super) fn lease(
+        &mut self,
+        now: Time,
+        topic: Topic,
+        key: Key,
+        lease_ms: u64,
+        offer_seq: u64,
+    ) -> (Delivery, bool) {
+        let lease_ms = lease_ms.clamp(1, self.config.settings.lease_timeout_max_ms);
+        let token = self.next_lease_token();
+        let deadline = now + Duration::from_millis(lease_ms);
+        let leaf_topic = self.topics.get_mut(&topic).expect("topic exists");
+        let mut slot = leaf_topic
+            .unavailable(&key, Some(offer_seq))
+            .expect("checked");
+        leaf_topic.leased += 1;
+        let enqueued_at = leaf_topic.enqueued_at(key.id);
+        slot.attempt += 1;
+        self.dirty.insert(topic.clone());
+        self.leases.insert((deadline, key.id));
+        let body = self.bodies.get(&key.id).cloned();
+        let cached = body.is_some();
+        let body = body.unwrap_or_default();
+        let delivery = Delivery {
+            id: key.id,
+            token,
+            topic: topic.to_string(),
+            priority: key.priority,
+            attempt: slot.attempt,
+            enqueued_at,
+            lease_deadline: deadline,
+            metadata: body.metadata,
+            payload: body.payload,
+        };
+        let leased = Leased {
+            topic,
+            key,
+            slot,
+            token,
+            deadline,
+        };
+        self.leased.insert(key.id, leased);
+        (delivery, cached)
+    }
+
+    /// Sends an answer once the bodies at `locations` (those of the items at `missing`) are
+    /// read from the log, after every answer queued before it.
+    pub(super) fn answer(
+        &mut self,
+        conn: ConnId,
+        waiting: Waiting,
+        missing: Vec<usize>,
+        locations: Vec<Location>,
+    ) {
+        let read = if locations.is_empty() {
+            None
+        } else {
+            let token = self.next_token;
+            self.next_token += 1;
+            self.counters.body_reads += locations.len() as u64;
+            self.storage.push_back(StorageOp::Read { token, locations });
+            Some(token)
+        };
+        self.answers.push_back(Answer {
+            conn,
+            read,
+            missing,
+            waiting,
+        });
+        self.send_answers();
+    }
+
+    /// Sends the answers at the front of the queue that wait for nothing.
+    pub(super) fn send_answers(&mut self) {
+        while self.answers.front().is_some_and(|a| a.read.is_none()) {
+            let answer = self.answers.pop_front().expect("checked");
+            let msg = match answer.waiting {
+                Waiting::Reserved(items) => Wire::Reserved(Reserved { items }),
+                Waiting::DeadLetters { tag, letters } => Wire::LeafAdminReply(LeafAdminReply {
+                    tag,
+                    result: Some(AdminResult::DeadLetters(letters)),
+                }),
+            };
+            self.send(answer.conn, msg);
+        }
+    }
+
+    /// Bodies read for an answer: filled in, or, where a read failed, the message is moved to
+    /// the dead letters with the reason (a reserve of it is denied; a listing omits it).
+    pub(super) fn bodies_read(
+        &mut self,
+        now: Time,
+        token: u64,
+        bodies: Vec<Result<MessageBody, String>>,
+    ) {
+        let Some(index) = self.answers.iter().position(|a| a.read == Some(token)) else {
+            return;
+        };
+        // Taken out while the leaf changes state below, put back ready to send.
+        let placeholder = Answer {
+            conn: 0,
+            read: None,
+            missing: Vec::new(),
+            waiting: Waiting::Reserved(Vec::new()),
+        };
+        let mut answer = std::mem::replace(&mut self.answers[index], placeholder);
+        answer.read = None;
+        let mut records = Vec::new();
+        for (&item, body) in answer.missing.iter().zip(bodies) {
+            match (&mut answer.waiting, body) {
+                (Waiting::Reserved(items), Ok(body)) => {
+                    if let Ok(delivery) = &mut items[item].result {
+                        delivery.metadata = body.metadata;
+                        delivery.payload = body.payload;
+                    }
+                }
+                (Waiting::Reserved(items), Err(error)) => {
+                    let id = items[item].key.id;
+                    let token = items[item].result.as_ref().map_or(0, |d| d.token);
+                    items[item].result = Err(ReserveDenied::Gone);
+                    // Only while the lease granted for this answer is still live: it may have
+                    // ended (and the message moved on) while the read was under way.
+                    if self.leased.get(&id).is_some_and(|l| l.token == token) {
+                        let Leased {
+                            topic, key, slot, ..
+                        } = self.end_lease(id);
+                        let reason = format!("body unreadable from the log: {error}");
+                        tracing::error!(%id, %reason, "message moved to the dead letters");
+                        self.move_to_dead(now, topic, key, slot, reason, &mut records);
+                    }
+                }
+                (Waiting::DeadLetters { letters, .. }, Ok(body)) => {
+                    letters[item].metadata = body.metadata;
+                    letters[item].payload = body.payload;
+                }
+                (Waiting::DeadLetters { letters, .. }, Err(error)) => {
+                    tracing::error!(id = %letters[item].id, %error, "dead letter body unreadable");
+                    letters[item].reason = format!(
+                        "{} (body unreadable from the log: {error})",
+                        letters[item].reason
+                    );
+                }
+            }
+        }
+        self.answers[index] = answer;
+        self.log(now, None, SyncWait::Linger, records);
+        self.send_answers();
+    }
+
+    /// Deletes a message whose time to live passed (taken out of its index by the caller).
+    pub(super) fn expire(
+        &mut self,
+        topic: &Topic,
+        id: MessageId,
+        slot: &Slot,
+        records: &mut Vec<LogRecord>,
+    ) {
+        self.forget(topic, id, slot, false);
+        self.counters.expired += 1;
+        records.push(LogRecord::Delete { id });
+    }
+
+    /// Checks a receipt against the live lease; `Ok` gives the message's id.
+    pub(super) fn check_receipt(
+        &self,
+        now: Time,
+        receipt: &Receipt,
+    ) -> Result<MessageId, ReceiptError> {
+        match self.leased.get(&receipt.id) {
+            Some(lease) if lease.token == receipt.token && lease.deadline > now => Ok(receipt.id),
+            Some(_) => Err(ReceiptError::Stale),
+            None if receipt.id.leaf() == self.config.id && self.live.contains(receipt.id.seq()) => {
+                Err(ReceiptError::Stale)
+            }
+            None => Err(ReceiptError::UnknownMessage),
+        }
+    }
+
+    /// Ends the live lease of a message: it is in no index until the caller places it.
+    pub(super) fn end_lease(&mut self, id: MessageId) -> Leased {
+        let leased = self.leased.remove(&id).expect("leased");
+        self.leases.remove(&(leased.deadline, id));
+        let topic = self.topics.get_mut(&leased.topic).expect("topic exists");
+        topic.leased -= 1;
+        leased
+    }
+
+    /// A delivery failed (nack or lease expiry); its lease has ended. The message expires,
+    /// becomes dead, or is delayed or available again.
+    pub(super) fn delivery_failed(
+        &mut self,
+        now: Time,
+        leased: Leased,
+        delay_ms: u64,
+        reason: String,
+        records: &mut Vec<LogRecord>,
+    ) {
+        let Leased {
+            topic,
+            mut key,
+            slot,
+            ..
+        } = leased;
+        let id = key.id;
+        if self.expires_at(id) <= now {
+            self.expire(&topic, id, &slot, records);
+            return;
+        }
+        let max_attempts = self.config.settings.topic_policy(&topic).max_attempts;
+        if slot.attempt >= max_attempts {
+            self.move_to_dead(now, topic, key, slot, reason, records);
+            return;
+        }
+        if delay_ms > 0 {
+            let later = now + Duration::from_millis(delay_ms);
+            key.ready_at = key.ready_at.max(later);
+            if let Some(ttl) = self.ttl.get_mut(&id) {
+                ttl.key = key;
+            }
+        }
+        records.push(LogRecord::Release {
+            id,
+            attempt: slot.attempt,
+            ready_at: key.ready_at,
+        });
+        self.place(now, topic, key, slot);
+    }
+
+    /// Moves a message whose lease has ended to its topic's dead letters.
+    pub(super) fn move_to_dead(
+        &mut self,
+        now: Time,
+        topic: Topic,
+        key: Key,
+        slot: Slot,
+        reason: String,
+        records: &mut Vec<LogRecord>,
+    ) {
+        let id = key.id;
+        let expires_at = match self.ttl.remove(&id) {
+            Some(ttl) => {
+                self.expiries.remove(&(ttl.expires_at, id));
+                ttl.expires_at
+            }
+            None => Time::MAX,
+        };
+        let leaf_topic = self.topics.get_mut(&topic).expect("topic exists");
+        let enqueued_at = leaf_topic.enqueued_at(id);
+        leaf_topic.age_remove(id);
+        leaf_topic.dead_at.insert(id, now);
+        leaf_topic.dead.insert(
+            (now, id),
+            Dead {
+                priority: key.priority,
+                ready_at: key.ready_at,
+                enqueued_at,
+                expires_at,
+                slot,
+                reason: reason.as_str().into(),
+            },
+        );
+        self.dirty.insert(topic);
+        self.counters.dead_lettered += 1;
+        records.push(LogRecord::Dead {
+            id,
+            reason,
+            at: now,
+        });
+    }
+
+    pub(super) fn handle_confirm(&mut self, now: Time, conn: ConnId, confirm: Confirm) {
+        // A delete (or release) record per receipt, mostly.
+        let mut records = Vec::with_capacity(confirm.receipts.len());
+        let mut results = Vec::with_capacity(confirm.receipts.len());
+        for receipt in &confirm.receipts {
+            let result = self
+                .check_receipt(now, receipt)
+                .map(|id| match &confirm.op {
+                    Settle::Ack => {
+                        self.counters.acked += 1;
+                        let leased = self.end_lease(id);
+                        self.forget(&leased.topic, id, &leased.slot, false);
+                        records.push(LogRecord::Delete { id });
+                    }
+                    Settle::Nack { delay_ms, reason } => {
+                        self.counters.nacked += 1;
+                        let leased = self.end_lease(id);
+                        let reason = reason.clone().unwrap_or_else(|| "nacked".into());
+                        self.delivery_failed(now, leased, *delay_ms, reason, &mut records);
+                    }
+                    Settle::Extend { lease_ms } => {
+                        self.counters.extended += 1;
+                        let max = self.config.settings.lease_timeout_max_ms;
+                        let deadline = now + Duration::from_millis((*lease_ms).clamp(1, max));
+                        let leased = self.leased.get_mut(&id).expect("checked");
+                        self.leases.remove(&(leased.deadline, id));
+                        leased.deadline = deadline;
+                        self.leases.insert((deadline, id));
+                    }
+                });
+            results.push(result);
+        }
+        let confirmed = Confirmed {
+            tag: confirm.tag,
+            results,
+        };
+        if records.is_empty() {
+            self.send(conn, Wire::Confirmed(confirmed));
+            return;
+        }
+        let token = self.next_token;
+        self.next_token += 1;
+        self.confirms.insert(token, (conn, confirmed));
+        self.log(now, Some(token), SyncWait::Linger, records);
+    }
+
+    /// The root gives back grants no consumer received: available again, attempt returned.
+    pub(super) fn handle_release(&mut self, now: Time, release: Release) {
+        let mut records = Vec::new();
+        for receipt in &release.receipts {
+            if let Ok(id) = self.check_receipt(now, receipt) {
+                let Leased {
+                    topic,
+                    key,
+                    mut slot,
+                    ..
+                } = self.end_lease(id);
+                if self.expires_at(id) <= now {
+                    self.expire(&topic, id, &slot, &mut records);
+                    continue;
+                }
+                slot.attempt = slot.attempt.saturating_sub(1);
+                records.push(LogRecord::Release {
+                    id,
+                    attempt: slot.attempt,
+                    ready_at: key.ready_at,
+                });
+                self.place(now, topic, key, slot);
+            }
+        }
+        self.log(now, None, SyncWait::Linger, records);
+    }
+
+    /// The slot of message `key` of `topic`, in whatever state it is (`None`: gone, or its key
+    /// changed).
+    pub(super) fn slot_mut(&mut self, topic: &Topic, key: &Key) -> Option<&mut Slot> {
+        if self.leased.contains_key(&key.id) {
+            let leased = self.leased.get_mut(&key.id).expect("checked");
+            return (leased.key == *key).then_some(&mut leased.slot);
+        }
+        let leaf_topic = self.topics.get_mut(topic)?;
+        if let Some(&at) = leaf_topic.dead_at.get(&key.id) {
+            return leaf_topic
+                .dead
+                .get_mut(&(at, key.id))
+                .filter(|dead| dead.priority == key.priority && dead.ready_at == key.ready_at)
+                .map(|dead| &mut dead.slot);
+        }
+        if leaf_topic.offers.get(key).is_some() {
+            return leaf_topic.offers.get_mut(key);
+        }
+        self.delayed
+            .get_mut(&(key.ready_at, key.id))
+            .filter(|delayed| delayed.priority == key.priority)
+            .map(|delayed| &mut delayed.slot)
+    }
+}

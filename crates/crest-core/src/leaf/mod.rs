@@ -1,0 +1,640 @@
+//! The leaf state machine: accepts pushes, owns messages, leases them to the root.
+//!
+//! # Contract
+//! Implements [`Machine`]; see [`crate::machine`] for the polling order and time rules.
+//!
+//! # Message states
+//! Every message the leaf holds is in exactly one state:
+//! - **pending**: in a push batch waiting for storage; not yet acknowledged nor offered;
+//! - **delayed**: durable, waiting for its `ready_at` (deliver-after, or a nack's delay);
+//! - **available**: a candidate of its topic's [`OfferSet`] (offered to the parent or not);
+//! - **leased**: reserved by the root under a lease (token, deadline, attempt number);
+//! - **dead**: in its topic's dead-letter queue, with the reason of its last failure.
+//!
+//! Transitions: a push batch becomes delayed or available when storage reports it durable, and
+//! only then is the producer acknowledged. `Reserve` turns available into leased (anything
+//! else is denied: the leaf's lease is the single authority). A settle with the live token
+//! acts on a leased message: ack deletes it; nack (or the lease deadline passing) makes it
+//! available again, after a delay if asked, with its attempt count kept, or dead once it has
+//! had `max_attempts` deliveries; extend moves the deadline. A `Release` from the root (a grant
+//! nobody received) makes it available and gives the attempt back. A message past its time to
+//! live is deleted instead of becoming available or leased again. Admin operations redrive
+//! (dead → available, attempts reset) and purge (dead → deleted) dead letters.
+//!
+//! # Dedup
+//! A push carrying a dedup key already seen for its topic within the topic's dedup window is
+//! answered with the first message's id and not enqueued. Keys live in a table bounded by
+//! `dedup_keys_max`, outlive their messages until the window ends, and are logged, so they
+//! survive restarts.
+//!
+//! # Storage
+//! Every state change a restart must see is emitted as a [`LogRecord`] through
+//! `poll_storage`. Push batches carry a token and are acknowledged on `handle_storage_done`;
+//! the other records carry none. Leases are not restored by recovery (their root is gone with
+//! the crash), so a lease grant logs only its attempt number and an extend logs nothing: it is
+//! answered at once.
+//!
+//! # Layout
+//! This file holds the leaf's state and its per-message types; each concern lives in a file:
+//! [`push`] (validation, dedup, ids), [`checkpoint`] (what is logged, snapshots),
+//! [`recovery`] (rebuilding from the log), [`bodies`] (where bodies lie, compaction),
+//! [`leases`] (reserve, settle, release, dead letters), [`admin`] (listings, redrive, purge,
+//! stats) and [`machine`] (the [`Machine`] implementation: dispatch, timers, invariants).
+//!
+//! [`Machine`]: crate::machine::Machine
+
+mod admin;
+mod bodies;
+mod checkpoint;
+mod leases;
+mod machine;
+mod push;
+mod recovery;
+
+use crate::config::{Settings, TopicPolicy};
+use crate::downstream::{Downstream, Topic, TopicMap, TopicSet};
+use crate::id::{AscendingIdMap, IdMap, LeafId, LiveIds, MESSAGE_SEQ_MAX, MessageId};
+use crate::key::Key;
+use crate::machine::{ConnId, StorageOp, Transmit};
+use crate::metrics::Reporter;
+use crate::offer::{Candidate, FlushPolicy, OfferSet, Offerable};
+use crate::record::{Location, LogRecord, MessageBody};
+use crate::sorted::SortedMap;
+use crate::time::Time;
+use crate::upstream::Upstream;
+use crate::wire::{Confirmed, DeadLetter, PushMessage, ReserveOutcome, Role, Wire};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How a leaf is set up.
+#[derive(Clone, Debug)]
+pub struct LeafConfig {
+    /// The leaf's name in the topology.
+    pub name: String,
+    /// The leaf's id (encoded in every message id it mints).
+    pub id: LeafId,
+    /// Bounds and timings.
+    pub settings: Settings,
+    /// Seed of the lease-token generator.
+    pub seed: u64,
+    /// First sequence number to assign (storage recovery, or a clock reading for a memory
+    /// store, so that ids are not reused across restarts).
+    pub first_seq: u64,
+}
+
+/// A location no body has: the body is held in memory only (a store that keeps no bodies).
+const NO_LOCATION: Location = Location {
+    segment: u32::MAX,
+    offset: 0,
+    len: 0,
+    crc: 0,
+};
+
+/// What a leaf keeps in memory of a durable message besides its key and topic, in every
+/// state: 24 bytes. Where the message is kept says its state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    /// Where its body is in the log (`NO_LOCATION`: in `Leaf::bodies` only).
+    location: Location,
+    /// Payload bytes.
+    size: u32,
+    /// Leases granted so far (given back when the root releases an undelivered grant).
+    attempt: u32,
+}
+
+impl Slot {
+    /// Its body's place in the log, if it has one.
+    fn logged(&self) -> Option<Location> {
+        (self.location.segment != NO_LOCATION.segment).then_some(self.location)
+    }
+}
+
+impl Offerable for Slot {
+    /// The leaf offers a message as of the moment it joins the offered set.
+    fn candidate(&self, now: Time) -> Candidate {
+        Candidate {
+            size: self.size,
+            since: now,
+            entered: now,
+        }
+    }
+}
+
+/// A leased message (few at once: kept whole, by id).
+#[derive(Debug)]
+struct Leased {
+    topic: Topic,
+    key: Key,
+    slot: Slot,
+    token: u64,
+    deadline: Time,
+}
+
+/// A delayed message, in `Leaf::delayed` by `(ready_at, id)`.
+#[derive(Debug)]
+struct Delayed {
+    topic: Topic,
+    priority: u32,
+    slot: Slot,
+}
+
+/// A dead letter, in its topic's `dead` by `(dead_at, id)`.
+#[derive(Debug)]
+struct Dead {
+    priority: u32,
+    ready_at: Time,
+    enqueued_at: Time,
+    /// `Time::MAX`: never (kept for a redrive).
+    expires_at: Time,
+    slot: Slot,
+    reason: Box<str>,
+}
+
+/// A message with a time to live: where to find it when the time comes (its key changes only
+/// while it is leased, and is updated then).
+#[derive(Debug)]
+struct Ttl {
+    expires_at: Time,
+    topic: Topic,
+    key: Key,
+}
+
+/// Messages of a topic accepted at one time, from id `first` (the key of `LeafTopic::ages`) up
+/// to the next entry's: ids grow with acceptance time, so one entry per push batch tells
+/// every message's `enqueued_at` and the topic's oldest.
+#[derive(Debug, Clone, Copy)]
+struct Age {
+    at: Time,
+    /// Messages of the entry still live and not dead.
+    live: u64,
+}
+
+/// How much of a log segment's bodies are still live.
+#[derive(Debug, Default)]
+struct SegmentUse {
+    live: u64,
+    live_bytes: u64,
+    /// Bytes of every body placed in it (since the leaf started: a recovered segment counts
+    /// only the bodies live at recovery).
+    placed_bytes: u64,
+}
+
+impl SegmentUse {
+    /// Counts `count` bodies of `bytes` in all placed in the segment.
+    fn add(&mut self, count: u64, bytes: u64) {
+        self.live += count;
+        self.live_bytes += bytes;
+        self.placed_bytes += bytes;
+    }
+}
+
+/// An answer that waits for bodies to be read from the log.
+#[derive(Debug)]
+enum Waiting {
+    Reserved(Vec<ReserveOutcome>),
+    DeadLetters { tag: u64, letters: Vec<DeadLetter> },
+}
+
+#[derive(Debug)]
+struct Answer {
+    conn: ConnId,
+    /// The read it waits for (`None`: ready to send).
+    read: Option<u64>,
+    /// Which items miss their bodies.
+    missing: Vec<usize>,
+    waiting: Waiting,
+}
+
+/// A live body compaction moves: found again by topic and key (the key changes only while
+/// a message is leased; one that changed is skipped and stays for a later pass).
+#[derive(Debug, Clone)]
+struct CompactItem {
+    topic: Topic,
+    key: Key,
+    location: Location,
+}
+
+/// The one compaction step under way: bodies being read, then rewritten.
+#[derive(Debug)]
+struct Compaction {
+    token: u64,
+    writing: bool,
+    items: Vec<CompactItem>,
+}
+
+#[derive(Debug, Default)]
+struct LeafTopic {
+    /// Available messages.
+    offers: OfferSet<Slot>,
+    /// Messages of this topic in any state but pending.
+    messages: u64,
+    /// Available messages per priority.
+    ready: BTreeMap<u32, u64>,
+    /// Delayed messages (in `Leaf::delayed`).
+    delayed: u64,
+    /// Leased messages (in `Leaf::leased`).
+    leased: u64,
+    /// Dead letters by `(dead_at, id)`.
+    dead: BTreeMap<(Time, MessageId), Dead>,
+    /// When each dead letter died.
+    dead_at: IdMap<Time>,
+    /// Acceptance times of the live messages that are not dead (see [`Age`]).
+    ages: BTreeMap<MessageId, Age>,
+}
+
+impl LeafTopic {
+    /// When message `id` (live, not dead) was accepted.
+    fn enqueued_at(&self, id: MessageId) -> Time {
+        self.ages
+            .range(..=id)
+            .next_back()
+            .map_or(Time::ZERO, |(_, age)| age.at)
+    }
+
+    /// Counts message `id`, accepted at `at`, in the ages.
+    fn age_add(&mut self, id: MessageId, at: Time) {
+        self.ages_add(id, Age { at, live: 1 });
+    }
+
+    /// Counts `add.live` messages accepted at `add.at`, from id `first` on, in the ages.
+    fn ages_add(&mut self, first: MessageId, add: Age) {
+        if let Some((_, age)) = self.ages.range_mut(..=first).next_back()
+            && age.at == add.at
+        {
+            age.live += add.live;
+            return;
+        }
+        self.ages.insert(first, add);
+    }
+
+    /// Uncounts message `id` from the ages.
+    fn age_remove(&mut self, id: MessageId) {
+        let Some((&first, age)) = self.ages.range_mut(..=id).next_back() else {
+            return;
+        };
+        age.live = age.live.saturating_sub(1);
+        if age.live == 0 {
+            self.ages.remove(&first);
+        }
+    }
+
+    /// Places an available message.
+    fn make_available(&mut self, key: Key, slot: Slot) {
+        self.offers.insert(key, slot);
+        *self.ready.entry(key.priority).or_default() += 1;
+    }
+
+    /// Takes an available message out (`take`: the parent reserved it, with `applied`).
+    fn unavailable(&mut self, key: &Key, take: Option<u64>) -> Option<Slot> {
+        let slot = match take {
+            Some(applied) => self.offers.take(key, applied),
+            None => self.offers.remove(key),
+        }?;
+        if let Some(count) = self.ready.get_mut(&key.priority) {
+            *count -= 1;
+            if *count == 0 {
+                self.ready.remove(&key.priority);
+            }
+        }
+        Some(slot)
+    }
+}
+
+/// A message accepted and waiting for its batch to be durable.
+#[derive(Debug)]
+struct PendingMessage {
+    id: MessageId,
+    topic: Topic,
+    key: Key,
+    enqueued_at: Time,
+    /// `Time::MAX`: never.
+    expires_at: Time,
+    size: u32,
+    body: MessageBody,
+}
+
+#[derive(Debug)]
+struct PendingBatch {
+    conn: ConnId,
+    request: u64,
+    /// The id answered for each message of the push, in order (duplicates included).
+    ids: Vec<MessageId>,
+    /// The messages this batch enqueues.
+    messages: Vec<PendingMessage>,
+    /// Set when a message this batch duplicates failed to be stored: the producer is told.
+    failed: Option<String>,
+    /// When the push arrived.
+    received_at: Time,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct DedupEntry {
+    id: MessageId,
+    until: Time,
+}
+
+/// Event counters since the leaf started.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    expired: u64,
+    dead_lettered: u64,
+    deduplicated: u64,
+    pushed: u64,
+    push_batches: u64,
+    pushes_refused: u64,
+    leased: u64,
+    acked: u64,
+    nacked: u64,
+    extended: u64,
+    /// Bodies read back from the log for deliveries and listings.
+    body_reads: u64,
+    /// Bodies compaction moved.
+    compacted: u64,
+}
+
+/// A message as recovery rebuilds it, by id, before it settles into its place (48 bytes: a
+/// recovery map of a million messages is written once, and each byte of it is a page
+/// fault).
+#[derive(Debug)]
+struct Recovered {
+    /// Index into `Recovery::topics`.
+    topic: u32,
+    priority: u32,
+    ready_at: Time,
+    enqueued_at: Time,
+    slot: Slot,
+}
+
+/// The state of a recovery under way (see [`Leaf::recovering`]).
+#[derive(Debug, Default)]
+struct Recovery {
+    messages: IdMap<Recovered>,
+    /// Expiry times of the messages that have one.
+    expiring: IdMap<Time>,
+    /// Dead letters: when they died, and why.
+    dead: IdMap<(Time, Box<str>)>,
+    topics: Vec<Topic>,
+    /// The last topic a record named, and its index.
+    last: Option<(Topic, u32)>,
+}
+
+/// See the module doc.
+pub struct Leaf {
+    config: LeafConfig,
+    next_seq: u64,
+    rng: u64,
+    upstream: Upstream,
+    clients: Downstream,
+    /// Sequence numbers of the durable messages.
+    live: LiveIds,
+    topics: TopicMap<LeafTopic>,
+    /// Leased messages by id.
+    leased: IdMap<Leased>,
+    /// Live leases by `(deadline, id)`.
+    leases: BTreeSet<(Time, MessageId)>,
+    /// Delayed messages by `(ready_at, id)`.
+    delayed: SortedMap<(Time, MessageId), Delayed>,
+    /// Messages with a time to live (not dead), by id.
+    ttl: IdMap<Ttl>,
+    /// The same by `(expires_at, id)`.
+    expiries: BTreeSet<(Time, MessageId)>,
+    dedup: HashMap<Topic, HashMap<Box<str>, DedupEntry>>,
+    dedup_expiry: BTreeMap<(Time, MessageId), (Topic, Box<str>)>,
+    pending: HashMap<u64, PendingBatch>,
+    /// Settlements (acks, nacks; extends only beside them) waiting for their records to be durable before
+    /// they are answered: a confirmed ack is never undone by a crash.
+    confirms: HashMap<u64, (ConnId, Confirmed)>,
+    pending_messages: u64,
+    next_token: u64,
+    dirty: TopicSet,
+    transmits: VecDeque<Transmit>,
+    storage: VecDeque<StorageOp>,
+    closes: VecDeque<(ConnId, String)>,
+    violations: u64,
+    counters: Counters,
+    reporter: Reporter,
+    /// Approximate bytes appended to the log since the last checkpoint.
+    logged_bytes: u64,
+    /// Bytes of bodies held in memory only (no location): a checkpoint copies them.
+    unlogged_bytes: u64,
+    /// When the time trigger takes a checkpoint (set once something is logged after one).
+    checkpoint_due: Option<Time>,
+    /// When offer changes that were held back must go (`None`: none are waiting).
+    offer_due: Option<Time>,
+    flush_policy: FlushPolicy,
+    /// Bodies held in memory: all without a location, those with one within
+    /// `leaf_body_cache_bytes`.
+    bodies: AscendingIdMap<MessageBody>,
+    /// Their bytes.
+    body_bytes: u64,
+    /// The latest acceptance time given: acceptance times never go back as ids grow (see
+    /// [`Age`]), whatever the clock does.
+    last_enqueued_at: Time,
+    /// Log segments holding live bodies.
+    segments: BTreeMap<u32, SegmentUse>,
+    /// The newest segment a body was placed in (the one being written).
+    newest_segment: u32,
+    /// Sealed segments whose live bodies fell below `compaction_live_pct`.
+    compactable: BTreeSet<u32>,
+    /// Segments a compaction pass could not empty (an unreadable body): not tried again.
+    compaction_stuck: BTreeSet<u32>,
+    /// Bodies of the segment being compacted not yet in a step.
+    compaction_queue: Vec<CompactItem>,
+    /// The segment being compacted, and whether one of its bodies could not be moved.
+    compacting: Option<(u32, bool)>,
+    compaction: Option<Compaction>,
+    /// Answers in the order they must go, some waiting for reads.
+    answers: VecDeque<Answer>,
+    /// A recovery under way.
+    recovery: Option<Box<Recovery>>,
+}
+
+impl Leaf {
+    /// Creates an empty leaf.
+    pub fn new(config: LeafConfig) -> Leaf {
+        assert!(config.id.0 != 0, "leaf id 0 is reserved");
+        let upstream = Upstream::new(config.name.clone(), Role::Leaf, vec![config.id]);
+        let clients = Downstream::new(
+            config.name.clone(),
+            Role::Leaf,
+            config.settings.clone(),
+            vec![config.id],
+        );
+        Leaf {
+            next_seq: config.first_seq.clamp(1, MESSAGE_SEQ_MAX),
+            rng: config.seed,
+            upstream,
+            clients,
+            live: LiveIds::default(),
+            topics: Default::default(),
+            leased: IdMap::default(),
+            leases: BTreeSet::new(),
+            delayed: SortedMap::default(),
+            ttl: IdMap::default(),
+            expiries: BTreeSet::new(),
+            dedup: HashMap::new(),
+            dedup_expiry: BTreeMap::new(),
+            pending: HashMap::new(),
+            confirms: HashMap::new(),
+            pending_messages: 0,
+            next_token: 1,
+            dirty: Default::default(),
+            transmits: VecDeque::new(),
+            storage: VecDeque::new(),
+            closes: VecDeque::new(),
+            violations: 0,
+            counters: Counters::default(),
+            reporter: Reporter::new(&config.settings),
+            logged_bytes: 0,
+            unlogged_bytes: 0,
+            checkpoint_due: None,
+            offer_due: None,
+            flush_policy: FlushPolicy::new(&config.settings),
+            bodies: AscendingIdMap::default(),
+            body_bytes: 0,
+            last_enqueued_at: Time::ZERO,
+            segments: BTreeMap::new(),
+            newest_segment: 0,
+            compactable: BTreeSet::new(),
+            compaction_stuck: BTreeSet::new(),
+            compaction_queue: Vec::new(),
+            compacting: None,
+            compaction: None,
+            answers: VecDeque::new(),
+            recovery: None,
+            config,
+        }
+    }
+
+    /// This leaf's id.
+    pub fn id(&self) -> LeafId {
+        self.config.id
+    }
+
+    fn send(&mut self, conn: ConnId, msg: Wire) {
+        self.transmits.push_back(Transmit { conn, msg });
+    }
+
+    fn policy(&self, topic: &str) -> TopicPolicy {
+        self.config.settings.topic_policy(topic)
+    }
+
+    /// splitmix64: lease tokens are unguessable enough for receipts, and reproducible by seed.
+    fn next_lease_token(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn topic(&mut self, name: &str) -> Topic {
+        if let Some((topic, _)) = self.topics.get_key_value(name) {
+            return topic.clone();
+        }
+        let topic: Topic = Arc::from(name);
+        self.topics.insert(topic.clone(), LeafTopic::default());
+        topic
+    }
+}
+
+/// When a pushed message becomes ready: the latest of now, its absolute time and its delay.
+fn ready_time(now: Time, message: &PushMessage) -> Time {
+    let after_delay = now + Duration::from_millis(message.delay_ms);
+    message
+        .deliver_at
+        .map_or(after_delay, |at| at.max(after_delay))
+}
+
+/// Approximate size of a record in the log.
+fn record_bytes(record: &LogRecord) -> u64 {
+    match record {
+        LogRecord::Enqueue {
+            head,
+            metadata,
+            payload,
+        } => {
+            let metadata: usize = metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+            let key = head.dedup_key.as_ref().map_or(0, String::len);
+            (80 + head.topic.len() + key + metadata + payload.len()) as u64
+        }
+        LogRecord::Dead { reason, .. } => 40 + reason.len() as u64,
+        LogRecord::Dedup { topic, key, .. } => (40 + topic.len() + key.len()) as u64,
+        _ => 24,
+    }
+}
+
+/// Approximate size of a message's `Index` record in a checkpoint (its body in the log is
+/// referred to, not copied).
+const INDEX_RECORD_BYTES: u64 = 96;
+
+/// Places a message of `topic` that is in no index: delayed, or available (then `topic` is
+/// given back: the caller marks it dirty).
+fn place_in(
+    leaf_topic: &mut LeafTopic,
+    delayed: &mut SortedMap<(Time, MessageId), Delayed>,
+    now: Time,
+    topic: Topic,
+    key: Key,
+    slot: Slot,
+) -> Option<Topic> {
+    if key.ready_at > now {
+        leaf_topic.delayed += 1;
+        let entry = Delayed {
+            topic,
+            priority: key.priority,
+            slot,
+        };
+        delayed.insert((key.ready_at, key.id), entry);
+        return None;
+    }
+    leaf_topic.make_available(key, slot);
+    Some(topic)
+}
+
+/// Adds a body at `location` to its segment's use.
+fn place_body(segments: &mut BTreeMap<u32, SegmentUse>, location: &Location) {
+    let used = segments.entry(location.segment).or_default();
+    used.add(1, u64::from(location.len));
+}
+
+/// Up to how many items a table is summed in full by [`Machine::check_invariants`].
+const INVARIANT_DEEP_ITEMS_MAX: usize = 10_000;
+
+#[cfg(test)]
+mod invariant_tests {
+    use super::*;
+    use crate::machine::Machine;
+
+    fn leaf() -> Leaf {
+        Leaf::new(LeafConfig {
+            name: "leaf-1".into(),
+            id: LeafId(1),
+            settings: Settings::default(),
+            seed: 1,
+            first_seq: 1,
+        })
+    }
+
+    #[test]
+    fn a_new_leaf_passes_its_check() {
+        leaf().check_invariants();
+    }
+
+    #[test]
+    #[should_panic(expected = "one deadline per lease")]
+    fn a_deadline_without_its_lease_is_caught() {
+        let mut leaf = leaf();
+        leaf.leases.insert((Time(5), MessageId::new(LeafId(1), 1)));
+        leaf.check_invariants();
+    }
+
+    #[test]
+    #[should_panic(expected = "cached body bytes add up")]
+    fn miscounted_body_bytes_are_caught() {
+        let mut leaf = leaf();
+        leaf.body_bytes = 7;
+        leaf.check_invariants();
+    }
+}

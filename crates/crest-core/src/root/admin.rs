@@ -1,0 +1,159 @@
+//! Admin requests: fanned out to the leaves concerned, their answers merged.
+
+use super::*;
+use crate::id::LeafId;
+use crate::machine::ConnId;
+use crate::validate::validate_topic;
+use crate::wire::{
+    Admin, AdminOp, AdminReply, AdminResult, ErrorCode, LeafAdmin, LeafAdminReply, Stats, Wire,
+};
+use std::collections::BTreeMap;
+
+impl Root {
+    pub(super) fn validate_admin(&self, op: &AdminOp) -> Result<(), String> {
+        let s = &self.settings;
+        if let Some(topic) = op.topic() {
+            validate_topic(s, topic)?;
+        }
+        if op.ids().len() > s.pop_messages_max as usize {
+            return Err(format!(
+                "{} ids exceed pop_messages_max {}",
+                op.ids().len(),
+                s.pop_messages_max
+            ));
+        }
+        if let AdminOp::DeadLetters { limit, .. } = op
+            && (*limit == 0 || *limit > s.pop_messages_max)
+        {
+            return Err(format!(
+                "limit {limit} is outside 1..={} (pop_messages_max)",
+                s.pop_messages_max
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn handle_admin(&mut self, conn: ConnId, admin: Admin) {
+        self.counters.admin_requests += 1;
+        if let Err(text) = self.validate_admin(&admin.op) {
+            self.send(
+                conn,
+                Wire::error(Some(admin.request), ErrorCode::InvalidArgument, text),
+            );
+            return;
+        }
+        if self.admins.len() >= self.settings.root_pending_requests_max as usize {
+            let text = "too many admin requests waiting at the root; retry";
+            self.send(
+                conn,
+                Wire::error(Some(admin.request), ErrorCode::Overloaded, text),
+            );
+            return;
+        }
+        let subtree = self.children.subtree_leaves();
+        let targets: Vec<(LeafId, Vec<crate::id::MessageId>)> = if admin.op.ids().is_empty() {
+            subtree.into_iter().map(|leaf| (leaf, Vec::new())).collect()
+        } else {
+            let mut by_leaf: BTreeMap<LeafId, Vec<crate::id::MessageId>> = BTreeMap::new();
+            for id in admin.op.ids() {
+                if subtree.contains(&id.leaf()) {
+                    by_leaf.entry(id.leaf()).or_default().push(*id);
+                }
+            }
+            by_leaf.into_iter().collect()
+        };
+        let admin_id = self.next_tag;
+        self.next_tag += 1;
+        let (limit, result) = match &admin.op {
+            AdminOp::DeadLetters { limit, .. } => {
+                (*limit as usize, AdminResult::DeadLetters(Vec::new()))
+            }
+            AdminOp::Redrive { .. } | AdminOp::Purge { .. } => (0, AdminResult::Count(0)),
+            AdminOp::Stats { .. } => (0, AdminResult::Stats(Stats::default())),
+        };
+        let mut pending = PendingAdmin {
+            conn,
+            request: admin.request,
+            limit,
+            outstanding: 0,
+            result,
+            unreachable: Vec::new(),
+        };
+        for (leaf, ids) in targets {
+            let Ok(child) = self.route(leaf) else {
+                pending.unreachable.push(leaf);
+                continue;
+            };
+            let op = match &admin.op {
+                AdminOp::Redrive { topic, .. } if !ids.is_empty() => AdminOp::Redrive {
+                    topic: topic.clone(),
+                    ids,
+                },
+                AdminOp::Purge { topic, .. } if !ids.is_empty() => AdminOp::Purge {
+                    topic: topic.clone(),
+                    ids,
+                },
+                other => other.clone(),
+            };
+            let tag = self.next_tag;
+            self.next_tag += 1;
+            self.leaf_admins.insert(
+                tag,
+                PendingLeafAdmin {
+                    admin: admin_id,
+                    conn: child,
+                    leaf,
+                },
+            );
+            pending.outstanding += 1;
+            self.send(child, Wire::LeafAdmin(LeafAdmin { tag, leaf, op }));
+        }
+        self.admins.insert(admin_id, pending);
+        self.finish_admin(admin_id);
+    }
+
+    pub(super) fn handle_leaf_admin_reply(&mut self, reply: LeafAdminReply) {
+        let Some(pending) = self.leaf_admins.remove(&reply.tag) else {
+            return;
+        };
+        self.merge_admin(pending, reply.result);
+    }
+
+    pub(super) fn merge_admin(&mut self, from: PendingLeafAdmin, result: Option<AdminResult>) {
+        let Some(admin) = self.admins.get_mut(&from.admin) else {
+            return;
+        };
+        admin.outstanding -= 1;
+        match (&mut admin.result, result) {
+            (AdminResult::DeadLetters(all), Some(AdminResult::DeadLetters(more))) => {
+                all.extend(more);
+                all.sort_by_key(|d| (d.dead_at, d.id));
+                all.truncate(admin.limit);
+            }
+            (AdminResult::Count(total), Some(AdminResult::Count(more))) => *total += more,
+            (AdminResult::Stats(total), Some(AdminResult::Stats(more))) => total.merge(&more),
+            (_, None) => admin.unreachable.push(from.leaf),
+            (_, Some(_)) => {
+                self.violations += 1;
+                admin.unreachable.push(from.leaf);
+            }
+        }
+        self.finish_admin(from.admin);
+    }
+
+    pub(super) fn finish_admin(&mut self, admin_id: u64) {
+        if self.admins[&admin_id].outstanding > 0 {
+            return;
+        }
+        let mut admin = self.admins.remove(&admin_id).expect("present");
+        admin.unreachable.sort_unstable();
+        self.send(
+            admin.conn,
+            Wire::AdminReply(AdminReply {
+                request: admin.request,
+                result: admin.result,
+                unreachable: admin.unreachable,
+            }),
+        );
+    }
+}

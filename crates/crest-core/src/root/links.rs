@@ -1,0 +1,166 @@
+//! Connections that end: children, direct links to leaves (their reserves sent again through
+//! the tree), consumers; and what arrives on a direct link.
+
+use super::*;
+use crate::downstream::Topic;
+use crate::id::{LeafId, Receipt};
+use crate::machine::ConnId;
+use crate::time::Time;
+use crate::wire::{ReceiptError, Release, Reserve, ReserveItem, Role, Wire};
+use std::collections::BTreeMap;
+
+impl Root {
+    pub(super) fn child_gone(&mut self, conn: ConnId) {
+        self.reporter.child_gone(conn);
+        if let Some(removed) = self.children.disconnect(conn) {
+            self.dirty
+                .extend(removed.into_iter().map(|(topic, _)| topic));
+        }
+        self.park_unreachable();
+        self.fail_outstanding(conn);
+    }
+
+    /// A direct link ended: what went on it is answered as unavailable (as for a child), and
+    /// the leaf is reached through the aggregators again.
+    pub(super) fn direct_gone(&mut self, conn: ConnId) {
+        let Some(leaf) = self.direct.conns.remove(&conn) else {
+            return;
+        };
+        if self.direct.by_leaf.get(&leaf) == Some(&conn) {
+            self.direct.by_leaf.remove(&leaf);
+        }
+        self.resend_through_the_tree(conn, leaf);
+        self.park_unreachable();
+        self.fail_outstanding(conn);
+    }
+
+    /// Sends the reserves still unanswered on a lost direct link again through the child that
+    /// leads to `leaf`, as the same reservations, so each gets an answer: the leaf grants it
+    /// if the first never reached it, or refuses it as leased if the first was granted and
+    /// its grant lost (the lease then expires at the leaf). Numbered 0: the aggregator took the
+    /// entries on the notice already. Without a route they fail as unavailable.
+    pub(super) fn resend_through_the_tree(&mut self, lost: ConnId, leaf: LeafId) {
+        let Ok(child) = self.children.route(leaf) else {
+            return;
+        };
+        let numbers = sorted_where(&self.reservations, |r| r.conn == lost);
+        let mut groups: BTreeMap<(Topic, u64), Vec<ReserveItem>> = BTreeMap::new();
+        for reservation in numbers {
+            let r = self.reservations.get_mut(&reservation).expect("listed");
+            r.conn = child;
+            groups
+                .entry((r.topic.clone(), r.lease_ms))
+                .or_default()
+                .push(ReserveItem {
+                    reservation,
+                    key: r.key,
+                });
+        }
+        for ((topic, lease_ms), items) in groups {
+            self.counters.reserves += 1;
+            let msg = Wire::Reserve(Reserve {
+                leaf,
+                topic: topic.to_string(),
+                lease_ms,
+                items,
+                offer_seq: 0,
+                direct: false,
+            });
+            self.send(child, msg);
+        }
+    }
+
+    /// A direct link's `Welcome` (or refusal).
+    pub(super) fn direct_message(&mut self, now: Time, conn: ConnId, msg: Wire) {
+        let leaf = self.direct.conns[&conn];
+        match msg {
+            Wire::Welcome(welcome) if welcome.role == Role::Leaf => {
+                if let Some(old) = self.direct.by_leaf.insert(leaf, conn)
+                    && old != conn
+                {
+                    self.direct_gone(old);
+                    self.closes
+                        .push_back((old, "superseded by a new direct link".into()));
+                }
+                if !self.parked.is_empty() {
+                    self.release_parked();
+                }
+            }
+            Wire::Welcome(welcome) => {
+                self.violations += 1;
+                let reason = format!("leaf {leaf}'s address answers as a {}", welcome.role);
+                self.closes.push_back((conn, reason));
+            }
+            Wire::Reserved(reserved) => self.handle_reserved(now, reserved),
+            Wire::Confirmed(confirmed) => self.handle_confirmed(confirmed),
+            Wire::LeafAdminReply(reply) => self.handle_leaf_admin_reply(reply),
+            // A refused handshake (say, a leaf of another protocol version): the pop path
+            // stays on the aggregators.
+            Wire::Error(_) => self.violations += 1,
+            other => self.reject_unexpected(conn, &other),
+        }
+    }
+
+    /// Answers everything that went on `conn` and was not answered as unavailable.
+    pub(super) fn fail_outstanding(&mut self, conn: ConnId) {
+        let lost = sorted_where(&self.reservations, |r| r.conn == conn);
+        for id in lost {
+            let reservation = self.reservations.remove(&id).expect("present");
+            match reservation.purpose {
+                ReservedFor::Pop(pop_id) => {
+                    if let Some(pop) = self.pops.get_mut(&pop_id) {
+                        pop.outstanding -= 1;
+                        self.dirty.insert(pop.topic.clone());
+                    }
+                }
+                ReservedFor::Ahead => {
+                    // If the leaf granted it, the lease expires there unused.
+                    if let Some(buffer) = self.ahead.get_mut(&reservation.topic) {
+                        buffer.outstanding.remove(&reservation.key);
+                    }
+                    self.ahead_bytes -= u64::from(reservation.size);
+                    self.dirty.insert(reservation.topic);
+                }
+            }
+        }
+        let lost = sorted_where(&self.confirms, |c| c.conn == conn);
+        for tag in lost {
+            let confirm = self.confirms.remove(&tag).expect("present");
+            self.fill_confirm(confirm, |_| Err(ReceiptError::Unavailable));
+        }
+        let lost = sorted_where(&self.leaf_admins, |a| a.conn == conn);
+        for tag in lost {
+            let pending = self.leaf_admins.remove(&tag).expect("present");
+            self.merge_admin(pending, None);
+        }
+        // Frontiers of the lost child no longer hold anything back.
+        self.dirty.extend(self.waiting.keys().cloned());
+    }
+
+    pub(super) fn consumer_gone(&mut self, conn: ConnId) {
+        let pops = sorted_where(&self.pops, |p| p.conn == conn);
+        for pop_id in pops {
+            let pop = self.pops.remove(&pop_id).expect("present");
+            self.timers.remove(&(pop.deadline, pop_id));
+            self.timers.remove(&(pop.order_deadline, pop_id));
+            if let Some(queue) = self.waiting.get_mut(&pop.topic) {
+                queue.retain(|id| *id != pop_id);
+            }
+            // Deliveries already granted go back at once rather than waiting out their lease.
+            let mut by_leaf: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
+            for (_, delivery) in pop.deliveries {
+                by_leaf
+                    .entry(delivery.id.leaf())
+                    .or_default()
+                    .push(delivery.receipt());
+            }
+            for (leaf, receipts) in by_leaf {
+                if let Ok(child) = self.route(leaf) {
+                    self.send(child, Wire::Release(Release { leaf, receipts }));
+                }
+            }
+        }
+        self.acks.retain(|_, ack| ack.conn != conn);
+        self.admins.retain(|_, admin| admin.conn != conn);
+    }
+}

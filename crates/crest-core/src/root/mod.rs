@@ -1,0 +1,396 @@
+//! The root state machine: holds the global candidate window and serves consumers.
+//!
+//! # Contract
+//! Implements [`Machine`]; see [`crate::machine`] for the polling order and time rules.
+//!
+//! # Pop
+//! A pop waits in its topic's FIFO queue. Serving a topic walks its queue in order; each pop
+//! takes the most urgent entries of the window while the entry is *certain* (more urgent than
+//! every child's frontier, see [`crate::window`]). When the best entry is not certain (a
+//! child's window is being refilled), the pop waits until it is, or until `pop_order_wait_ms`
+//! after the pop arrived, whichever is first. Taken entries leave the window at once (so no
+//! other pop takes them) and a `Reserve` goes to their leaf. The pop is answered when no
+//! reserve is outstanding and it holds at least one delivery, or when its long-poll wait ends.
+//! Grants for a pop that is gone (consumer disconnected) are released at once.
+//!
+//! A pop may carry a priority filter (`max_priority`): it then takes only entries at most that
+//! priority. Since the window is ordered by priority first, a filtered pop whose best entry is
+//! over its filter takes nothing and waits; it never blocks the pops queued behind it.
+//!
+//! # Settle (ack, nack, extend)
+//! Receipts are grouped by owning leaf; each group travels as one `Confirm` carrying the
+//! operation, and the consumer gets one result per receipt once every leaf answered (or its
+//! route failed).
+//!
+//! # Admin
+//! Dead-letter and stats operations fan out as `LeafAdmin` to every leaf concerned (the leaves
+//! owning the named ids, or every leaf of the tree); the answers are merged, and leaves that
+//! cannot be reached are named in the reply.
+
+//!
+//! # Layout
+//! This file holds the root's state and its bookkeeping types; each concern lives in a file:
+//! [`pop`] (pops held and served, grants answered), [`ahead`] (reserve-ahead buffers),
+//! [`settle`] (acks, nacks, extends), [`admin`] (admin fan-out and merge), [`links`]
+//! (connections that end, direct links) and [`machine`] (the [`Machine`] implementation).
+//!
+//! [`Machine`]: crate::machine::Machine
+
+mod admin;
+mod ahead;
+mod links;
+mod machine;
+mod pop;
+mod settle;
+
+use crate::ahead::AheadBuffer;
+use crate::config::Settings;
+use crate::downstream::{Downstream, Topic, TopicMap, TopicSet};
+use crate::id::{LeafId, Receipt};
+use crate::key::Key;
+use crate::machine::{ConnId, Transmit};
+use crate::metrics::Reporter;
+use crate::time::Time;
+use crate::window::{Slot, Window};
+use crate::wire::{AdminResult, Delivery, ReceiptError, Reserve, ReserveItem, Role, Wire};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// How a root is set up.
+#[derive(Clone, Debug)]
+pub struct RootConfig {
+    /// The root's name in the topology.
+    pub name: String,
+    /// Bounds and timings.
+    pub settings: Settings,
+    /// Every leaf in the tree, per the topology.
+    pub subtree: Vec<LeafId>,
+}
+
+#[derive(Debug)]
+struct PendingPop {
+    conn: ConnId,
+    request: u64,
+    topic: Topic,
+    max: usize,
+    max_priority: u32,
+    lease_ms: u64,
+    /// End of the long-poll wait.
+    deadline: Time,
+    /// Until when the pop waits for uncertain entries to become certain.
+    order_deadline: Time,
+    /// Payload bytes taken so far (bounded so the reply fits in a frame).
+    bytes: u64,
+    outstanding: usize,
+    deliveries: Vec<(Key, Delivery)>,
+    /// Whether it holds deliveries from the reserve-ahead buffer: it is then answered with
+    /// them rather than wait a round trip for more.
+    from_ahead: bool,
+    /// Whether a grant of its own reservations came back: it then takes nothing more and is
+    /// answered once its outstanding reserves are, so a steady trickle of arrivals cannot keep
+    /// a pop gathering until it is full (its latency would be the time to fill `max`).
+    granted: bool,
+    /// When the pop arrived.
+    arrived: Time,
+}
+
+/// Reservations waiting for their leaf's answer, by number.
+#[derive(Debug, Default)]
+struct Reservations {
+    by_number: HashMap<u64, Reservation>,
+    next: u64,
+}
+
+impl Reservations {
+    /// Registers a reservation of `key` (its window slot `slot`) sent on `at.conn` at
+    /// `at.now`; returns its number.
+    fn add(&mut self, purpose: ReservedFor, topic: &Topic, key: Key, slot: Slot, at: Sent) -> u64 {
+        self.next += 1;
+        let reservation = Reservation {
+            purpose,
+            topic: topic.clone(),
+            key,
+            conn: at.conn,
+            size: slot.size,
+            lease_ms: at.lease_ms,
+            sent: at.now,
+        };
+        self.by_number.insert(self.next, reservation);
+        self.next
+    }
+}
+
+impl std::ops::Deref for Reservations {
+    type Target = HashMap<u64, Reservation>;
+    fn deref(&self) -> &Self::Target {
+        &self.by_number
+    }
+}
+
+impl std::ops::DerefMut for Reservations {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.by_number
+    }
+}
+
+/// One `Reserve` per (child, leaf) group, each carrying the last offer of `topic` applied from
+/// that child (see [`Reserve::offer_seq`]). A leaf with a direct link gets its reserve there,
+/// numbered 0 (its parent did not take the entries: the leaf retracts them from it, so a
+/// re-offer in flight cannot leave a ghost), and the child gets the same items as a notice
+/// ([`Reserve::direct`]): it takes them from its window and refills at once.
+fn reserves(
+    topic: &Topic,
+    lease_ms: u64,
+    groups: BTreeMap<(ConnId, LeafId), Vec<ReserveItem>>,
+    window: Option<&Window>,
+    direct: &DirectLinks,
+) -> impl Iterator<Item = Transmit> {
+    groups.into_iter().flat_map(move |((child, leaf), items)| {
+        let reserve = |items, offer_seq, direct| {
+            Wire::Reserve(Reserve {
+                leaf,
+                topic: topic.to_string(),
+                lease_ms,
+                items,
+                offer_seq,
+                direct,
+            })
+        };
+        let applied = window.map_or(0, |window| window.applied(child));
+        let link = direct.by_leaf.get(&leaf).copied();
+        let notice = link.map(|_| Transmit {
+            conn: child,
+            msg: reserve(items.clone(), applied, true),
+        });
+        let to_leaf = Transmit {
+            conn: link.unwrap_or(child),
+            msg: reserve(items, if link.is_some() { 0 } else { applied }, false),
+        };
+        notice.into_iter().chain(std::iter::once(to_leaf))
+    })
+}
+
+/// The numbers of `map`'s entries that satisfy `keep`, in order: answers produced from them go
+/// out in an order that does not depend on hashing (the simulator's runs are reproducible).
+fn sorted_where<V>(map: &HashMap<u64, V>, keep: impl Fn(&V) -> bool) -> Vec<u64> {
+    let mut numbers: Vec<u64> = map
+        .iter()
+        .filter(|(_, value)| keep(value))
+        .map(|(number, _)| *number)
+        .collect();
+    numbers.sort_unstable();
+    numbers
+}
+
+/// When a reserve is sent, on which connection, and the visibility timeout it asks for.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    now: Time,
+    conn: ConnId,
+    lease_ms: u64,
+}
+
+/// The root's direct links to leaves ([`Link::Leaf`], setting `direct_pop_path`): reserves,
+/// settles and admin requests for a leaf go on its link once the leaf welcomed it, and through
+/// the aggregators otherwise.
+#[derive(Debug, Default)]
+struct DirectLinks {
+    /// Every direct connection: the leaf it reaches.
+    conns: HashMap<ConnId, LeafId>,
+    /// Welcomed links by leaf.
+    by_leaf: HashMap<LeafId, ConnId>,
+}
+
+impl DirectLinks {
+    /// The connection a message for `leaf` goes on: its direct link, else `child` (the child
+    /// that leads to it).
+    fn or(&self, leaf: LeafId, child: ConnId) -> ConnId {
+        self.by_leaf.get(&leaf).copied().unwrap_or(child)
+    }
+}
+
+/// Where a pop's next entry comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The window: it must be reserved.
+    Window,
+    /// The reserve-ahead buffer: granted already.
+    Buffer,
+    /// A reserve-ahead grant on its way (its reservation number).
+    Awaited(u64),
+}
+
+/// Who a reservation is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReservedFor {
+    /// A waiting pop.
+    Pop(u64),
+    /// The topic's reserve-ahead buffer.
+    Ahead,
+}
+
+#[derive(Debug)]
+struct Reservation {
+    purpose: ReservedFor,
+    topic: Topic,
+    /// The entry reserved.
+    key: Key,
+    /// The connection the reserve went on (a child, or a direct link).
+    conn: ConnId,
+    /// Payload size of the entry (reserve-ahead bytes are counted from the reserve on).
+    size: u32,
+    /// The visibility timeout the reserve asked for, in milliseconds.
+    lease_ms: u64,
+    /// When the reserve was sent.
+    sent: Time,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct RootCounters {
+    pops: u64,
+    empty_pops: u64,
+    deliveries: u64,
+    reserves: u64,
+    reserves_denied: u64,
+    settle_requests: u64,
+    admin_requests: u64,
+    offers_received: u64,
+    /// Entries reserved for the reserve-ahead buffers.
+    reserved_ahead: u64,
+    /// Deliveries served from them.
+    ahead_hits: u64,
+    /// Entries given back unused after `reserve_ahead_hold_ms`.
+    ahead_released: u64,
+    /// Buffered grants dropped because their leaf offered the entry again.
+    ahead_revoked: u64,
+}
+
+#[derive(Debug)]
+struct PendingConfirm {
+    ack: u64,
+    /// The connection the `Confirm` went on.
+    conn: ConnId,
+    slots: Vec<usize>,
+}
+
+#[derive(Debug)]
+struct PendingAdmin {
+    conn: ConnId,
+    request: u64,
+    /// Most dead letters to return (for a listing).
+    limit: usize,
+    outstanding: usize,
+    result: AdminResult,
+    unreachable: Vec<LeafId>,
+}
+
+#[derive(Debug)]
+struct PendingLeafAdmin {
+    admin: u64,
+    /// The connection the `LeafAdmin` went on.
+    conn: ConnId,
+    leaf: LeafId,
+}
+
+#[derive(Debug)]
+struct PendingAck {
+    conn: ConnId,
+    request: u64,
+    results: Vec<Option<Result<(), ReceiptError>>>,
+    outstanding: usize,
+}
+
+/// See the module doc.
+pub struct Root {
+    settings: Settings,
+    children: Downstream,
+    waiting: TopicMap<VecDeque<u64>>,
+    pops: HashMap<u64, PendingPop>,
+    next_pop: u64,
+    reservations: Reservations,
+    confirms: HashMap<u64, PendingConfirm>,
+    acks: HashMap<u64, PendingAck>,
+    admins: HashMap<u64, PendingAdmin>,
+    leaf_admins: HashMap<u64, PendingLeafAdmin>,
+    next_tag: u64,
+    timers: BTreeSet<(Time, u64)>,
+    dirty: TopicSet,
+    transmits: VecDeque<Transmit>,
+    closes: VecDeque<(ConnId, String)>,
+    violations: u64,
+    name: String,
+    reporter: Reporter,
+    counters: RootCounters,
+    /// Direct links to leaves.
+    direct: DirectLinks,
+    /// Reserve-ahead buffers by topic (see [`crate::ahead`]).
+    ahead: TopicMap<AheadBuffer>,
+    /// Payload bytes held or expected in all reserve-ahead buffers.
+    ahead_bytes: u64,
+    /// When each held entry is given back: `(deadline, key, topic)`.
+    ahead_expiry: BTreeSet<(Time, Key, Topic)>,
+    /// Smoothed reserve round trip, in microseconds (sizes the reserve-ahead buffers).
+    round_trip_us: u64,
+    /// Buffered grants whose leaf became unreachable (its child's session ended): not
+    /// delivered — an ack could not reach the leaf —, and given back once the leaf is
+    /// reachable again. Bounded: the oldest are forgotten past `PARKED_PER_AHEAD_MAX ×
+    /// reserve_ahead_max` (their leases then expire at the leaf).
+    parked: VecDeque<(LeafId, Receipt)>,
+}
+
+/// See [`Root::parked`].
+const PARKED_PER_AHEAD_MAX: usize = 16;
+
+impl Root {
+    /// Creates a root with no children connected.
+    pub fn new(config: RootConfig) -> Root {
+        let name = config.name.clone();
+        let reporter = Reporter::new(&config.settings);
+        let children = Downstream::new(
+            config.name,
+            Role::Root,
+            config.settings.clone(),
+            config.subtree,
+        );
+        Root {
+            settings: config.settings,
+            children,
+            waiting: Default::default(),
+            pops: HashMap::default(),
+            next_pop: 1,
+            reservations: Reservations::default(),
+            confirms: HashMap::default(),
+            acks: HashMap::default(),
+            admins: HashMap::default(),
+            leaf_admins: HashMap::default(),
+            next_tag: 1,
+            timers: BTreeSet::new(),
+            dirty: Default::default(),
+            transmits: VecDeque::new(),
+            closes: VecDeque::new(),
+            violations: 0,
+            name,
+            reporter,
+            counters: RootCounters::default(),
+            direct: DirectLinks::default(),
+            ahead: Default::default(),
+            ahead_bytes: 0,
+            ahead_expiry: BTreeSet::new(),
+            round_trip_us: 1_000,
+            parked: VecDeque::new(),
+        }
+    }
+
+    fn send(&mut self, conn: ConnId, msg: Wire) {
+        self.transmits.push_back(Transmit { conn, msg });
+    }
+
+    /// The connection that reaches `leaf`: its direct link if welcomed, else the child that
+    /// leads to it.
+    fn route(&self, leaf: LeafId) -> Result<ConnId, ReceiptError> {
+        match self.direct.by_leaf.get(&leaf) {
+            Some(conn) => Ok(*conn),
+            None => self.children.route(leaf),
+        }
+    }
+}

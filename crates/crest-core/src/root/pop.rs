@@ -1,0 +1,410 @@
+//! Pops: validated, held while the best entry is not yet certain (long-poll, refills), served
+//! from the window and the reserve-ahead buffers, answered once their grants are back.
+
+use super::*;
+use crate::ahead::Held;
+use crate::config::FRAME_OVERHEAD_BYTES;
+use crate::downstream::Topic;
+use crate::id::{LeafId, Receipt};
+use crate::machine::ConnId;
+use crate::metrics::Metric;
+use crate::time::Time;
+use crate::validate::validate_topic;
+use crate::wire::{
+    Confirm, ErrorCode, Pop, PopReply, Release, ReserveItem, Reserved, Settle, Wire,
+};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+impl Root {
+    pub(super) fn validate_pop(&self, pop: &Pop) -> Result<(), (ErrorCode, String)> {
+        let s = &self.settings;
+        validate_topic(s, &pop.topic).map_err(|why| (ErrorCode::InvalidArgument, why))?;
+        if pop.max == 0 || pop.max > s.pop_messages_max {
+            return Err((
+                ErrorCode::InvalidArgument,
+                format!(
+                    "max {} is outside 1..={} (pop_messages_max)",
+                    pop.max, s.pop_messages_max
+                ),
+            ));
+        }
+        if pop.wait_ms > s.pop_wait_max_ms {
+            return Err((
+                ErrorCode::InvalidArgument,
+                format!(
+                    "wait of {} ms exceeds pop_wait_max_ms {}",
+                    pop.wait_ms, s.pop_wait_max_ms
+                ),
+            ));
+        }
+        if let Some(lease_ms) = pop.lease_ms
+            && (lease_ms == 0 || lease_ms > s.lease_timeout_max_ms)
+        {
+            return Err((
+                ErrorCode::InvalidArgument,
+                format!(
+                    "visibility timeout of {lease_ms} ms is outside 1..={} (lease_timeout_max_ms)",
+                    s.lease_timeout_max_ms
+                ),
+            ));
+        }
+        if self.pops.len() >= s.root_pending_pops_max as usize {
+            return Err((
+                ErrorCode::Overloaded,
+                "too many pops waiting at the root; retry".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn handle_pop(&mut self, now: Time, conn: ConnId, pop: Pop) {
+        if let Err((code, message)) = self.validate_pop(&pop) {
+            self.send(conn, Wire::error(Some(pop.request), code, message));
+            return;
+        }
+        let id = self.next_pop;
+        self.next_pop += 1;
+        let topic = self.children.topic(&pop.topic);
+        let pending = PendingPop {
+            conn,
+            request: pop.request,
+            topic: topic.clone(),
+            max: pop.max as usize,
+            max_priority: pop.max_priority.unwrap_or(u32::MAX),
+            lease_ms: pop
+                .lease_ms
+                .unwrap_or(self.settings.topic_policy(&pop.topic).lease_timeout_ms),
+            deadline: now + Duration::from_millis(pop.wait_ms),
+            order_deadline: now + Duration::from_millis(self.settings.pop_order_wait_ms),
+            bytes: 0,
+            outstanding: 0,
+            deliveries: Vec::new(),
+            from_ahead: false,
+            granted: false,
+            arrived: now,
+        };
+        self.counters.pops += 1;
+        self.timers.insert((pending.deadline, id));
+        self.timers.insert((pending.order_deadline, id));
+        self.pops.insert(id, pending);
+        self.waiting.entry(topic.clone()).or_default().push_back(id);
+        self.dirty.insert(topic);
+    }
+
+    /// Hands entries to the waiting pops of `topic` in key order — from the window (a reserve
+    /// to the leaf) or from the reserve-ahead buffer (granted already) —, answers finished
+    /// pops, then tops the buffer up.
+    pub(super) fn serve(&mut self, now: Time, topic: &Topic) {
+        let queue: Vec<u64> = self
+            .waiting
+            .get(topic)
+            .map(|queue| queue.iter().copied().collect())
+            .unwrap_or_default();
+        let budget = u64::from(self.settings.frame_bytes_max - FRAME_OVERHEAD_BYTES);
+        let per_delivery =
+            u64::from(self.settings.metadata_bytes_max + self.settings.topic_bytes_max) + 128;
+        for &pop_id in &queue {
+            let pop = self.pops.get_mut(&pop_id).expect("queued pops exist");
+            let mut window = self.children.windows.get_mut(topic);
+            let mut buffer = self.ahead.get_mut(topic);
+            // Entries taken from the window for this pop, grouped by the child and leaf they
+            // go to; buffered deliveries whose lease must be extended to the pop's, by leaf.
+            let mut groups: BTreeMap<(ConnId, LeafId), Vec<ReserveItem>> = BTreeMap::new();
+            let mut extends: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
+            while !pop.granted && pop.deliveries.len() + pop.outstanding < pop.max {
+                let in_window = window.as_ref().and_then(|window| window.first());
+                let in_buffer = buffer.as_ref().and_then(|buffer| buffer.first());
+                let awaited = buffer.as_ref().and_then(|buffer| buffer.first_awaited());
+                // The most urgent of the window, the buffer and the grants on their way.
+                let mut next = in_window.map(|(key, _)| (key, Source::Window));
+                for candidate in [
+                    in_buffer.map(|key| (key, Source::Buffer)),
+                    awaited.map(|(key, reservation)| (key, Source::Awaited(reservation))),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    if next.is_none_or(|(best, _)| candidate.0 < best) {
+                        next = Some(candidate);
+                    }
+                }
+                let Some((key, source)) = next else {
+                    break;
+                };
+                if key.priority > pop.max_priority {
+                    break;
+                }
+                let certain = window.as_ref().is_none_or(|window| window.is_certain(&key));
+                if !certain && now < pop.order_deadline {
+                    break;
+                }
+                let taken = pop.deliveries.len() + pop.outstanding;
+                if let Source::Awaited(reservation) = source {
+                    // Its grant is on its way: the pop claims the reservation and waits for it
+                    // like one of its own reserves (never passing over it).
+                    let ahead = self
+                        .reservations
+                        .get_mut(&reservation)
+                        .expect("outstanding");
+                    let cost = u64::from(ahead.size) + per_delivery;
+                    if taken > 0 && pop.bytes + cost > budget {
+                        break;
+                    }
+                    ahead.purpose = ReservedFor::Pop(pop_id);
+                    self.ahead_bytes -= u64::from(ahead.size);
+                    let buffer = buffer.as_mut().expect("picked from it");
+                    buffer.outstanding.remove(&key);
+                    pop.bytes += cost;
+                    pop.outstanding += 1;
+                    continue;
+                }
+                let from_buffer = source == Source::Buffer;
+                if from_buffer {
+                    let buffer = buffer.as_mut().expect("picked from it");
+                    let size = buffer.held[&key].delivery.payload.len() as u64;
+                    let cost = size + per_delivery;
+                    if taken > 0 && pop.bytes + cost > budget {
+                        break;
+                    }
+                    let mut held = buffer.held.remove(&key).expect("picked from it");
+                    self.ahead_bytes -= size;
+                    let expiry = held.reserved_at
+                        + Duration::from_millis(self.settings.reserve_ahead_hold_ms);
+                    self.ahead_expiry.remove(&(expiry, key, topic.clone()));
+                    if held.lease_ms != pop.lease_ms {
+                        held.delivery.lease_deadline = now + Duration::from_millis(pop.lease_ms);
+                        extends
+                            .entry(key.id.leaf())
+                            .or_default()
+                            .push(held.delivery.receipt());
+                    }
+                    pop.bytes += cost;
+                    pop.deliveries.push((key, held.delivery));
+                    pop.from_ahead = true;
+                    self.counters.ahead_hits += 1;
+                    continue;
+                }
+                // Answer with what the buffer gave rather than wait a round trip for more —
+                // everything taken is more urgent than this entry, so the order holds —, once
+                // the buffer filled at least half the pop (a buffer smaller than the demand
+                // must not shrink every batch).
+                if pop.from_ahead && pop.deliveries.len() * 2 >= pop.max {
+                    break;
+                }
+                let window = window.as_mut().expect("picked from it");
+                let (_, slot) = in_window.expect("picked from it");
+                let cost = u64::from(slot.size) + per_delivery;
+                if taken > 0 && pop.bytes + cost > budget {
+                    break;
+                }
+                window.take(&key);
+                pop.bytes += cost;
+                pop.outstanding += 1;
+                let purpose = ReservedFor::Pop(pop_id);
+                let sent = Sent {
+                    now,
+                    conn: self.direct.or(key.id.leaf(), slot.child),
+                    lease_ms: pop.lease_ms,
+                };
+                let reservation = self.reservations.add(purpose, topic, key, slot, sent);
+                groups
+                    .entry((slot.child, key.id.leaf()))
+                    .or_default()
+                    .push(ReserveItem { reservation, key });
+            }
+            let lease_ms = pop.lease_ms;
+            let window = window.as_deref();
+            self.counters.reserves += groups.len() as u64;
+            self.transmits
+                .extend(reserves(topic, lease_ms, groups, window, &self.direct));
+            for (leaf, receipts) in extends {
+                self.extend_unanswered(leaf, receipts, lease_ms);
+            }
+        }
+        for pop_id in queue {
+            let pop = &self.pops[&pop_id];
+            if pop.outstanding == 0 && (!pop.deliveries.is_empty() || now >= pop.deadline) {
+                self.answer_pop(now, pop_id);
+            }
+        }
+        self.top_up(now, topic);
+    }
+
+    /// Moves the visibility timeout of buffered deliveries handed to a pop that asked for
+    /// another one. Nobody waits for the answer: a refused extend shows on the consumer's ack.
+    pub(super) fn extend_unanswered(
+        &mut self,
+        leaf: LeafId,
+        receipts: Vec<Receipt>,
+        lease_ms: u64,
+    ) {
+        let Ok(child) = self.route(leaf) else {
+            return;
+        };
+        // A tag the root never registers: the leaf's `Confirmed` is dropped on arrival.
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.send(
+            child,
+            Wire::Confirm(Confirm {
+                tag,
+                leaf,
+                op: Settle::Extend { lease_ms },
+                receipts,
+            }),
+        );
+    }
+
+    pub(super) fn answer_pop(&mut self, now: Time, pop_id: u64) {
+        let pop = self.pops.remove(&pop_id).expect("pop exists");
+        if pop.deliveries.is_empty() {
+            self.counters.empty_pops += 1;
+        } else {
+            self.counters.deliveries += pop.deliveries.len() as u64;
+            if self.settings.reserve_ahead_max > 0 {
+                self.ahead
+                    .entry(pop.topic.clone())
+                    .or_default()
+                    .demand
+                    .taken(now, pop.deliveries.len() as u64);
+            }
+            let recorder = &mut self.reporter.recorder;
+            recorder.record_since(now, Metric::Pop, pop.arrived);
+            recorder.record(now, Metric::PopBatch, pop.deliveries.len() as u64);
+        }
+        self.timers.remove(&(pop.deadline, pop_id));
+        self.timers.remove(&(pop.order_deadline, pop_id));
+        if let Some(queue) = self.waiting.get_mut(&pop.topic) {
+            queue.retain(|id| *id != pop_id);
+            if queue.is_empty() {
+                self.waiting.remove(&pop.topic);
+            }
+        }
+        let mut deliveries = pop.deliveries;
+        deliveries.sort_by_key(|(key, _)| *key);
+        let deliveries = deliveries
+            .into_iter()
+            .map(|(_, delivery)| delivery)
+            .collect();
+        self.send(
+            pop.conn,
+            Wire::PopReply(PopReply {
+                request: pop.request,
+                deliveries,
+            }),
+        );
+    }
+
+    pub(super) fn handle_reserved(&mut self, now: Time, reserved: Reserved) {
+        let mut orphans: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
+        let mut extends: Vec<(Receipt, u64)> = Vec::new();
+        for outcome in reserved.items {
+            if outcome.result.is_err() {
+                self.counters.reserves_denied += 1;
+            }
+            // A number whose key differs is a late answer to a former root's reservation (an
+            // aggregator forwards what its children answer, and a restarted root numbers its
+            // reservations from 1 again): not an answer to ours, which stays outstanding.
+            let ours = self
+                .reservations
+                .get(&outcome.reservation)
+                .is_some_and(|r| r.key == outcome.key);
+            let Some(reservation) = ours
+                .then(|| self.reservations.remove(&outcome.reservation))
+                .flatten()
+            else {
+                // Nobody waits for this grant any more: end the lease now.
+                if let Ok(delivery) = outcome.result {
+                    let leaf = delivery.id.leaf();
+                    orphans.entry(leaf).or_default().push(delivery.receipt());
+                }
+                continue;
+            };
+            let round_trip = now.saturating_since(reservation.sent);
+            self.reporter
+                .recorder
+                .record_since(now, Metric::ReserveRoundTrip, reservation.sent);
+            let sample = round_trip.as_micros() as u64;
+            self.round_trip_us = (self.round_trip_us * 7 + sample) / 8;
+            match reservation.purpose {
+                ReservedFor::Pop(pop_id) => match (self.pops.get_mut(&pop_id), outcome.result) {
+                    (Some(pop), result) => {
+                        pop.outstanding -= 1;
+                        if let Ok(mut delivery) = result {
+                            // A grant reserved ahead and claimed by a pop that asked for
+                            // another visibility timeout is extended to it, as a buffered one.
+                            if reservation.lease_ms != pop.lease_ms {
+                                let lease_ms = pop.lease_ms;
+                                delivery.lease_deadline = now + Duration::from_millis(lease_ms);
+                                extends.push((delivery.receipt(), lease_ms));
+                            }
+                            pop.deliveries.push((outcome.key, delivery));
+                            pop.granted = true;
+                        }
+                        self.dirty.insert(pop.topic.clone());
+                    }
+                    (None, Ok(delivery)) => {
+                        let leaf = delivery.id.leaf();
+                        orphans.entry(leaf).or_default().push(delivery.receipt());
+                    }
+                    (None, Err(_)) => {}
+                },
+                ReservedFor::Ahead => {
+                    let topic = reservation.topic;
+                    let buffer = self.ahead.entry(topic.clone()).or_default();
+                    buffer.outstanding.remove(&outcome.key);
+                    self.ahead_bytes -= u64::from(reservation.size);
+                    if let Ok(delivery) = outcome.result {
+                        self.ahead_bytes += delivery.payload.len() as u64;
+                        let hold = Duration::from_millis(self.settings.reserve_ahead_hold_ms);
+                        self.ahead_expiry.insert((
+                            reservation.sent + hold,
+                            outcome.key,
+                            topic.clone(),
+                        ));
+                        let lease_ms = reservation.lease_ms;
+                        buffer.held.insert(
+                            outcome.key,
+                            Held {
+                                delivery,
+                                reserved_at: reservation.sent,
+                                lease_ms,
+                            },
+                        );
+                    }
+                    self.dirty.insert(topic);
+                }
+            }
+        }
+        for (leaf, receipts) in orphans {
+            if let Ok(child) = self.route(leaf) {
+                self.send(child, Wire::Release(Release { leaf, receipts }));
+            }
+        }
+        for (receipt, lease_ms) in extends {
+            self.extend_unanswered(receipt.id.leaf(), vec![receipt], lease_ms);
+        }
+    }
+
+    pub(super) fn serve_dirty(&mut self, now: Time) {
+        for topic in std::mem::take(&mut self.dirty) {
+            self.serve(now, &topic);
+            let idle = self
+                .children
+                .windows
+                .get(&topic)
+                .is_none_or(|w| w.is_idle());
+            if idle && !self.waiting.contains_key(&topic) {
+                self.children.windows.remove(&topic);
+            }
+            if self
+                .ahead
+                .get(&topic)
+                .is_some_and(|buffer| buffer.is_idle())
+            {
+                self.ahead.remove(&topic);
+            }
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! Acks, nacks and extends: receipts grouped by leaf into confirms, answers gathered per ack.
+
+use super::*;
+use crate::id::{LeafId, Receipt};
+use crate::machine::ConnId;
+use crate::wire::{Ack, AckReply, Confirm, Confirmed, ErrorCode, ReceiptError, Settle, Wire};
+use std::collections::BTreeMap;
+
+impl Root {
+    pub(super) fn validate_settle(&self, ack: &Ack) -> Result<(), String> {
+        let s = &self.settings;
+        let count = ack.receipts.len();
+        if count == 0 || count > s.pop_messages_max as usize {
+            return Err(format!(
+                "{count} receipts is outside 1..={} (pop_messages_max)",
+                s.pop_messages_max
+            ));
+        }
+        match &ack.op {
+            Settle::Ack => {}
+            Settle::Nack { delay_ms, reason } => {
+                if *delay_ms > s.delay_max_ms {
+                    return Err(format!(
+                        "nack delay of {delay_ms} ms exceeds delay_max_ms {}",
+                        s.delay_max_ms
+                    ));
+                }
+                if let Some(reason) = reason
+                    && reason.len() > s.reason_bytes_max as usize
+                {
+                    return Err(format!(
+                        "reason of {} bytes exceeds reason_bytes_max {}",
+                        reason.len(),
+                        s.reason_bytes_max
+                    ));
+                }
+            }
+            Settle::Extend { lease_ms } => {
+                if *lease_ms == 0 || *lease_ms > s.lease_timeout_max_ms {
+                    return Err(format!(
+                        "visibility timeout of {lease_ms} ms is outside 1..={} (lease_timeout_max_ms)",
+                        s.lease_timeout_max_ms
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn handle_ack(&mut self, conn: ConnId, ack: Ack) {
+        self.counters.settle_requests += 1;
+        if let Err(text) = self.validate_settle(&ack) {
+            self.send(
+                conn,
+                Wire::error(Some(ack.request), ErrorCode::InvalidArgument, text),
+            );
+            return;
+        }
+        let count = ack.receipts.len();
+        if self.acks.len() >= self.settings.root_pending_requests_max as usize {
+            let text = "too many acknowledgements waiting at the root; retry";
+            self.send(
+                conn,
+                Wire::error(Some(ack.request), ErrorCode::Overloaded, text),
+            );
+            return;
+        }
+        let ack_id = self.next_tag;
+        self.next_tag += 1;
+        let mut results = vec![None; count];
+        let mut groups: BTreeMap<(ConnId, LeafId), (Vec<usize>, Vec<Receipt>)> = BTreeMap::new();
+        for (slot, receipt) in ack.receipts.into_iter().enumerate() {
+            match self.route(receipt.id.leaf()) {
+                Ok(child) => {
+                    let group = groups.entry((child, receipt.id.leaf())).or_default();
+                    group.0.push(slot);
+                    group.1.push(receipt);
+                }
+                Err(error) => results[slot] = Some(Err(error)),
+            }
+        }
+        let outstanding = groups.len();
+        for ((child, leaf), (slots, receipts)) in groups {
+            let tag = self.next_tag;
+            self.next_tag += 1;
+            self.confirms.insert(
+                tag,
+                PendingConfirm {
+                    ack: ack_id,
+                    conn: child,
+                    slots,
+                },
+            );
+            self.send(
+                child,
+                Wire::Confirm(Confirm {
+                    tag,
+                    leaf,
+                    op: ack.op.clone(),
+                    receipts,
+                }),
+            );
+        }
+        self.acks.insert(
+            ack_id,
+            PendingAck {
+                conn,
+                request: ack.request,
+                results,
+                outstanding,
+            },
+        );
+        self.finish_ack(ack_id);
+    }
+
+    pub(super) fn handle_confirmed(&mut self, confirmed: Confirmed) {
+        let Some(confirm) = self.confirms.remove(&confirmed.tag) else {
+            return;
+        };
+        if confirmed.results.len() != confirm.slots.len() {
+            self.violations += 1;
+        }
+        self.fill_confirm(confirm, |index| {
+            confirmed
+                .results
+                .get(index)
+                .copied()
+                .unwrap_or(Err(ReceiptError::Unavailable))
+        });
+    }
+
+    pub(super) fn fill_confirm(
+        &mut self,
+        confirm: PendingConfirm,
+        result: impl Fn(usize) -> Result<(), ReceiptError>,
+    ) {
+        let Some(ack) = self.acks.get_mut(&confirm.ack) else {
+            return;
+        };
+        for (index, slot) in confirm.slots.iter().enumerate() {
+            ack.results[*slot] = Some(result(index));
+        }
+        ack.outstanding -= 1;
+        self.finish_ack(confirm.ack);
+    }
+
+    pub(super) fn finish_ack(&mut self, ack_id: u64) {
+        if self.acks[&ack_id].outstanding > 0 {
+            return;
+        }
+        let ack = self.acks.remove(&ack_id).expect("present");
+        let results = ack
+            .results
+            .into_iter()
+            .map(|r| r.expect("every slot filled"))
+            .collect();
+        self.send(
+            ack.conn,
+            Wire::AckReply(AckReply {
+                request: ack.request,
+                results,
+            }),
+        );
+    }
+}

@@ -1,0 +1,256 @@
+//! Key order across the tree: pops, batches, urgent arrivals, credits, topics, interleavings
+//! and the reports that climb the tree.
+
+use super::*;
+
+#[test]
+fn push_pop_ack_across_the_tree_in_key_order_with_zero_rank_error() {
+    // Goal: pushes spread over four leaves come out of the root in exact global key order,
+    // whether the pop path goes through the aggregators or on direct links.
+    // Method: random priorities, small credits so windows refill constantly, pops of one.
+    in_key_order(tree(3));
+    let mut t = in_key_order(direct_tree(3));
+    for agg in t.aggs {
+        // Nothing of the pop path passed through the aggregators (they took what the root
+        // took on its notices): their windows are empty.
+        assert_eq!(counter(&mut t.h, agg, "reserves_forwarded"), 0);
+        assert!(
+            counter(&mut t.h, agg, "reserve_notices") > 0,
+            "taken on notice"
+        );
+        assert_eq!(t.h.nodes[agg].stats().window_entries, 0);
+    }
+    for (index, node) in t.h.nodes.iter().enumerate() {
+        assert_eq!(node.stats().violations, 0, "node {index}");
+    }
+}
+
+#[test]
+fn batch_pops_are_sorted_and_never_exceed_max() {
+    let mut t = tree(4);
+    for (i, producer) in t.producers.into_iter().enumerate() {
+        t.h.push(producer, "jobs", &[9, 1 + i as u32, 5]);
+    }
+    let first = t.h.pop(t.consumer, "jobs", 5);
+    assert_eq!(first.len(), 5);
+    let priorities: Vec<u32> = first.iter().map(|d| d.priority).collect();
+    assert_eq!(priorities, vec![1, 2, 3, 4, 5]);
+    let rest = t.h.pop(t.consumer, "jobs", 100);
+    assert_eq!(rest.len(), 7);
+    assert!(rest.windows(2).all(|w| w[0].priority <= w[1].priority));
+}
+
+#[test]
+fn an_urgent_message_pushed_later_to_another_leaf_overtakes_full_windows() {
+    // Goal: credits never block a more urgent entry (swap). Method: fill every window with
+    // priority-5 entries, push one priority-0 entry to another leaf, pop once.
+    let mut t = tree(2);
+    for producer in &t.producers[..3] {
+        t.h.push(*producer, "jobs", &[5; 10]);
+    }
+    let urgent = t.h.push(t.producers[3], "jobs", &[9, 9, 9, 0]);
+    let popped = t.h.pop(t.consumer, "jobs", 1);
+    assert_eq!(popped[0].id, urgent[3]);
+    for agg in t.aggs {
+        assert!(
+            t.h.nodes[agg].stats().window_entries <= 2 * 2,
+            "credits bound the window"
+        );
+    }
+    assert!(t.h.nodes[t.root].stats().window_entries <= 2 * 2);
+}
+
+#[test]
+fn windows_above_the_leaves_stay_within_credits_whatever_the_depth() {
+    let mut t = tree(5);
+    for producer in t.producers {
+        for _ in 0..10 {
+            t.h.push(producer, "deep", &[3; 100]);
+        }
+    }
+    assert_eq!(t.h.nodes[t.leaves[0]].stats().messages, 1000);
+    for agg in t.aggs {
+        assert!(t.h.nodes[agg].stats().window_entries <= 2 * 5);
+    }
+    assert!(t.h.nodes[t.root].stats().window_entries <= 2 * 5);
+}
+
+#[test]
+fn topics_are_ordered_independently() {
+    let mut t = tree(2);
+    t.h.push(t.producers[0], "a", &[5, 1]);
+    t.h.push(t.producers[1], "b", &[0]);
+    let a = t.h.pop(t.consumer, "a", 10);
+    assert_eq!(a.iter().map(|d| d.priority).collect::<Vec<_>>(), vec![1, 5]);
+    assert!(a.iter().all(|d| d.topic == "a"));
+    assert_eq!(t.h.pop(t.consumer, "b", 10).len(), 1);
+    assert!(t.h.pop(t.consumer, "c", 10).is_empty());
+}
+
+#[test]
+fn concurrent_pushes_pops_and_acks_in_any_interleaving_deliver_everything_once() {
+    // Goal: whatever the interleaving of connections (each in order, as a QUIC stream), the
+    // parents' windows stay in step with what their children think they offered: no offer is
+    // refused, no message is stranded, every pushed message is delivered exactly once.
+    // Method: small credits, several consumers, rounds of concurrent pushes / pops / acks
+    // delivered by a seeded random scheduler; then drain. Both ways of the pop path: through
+    // the aggregators, and on direct links (the aggregators then learn of taken entries only
+    // from the leaves' retracts, racing the root's offers).
+    for seed in 1..=80u64 {
+        let mut t = if seed % 2 == 0 {
+            direct_tree(3)
+        } else {
+            tree(3)
+        };
+        let consumers: Vec<ConnId> = (0..3)
+            .map(|_| t.h.client(t.root, PeerKind::Consumer))
+            .collect();
+        t.h.shuffle = Some(SplitMix64::new(seed));
+        let mut rng = SplitMix64::new(seed * 7919);
+        let mut pushed = std::collections::HashSet::new();
+        let mut delivered = std::collections::HashSet::new();
+        let mut receipts: Vec<(ConnId, Receipt)> = Vec::new();
+        let collect = |t: &mut Tree,
+                       pushed: &mut std::collections::HashSet<MessageId>,
+                       receipts: &mut Vec<(ConnId, Receipt)>,
+                       delivered: &mut std::collections::HashSet<MessageId>| {
+            for &conn in t.producers.iter().chain(consumers.iter()) {
+                while let Some(msg) = t.h.try_recv(conn) {
+                    match msg {
+                        Wire::PushAck(ack) => pushed.extend(ack.ids),
+                        Wire::PopReply(reply) => {
+                            for d in reply.deliveries {
+                                assert!(delivered.insert(d.id), "seed {seed}: {} twice", d.id);
+                                receipts.push((conn, d.receipt()));
+                            }
+                        }
+                        Wire::AckReply(reply) => {
+                            assert!(reply.results.iter().all(Result::is_ok), "seed {seed}");
+                        }
+                        other => panic!("seed {seed}: unexpected {other:?}"),
+                    }
+                }
+            }
+        };
+        for _round in 0..30 {
+            for _ in 0..1 + rng.below(4) {
+                let producer = t.producers[rng.below(4) as usize];
+                let messages = (0..1 + rng.below(6) as u32)
+                    .map(|_| PushMessage {
+                        topic: "jobs".into(),
+                        priority: rng.below(10) as u32,
+                        payload: Bytes::from_static(b"x"),
+                        ..PushMessage::default()
+                    })
+                    .collect();
+                let request = t.h.request();
+                t.h.send_later(producer, Wire::Push(Push { request, messages }));
+            }
+            for &consumer in &consumers {
+                if rng.below(2) == 0 {
+                    let request = t.h.request();
+                    let pop = Pop {
+                        request,
+                        topic: "jobs".into(),
+                        max: 1 + rng.below(4) as u32,
+                        ..Pop::default()
+                    };
+                    t.h.send_later(consumer, Wire::Pop(pop));
+                }
+            }
+            for (consumer, receipt) in std::mem::take(&mut receipts) {
+                let request = t.h.request();
+                let ack = Ack {
+                    request,
+                    op: Settle::Ack,
+                    receipts: vec![receipt],
+                };
+                t.h.send_later(consumer, Wire::Ack(ack));
+            }
+            t.h.run();
+            collect(&mut t, &mut pushed, &mut receipts, &mut delivered);
+        }
+        // Drain one pop at a time, in order.
+        t.h.shuffle = None;
+        loop {
+            let mut got = t.h.pop(t.consumer, "jobs", 16);
+            if got.is_empty() {
+                // A pop may wait briefly for a window being refilled.
+                t.h.advance(Duration::from_millis(50));
+                got = t.h.pop(t.consumer, "jobs", 16);
+                if got.is_empty() {
+                    break;
+                }
+            }
+            for d in got {
+                assert!(delivered.insert(d.id), "seed {seed}: {} twice", d.id);
+            }
+        }
+        let missing: Vec<&MessageId> = pushed.difference(&delivered).collect();
+        assert!(
+            missing.is_empty(),
+            "seed {seed}: {} of {} pushed messages stranded",
+            missing.len(),
+            pushed.len()
+        );
+        for (index, node) in t.h.nodes.iter().enumerate() {
+            assert_eq!(node.stats().violations, 0, "seed {seed}: node {index}");
+        }
+    }
+}
+
+#[test]
+fn reports_bubble_up_so_the_root_knows_the_whole_tree() {
+    // Goal: each node summarises its subtree to its parent; the root's report covers every
+    // node, the bubble-up latency of both levels, and topic depths that match what was pushed
+    // and popped. Method: push 40, advance 5 ms, pop 10, then report leaves, then aggregators.
+    let mut t = tree(4);
+    for producer in t.producers {
+        t.h.push(producer, "jobs", &[1, 2, 3, 4, 5, 6, 7, 8, 9, 0]);
+    }
+    t.h.advance(Duration::from_millis(5));
+    let popped = t.h.pop(t.consumer, "jobs", 10);
+    assert_eq!(popped.len(), 10);
+    let now = t.h.now;
+    for index in t.leaves.into_iter().chain(t.aggs) {
+        t.h.nodes[index].report_tick(now);
+        t.h.run();
+    }
+    let report = t.h.nodes[t.root].report(now);
+    let mut names: Vec<&str> = report.nodes.iter().map(|n| n.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        vec![
+            "agg-0", "agg-1", "leaf-1", "leaf-2", "leaf-3", "leaf-4", "root"
+        ]
+    );
+    use crate::metrics::Metric;
+    assert_eq!(
+        report.histograms[&Metric::PushAck].count(),
+        4,
+        "one per batch"
+    );
+    assert!(
+        report.histograms[&Metric::BubbleToAggregator].count() >= 16,
+        "4 leaves x 4 credits"
+    );
+    assert!(
+        report.histograms[&Metric::BubbleToRoot].count() >= 8,
+        "2 aggregators x 4 credits"
+    );
+    assert_eq!(
+        report.histograms[&Metric::HopToRoot].count(),
+        report.histograms[&Metric::BubbleToRoot].count(),
+        "the last hop of every entry the root received"
+    );
+    assert_eq!(report.histograms[&Metric::PopBatch].percentiles().max, 10);
+    let jobs = report.stats.topic("jobs").expect("the topic");
+    let ready: u64 = jobs.ready.iter().map(|(_, n)| n).sum();
+    assert_eq!((ready, jobs.in_flight), (30, 10));
+    let leaf = report.nodes.iter().find(|n| n.name == "leaf-1").unwrap();
+    assert_eq!(leaf.counters["pushed"], 10);
+    assert_eq!(leaf.parent.as_deref(), Some("agg-0"));
+    let root = report.nodes.iter().find(|n| n.name == "root").unwrap();
+    assert_eq!(root.counters["deliveries"], 10);
+}

@@ -1,0 +1,227 @@
+//! What the leaf logs and how it is rebuilt from it: refused batches, sync requests, extends,
+//! checkpoints.
+
+use super::*;
+
+#[test]
+fn a_leaf_rebuilt_from_its_log_holds_exactly_what_it_held() {
+    // Goal: replaying the storage operations a leaf emitted rebuilds its state. Method: run a
+    // leaf in the tree, record its log, then recover a second leaf from that log and pop.
+    let mut h = Harness::new();
+    let (root, first, log) = recorded_leaf_and_root(&mut h);
+    let leaf_end = h.link(first, root);
+    let producer = h.client(first, PeerKind::Producer);
+    let consumer = h.client(root, PeerKind::Consumer);
+    let ids = h.push(producer, "jobs", &[3, 1, 2, 4]);
+    let acked = h.pop(consumer, "jobs", 1).remove(0);
+    assert_eq!(h.ack(consumer, vec![acked.receipt()]), vec![Ok(())]);
+    let leased = h.pop(consumer, "jobs", 1).remove(0);
+    assert_eq!((leased.id, leased.attempt), (ids[2], 1));
+
+    // "Crash": the leaf's session ends; a new leaf is rebuilt from the log alone.
+    h.disconnect(leaf_end);
+    let operations = crate::machine::replay(&log.lock().unwrap());
+    let config = LeafConfig {
+        name: "leaf-1".into(),
+        id: LeafId(1),
+        settings: settings(4),
+        seed: 9,
+        first_seq: 1,
+    };
+    let rebuilt = h.add(Box::new(Leaf::recover(config, h.now, operations)));
+    assert_eq!(
+        h.nodes[rebuilt].stats().messages,
+        3,
+        "the acked message stays deleted"
+    );
+    h.link(rebuilt, root);
+    let rest: Vec<Delivery> = h.pop(consumer, "jobs", 10);
+    let got: Vec<(MessageId, u32)> = rest.iter().map(|d| (d.id, d.attempt)).collect();
+    assert_eq!(
+        got,
+        vec![(ids[2], 2), (ids[0], 1), (ids[3], 1)],
+        "leased comes back with its attempt"
+    );
+    let producer = h.client(rebuilt, PeerKind::Producer);
+    let new = h.push(producer, "jobs", &[1]);
+    assert!(new[0] > ids[3], "ids continue above the recovered ones");
+}
+
+#[test]
+fn a_batch_storage_refuses_is_answered_with_an_error_and_nothing_is_kept() {
+    let mut h = Harness::new();
+    let machine = leaf(1, 4);
+    let node = h.add(machine);
+    let producer = h.client(node, PeerKind::Producer);
+    let request = h.request();
+    let message = PushMessage {
+        topic: "jobs".into(),
+        priority: 1,
+        metadata: vec![],
+        payload: Bytes::from_static(b"x"),
+        ..PushMessage::default()
+    };
+    // Deliver the push by hand so the storage operation can be failed instead of completed.
+    let (_, to) = h.ends[&producer];
+    h.nodes[node].handle_message(
+        h.now,
+        to,
+        Wire::Push(Push {
+            request,
+            messages: vec![message],
+        }),
+    );
+    let op = h.nodes[node].poll_storage().unwrap();
+    h.nodes[node].handle_storage_failed(h.now, op.token().unwrap(), "No space left on device");
+    h.run();
+    let Wire::Error(error) = h.recv(producer) else {
+        panic!()
+    };
+    assert_eq!(
+        (error.request, error.code),
+        (Some(request), ErrorCode::StorageFailed)
+    );
+    assert!(error.message.contains("No space left"), "{}", error.message);
+    assert_eq!(h.nodes[node].stats().messages, 0);
+}
+
+#[test]
+fn a_push_asks_for_a_sync_at_once_and_an_ack_s_delete_may_linger_for_one() {
+    use crate::machine::{StorageOp, SyncWait};
+    let mut h = Harness::new();
+    let (root, node, log) = recorded_leaf_and_root(&mut h);
+    h.link(node, root);
+    let producer = h.client(node, PeerKind::Producer);
+    let consumer = h.client(root, PeerKind::Consumer);
+    h.push(producer, "jobs", &[1, 2]);
+    let delivery = h.pop(consumer, "jobs", 1).remove(0);
+    assert_eq!(h.ack(consumer, vec![delivery.receipt()]), vec![Ok(())]);
+    let waited: Vec<(bool, SyncWait)> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|op| match op {
+            StorageOp::Append {
+                token: Some(_),
+                records,
+                wait,
+            } => Some((matches!(records[0], LogRecord::Enqueue { .. }), *wait)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        waited,
+        vec![(true, SyncWait::Now), (false, SyncWait::Linger)],
+        "the push, then the ack"
+    );
+}
+
+#[test]
+fn an_extend_is_answered_at_once_and_logs_nothing() {
+    // Leases do not survive a restart of their leaf, so a new deadline has nothing to make
+    // durable: the extend must not wait for a sync, nor write a record a crash could lose.
+    let mut h = Harness::new();
+    let (root, node, log) = recorded_leaf_and_root(&mut h);
+    h.link(node, root);
+    let producer = h.client(node, PeerKind::Producer);
+    let consumer = h.client(root, PeerKind::Consumer);
+    h.push(producer, "jobs", &[1]);
+    let delivery = h.pop(consumer, "jobs", 1).remove(0);
+    let logged = log.lock().unwrap().len();
+    let extend = Settle::Extend { lease_ms: 60_000 };
+    assert_eq!(
+        h.settle(consumer, extend, vec![delivery.receipt()]),
+        vec![Ok(())]
+    );
+    assert_eq!(
+        log.lock().unwrap().len(),
+        logged,
+        "the extend wrote nothing"
+    );
+    // It did move the deadline: past the default timeout the lease still holds.
+    h.advance(Duration::from_millis(
+        Settings::default().lease_timeout_ms + 1,
+    ));
+    assert!(h.pop(consumer, "jobs", 1).is_empty(), "still leased");
+    assert_eq!(h.ack(consumer, vec![delivery.receipt()]), vec![Ok(())]);
+}
+
+#[test]
+fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
+    let mut h = Harness::new();
+    let root = h.add(root_node(settings(4), vec![LeafId(1)]));
+    let leaf_settings = Settings {
+        checkpoint_log_bytes: 2000,
+        checkpoint_interval_ms: 1000,
+        ..settings(4)
+    };
+    let config = LeafConfig {
+        name: "leaf-1".into(),
+        id: LeafId(1),
+        settings: leaf_settings.clone(),
+        seed: 1,
+        first_seq: 1,
+    };
+    let log = SharedLog::default();
+    let checkpoints = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = || checkpoints.load(std::sync::atomic::Ordering::SeqCst);
+    let node = h.add(Box::new(Recording {
+        inner: Box::new(Leaf::new(config)),
+        log: log.clone(),
+        checkpoints: checkpoints.clone(),
+    }));
+    h.link(node, root);
+    let producer = h.client(node, PeerKind::Producer);
+    let consumer = h.client(root, PeerKind::Consumer);
+    h.push(producer, "jobs", &[1; 50]);
+    assert_eq!(
+        count(),
+        0,
+        "a snapshot of everything would not shrink the log yet"
+    );
+    // Pops of the window's size (the credits): each takes exactly what the window holds.
+    for _ in 0..10 {
+        let batch = h.pop(consumer, "jobs", 4);
+        assert_eq!(batch.len(), 4);
+        h.ack(consumer, batch.iter().map(Delivery::receipt).collect());
+    }
+    assert_eq!(
+        count(),
+        1,
+        "40 of 50 deleted: the log is more than twice the live state"
+    );
+    let kept = h.push(producer, "jobs", &[0, 0]);
+    h.advance(Duration::from_millis(999));
+    assert_eq!(count(), 1);
+    h.advance(Duration::from_millis(2));
+    assert_eq!(
+        count(),
+        2,
+        "the time trigger fires after checkpoint_interval_ms"
+    );
+
+    let operations = crate::machine::replay(&log.lock().unwrap());
+    let config = LeafConfig {
+        name: "leaf-1".into(),
+        id: LeafId(1),
+        settings: leaf_settings,
+        seed: 2,
+        first_seq: 1,
+    };
+    let rebuilt = Leaf::recover(config, h.now, operations);
+    assert_eq!(
+        rebuilt.stats().messages,
+        12,
+        "10 left of the first 50, and 2 more"
+    );
+    let mut h2 = Harness::new();
+    let root2 = h2.add(root_node(settings(4), vec![LeafId(1)]));
+    let node2 = h2.add(Box::new(rebuilt));
+    h2.link(node2, root2);
+    let consumer2 = h2.client(root2, PeerKind::Consumer);
+    let first_two: Vec<MessageId> = h2.pop(consumer2, "jobs", 2).iter().map(|d| d.id).collect();
+    assert_eq!(
+        first_two, kept,
+        "the priority-0 messages pushed after the first checkpoint come first"
+    );
+}

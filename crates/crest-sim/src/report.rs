@@ -1,0 +1,260 @@
+//! What a run measured: the report, its time series, and the ground truth it is measured
+//! against (which acknowledged messages wait, by priority).
+
+use super::*;
+use crest_core::id::MessageId;
+use crest_core::time::Time;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+pub(super) fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, u64::MAX / 4, 3).expect("valid bounds")
+}
+
+/// One point of the time series.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Sample {
+    /// Milliseconds since the start.
+    pub at_ms: u64,
+    /// Pushes acknowledged by leaves in the interval.
+    pub pushed: u64,
+    /// Deliveries in the interval.
+    pub delivered: u64,
+    /// Messages waiting (acknowledged, not delivered) at the end of the interval.
+    pub waiting: u64,
+    /// Largest rank error in the interval.
+    pub rank_error_max: u64,
+    /// Entries held above the leaves (all windows) at the end of the interval.
+    pub window_entries: u64,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimReport {
+    /// The seed.
+    pub seed: u64,
+    /// Nodes simulated.
+    pub nodes: usize,
+    /// Virtual milliseconds producers ran.
+    pub duration_ms: u64,
+    /// Virtual milliseconds simulated in all (with the drain).
+    pub simulated_ms: u64,
+    /// Messages acknowledged by leaves.
+    pub pushed: u64,
+    /// Messages delivered (first deliveries).
+    pub delivered: u64,
+    /// Deliveries of a message already delivered.
+    pub duplicates: u64,
+    /// Acknowledged messages never delivered by the end.
+    pub undelivered: u64,
+    /// Pushes refused by a leaf (errors).
+    pub push_errors: u64,
+    /// Pushes acknowledged per virtual second while producers ran.
+    pub push_rate: f64,
+    /// Deliveries per virtual second over the run.
+    pub delivery_rate: f64,
+    /// Rank error of pops (messages), one sample per delivery.
+    pub rank_error: Percentiles,
+    /// Inversion time of delivered messages, µs.
+    pub inversion_time_us: Percentiles,
+    /// Bubble-up to an aggregator's window, µs (every entry added).
+    pub bubble_up_to_aggregator_us: Percentiles,
+    /// Bubble-up to the root's window, µs.
+    pub bubble_up_to_root_us: Percentiles,
+    /// Pop latency at the consumer (request to answer, pops that delivered), µs.
+    pub pop_latency_us: Percentiles,
+    /// Push-ack latency at the producer, µs.
+    pub push_ack_us: Percentiles,
+    /// Most entries any one aggregator or root held in its windows.
+    pub window_entries_max: u64,
+    /// The bound on that: credits × children of the widest node.
+    pub window_entries_bound: u64,
+    /// Node crashes injected.
+    pub crashes: u64,
+    /// Partitions injected.
+    pub partitions: u64,
+    /// Connections ended by partitions that outlasted the idle timeout.
+    pub partition_disconnects: u64,
+    /// Packets lost (and retransmitted).
+    pub packets_lost: u64,
+    /// Leases granted while another lease of the same message was live: must be 0.
+    pub lease_violations: u64,
+    /// The first of those, described.
+    pub lease_violation: Option<String>,
+    /// Duplicate deliveries of messages that were not delivered-and-unconfirmed when a node
+    /// crashed (at-least-once allows duplicates only of those): must be 0.
+    pub unexpected_duplicates: u64,
+    /// Events processed.
+    pub events: u64,
+    /// Time series, one sample per `sample_ms`.
+    pub series: Vec<Sample>,
+}
+
+impl SimReport {
+    /// The invariants that must hold at the end of every run, violated ones described: every
+    /// acknowledged message delivered, duplicates only of deliveries a crash left
+    /// unconfirmed, memory above the leaves within its bound.
+    pub fn violations(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.undelivered > 0 {
+            out.push(format!(
+                "{} acknowledged messages were never delivered (lengthen drain_ms if leases cut by a crash had not expired yet)",
+                self.undelivered
+            ));
+        }
+        if self.unexpected_duplicates > 0 {
+            out.push(format!(
+                "{} duplicate deliveries not explained by a crash",
+                self.unexpected_duplicates
+            ));
+        }
+        if self.lease_violations > 0 {
+            out.push(format!(
+                "{} leases granted while another lease of the message was live (first: {})",
+                self.lease_violations,
+                self.lease_violation.as_deref().unwrap_or("?")
+            ));
+        }
+        if self.window_entries_max > self.window_entries_bound {
+            out.push(format!(
+                "windows above the leaves held {} entries, over their bound {}",
+                self.window_entries_max, self.window_entries_bound
+            ));
+        }
+        out
+    }
+
+    /// The report as text (deterministic).
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "crest sim: seed {}, {} nodes, {} ms of load ({} ms simulated), {} events",
+            self.seed, self.nodes, self.duration_ms, self.simulated_ms, self.events
+        );
+        let _ = writeln!(
+            out,
+            "  pushed {} ({:.0}/s)  delivered {} ({:.0}/s)  duplicates {}  undelivered {}  push errors {}",
+            self.pushed,
+            self.push_rate,
+            self.delivered,
+            self.delivery_rate,
+            self.duplicates,
+            self.undelivered,
+            self.push_errors
+        );
+        let _ = writeln!(
+            out,
+            "  windows above the leaves: at most {} entries (bound {})",
+            self.window_entries_max, self.window_entries_bound
+        );
+        if self.crashes + self.partitions + self.packets_lost > 0 {
+            let _ = writeln!(
+                out,
+                "  faults: crashes {}  partitions {} ({} connections ended)  packets lost {}  \
+                 unexpected duplicates {}  lease violations {}",
+                self.crashes,
+                self.partitions,
+                self.partition_disconnects,
+                self.packets_lost,
+                self.unexpected_duplicates,
+                self.lease_violations
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  {:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "", "count", "p50", "p90", "p99", "p99.9", "max"
+        );
+        for (name, p) in [
+            ("rank error (msgs)", &self.rank_error),
+            ("inversion time (us)", &self.inversion_time_us),
+            (
+                "bubble-up to aggregator (us)",
+                &self.bubble_up_to_aggregator_us,
+            ),
+            ("bubble-up to root (us)", &self.bubble_up_to_root_us),
+            ("pop latency (us)", &self.pop_latency_us),
+            ("push-ack latency (us)", &self.push_ack_us),
+        ] {
+            let _ = writeln!(
+                out,
+                "  {:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                name, p.count, p.p50, p.p90, p.p99, p.p999, p.max
+            );
+        }
+        out
+    }
+}
+
+/// Ground truth about messages: which are waiting, their priorities, their inversion marks.
+#[derive(Default)]
+pub(super) struct Truth {
+    /// Waiting messages per priority (acknowledged, not delivered).
+    pub(super) waiting: BTreeMap<u32, u64>,
+    /// Per priority: messages in acknowledgement order and the time each was first passed
+    /// over by the delivery of a less urgent message (`None`: not yet).
+    pub(super) levels: BTreeMap<u32, Level>,
+    /// Where each waiting message sits: (priority, index in its level).
+    pub(super) index: HashMap<MessageId, (u32, usize)>,
+    pub(super) delivered: HashMap<MessageId, ()>,
+    pub(super) duplicates: u64,
+    pub(super) duplicate_ids: Vec<MessageId>,
+}
+
+#[derive(Default)]
+pub(super) struct Level {
+    pub(super) marks: Vec<Option<Time>>,
+    /// Messages before this index are marked (or gone).
+    pub(super) unmarked_from: usize,
+}
+
+impl Truth {
+    pub(super) fn acked(&mut self, id: MessageId, priority: u32) {
+        *self.waiting.entry(priority).or_default() += 1;
+        let level = self.levels.entry(priority).or_default();
+        level.marks.push(None);
+        self.index.insert(id, (priority, level.marks.len() - 1));
+    }
+
+    /// A delivery at `now`: (rank error, inversion time) if it is a first delivery.
+    pub(super) fn delivered(
+        &mut self,
+        id: MessageId,
+        priority: u32,
+        now: Time,
+    ) -> Option<(u64, u64)> {
+        if self.delivered.insert(id, ()).is_some() {
+            self.duplicates += 1;
+            self.duplicate_ids.push(id);
+            return None;
+        }
+        let rank_error = self.waiting.range(..priority).map(|(_, n)| n).sum();
+        // Every waiting message more urgent than this one is now passed over.
+        for (_, level) in self.levels.range_mut(..priority) {
+            for mark in &mut level.marks[level.unmarked_from..] {
+                mark.get_or_insert(now);
+            }
+            level.unmarked_from = level.marks.len();
+        }
+        let inversion = match self.index.remove(&id) {
+            Some((level, at)) => {
+                if let Some(count) = self.waiting.get_mut(&level) {
+                    *count = count.saturating_sub(1);
+                }
+                self.levels[&level].marks[at]
+                    .map_or(0, |mark| now.saturating_since(mark).as_micros() as u64)
+            }
+            // Delivered before the sim saw its acknowledgement leave the leaf: impossible in
+            // order, counted as no inversion.
+            None => 0,
+        };
+        Some((rank_error, inversion))
+    }
+
+    pub(super) fn waiting_total(&self) -> u64 {
+        self.waiting.values().sum()
+    }
+}

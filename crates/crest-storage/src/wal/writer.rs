@@ -1,0 +1,497 @@
+//! The group-commit writer thread: appends gathered into one write and one sync, acks that
+//! ride the pushes' syncs, segment rotation, checkpoints and what they replace.
+
+use super::*;
+use crate::StorageError;
+use crate::format::{
+    SEGMENT_HEADER_BYTES, body_location, checkpoint_header, checkpoint_name,
+    encode_checkpoint_start, encode_record, parse_checkpoint_name, parse_segment_name,
+    segment_name,
+};
+use crest_core::config::Durability;
+use crest_core::machine::SyncWait;
+use crest_core::record::LogRecord;
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Instant;
+
+/// How many failed append tokens the writer remembers to check checkpoints against.
+pub(super) const FAILED_TOKENS_KEPT: usize = 4096;
+
+/// How many append positions the writer remembers to start checkpoints' replay at. A
+/// checkpoint including an append older than that is abandoned (the log stays whole).
+pub(super) const POSITIONS_KEPT: usize = 65_536;
+
+impl Wal {
+    /// Starts the writer thread; `on_complete` receives the completions of each group.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`] if the thread cannot be spawned.
+    pub fn start(
+        self,
+        mut on_complete: impl FnMut(Vec<Completion>) + Send + 'static,
+    ) -> Result<WalHandle, StorageError> {
+        self.start_timed(move |completions, _| on_complete(completions))
+    }
+
+    /// As [`Wal::start`], with how long each group's sync took.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`] if the thread cannot be spawned.
+    pub fn start_timed(
+        self,
+        on_complete: impl FnMut(Vec<Completion>, GroupTiming) + Send + 'static,
+    ) -> Result<WalHandle, StorageError> {
+        let (tx, rx) = mpsc::sync_channel(self.options.queue_ops_max);
+        let dir = self.options.dir.clone();
+        let thread = std::thread::Builder::new()
+            .name("crest-wal".into())
+            .spawn(move || self.run(rx, on_complete))
+            .map_err(|e| io_error(&dir, e))?;
+        Ok(WalHandle {
+            tx,
+            writer: Arc::new(Mutex::new(Some(thread))),
+        })
+    }
+
+    pub(super) fn run(
+        mut self,
+        rx: mpsc::Receiver<Job>,
+        mut on_complete: impl FnMut(Vec<Completion>, GroupTiming),
+    ) {
+        let mut buf = Vec::with_capacity(1 << 20);
+        loop {
+            let unwaited_due = self
+                .unsynced_since
+                .map(|since| since + self.options.unwaited_sync_after);
+            let held_due = self
+                .held_since
+                .map(|since| since + self.options.linger_sync_after);
+            let due = [unwaited_due, held_due].into_iter().flatten().min();
+            let first = if let Some(due) = due {
+                match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
+                    Ok(job) => job,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        let _ = self.sync();
+                        self.report(&mut on_complete);
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        let _ = self.sync();
+                        self.report(&mut on_complete);
+                        break;
+                    }
+                }
+            } else {
+                match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            };
+            if self.stopped {
+                break;
+            }
+            let mut jobs = vec![first];
+            let mut estimate = 0usize;
+            while estimate < self.options.write_batch_bytes_max {
+                match rx.try_recv() {
+                    Ok(job) => {
+                        if let Job::Append(append) = &job {
+                            estimate += append.records.iter().map(approximate_bytes).sum::<usize>();
+                        }
+                        jobs.push(job);
+                    }
+                    Err(_) => break,
+                }
+            }
+            // Appends are grouped; a checkpoint takes effect between the appends before it and
+            // those after it, exactly where the leaf emitted it.
+            let mut group = Vec::new();
+            for job in jobs {
+                match job {
+                    Job::Append(append) => group.push(append),
+                    Job::Checkpoint {
+                        records,
+                        includes,
+                        segments,
+                    } => {
+                        self.flush(&mut group, &mut buf, &mut on_complete);
+                        if let Some(token) =
+                            includes.iter().find(|t| self.failed_tokens.contains(t))
+                        {
+                            tracing::warn!(
+                                token,
+                                "checkpoint abandoned: it holds an append the log refused"
+                            );
+                        } else if !self.stopped {
+                            self.checkpoint(&records, &includes, &segments);
+                            // Its sync made held completions durable.
+                            self.report(&mut on_complete);
+                        }
+                    }
+                }
+            }
+            self.flush(&mut group, &mut buf, &mut on_complete);
+            if self.stopped {
+                // Dropping the receiver makes every later submit fail with `Closed`.
+                break;
+            }
+        }
+    }
+
+    pub(super) fn flush(
+        &mut self,
+        group: &mut Vec<Append>,
+        buf: &mut Vec<u8>,
+        on_complete: &mut impl FnMut(Vec<Completion>, GroupTiming),
+    ) {
+        if group.is_empty() {
+            return;
+        }
+        if self.stopped {
+            let failed = fail_all(group, "the log stopped after a failed sync");
+            self.ready.extend(failed);
+        } else {
+            self.write_group(group, buf);
+        }
+        group.clear();
+        self.report(on_complete);
+    }
+
+    /// Reports the completions that are ready, with the time spent syncing since the last
+    /// report.
+    pub(super) fn report(&mut self, on_complete: &mut impl FnMut(Vec<Completion>, GroupTiming)) {
+        let timing = GroupTiming {
+            sync: self.synced_for.take(),
+        };
+        if self.ready.is_empty() {
+            return;
+        }
+        let completions = std::mem::take(&mut self.ready);
+        for (token, result) in &completions {
+            if result.is_err() {
+                if self.failed_tokens.len() >= FAILED_TOKENS_KEPT {
+                    self.failed_tokens.pop_front();
+                }
+                self.failed_tokens.push_back(*token);
+            }
+        }
+        on_complete(completions, timing);
+    }
+
+    /// Writes a checkpoint that starts the log at a fresh segment, then deletes what it
+    /// replaces. A checkpoint that cannot be written is abandoned (the log is still complete).
+    pub(super) fn checkpoint(&mut self, records: &[LogRecord], includes: &[u64], segments: &[u32]) {
+        let started = std::time::Instant::now();
+        // Replay starts at the first append the snapshot does not reflect.
+        let mut first: Option<(u64, u64)> = None;
+        for token in includes {
+            let Some((_, position)) = self.positions.iter().find(|(t, _)| t == token) else {
+                tracing::warn!(
+                    token,
+                    "checkpoint abandoned: an append it includes is too old"
+                );
+                return;
+            };
+            first = Some(first.map_or(*position, |f| f.min(*position)));
+        }
+        if let Err(error) = self.rotate() {
+            tracing::error!(%error, "checkpoint abandoned: cannot start a new segment");
+            return;
+        }
+        let seq = self.seq;
+        let replay_from = first.unwrap_or((seq, SEGMENT_HEADER_BYTES as u64));
+        let dir = self.options.dir.clone();
+        let max = self.options.record_bytes_max;
+        match write_checkpoint(&dir, seq, replay_from, records, max) {
+            Ok(bytes) => {
+                let keep: BTreeSet<u64> = segments.iter().map(|s| u64::from(*s)).collect();
+                if let Err(error) = remove_replaced(&dir, seq, replay_from.0, &keep) {
+                    tracing::warn!(%error, "checkpoint written, but old files could not all be removed");
+                }
+                tracing::info!(
+                    dir = %dir.display(),
+                    seq,
+                    records = records.len(),
+                    bytes,
+                    elapsed = ?started.elapsed(),
+                    "checkpoint taken"
+                );
+            }
+            Err(error) => tracing::error!(%error, "checkpoint abandoned"),
+        }
+    }
+
+    /// Encodes, writes and (in fsync mode) syncs one group; its completions join the ready
+    /// ones, or the held ones while it lingers unsynced.
+    pub(super) fn write_group(&mut self, jobs: &[Append], buf: &mut Vec<u8>) {
+        let max = self.options.record_bytes_max;
+        // Per job: where its record starts in `buf`, and the spans of its bodies.
+        let mut starts = Vec::with_capacity(jobs.len());
+        let mut bodies = Vec::new();
+        let mut encode = |seq: u64, buf: &mut Vec<u8>| {
+            buf.clear();
+            starts.clear();
+            bodies.clear();
+            let mut failed = Vec::new();
+            for (index, job) in jobs.iter().enumerate() {
+                starts.push((buf.len(), bodies.len()));
+                if let Err(error) = encode_record(seq, &job.records, max, buf, &mut bodies) {
+                    failed.push((index, error));
+                }
+            }
+            starts.push((buf.len(), bodies.len()));
+            failed
+        };
+        let mut failed: Vec<(usize, String)> = encode(self.seq, buf);
+        let header = SEGMENT_HEADER_BYTES as u64;
+        if self.len > header && self.len + buf.len() as u64 > self.options.segment_bytes_max {
+            if let Err(error) = self.rotate() {
+                self.ready.extend(fail_all(jobs, &error.to_string()));
+                return;
+            }
+            failed = encode(self.seq, buf);
+        }
+        let path = self.options.dir.join(segment_name(self.seq));
+        if let Err(error) = self.file.write_all_at(buf, self.len) {
+            // Cut back whatever part of the group reached the file: none of it is acknowledged,
+            // and recovery must not find half of it.
+            let _ = self.file.set_len(self.len);
+            tracing::error!(path = %path.display(), %error, "log write failed; the group is refused");
+            let error = format!("log write to {} failed: {error}", path.display());
+            self.ready.extend(fail_all(jobs, &error));
+            return;
+        }
+        // Whether this group's completions wait for a later sync.
+        let mut hold = false;
+        if self.options.durability == Durability::Fsync {
+            let waits = |wait| jobs.iter().any(|j| j.token.is_some() && j.wait == wait);
+            let (now, lingers) = (waits(SyncWait::Now), waits(SyncWait::Linger));
+            if now || (lingers && !self.pushes_coming()) {
+                if let Err(error) = self.sync() {
+                    self.ready.extend(fail_all(jobs, &error));
+                    return;
+                }
+                if now {
+                    self.pushed_at = Some(Instant::now());
+                }
+            } else if lingers {
+                let since = *self.held_since.get_or_insert_with(Instant::now);
+                self.unsynced_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= self.options.linger_sync_after {
+                    if let Err(error) = self.sync() {
+                        self.ready.extend(fail_all(jobs, &error));
+                        return;
+                    }
+                } else {
+                    hold = true;
+                }
+            } else {
+                // Synced by the next waiter, or here once the oldest unsynced write is due
+                // (the writer's idle timeout covers a quiet log).
+                let since = *self.unsynced_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= self.options.unwaited_sync_after
+                    && let Err(error) = self.sync()
+                {
+                    self.ready.extend(fail_all(jobs, &error));
+                    return;
+                }
+            }
+        }
+        let base = self.len;
+        self.len += buf.len() as u64;
+        let (seq, buf) = (self.seq, &buf[..]);
+        let mut completions = Vec::new();
+        for (index, job) in jobs.iter().enumerate() {
+            let Some(token) = job.token else { continue };
+            let (start, first_body) = starts[index];
+            let (_, end_body) = starts[index + 1];
+            let result = match failed.iter().find(|(i, _)| *i == index) {
+                Some((_, error)) => Err(error.clone()),
+                None => {
+                    if self.positions.len() >= POSITIONS_KEPT {
+                        self.positions.pop_front();
+                    }
+                    self.positions
+                        .push_back((token, (seq, base + start as u64)));
+                    Ok(bodies[first_body..end_body]
+                        .iter()
+                        .map(|span| body_location(seq, base, buf, span))
+                        .collect())
+                }
+            };
+            completions.push((token, result));
+        }
+        if hold {
+            self.held.extend(completions);
+        } else {
+            self.ready.extend(completions);
+        }
+    }
+
+    /// Whether pushes are coming, so that a lingering append may wait for the next one: a
+    /// push forced a sync within the linger. With none (a drain), there is no push to protect
+    /// nor to ride with, and a consumer acking one message at a time is not kept waiting for
+    /// nothing.
+    pub(super) fn pushes_coming(&self) -> bool {
+        self.pushed_at
+            .is_some_and(|at| at.elapsed() < self.options.linger_sync_after)
+    }
+
+    /// Syncs the active segment; a failure applies [`SyncFailure`] (abort, or stop the writer).
+    pub(super) fn sync(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        let Err(error) = self.file.sync_data() else {
+            let took = started.elapsed();
+            self.synced_for = Some(self.synced_for.unwrap_or_default() + took);
+            self.unsynced_since = None;
+            // Everything held was written before this sync: it is durable now.
+            self.held_since = None;
+            self.ready.append(&mut self.held);
+            return Ok(());
+        };
+        let path = self.options.dir.join(segment_name(self.seq));
+        tracing::error!(path = %path.display(), %error, "fdatasync failed: the log stops");
+        if self.options.sync_failure == SyncFailure::Abort {
+            eprintln!(
+                "crest: fdatasync of {} failed: {error}; aborting (recovery decides what survived)",
+                path.display()
+            );
+            std::process::abort();
+        }
+        self.stopped = true;
+        self.unsynced_since = None;
+        let error = format!("fdatasync of {} failed: {error}", path.display());
+        // What was held is lost with the sync: its waiters learn so.
+        self.held_since = None;
+        let held = std::mem::take(&mut self.held);
+        self.ready.extend(
+            held.into_iter()
+                .map(|(token, _)| (token, Err(error.clone()))),
+        );
+        Err(error)
+    }
+
+    pub(super) fn rotate(&mut self) -> Result<(), StorageError> {
+        self.sync()
+            .map_err(|error| StorageError::other(&self.options.dir, error))?;
+        // The sealed segment gives back its unwritten preallocated space (if this is lost in a
+        // crash, recovery reads the zeros as its end all the same).
+        if self.options.preallocate
+            && let Err(error) = self.file.set_len(self.len)
+        {
+            tracing::debug!(%error, "sealed segment not trimmed");
+        }
+        let (file, len) = create_segment(&self.options, self.seq + 1)?;
+        self.seq += 1;
+        self.file = wrap(&self.options, file);
+        self.len = len;
+        Ok(())
+    }
+}
+
+/// Writes `records` as checkpoint `seq` (replay starting at `replay_from`): a temporary file,
+/// synced, renamed into place, and the directory synced. Returns its size.
+pub(super) fn write_checkpoint(
+    dir: &Path,
+    seq: u64,
+    replay_from: (u64, u64),
+    records: &[LogRecord],
+    max: u32,
+) -> Result<u64, StorageError> {
+    let final_path = dir.join(checkpoint_name(seq));
+    let tmp_path = dir.join(format!("{}.tmp", checkpoint_name(seq)));
+    let result = (|| {
+        let encoding = |error: String| StorageError::other(&tmp_path, error);
+        let mut file = File::create(&tmp_path).map_err(|e| io_error(&tmp_path, e))?;
+        let mut buf = checkpoint_header(seq).to_vec();
+        encode_checkpoint_start(seq, replay_from, &mut buf).map_err(encoding)?;
+        let mut written = 0u64;
+        let mut chunk_start = 0;
+        let mut chunk_bytes = 0usize;
+        let mut spans = Vec::new();
+        // Chunks stay well under the record limit whatever the payload sizes.
+        for (index, record) in records.iter().enumerate() {
+            chunk_bytes += approximate_bytes(record);
+            if chunk_bytes >= max as usize / 4 || index + 1 == records.len() {
+                spans.clear();
+                encode_record(
+                    seq,
+                    &records[chunk_start..=index],
+                    max,
+                    &mut buf,
+                    &mut spans,
+                )
+                .map_err(encoding)?;
+                chunk_start = index + 1;
+                chunk_bytes = 0;
+            }
+            if buf.len() >= 4 << 20 {
+                Write::write_all(&mut file, &buf).map_err(|e| io_error(&tmp_path, e))?;
+                written += buf.len() as u64;
+                buf.clear();
+            }
+        }
+        encode_record(seq, &[], max, &mut buf, &mut spans).map_err(encoding)?;
+        Write::write_all(&mut file, &buf).map_err(|e| io_error(&tmp_path, e))?;
+        written += buf.len() as u64;
+        file.sync_all().map_err(|e| io_error(&tmp_path, e))?;
+        std::fs::rename(&tmp_path, &final_path).map_err(|e| io_error(&final_path, e))?;
+        sync_dir(dir)?;
+        Ok(written)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp_path);
+    }
+    result
+}
+
+/// Deletes what checkpoint `seq` replaces: older checkpoints, and the segments before
+/// `replay_from` except those in `keep` (they hold bodies still needed).
+pub(super) fn remove_replaced(
+    dir: &Path,
+    seq: u64,
+    replay_from: u64,
+    keep: &BTreeSet<u64>,
+) -> Result<(), StorageError> {
+    for entry in std::fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
+        let entry = entry.map_err(|e| io_error(dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let replaced = parse_segment_name(name)
+            .is_some_and(|s| s < replay_from && !keep.contains(&s))
+            || parse_checkpoint_name(name).is_some_and(|s| s < seq);
+        if replaced {
+            std::fs::remove_file(entry.path()).map_err(|e| io_error(&entry.path(), e))?;
+        }
+    }
+    sync_dir(dir)
+}
+
+pub(super) fn approximate_bytes(record: &LogRecord) -> usize {
+    match record {
+        LogRecord::Index { head, .. } => 64 + head.topic.len(),
+        LogRecord::Enqueue {
+            head,
+            metadata,
+            payload,
+        } => {
+            64 + head.topic.len()
+                + payload.len()
+                + metadata
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 4)
+                    .sum::<usize>()
+        }
+        _ => 32,
+    }
+}
+
+pub(super) fn fail_all(jobs: &[Append], error: &str) -> Vec<Completion> {
+    jobs.iter()
+        .filter_map(|job| job.token.map(|token| (token, Err(error.to_string()))))
+        .collect()
+}
