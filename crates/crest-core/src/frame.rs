@@ -10,7 +10,7 @@
 //!
 //! `length` counts the body only; `crc32` (crc32fast, IEEE) covers the body only. The body is
 //! one [`Wire`] value encoded with rmp-serde (MessagePack, structs as arrays; the messages that
-//! carry payloads are written and read by hand in exactly that form, see `codec.rs`). A frame whose
+//! carry payloads are written and read by hand in exactly that form, see `codec`). A frame whose
 //! length exceeds the receiver's `frame_bytes_max` is skipped and answered with
 //! [`ErrorCode::FrameTooLarge`]; a body that fails its checksum or does not decode is answered
 //! with [`ErrorCode::ChecksumMismatch`] or [`ErrorCode::MalformedFrame`]. The stream and the

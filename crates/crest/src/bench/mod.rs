@@ -1,0 +1,268 @@
+//! `crest bench`: a load generator that measures a real tree over real QUIC sockets.
+//!
+//! N producers (each its own [`Producer`], connected to every leaf) push messages of a fixed
+//! payload size with priorities drawn from a [`PriorityMix`]; M consumers (each its own
+//! [`Consumer`] connection to the root) pop in batches and acknowledge. Two phases:
+//! [`Phase::FillThenDrain`] (push everything, wait for every acknowledgement, then pop it all)
+//! and [`Phase::Mixed`] (push and pop at once, a steady load).
+//!
+//! Every payload starts with a stamp: the run's nonce, a sequence number and the send time, so
+//! the bench knows, for every pop, which message it is (duplicates and losses are counted), how
+//! long it took from push to pop, and — since it knows what it pushed and what was already
+//! popped — the **rank error** of the pop (ARCHITECTURE.md, "Measuring ordering"): how many messages whose push was
+//! acknowledged and which were not yet popped were strictly more urgent than the popped one.
+//!
+//! Latencies are HDR histograms in microseconds: push-ack (send to the leaf's durable ack),
+//! pop (request to answer, for pops asked while a pushed message was known to be waiting),
+//! ack (consumer ack round trip), push-to-pop (send to delivery).
+
+mod config;
+mod ledger;
+mod load;
+mod report;
+
+pub use crate::core::metrics::Percentiles;
+pub use config::{BenchConfig, Phase, PriorityMix, Target};
+pub use ledger::LEASE_RANK_MESSAGES_MAX;
+pub use report::{BenchComparison, BenchReport, BenchSummary, CpuUse, Latencies, Spread, Versus};
+
+use crate::core::config::Durability;
+use crate::core::metrics::Metric;
+use crate::node::LocalTree;
+use crate::sdk::{ClientTls, Consumer, ConsumerConfig, ProducerConfig};
+use anyhow::Context;
+use anyhow::{Result, bail};
+use hdrhistogram::Histogram;
+use ledger::*;
+use load::*;
+use rand::Rng;
+use report::*;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Bytes of the stamp at the start of every payload: nonce, sequence number, send time.
+pub const STAMP_BYTES: usize = 24;
+
+/// Priorities the bench can track (0..=63).
+pub const PRIORITY_LEVELS: usize = 64;
+
+/// The header line of a percentile table (`crest bench`, `crest wal bench`).
+pub(crate) fn percentile_header() -> String {
+    format!(
+        "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "", "count", "p50", "p90", "p99", "p99.9", "max"
+    )
+}
+
+/// One line of a percentile table.
+pub(crate) fn percentile_row(name: &str, p: &Percentiles) -> String {
+    format!(
+        "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        name, p.count, p.p50, p.p90, p.p99, p.p999, p.max
+    )
+}
+
+/// A latency histogram in microseconds, up to an hour, 3 significant digits.
+pub(crate) fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
+}
+
+/// A started or found tree: where to push and pop, and what to stop afterwards.
+struct Running {
+    leaves: Vec<String>,
+    root: String,
+    tls: ClientTls,
+    local: Option<LocalTree>,
+    durable: Option<bool>,
+    syncing_leaves: Option<(usize, usize)>,
+}
+
+async fn start(target: &Target) -> Result<Running> {
+    match target {
+        Target::Remote { leaves, root, tls } => Ok(Running {
+            leaves: leaves.clone(),
+            root: root.clone(),
+            tls: tls.clone(),
+            local: None,
+            durable: None,
+            syncing_leaves: None,
+        }),
+        Target::Local { topology, data_dir } => {
+            if let Some(dir) = data_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            let tree = LocalTree::start_with(&topology.with_ephemeral_ports(), data_dir.as_deref())
+                .await
+                .context("starting the local tree")?;
+            if !tree.wait_connected(Duration::from_secs(10)).await {
+                tree.shutdown().await;
+                bail!("the local tree did not connect within 10 s");
+            }
+            Ok(Running {
+                leaves: tree.topology.leaves().map(|l| l.address.clone()).collect(),
+                root: tree.topology.root().address.clone(),
+                tls: ClientTls {
+                    ca_pem: tree.ca_pem.clone(),
+                },
+                durable: Some(data_dir.is_some()),
+                syncing_leaves: data_dir.is_some().then(|| {
+                    let leaves: Vec<_> = tree.topology.leaves().collect();
+                    let syncing = leaves
+                        .iter()
+                        .filter(|leaf| leaf.settings.durability == Durability::Fsync)
+                        .count();
+                    (syncing, leaves.len())
+                }),
+                local: Some(tree),
+            })
+        }
+    }
+}
+
+/// Runs the bench and returns its report.
+///
+/// # Errors
+/// A bad configuration, a tree that cannot be started or reached, a pop or ack that fails.
+pub async fn run(config: BenchConfig) -> Result<BenchReport> {
+    config.validate()?;
+    let running = start(&config.target).await?;
+    let result = drive(&config, &running).await;
+    let includes_tree = running.local.is_some();
+    let mut violations = None;
+    let mut lost = None;
+    let mut log_sync = None;
+    let mut log_sync_by_leaf = BTreeMap::new();
+    if let Some(tree) = &running.local {
+        let (mut violations_sum, mut lost_sum) = (0, 0);
+        let mut syncs = crate::core::metrics::Hist::default();
+        for node in &tree.nodes {
+            if node.role() == crate::core::wire::Role::Leaf
+                && let Ok(report) = node.report().await
+                && let Some(hist) = report.histograms.get(&Metric::LogSync)
+                && hist.count() > 0
+            {
+                syncs.merge(hist);
+                log_sync_by_leaf.insert(node.name().to_string(), hist.percentiles());
+            }
+            if let Ok(stats) = node.stats().await {
+                violations_sum += stats.violations;
+            }
+            if let Ok(links) = node.links().await {
+                lost_sum += links.totals.iter().map(|t| t.lost_packets).sum::<u64>();
+            }
+        }
+        violations = Some(violations_sum);
+        lost = Some(lost_sum);
+        log_sync = (syncs.count() > 0).then(|| syncs.percentiles());
+    }
+    if let Some(tree) = running.local {
+        tree.shutdown().await;
+    }
+    if let Target::Local {
+        data_dir: Some(dir),
+        ..
+    } = &config.target
+    {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let mut report = result?;
+    report.durable = running.durable;
+    report.syncing_leaves = running.syncing_leaves;
+    report.protocol_violations = violations;
+    report.quic_lost_packets = lost;
+    report.log_sync_us = log_sync;
+    report.log_sync_by_leaf_us = log_sync_by_leaf;
+    report.cpu.includes_tree = includes_tree;
+    Ok(report)
+}
+
+async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
+    let config = Arc::new(config.clone());
+    let cpu_start = process_cpu();
+    let shared = Arc::new(Shared {
+        started: Instant::now(),
+        nonce: rand::rng().random(),
+        next_seq: AtomicU64::new(0),
+        pushed: AtomicU64::new(0),
+        push_errors: AtomicU64::new(0),
+        popped: AtomicU64::new(0),
+        producers_done: AtomicBool::new(false),
+        present: Present::new(),
+        ledger: Ledger::new(config.messages),
+        seen: Mutex::new(Seen::default()),
+        last_push_ack_ns: AtomicU64::new(0),
+        first_pop_ns: AtomicU64::new(u64::MAX),
+        last_pop_ns: AtomicU64::new(0),
+    });
+    let mut consumers = Vec::new();
+    for _ in 0..config.consumers {
+        let consumer_config = ConsumerConfig::new(running.root.clone(), running.tls.clone());
+        consumers.push(
+            Consumer::connect(consumer_config)
+                .await
+                .context("consumer connecting to the root")?,
+        );
+    }
+    let progress = config
+        .progress
+        .map(|every| spawn_progress(shared.clone(), every));
+    let producer_config = ProducerConfig::new(running.leaves.clone(), running.tls.clone());
+    let producers: Vec<_> = (0..config.producers)
+        .map(|index| {
+            tokio::spawn(run_producer(
+                config.clone(),
+                producer_config.clone(),
+                shared.clone(),
+                index,
+            ))
+        })
+        .collect();
+    let start_consumers = |consumers: Vec<Consumer>| -> Vec<_> {
+        consumers
+            .into_iter()
+            .map(|consumer| tokio::spawn(run_consumer(config.clone(), consumer, shared.clone())))
+            .collect()
+    };
+    let mut consumer_tasks = match config.phase {
+        Phase::Mixed => start_consumers(std::mem::take(&mut consumers)),
+        Phase::FillThenDrain => Vec::new(),
+    };
+    let mut push_ack = PushAcks::new();
+    let mut failure = None;
+    for task in producers {
+        match task.await.context("producer task")? {
+            Ok(result) => push_ack.merge(result.push_ack),
+            Err(error) => failure = Some(error),
+        }
+    }
+    shared.producers_done.store(true, Ordering::Release);
+    let cpu_producers_done = process_cpu();
+    if let Some(error) = failure {
+        shared.popped.store(u64::MAX, Ordering::Release);
+        for task in consumer_tasks {
+            let _ = task.await;
+        }
+        return Err(error);
+    }
+    if config.phase == Phase::FillThenDrain {
+        consumer_tasks = start_consumers(consumers);
+    }
+    let mut results = Vec::new();
+    for task in consumer_tasks {
+        results.push(task.await.context("consumer task")??);
+    }
+    let cpu = CpuMarks {
+        start: cpu_start,
+        producers_done: cpu_producers_done,
+        end: process_cpu(),
+    };
+    if let Some(progress) = progress {
+        progress.abort();
+    }
+    Ok(report(&config, &shared, push_ack, results, cpu))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,170 @@
+//! Admin commands: `crest dlq list | redrive | purge` and `crest stats`.
+
+use crate::*;
+
+#[derive(Subcommand)]
+pub(crate) enum DlqCommand {
+    /// List dead letters of a topic, oldest first, with reasons and attempt counts.
+    List {
+        #[command(flatten)]
+        root: RootArgs,
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+        /// Most entries to list.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Print payloads too (UTF-8, lossy).
+        #[arg(long)]
+        payloads: bool,
+    },
+    /// Move dead letters back into their topic, attempts reset.
+    Redrive {
+        #[command(flatten)]
+        root: RootArgs,
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+        /// Message ids (LEAF.SEQ); none: every dead letter of the topic.
+        ids: Vec<MessageId>,
+    },
+    /// Delete dead letters.
+    Purge {
+        #[command(flatten)]
+        root: RootArgs,
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+        /// Purge every dead letter of the topic (required when no ids are given).
+        #[arg(long)]
+        all: bool,
+        /// Message ids (LEAF.SEQ).
+        ids: Vec<MessageId>,
+    },
+}
+
+#[derive(Args)]
+pub(crate) struct StatsArgs {
+    #[command(flatten)]
+    pub(crate) root: RootArgs,
+    /// One topic only.
+    #[arg(long)]
+    pub(crate) topic: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+pub(crate) fn warn_unreachable(unreachable: &[crest::sdk::LeafId]) {
+    if !unreachable.is_empty() {
+        let list: Vec<String> = unreachable.iter().map(|l| l.to_string()).collect();
+        eprintln!(
+            "warning: leaves {} could not be reached; the answer leaves them out",
+            list.join(", ")
+        );
+    }
+}
+
+pub(crate) async fn dlq(command: DlqCommand) -> Result<()> {
+    match command {
+        DlqCommand::List {
+            root,
+            topic,
+            limit,
+            payloads,
+        } => {
+            let admin = Admin::connect(root_config(&root)?).await?;
+            let answer = admin.dead_letters(&topic, limit).await?;
+            warn_unreachable(&answer.unreachable);
+            if answer.value.is_empty() {
+                println!("(no dead letters in {topic})");
+            }
+            for dead in &answer.value {
+                print!(
+                    "id={} priority={} attempts={} enqueued={} died={} reason={:?}",
+                    dead.id,
+                    dead.priority,
+                    dead.attempts,
+                    format_time(dead.enqueued_at),
+                    format_time(dead.dead_at),
+                    dead.reason
+                );
+                if payloads {
+                    print!(" payload={}", String::from_utf8_lossy(&dead.payload));
+                }
+                println!();
+            }
+        }
+        DlqCommand::Redrive { root, topic, ids } => {
+            let admin = Admin::connect(root_config(&root)?).await?;
+            let answer = admin.redrive(&topic, &ids).await?;
+            warn_unreachable(&answer.unreachable);
+            println!("redrove {} dead letters into {topic}", answer.value);
+        }
+        DlqCommand::Purge {
+            root,
+            topic,
+            all,
+            ids,
+        } => {
+            if ids.is_empty() && !all {
+                bail!(
+                    "name the dead letters to purge, or pass --all to purge every one of {topic}"
+                );
+            }
+            let admin = Admin::connect(root_config(&root)?).await?;
+            let answer = admin.purge(&topic, &ids).await?;
+            warn_unreachable(&answer.unreachable);
+            println!("purged {} dead letters of {topic}", answer.value);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn format_time(time: crest::sdk::Time) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_micros(time.as_micros());
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+pub(crate) async fn stats(args: StatsArgs) -> Result<()> {
+    let admin = Admin::connect(root_config(&args.root)?).await?;
+    let answer = admin.stats(args.topic.as_deref()).await?;
+    warn_unreachable(&answer.unreachable);
+    let stats = answer.value;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&stats)?);
+        return Ok(());
+    }
+    let now = std::time::SystemTime::now();
+    println!(
+        "{:<24} {:>10} {:>10} {:>10} {:>8} {:>12}  ready by priority",
+        "topic", "ready", "delayed", "in flight", "dead", "oldest"
+    );
+    for topic in &stats.topics {
+        let oldest = topic.oldest_enqueued_at.map_or("-".into(), |at| {
+            let at = std::time::UNIX_EPOCH + Duration::from_micros(at.as_micros());
+            let age = now.duration_since(at).unwrap_or_default();
+            humantime::format_duration(Duration::from_secs(age.as_secs())).to_string()
+        });
+        let by_priority: Vec<String> = topic
+            .ready
+            .iter()
+            .map(|(priority, count)| format!("{priority}:{count}"))
+            .collect();
+        println!(
+            "{:<24} {:>10} {:>10} {:>10} {:>8} {:>12}  {}",
+            topic.topic,
+            topic.ready_total(),
+            topic.delayed,
+            topic.in_flight,
+            topic.dead,
+            oldest,
+            by_priority.join(" ")
+        );
+    }
+    println!(
+        "expired {}, dead-lettered {}, deduplicated {} (since each leaf started)",
+        stats.expired, stats.dead_lettered, stats.deduplicated
+    );
+    Ok(())
+}

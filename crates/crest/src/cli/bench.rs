@@ -1,0 +1,230 @@
+//! `crest bench`: the load generator on a tree it starts or a running one, repeated runs and
+//! interleaved comparisons.
+
+use crate::*;
+
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    /// Drive a running tree (its topology or --root/--leaf, and --ca) instead of starting one.
+    #[arg(long)]
+    pub(crate) connect: bool,
+    /// Topology: the tree to start (default: the embedded root + 2 aggregators + 4 leaves),
+    /// or with --connect, the running tree's addresses.
+    #[arg(long)]
+    pub(crate) topology: Option<PathBuf>,
+    /// With --connect: CA certificate to trust.
+    #[arg(long, env = "CREST_CA", default_value = crest::LOCAL_CA_PATH)]
+    pub(crate) ca: PathBuf,
+    /// With --connect: root address (default: the topology's).
+    #[arg(long)]
+    pub(crate) root: Option<String>,
+    /// With --connect: leaf addresses (default: the topology's).
+    #[arg(long)]
+    pub(crate) leaf: Vec<String>,
+    /// Without --connect: keep messages in memory (no write-ahead log, no fsync).
+    #[arg(long)]
+    pub(crate) memory: bool,
+    /// Producer connections (each connected to every leaf).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) producers: usize,
+    /// Consumer connections to the root.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) consumers: usize,
+    /// Messages to push [default: 200000, or no limit with --duration].
+    #[arg(long)]
+    pub(crate) messages: Option<u64>,
+    /// Push for this long instead (e.g. 30s); --messages still caps the count.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) duration: Option<Duration>,
+    /// Payload bytes per message (at least 24: the bench stamps each payload).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) payload_bytes: usize,
+    /// Priority distribution: skewed (0-9, 70/20/10 toward the least urgent), uniform[:N],
+    /// fixed:P.
+    #[arg(long, default_value = "skewed")]
+    pub(crate) priorities: crest::bench::PriorityMix,
+    /// Most deliveries per pop.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) pop_batch: u32,
+    /// Do not acknowledge deliveries.
+    #[arg(long)]
+    pub(crate) no_ack: bool,
+    /// Total target push rate (messages/s); default: open loop, as fast as acknowledged.
+    #[arg(long)]
+    pub(crate) rate: Option<f64>,
+    /// fill-then-drain: push all, then pop all; mixed: push and pop at once.
+    #[arg(long, value_enum, default_value_t = crest::bench::Phase::FillThenDrain)]
+    pub(crate) phase: crest::bench::Phase,
+    /// Topic (default: bench on a local tree, bench-RANDOM on a running one).
+    #[arg(long)]
+    pub(crate) topic: Option<String>,
+    /// Unacknowledged pushes each producer may have in flight.
+    #[arg(long, default_value_t = 4096)]
+    pub(crate) producer_window: usize,
+    /// Most messages a producer hands the SDK at once (paced producers send only those due).
+    #[arg(long, default_value_t = 256)]
+    pub(crate) push_batch: usize,
+    /// Ack requests each consumer keeps in flight while it pops on (pipelining).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) acks_in_flight: usize,
+    /// Seed of the priority draws.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Give up draining after this long without a pop (missing messages are reported).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub(crate) drain_idle_timeout: Duration,
+    /// No progress lines.
+    #[arg(long)]
+    pub(crate) quiet: bool,
+    /// Run the same benchmark this many times (each on a fresh local tree), print a line per
+    /// run and the median and range of each figure (at most 100).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) runs: u32,
+    /// Compare with the tree of this topology (not with --connect): runs of the first tree
+    /// (--topology, or the default: A) and of this tree (B) alternate in pairs, A B then B A,
+    /// and the command prints each one's medians, B/A and in how many pairs B did better.
+    #[arg(long)]
+    pub(crate) against: Option<PathBuf>,
+    /// Also write the report as JSON to this file (with --runs above 1: the summary, every
+    /// run's report under `runs`; with --against: the comparison, each tree's summary under
+    /// `a` and `b`).
+    #[arg(long)]
+    pub(crate) json: Option<PathBuf>,
+}
+
+/// Most repetitions of `crest bench --runs`.
+pub(crate) const BENCH_RUNS_MAX: u32 = 100;
+
+pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
+    use crest::bench::{BenchConfig, Target};
+    if !(1..=BENCH_RUNS_MAX).contains(&args.runs) {
+        anyhow::bail!("--runs must be 1 to {BENCH_RUNS_MAX}, not {}", args.runs);
+    }
+    if args.connect && args.against.is_some() {
+        anyhow::bail!("--against compares trees the bench starts: not with --connect");
+    }
+    let topology = load_topology(args.topology.as_deref())?;
+    let target = if args.connect {
+        let leaves = if args.leaf.is_empty() {
+            topology.leaves().map(|l| l.address.clone()).collect()
+        } else {
+            args.leaf.clone()
+        };
+        let root = args
+            .root
+            .clone()
+            .unwrap_or_else(|| topology.root().address.clone());
+        let tls = ClientTls::from_file(&args.ca)
+            .with_context(|| format!("no CA certificate at {}: pass --ca", args.ca.display()))?;
+        Target::Remote { leaves, root, tls }
+    } else {
+        let data_dir = (!args.memory)
+            .then(|| std::env::temp_dir().join(format!("crest-bench-{}", std::process::id())));
+        Target::Local { topology, data_dir }
+    };
+    let topic = args.topic.clone().unwrap_or_else(|| {
+        if args.connect {
+            format!("bench-{:08x}", rand::random::<u32>())
+        } else {
+            "bench".into()
+        }
+    });
+    let config = BenchConfig {
+        producers: args.producers,
+        consumers: args.consumers,
+        messages: args.messages.unwrap_or(if args.duration.is_some() {
+            u64::MAX
+        } else {
+            200_000
+        }),
+        duration: args.duration,
+        payload_bytes: args.payload_bytes,
+        priorities: args.priorities,
+        pop_batch: args.pop_batch,
+        ack: !args.no_ack,
+        rate: args.rate,
+        phase: args.phase,
+        topic,
+        producer_window: args.producer_window,
+        push_batch: args.push_batch,
+        acks_in_flight: args.acks_in_flight,
+        drain_idle_timeout: args.drain_idle_timeout,
+        progress: (!args.quiet).then_some(Duration::from_secs(1)),
+        seed: args.seed,
+        ..BenchConfig::reference(target)
+    };
+    if let Some(against) = &args.against {
+        return bench_against(&args, config, against).await;
+    }
+    if args.runs == 1 {
+        let report = crest::bench::run(config).await?;
+        print!("{}", report.table());
+        write_json(args.json.as_deref(), &report)?;
+        if report.missing > 0 {
+            anyhow::bail!("{} acknowledged messages were never popped", report.missing);
+        }
+        return Ok(());
+    }
+    let mut reports = Vec::new();
+    for run in 1..=args.runs {
+        let report = crest::bench::run(config.clone()).await?;
+        print!("run {run}/{}: {}", args.runs, report.line());
+        reports.push(report);
+    }
+    let summary = crest::bench::BenchSummary::of(reports);
+    print!("{}", summary.table());
+    write_json(args.json.as_deref(), &summary)?;
+    if summary.missing > 0 {
+        anyhow::bail!(
+            "{} acknowledged messages were never popped (over {} runs)",
+            summary.missing,
+            args.runs
+        );
+    }
+    Ok(())
+}
+
+/// `crest bench --against`: the configured tree (A) and the `against` topology's (B) in
+/// interleaved runs.
+pub(crate) async fn bench_against(
+    args: &BenchArgs,
+    config: crest::bench::BenchConfig,
+    against: &Path,
+) -> Result<()> {
+    use crest::bench::{BenchComparison, BenchSummary, Target};
+    let Target::Local { data_dir, .. } = &config.target else {
+        anyhow::bail!("--against compares trees the bench starts: not with --connect");
+    };
+    let b_config = crest::bench::BenchConfig {
+        target: Target::Local {
+            topology: load_topology(Some(against))?,
+            data_dir: data_dir.clone(),
+        },
+        ..config.clone()
+    };
+    let (mut a_runs, mut b_runs) = (Vec::new(), Vec::new());
+    for run in 1..=args.runs {
+        // A then B, then B then A: the second run of a pair is faster (it gets memory the
+        // first one gave back, which a virtual machine need not fault in again from its host), so
+        // neither side may always go second.
+        let mut pair = [("A", &config, &mut a_runs), ("B", &b_config, &mut b_runs)];
+        if run % 2 == 0 {
+            pair.reverse();
+        }
+        for (name, config, runs) in pair {
+            let report = crest::bench::run(config.clone()).await?;
+            print!("{name} run {run}/{}: {}", args.runs, report.line());
+            runs.push(report);
+        }
+    }
+    let comparison = BenchComparison::of(BenchSummary::of(a_runs), BenchSummary::of(b_runs));
+    print!("A: {}", comparison.a.table());
+    print!("B ({}): {}", against.display(), comparison.b.table());
+    print!("{}", comparison.table());
+    write_json(args.json.as_deref(), &comparison)?;
+    let missing = comparison.a.missing + comparison.b.missing;
+    if missing > 0 {
+        anyhow::bail!("{missing} acknowledged messages were never popped (A and B together)");
+    }
+    Ok(())
+}

@@ -1,0 +1,235 @@
+//! Client commands: `crest push`, `crest pop`, `crest ack`, `crest nack`, `crest extend`.
+
+use crate::*;
+
+#[derive(Args)]
+pub(crate) struct ClientArgs {
+    /// Topology file naming the root and leaves; the embedded default if omitted.
+    #[arg(long)]
+    pub(crate) topology: Option<PathBuf>,
+    /// CA certificate to trust.
+    #[arg(long, env = "CREST_CA", default_value = crest::LOCAL_CA_PATH)]
+    pub(crate) ca: PathBuf,
+}
+
+#[derive(Args)]
+pub(crate) struct RootArgs {
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+    /// Root address (host:port); default: the topology's root.
+    #[arg(long)]
+    pub(crate) root: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct PushArgs {
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+    /// Leaf addresses (host:port); default: every leaf of the topology.
+    #[arg(long)]
+    pub(crate) leaf: Vec<String>,
+    /// Topic to push to.
+    #[arg(long)]
+    pub(crate) topic: String,
+    /// Priority (0 is the most urgent).
+    #[arg(long, default_value_t = crest::core::tier::NORMAL)]
+    pub(crate) priority: u32,
+    /// Metadata entries KEY=VALUE.
+    #[arg(long, value_parser = parse_key_value)]
+    pub(crate) metadata: Vec<(String, String)>,
+    /// Push the payload this many times.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) count: u32,
+    /// Deliver no sooner than this many milliseconds after the leaf accepts it.
+    #[arg(long)]
+    pub(crate) delay_ms: Option<u64>,
+    /// Deliver no sooner than this time (RFC 3339, e.g. 2026-11-23T08:00:00Z).
+    #[arg(long, value_parser = parse_time)]
+    pub(crate) deliver_at: Option<std::time::SystemTime>,
+    /// Drop the message if not consumed this many milliseconds after it is ready (0: never).
+    #[arg(long)]
+    pub(crate) ttl_ms: Option<u64>,
+    /// Dedup key: a second push with it within the topic's window is not enqueued again.
+    #[arg(long)]
+    pub(crate) dedup_key: Option<String>,
+    /// The payload (UTF-8 text).
+    pub(crate) payload: String,
+}
+
+#[derive(Args)]
+pub(crate) struct PopArgs {
+    #[command(flatten)]
+    pub(crate) root: RootArgs,
+    /// Topic to pop from.
+    #[arg(long)]
+    pub(crate) topic: String,
+    /// Most messages to pop.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) max: u32,
+    /// How long to wait for a first message, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) wait_ms: u64,
+    /// Visibility timeout of the deliveries, in milliseconds (default: the topic's).
+    #[arg(long)]
+    pub(crate) visibility_ms: Option<u64>,
+    /// Only messages with a priority at most this (0 is the most urgent).
+    #[arg(long)]
+    pub(crate) max_priority: Option<u32>,
+    /// Acknowledge each delivery right away.
+    #[arg(long)]
+    pub(crate) ack: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct AckArgs {
+    #[command(flatten)]
+    pub(crate) root: RootArgs,
+    /// Receipts as printed by `crest pop` (LEAF.SEQ:TOKEN).
+    #[arg(required = true)]
+    pub(crate) receipts: Vec<Receipt>,
+}
+
+#[derive(Args)]
+pub(crate) struct NackArgs {
+    #[command(flatten)]
+    pub(crate) root: RootArgs,
+    /// Delay before the messages are delivered again, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) delay_ms: u64,
+    /// Why they failed (kept with the message; shown in the dead-letter queue).
+    #[arg(long)]
+    pub(crate) reason: Option<String>,
+    /// Receipts as printed by `crest pop` (LEAF.SEQ:TOKEN).
+    #[arg(required = true)]
+    pub(crate) receipts: Vec<Receipt>,
+}
+
+#[derive(Args)]
+pub(crate) struct ExtendArgs {
+    #[command(flatten)]
+    pub(crate) root: RootArgs,
+    /// The new visibility timeout from now, in milliseconds.
+    #[arg(long)]
+    pub(crate) visibility_ms: u64,
+    /// Receipts as printed by `crest pop` (LEAF.SEQ:TOKEN).
+    #[arg(required = true)]
+    pub(crate) receipts: Vec<Receipt>,
+}
+
+pub(crate) fn client_tls(args: &ClientArgs) -> Result<ClientTls> {
+    ClientTls::from_file(&args.ca).with_context(|| {
+        format!(
+            "no CA certificate at {}: start `crest local` here, or pass --ca",
+            args.ca.display()
+        )
+    })
+}
+
+pub(crate) async fn push(args: PushArgs) -> Result<()> {
+    let tls = client_tls(&args.client)?;
+    let leaves = if args.leaf.is_empty() {
+        load_topology(args.client.topology.as_deref())?
+            .leaves()
+            .map(|l| l.address.clone())
+            .collect()
+    } else {
+        args.leaf.clone()
+    };
+    let producer = Producer::connect(ProducerConfig::new(leaves, tls)).await?;
+    let mut handles = Vec::with_capacity(args.count as usize);
+    for _ in 0..args.count {
+        let mut message = Message::new(args.topic.clone(), args.payload.clone().into_bytes())
+            .priority(args.priority);
+        if let Some(delay) = args.delay_ms {
+            message = message.deliver_after(Duration::from_millis(delay));
+        }
+        if let Some(at) = args.deliver_at {
+            message = message.deliver_at(at);
+        }
+        if let Some(ttl) = args.ttl_ms {
+            message = message.ttl(Duration::from_millis(ttl));
+        }
+        if let Some(key) = &args.dedup_key {
+            message = message.dedup_key(key.clone());
+        }
+        for (key, value) in &args.metadata {
+            message = message.metadata(key.clone(), value.clone());
+        }
+        handles.push(producer.send(message).await?);
+    }
+    for handle in handles {
+        println!("{}", handle.acked().await?);
+    }
+    Ok(())
+}
+
+pub(crate) fn root_address(args: &RootArgs) -> Result<String> {
+    match &args.root {
+        Some(root) => Ok(root.clone()),
+        None => Ok(load_topology(args.client.topology.as_deref())?
+            .root()
+            .address
+            .clone()),
+    }
+}
+
+pub(crate) fn root_config(args: &RootArgs) -> Result<ConsumerConfig> {
+    Ok(ConsumerConfig::new(
+        root_address(args)?,
+        client_tls(&args.client)?,
+    ))
+}
+
+pub(crate) async fn pop(args: PopArgs) -> Result<()> {
+    let consumer = Consumer::connect(root_config(&args.root)?).await?;
+    let options = PopOptions {
+        max: args.max,
+        wait: Duration::from_millis(args.wait_ms),
+        visibility: args.visibility_ms.map(Duration::from_millis),
+        max_priority: args.max_priority,
+    };
+    let deliveries = consumer.pop_with(&args.topic, options).await?;
+    if deliveries.is_empty() {
+        println!("(no message ready)");
+    }
+    for delivery in &deliveries {
+        println!(
+            "id={} priority={} attempt={} receipt={} payload={}",
+            delivery.id,
+            delivery.priority,
+            delivery.attempt,
+            delivery.receipt(),
+            String::from_utf8_lossy(&delivery.payload)
+        );
+    }
+    if args.ack && !deliveries.is_empty() {
+        let receipts: Vec<Receipt> = deliveries.iter().map(|d| d.receipt()).collect();
+        for (receipt, result) in receipts.iter().zip(consumer.ack_many(&receipts).await?) {
+            match result {
+                Ok(()) => println!("acked {}", receipt.id),
+                Err(error) => println!("ack {} failed: {error}", receipt.id),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Acks, nacks or extends deliveries by receipt; fails if any receipt was refused.
+pub(crate) async fn settle(root: &RootArgs, op: Settle, receipts: &[Receipt]) -> Result<()> {
+    let consumer = Consumer::connect(root_config(root)?).await?;
+    let verb = op.name();
+    let mut failed = 0;
+    for (receipt, result) in receipts.iter().zip(consumer.settle(op, receipts).await?) {
+        match result {
+            Ok(()) => println!("{verb} {}: ok", receipt.id),
+            Err(error) => {
+                failed += 1;
+                println!("{verb} {} failed: {error}", receipt.id);
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} receipts were refused", receipts.len());
+    }
+    Ok(())
+}

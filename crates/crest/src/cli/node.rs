@@ -1,0 +1,173 @@
+//! Commands that run nodes: `crest local` (the whole tree in one process), `crest launch` (one
+//! node of a topology), `crest certs` (the cluster CA and node certificates).
+
+use crate::*;
+
+pub(crate) async fn local(
+    topology_path: Option<&Path>,
+    ca_out: &Path,
+    data_dir: Option<&Path>,
+) -> Result<()> {
+    let topology = load_topology(topology_path)?;
+    let tree = LocalTree::start_with(&topology, data_dir).await?;
+    if let Some(dir) = ca_out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(ca_out, &tree.ca_pem)
+        .with_context(|| format!("writing {}", ca_out.display()))?;
+    let connected = tree.wait_connected(Duration::from_secs(10)).await;
+    println!(
+        "crest local tree is up ({} nodes{})",
+        tree.nodes.len(),
+        if connected { "" } else { ", still connecting" }
+    );
+    for node in &tree.nodes {
+        let parent = topology
+            .node(node.name())
+            .and_then(|n| n.parent.clone())
+            .unwrap_or_default();
+        println!(
+            "  {:<10} {:<10} {:<22} {:<10} {}",
+            node.name(),
+            node.role().to_string(),
+            node.local_addr(),
+            parent,
+            node.http_addr()
+                .map(|addr| format!("http://{addr}/metrics"))
+                .unwrap_or_default()
+        );
+    }
+    let root = tree
+        .nodes
+        .iter()
+        .find(|n| n.role() == Role::Root)
+        .expect("a root");
+    let leaves: Vec<String> = tree
+        .nodes
+        .iter()
+        .filter(|n| n.role() == Role::Leaf)
+        .map(|n| n.local_addr().to_string())
+        .collect();
+    println!("producers push to the leaves: {}", leaves.join(", "));
+    println!("consumers pop from the root:  {}", root.local_addr());
+    println!("clients trust the CA in:      {}", ca_out.display());
+    if let Some(http) = root.http_addr() {
+        println!("dashboard:                    http://{http}/");
+    }
+    match data_dir {
+        Some(dir) => println!(
+            "leaves keep their logs in:    {} (fsync before ack)",
+            dir.display()
+        ),
+        None => println!("leaves keep messages in memory only (--memory)"),
+    }
+    println!(
+        "try:  crest push --topic jobs --priority 1 hello   then   crest pop --topic jobs --ack"
+    );
+    println!("Ctrl-C stops the tree.");
+    tokio::signal::ctrl_c().await?;
+    println!("stopping");
+    tree.shutdown().await;
+    Ok(())
+}
+
+pub(crate) async fn launch(
+    topology_path: &Path,
+    name: &str,
+    data_dir: Option<PathBuf>,
+    recovery: RecoveryMode,
+) -> Result<()> {
+    let topology = load_topology(Some(topology_path))?;
+    let tls =
+        NodeTls::from_files(&topology, name, &base_dir(topology_path))?.with_context(|| {
+            format!(
+                "{} has no [tls] section: run `crest certs --topology {}` and add it",
+                topology_path.display(),
+                topology_path.display()
+            )
+        })?;
+    let spec = topology
+        .node(name)
+        .with_context(|| format!("node {name:?} is not in the topology"))?;
+    let data_dir = match (data_dir, &spec.data_dir) {
+        (Some(dir), _) => dir,
+        (None, Some(dir)) => base_dir(topology_path).join(dir),
+        (None, None) => base_dir(topology_path).join("data").join(name),
+    };
+    let durable = spec.role == Role::Leaf;
+    let options = StartOptions {
+        data_dir: durable.then(|| data_dir.clone()),
+        recovery,
+        addresses: None,
+        direct_links_start: None,
+    };
+    let node = start_node(&topology, name, &tls, &options).await?;
+    if durable {
+        println!("log directory: {}", data_dir.display());
+    }
+    println!(
+        "crest node {} ({}) listening on {}",
+        node.name(),
+        node.role(),
+        node.local_addr()
+    );
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result?,
+        _ = terminate.recv() => {}
+    }
+    node.shutdown().await;
+    Ok(())
+}
+
+pub(crate) fn certs(topology_path: &Path, out: Option<PathBuf>) -> Result<()> {
+    let topology = load_topology(Some(topology_path))?;
+    let base = base_dir(topology_path);
+    let out = match (out, &topology.tls) {
+        (Some(out), _) => out,
+        (None, Some(tls)) => base.join(&tls.cert_dir),
+        (None, None) => base.join("certs"),
+    };
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let (ca_cert, ca_key) = (out.join("ca.pem"), out.join("ca.key"));
+    let ca = if ca_cert.exists() && ca_key.exists() {
+        println!("reusing the CA in {}", out.display());
+        {
+            let read = |p: &Path| {
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+            };
+            CertificateAuthority::load(&read(&ca_cert)?, &read(&ca_key)?)?
+        }
+    } else {
+        let ca = CertificateAuthority::generate()?;
+        std::fs::write(&ca_cert, ca.cert_pem())?;
+        write_private(&ca_key, ca.key_pem())?;
+        println!(
+            "made a new CA: {} (keep {} off the nodes)",
+            ca_cert.display(),
+            ca_key.display()
+        );
+        ca
+    };
+    for spec in &topology.nodes {
+        let tls = NodeTls::issue(&ca, spec)?;
+        std::fs::write(out.join(format!("{}.pem", spec.name)), &tls.node.cert_pem)?;
+        write_private(&out.join(format!("{}.key", spec.name)), &tls.node.key_pem)?;
+        println!("  {}: {}.pem, {}.key", spec.name, spec.name, spec.name);
+    }
+    Ok(())
+}
+
+pub(crate) fn write_private(path: &Path, contents: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(contents.as_bytes())?;
+    Ok(())
+}
