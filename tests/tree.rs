@@ -11,7 +11,7 @@ use crest::core::topology::Topology;
 use crest::core::wire::{
     ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Role, Wire,
 };
-use crest::node::LocalTree;
+use crest::node::{LocalTree, SocketBook};
 use crest::sdk::{
     ClientError, ClientTls, Consumer, ConsumerConfig, Delivery, LeafId, MessageId, Producer,
     ProducerConfig, Receipt, ReceiptError,
@@ -112,21 +112,26 @@ async fn push_everywhere(
     pushed
 }
 
-/// `topology/local.toml` on free fixed ports (as `crest local` runs it, not on port 0).
-fn local_topology_on_free_ports() -> Topology {
+/// `topology/local.toml` on free fixed ports (as `crest local` runs it, not on port 0), and the
+/// nodes' sockets, bound on those ports.
+fn local_topology_on_free_ports() -> (Topology, SocketBook) {
     let mut text =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
             .unwrap();
-    // Hold every socket until all ports are chosen, so no two nodes get the same one.
-    let sockets: Vec<std::net::UdpSocket> = (0..7)
-        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
-        .collect();
-    for (old, socket) in ["7400", "7401", "7402", "7411", "7412", "7413", "7414"]
+    // Bind every node's socket here and hand it to the node: the ports are held from the moment
+    // they are chosen, and no other process can take one before its node listens.
+    let mut sockets = std::collections::HashMap::new();
+    let names = [
+        "root", "agg-1", "agg-2", "leaf-1", "leaf-2", "leaf-3", "leaf-4",
+    ];
+    for (old, name) in ["7400", "7401", "7402", "7411", "7412", "7413", "7414"]
         .iter()
-        .zip(&sockets)
+        .zip(names)
     {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let port = socket.local_addr().unwrap().port();
         text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{port}"));
+        sockets.insert(name.to_string(), socket);
     }
     // No HTTP listeners: they would need free TCP ports too.
     let text: String = text
@@ -134,7 +139,8 @@ fn local_topology_on_free_ports() -> Topology {
         .filter(|line| !line.starts_with("http ="))
         .map(|line| format!("{line}\n"))
         .collect();
-    Topology::parse(&text).unwrap()
+    let sockets: SocketBook = std::sync::Arc::new(std::sync::Mutex::new(sockets));
+    (Topology::parse(&text).unwrap(), sockets)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +148,8 @@ async fn a_local_tree_on_fixed_ports_starts_without_losing_a_packet() {
     // The root dials its leaves directly; were it to dial before they listen, the first
     // handshake packet of each link would be lost, and with it a third of the link's starting
     // congestion window.
-    let tree = LocalTree::start(&local_topology_on_free_ports())
+    let (topology, sockets) = local_topology_on_free_ports();
+    let tree = LocalTree::start_on(&topology, None, Some(sockets))
         .await
         .unwrap();
     assert!(tree.wait_connected(WAIT).await, "tree connects");

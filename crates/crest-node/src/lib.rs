@@ -82,7 +82,13 @@ pub struct StartOptions {
     /// the root started; dialed earlier, each link's first handshake packet would be lost, and
     /// the loss would cut the link's starting congestion window.
     pub direct_links_start: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Sockets already bound, by node name: a node with one listens on it instead of binding
+    /// its `listen` address (tests hold the ports they chose until the nodes take them).
+    pub sockets: Option<SocketBook>,
 }
+
+/// See [`StartOptions::sockets`].
+pub type SocketBook = Arc<std::sync::Mutex<std::collections::HashMap<String, std::net::UdpSocket>>>;
 
 /// See [`StartOptions::addresses`].
 pub type AddressBook = Arc<std::sync::RwLock<std::collections::HashMap<String, String>>>;
@@ -329,7 +335,15 @@ pub async fn start_node(
     let server = crest_transport::server_config(&tls.node, &spec.settings)?;
     let client = crest_transport::client_config(&tls.ca_pem, &spec.settings)?;
     let (machine, wal) = machine_for(topology, spec, options)?;
-    let endpoint = crest_transport::node_endpoint(spec.listen, server, client, &spec.settings)?;
+    let held = options.sockets.as_ref().and_then(|book| {
+        book.lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(name)
+    });
+    let endpoint = match held {
+        Some(socket) => crest_transport::node_endpoint_on(socket, server, client, &spec.settings)?,
+        None => crest_transport::node_endpoint(spec.listen, server, client, &spec.settings)?,
+    };
     let local_addr = endpoint
         .local_addr()
         .map_err(|e| NodeError::Actor(e.to_string()))?;
@@ -508,6 +522,19 @@ impl LocalTree {
         topology: &Topology,
         data_root: Option<&Path>,
     ) -> Result<LocalTree, NodeError> {
+        LocalTree::start_on(topology, data_root, None).await
+    }
+
+    /// As [`LocalTree::start_with`], each node listening on its socket in `sockets` if it has
+    /// one there (bound by the caller to the node's `listen` address).
+    ///
+    /// # Errors
+    /// [`NodeError`] from the first node that fails to start (the others are stopped).
+    pub async fn start_on(
+        topology: &Topology,
+        data_root: Option<&Path>,
+        sockets: Option<SocketBook>,
+    ) -> Result<LocalTree, NodeError> {
         let data_root = data_root.map(Path::to_path_buf);
         let ca = CertificateAuthority::generate()?;
         // Parents start before their children, so that a node listening on port 0 (tests)
@@ -534,6 +561,7 @@ impl LocalTree {
             let mut options = LocalTree::options(data_root.as_deref(), &name);
             options.addresses = Some(addresses.clone());
             options.direct_links_start = Some(direct_links_start.clone());
+            options.sockets = sockets.clone();
             let started = async {
                 start_node(&topology, &name, &NodeTls::issue(&ca, &spec)?, &options).await
             };
@@ -578,6 +606,7 @@ impl LocalTree {
             recovery: RecoveryMode::default(),
             addresses: None,
             direct_links_start: None,
+            sockets: None,
         }
     }
 

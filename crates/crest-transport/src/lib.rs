@@ -126,6 +126,24 @@ pub fn client_endpoint(
     endpoint_on(bind, None, client, settings)
 }
 
+/// As [`node_endpoint`], on a socket the caller bound and held (a test that chose its ports
+/// by binding them hands them over, so no other process can take them in between).
+///
+/// # Errors
+/// [`TransportError::Endpoint`] if the socket cannot serve as an endpoint.
+pub fn node_endpoint_on(
+    socket: std::net::UdpSocket,
+    server: quinn::ServerConfig,
+    client: quinn::ClientConfig,
+    settings: &Settings,
+) -> Result<quinn::Endpoint, TransportError> {
+    let addr = socket
+        .local_addr()
+        .map_err(|e| TransportError::Endpoint(format!("a held socket: {e}")))?;
+    set_buffers(&socket2::SockRef::from(&socket), settings.udp_buffer_bytes);
+    endpoint_from(socket, addr, Some(server), client, settings)
+}
+
 fn endpoint_on(
     addr: SocketAddr,
     server: Option<quinn::ServerConfig>,
@@ -134,6 +152,17 @@ fn endpoint_on(
 ) -> Result<quinn::Endpoint, TransportError> {
     let error = |e: std::io::Error| TransportError::Endpoint(format!("bind {addr}: {e}"));
     let socket = udp_socket(addr, settings.udp_buffer_bytes).map_err(error)?;
+    endpoint_from(socket, addr, server, client, settings)
+}
+
+fn endpoint_from(
+    socket: std::net::UdpSocket,
+    addr: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+    client: quinn::ClientConfig,
+    settings: &Settings,
+) -> Result<quinn::Endpoint, TransportError> {
+    let error = |e: std::io::Error| TransportError::Endpoint(format!("bind {addr}: {e}"));
     let mut endpoint_config = quinn::EndpointConfig::default();
     endpoint_config
         .max_udp_payload_size(settings.udp_payload_max)
@@ -163,23 +192,29 @@ fn udp_socket(addr: SocketAddr, buffer_bytes: u32) -> std::io::Result<std::net::
             tracing::debug!(%error, "could not make the socket dual-stack");
         }
     }
-    if buffer_bytes > 0 {
-        let want = buffer_bytes as usize;
-        // Refusals are not fatal: the socket works with the system's buffers.
-        let _ = socket.set_recv_buffer_size(want);
-        let _ = socket.set_send_buffer_size(want);
-        // Linux reports twice the size it grants (the doubling covers its bookkeeping).
-        let granted = socket.recv_buffer_size().unwrap_or(0) / 2;
-        if granted < want {
-            tracing::info!(
-                want,
-                granted,
-                "UDP receive buffer smaller than asked (raise net.core.rmem_max for more)"
-            );
-        }
-    }
+    set_buffers(&socket, buffer_bytes);
     socket.bind(&addr.into())?;
     Ok(socket.into())
+}
+
+/// Asks the kernel for receive and send buffers of `buffer_bytes` (0: the system's).
+fn set_buffers(socket: &socket2::Socket, buffer_bytes: u32) {
+    if buffer_bytes == 0 {
+        return;
+    }
+    let want = buffer_bytes as usize;
+    // Refusals are not fatal: the socket works with the system's buffers.
+    let _ = socket.set_recv_buffer_size(want);
+    let _ = socket.set_send_buffer_size(want);
+    // Linux reports twice the size it grants (the doubling covers its bookkeeping).
+    let granted = socket.recv_buffer_size().unwrap_or(0) / 2;
+    if granted < want {
+        tracing::info!(
+            want,
+            granted,
+            "UDP receive buffer smaller than asked (raise net.core.rmem_max for more)"
+        );
+    }
 }
 
 /// Dials `addr` with the endpoint's default client configuration.

@@ -100,6 +100,7 @@ pub(crate) async fn launch(
         recovery,
         addresses: None,
         direct_links_start: None,
+        sockets: None,
     };
     let node = start_node(&topology, name, &tls, &options).await?;
     if durable {
