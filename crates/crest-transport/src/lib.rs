@@ -150,9 +150,13 @@ fn endpoint_on(
     client: quinn::ClientConfig,
     settings: &Settings,
 ) -> Result<quinn::Endpoint, TransportError> {
-    let error = |e: std::io::Error| TransportError::Endpoint(format!("bind {addr}: {e}"));
-    let socket = udp_socket(addr, settings.udp_buffer_bytes).map_err(error)?;
+    let socket = udp_socket(addr, settings.udp_buffer_bytes).map_err(bind_error(addr))?;
     endpoint_from(socket, addr, server, client, settings)
+}
+
+/// What a failure to make an endpoint on `addr` says.
+fn bind_error(addr: SocketAddr) -> impl Fn(std::io::Error) -> TransportError {
+    move |e| TransportError::Endpoint(format!("bind {addr}: {e}"))
 }
 
 fn endpoint_from(
@@ -162,7 +166,7 @@ fn endpoint_from(
     client: quinn::ClientConfig,
     settings: &Settings,
 ) -> Result<quinn::Endpoint, TransportError> {
-    let error = |e: std::io::Error| TransportError::Endpoint(format!("bind {addr}: {e}"));
+    let error = bind_error(addr);
     let mut endpoint_config = quinn::EndpointConfig::default();
     endpoint_config
         .max_udp_payload_size(settings.udp_payload_max)
