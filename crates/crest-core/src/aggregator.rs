@@ -24,7 +24,7 @@
 use crate::config::Settings;
 use crate::downstream::{Downstream, PeerKindTag, TopicMap, TopicSet};
 use crate::id::LeafId;
-use crate::machine::{ConnId, Link, Machine, NodeStats, Transmit};
+use crate::machine::{ConnId, Link, Machine, NodeStats, Outbox, Transmit};
 use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
 use crate::offer::{Candidate, FlushPolicy, OfferSet};
 use crate::time::Time;
@@ -34,7 +34,6 @@ use crate::wire::{
     ReserveDenied, ReserveOutcome, Reserved, Role, Stats, Wire,
 };
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
-use std::collections::VecDeque;
 
 /// How an aggregator is set up.
 #[derive(Clone, Debug)]
@@ -87,8 +86,7 @@ pub struct Aggregator {
     /// Requests forwarded to each child and not answered yet.
     forwarded: HashMap<ConnId, Forwarded>,
     dirty: TopicSet,
-    transmits: VecDeque<Transmit>,
-    closes: VecDeque<(ConnId, String)>,
+    outbox: Outbox,
     violations: u64,
 }
 
@@ -122,14 +120,13 @@ impl Aggregator {
             offers: Default::default(),
             forwarded: HashMap::default(),
             dirty: Default::default(),
-            transmits: VecDeque::new(),
-            closes: VecDeque::new(),
+            outbox: Outbox::default(),
             violations: 0,
         }
     }
 
     fn send(&mut self, conn: ConnId, msg: Wire) {
-        self.transmits.push_back(Transmit { conn, msg });
+        self.outbox.send(conn, msg);
     }
 
     fn handle_offer(&mut self, now: Time, child: ConnId, offer: Offer) {
@@ -321,7 +318,7 @@ impl Aggregator {
                     continue;
                 }
                 if let Some(offer) = offers.poll(&topic, frontier) {
-                    self.transmits.push_back(Transmit {
+                    self.outbox.push(Transmit {
                         conn: parent,
                         msg: Wire::Offer(offer),
                     });
@@ -357,15 +354,14 @@ impl Machine for Aggregator {
         match link {
             Link::Parent => {
                 let hello = self.upstream.connected(conn);
-                self.transmits.push_back(hello);
+                self.outbox.push(hello);
             }
             Link::Incoming => {
                 self.children.accept(conn);
             }
             Link::Leaf(_) => {
                 self.violations += 1;
-                self.closes
-                    .push_back((conn, "only the root connects to leaves".into()));
+                self.outbox.close(conn, "only the root connects to leaves");
             }
         }
     }
@@ -445,12 +441,11 @@ impl Machine for Aggregator {
                     let outcome = self.children.hello(conn, hello, &[PeerKindTag::Node]);
                     self.send(conn, outcome.reply);
                     if outcome.close {
-                        self.closes.push_back((conn, "handshake refused".into()));
+                        self.outbox.close(conn, "handshake refused");
                     }
                     if let Some(old) = outcome.superseded {
                         self.handle_disconnected(now, old);
-                        self.closes
-                            .push_back((old, "superseded by a new session".into()));
+                        self.outbox.close(old, "superseded by a new session");
                     }
                 }
                 other => self.reject_unexpected(conn, &other),
@@ -471,11 +466,11 @@ impl Machine for Aggregator {
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+        self.outbox.poll_transmit()
     }
 
     fn poll_close(&mut self) -> Option<(ConnId, String)> {
-        self.closes.pop_front()
+        self.outbox.poll_close()
     }
 
     fn poll_timeout(&self) -> Option<Time> {

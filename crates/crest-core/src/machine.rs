@@ -18,6 +18,7 @@ pub use crate::id::{ConnId, Link};
 use crate::record::{Location, LogRecord, MessageBody};
 use crate::time::Time;
 use crate::wire::Wire;
+use std::collections::VecDeque;
 
 /// A message to send on a connection.
 #[derive(Clone, PartialEq, Debug)]
@@ -26,6 +27,47 @@ pub struct Transmit {
     pub conn: ConnId,
     /// What to send.
     pub msg: Wire,
+}
+
+/// What a machine has to say, in the order it said it: messages for its connections, and
+/// connections to close. The three machines share it, and their drivers drain it through
+/// [`Machine::poll_transmit`] and [`Machine::poll_close`].
+#[derive(Debug, Default)]
+pub(crate) struct Outbox {
+    transmits: VecDeque<Transmit>,
+    closes: VecDeque<(ConnId, String)>,
+}
+
+impl Outbox {
+    /// Queues `msg` for connection `conn`.
+    pub(crate) fn send(&mut self, conn: ConnId, msg: Wire) {
+        self.transmits.push_back(Transmit { conn, msg });
+    }
+
+    /// Queues a message.
+    pub(crate) fn push(&mut self, transmit: Transmit) {
+        self.transmits.push_back(transmit);
+    }
+
+    /// Queues messages, in order.
+    pub(crate) fn extend(&mut self, transmits: impl IntoIterator<Item = Transmit>) {
+        self.transmits.extend(transmits);
+    }
+
+    /// Queues the closing of connection `conn`, saying why.
+    pub(crate) fn close(&mut self, conn: ConnId, reason: impl Into<String>) {
+        self.closes.push_back((conn, reason.into()));
+    }
+
+    /// The next message to send.
+    pub(crate) fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next connection to close.
+    pub(crate) fn poll_close(&mut self) -> Option<(ConnId, String)> {
+        self.closes.pop_front()
+    }
 }
 
 /// How soon the waiter of an append needs it durable (`fsync` mode; the log of `buffered`

@@ -98,7 +98,7 @@ impl Leaf {
                     continue;
                 }
                 if let Some(offer) = topic.offers.poll(&topic_name, frontier) {
-                    self.transmits.push_back(Transmit {
+                    self.outbox.push(Transmit {
                         conn: parent,
                         msg: Wire::Offer(offer),
                     });
@@ -225,15 +225,14 @@ impl Machine for Leaf {
         match link {
             Link::Parent => {
                 let hello = self.upstream.connected(conn);
-                self.transmits.push_back(hello);
+                self.outbox.push(hello);
             }
             Link::Incoming => {
                 self.clients.accept(conn);
             }
             Link::Leaf(_) => {
                 self.violations += 1;
-                self.closes
-                    .push_back((conn, "a leaf does not connect to leaves".into()));
+                self.outbox.close(conn, "a leaf does not connect to leaves");
             }
         }
     }
@@ -273,7 +272,7 @@ impl Machine for Leaf {
                     let outcome = self.clients.hello(conn, hello, &accepts);
                     self.send(conn, outcome.reply);
                     if outcome.close {
-                        self.closes.push_back((conn, "handshake refused".into()));
+                        self.outbox.close(conn, "handshake refused");
                     }
                 }
                 Wire::Push(push) if is_producer => self.handle_push(now, conn, push),
@@ -564,11 +563,11 @@ impl Machine for Leaf {
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+        self.outbox.poll_transmit()
     }
 
     fn poll_close(&mut self) -> Option<(ConnId, String)> {
-        self.closes.pop_front()
+        self.outbox.poll_close()
     }
 
     fn poll_timeout(&self) -> Option<Time> {

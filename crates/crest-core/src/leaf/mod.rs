@@ -55,7 +55,7 @@ use crate::config::{Settings, TopicPolicy};
 use crate::downstream::{Downstream, Topic, TopicMap, TopicSet};
 use crate::id::{AscendingIdMap, IdMap, LeafId, LiveIds, MESSAGE_SEQ_MAX, MessageId};
 use crate::key::Key;
-use crate::machine::{ConnId, StorageOp, Transmit};
+use crate::machine::{ConnId, Outbox, StorageOp};
 use crate::metrics::Reporter;
 use crate::offer::{Candidate, FlushPolicy, OfferSet, Offerable};
 use crate::record::{Location, LogRecord, MessageBody};
@@ -408,9 +408,8 @@ pub struct Leaf {
     pending_messages: u64,
     next_token: u64,
     dirty: TopicSet,
-    transmits: VecDeque<Transmit>,
+    outbox: Outbox,
     storage: VecDeque<StorageOp>,
-    closes: VecDeque<(ConnId, String)>,
     violations: u64,
     counters: Counters,
     reporter: Reporter,
@@ -480,9 +479,8 @@ impl Leaf {
             pending_messages: 0,
             next_token: 1,
             dirty: Default::default(),
-            transmits: VecDeque::new(),
+            outbox: Outbox::default(),
             storage: VecDeque::new(),
-            closes: VecDeque::new(),
             violations: 0,
             counters: Counters::default(),
             reporter: Reporter::new(&config.settings),
@@ -513,7 +511,7 @@ impl Leaf {
     }
 
     fn send(&mut self, conn: ConnId, msg: Wire) {
-        self.transmits.push_back(Transmit { conn, msg });
+        self.outbox.send(conn, msg);
     }
 
     fn policy(&self, topic: &str) -> TopicPolicy {

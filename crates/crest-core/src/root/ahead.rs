@@ -61,7 +61,7 @@ impl Root {
         self.counters.reserves += groups.len() as u64;
         self.counters.reserved_ahead +=
             groups.values().map(|items| items.len() as u64).sum::<u64>();
-        self.transmits.extend(reserves(
+        self.outbox.extend(reserves(
             topic,
             lease_ms,
             groups,

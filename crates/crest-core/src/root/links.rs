@@ -79,8 +79,7 @@ impl Root {
                     && old != conn
                 {
                     self.direct_gone(old);
-                    self.closes
-                        .push_back((old, "superseded by a new direct link".into()));
+                    self.outbox.close(old, "superseded by a new direct link");
                 }
                 if !self.parked.is_empty() {
                     self.release_parked();
@@ -89,7 +88,7 @@ impl Root {
             Wire::Welcome(welcome) => {
                 self.violations += 1;
                 let reason = format!("leaf {leaf}'s address answers as a {}", welcome.role);
-                self.closes.push_back((conn, reason));
+                self.outbox.close(conn, reason);
             }
             Wire::Reserved(reserved) => self.handle_reserved(now, reserved),
             Wire::Confirmed(confirmed) => self.handle_confirmed(confirmed),

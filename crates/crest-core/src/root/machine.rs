@@ -41,8 +41,7 @@ impl Machine for Root {
         match link {
             Link::Parent => {
                 self.violations += 1;
-                self.closes
-                    .push_back((conn, "the root has no parent".into()));
+                self.outbox.close(conn, "the root has no parent");
             }
             Link::Incoming => {
                 self.children.accept(conn);
@@ -51,7 +50,7 @@ impl Machine for Root {
                 if self.children.route(leaf) == Err(ReceiptError::UnknownLeaf) {
                     self.violations += 1;
                     let reason = format!("leaf {leaf} is not in this tree");
-                    self.closes.push_back((conn, reason));
+                    self.outbox.close(conn, reason);
                     return;
                 }
                 self.direct.conns.insert(conn, leaf);
@@ -153,12 +152,11 @@ impl Machine for Root {
                 let outcome = self.children.hello(conn, hello, &accepts);
                 self.send(conn, outcome.reply);
                 if outcome.close {
-                    self.closes.push_back((conn, "handshake refused".into()));
+                    self.outbox.close(conn, "handshake refused");
                 }
                 if let Some(old) = outcome.superseded {
                     self.child_gone(old);
-                    self.closes
-                        .push_back((old, "superseded by a new session".into()));
+                    self.outbox.close(old, "superseded by a new session");
                 }
                 if !self.parked.is_empty() {
                     self.release_parked();
@@ -201,11 +199,11 @@ impl Machine for Root {
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+        self.outbox.poll_transmit()
     }
 
     fn poll_close(&mut self) -> Option<(ConnId, String)> {
-        self.closes.pop_front()
+        self.outbox.poll_close()
     }
 
     fn poll_timeout(&self) -> Option<Time> {

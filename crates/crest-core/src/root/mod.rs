@@ -48,7 +48,7 @@ use crate::config::Settings;
 use crate::downstream::{Downstream, Topic, TopicMap, TopicSet};
 use crate::id::{LeafId, Receipt};
 use crate::key::Key;
-use crate::machine::{ConnId, Transmit};
+use crate::machine::{ConnId, Outbox, Transmit};
 use crate::metrics::Reporter;
 use crate::time::Time;
 use crate::window::{Slot, Window};
@@ -315,8 +315,7 @@ pub struct Root {
     next_tag: u64,
     timers: BTreeSet<(Time, u64)>,
     dirty: TopicSet,
-    transmits: VecDeque<Transmit>,
-    closes: VecDeque<(ConnId, String)>,
+    outbox: Outbox,
     violations: u64,
     name: String,
     reporter: Reporter,
@@ -366,8 +365,7 @@ impl Root {
             next_tag: 1,
             timers: BTreeSet::new(),
             dirty: Default::default(),
-            transmits: VecDeque::new(),
-            closes: VecDeque::new(),
+            outbox: Outbox::default(),
             violations: 0,
             name,
             reporter,
@@ -382,7 +380,7 @@ impl Root {
     }
 
     fn send(&mut self, conn: ConnId, msg: Wire) {
-        self.transmits.push_back(Transmit { conn, msg });
+        self.outbox.send(conn, msg);
     }
 
     /// The connection that reaches `leaf`: its direct link if welcomed, else the child that

@@ -216,7 +216,7 @@ impl Root {
             let lease_ms = pop.lease_ms;
             let window = window.as_deref();
             self.counters.reserves += groups.len() as u64;
-            self.transmits
+            self.outbox
                 .extend(reserves(topic, lease_ms, groups, window, &self.direct));
             for (leaf, receipts) in extends {
                 self.extend_unanswered(leaf, receipts, lease_ms);
