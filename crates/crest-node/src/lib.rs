@@ -82,13 +82,34 @@ pub struct StartOptions {
     /// the root started; dialed earlier, each link's first handshake packet would be lost, and
     /// the loss would cut the link's starting congestion window.
     pub direct_links_start: Option<tokio::sync::watch::Receiver<bool>>,
-    /// Sockets already bound, by node name: a node with one listens on it instead of binding
-    /// its `listen` address (tests hold the ports they chose until the nodes take them).
+    /// Sockets already bound, by node name: a node with some listens on them instead of
+    /// binding its `listen` and `http` addresses (socket activation by a service manager;
+    /// tests that hold the ports they chose until the nodes take them).
     pub sockets: Option<SocketBook>,
 }
 
 /// See [`StartOptions::sockets`].
-pub type SocketBook = Arc<std::sync::Mutex<std::collections::HashMap<String, std::net::UdpSocket>>>;
+pub type SocketBook = Arc<std::sync::Mutex<std::collections::HashMap<String, NodeSockets>>>;
+
+/// A node's sockets, bound by someone else before it starts.
+#[derive(Debug)]
+pub struct NodeSockets {
+    /// The QUIC socket, in place of binding the node's `listen` address.
+    pub quic: std::net::UdpSocket,
+    /// The HTTP listener, in place of binding the node's `http` address (ignored if the node
+    /// has none).
+    pub http: Option<std::net::TcpListener>,
+}
+
+impl NodeSockets {
+    /// A QUIC socket alone.
+    pub fn quic(socket: std::net::UdpSocket) -> NodeSockets {
+        NodeSockets {
+            quic: socket,
+            http: None,
+        }
+    }
+}
 
 /// See [`StartOptions::addresses`].
 pub type AddressBook = Arc<std::sync::RwLock<std::collections::HashMap<String, String>>>;
@@ -340,9 +361,15 @@ pub async fn start_node(
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(name)
     });
-    let endpoint = match held {
-        Some(socket) => crest_transport::node_endpoint_on(socket, server, client, &spec.settings)?,
-        None => crest_transport::node_endpoint(spec.listen, server, client, &spec.settings)?,
+    let (endpoint, held_http) = match held {
+        Some(held) => (
+            crest_transport::node_endpoint_on(held.quic, server, client, &spec.settings)?,
+            held.http,
+        ),
+        None => (
+            crest_transport::node_endpoint(spec.listen, server, client, &spec.settings)?,
+            None,
+        ),
     };
     let local_addr = endpoint
         .local_addr()
@@ -394,13 +421,19 @@ pub async fn start_node(
     let http_addr = match spec.http {
         None => None,
         Some(addr) => {
-            let listener =
-                tokio::net::TcpListener::bind(addr)
+            let io_error = |error| NodeError::Io {
+                path: format!("HTTP address {addr}"),
+                error,
+            };
+            let listener = match held_http {
+                Some(held) => held
+                    .set_nonblocking(true)
+                    .and_then(|()| tokio::net::TcpListener::from_std(held))
+                    .map_err(io_error)?,
+                None => tokio::net::TcpListener::bind(addr)
                     .await
-                    .map_err(|error| NodeError::Io {
-                        path: format!("HTTP address {addr}"),
-                        error,
-                    })?;
+                    .map_err(io_error)?,
+            };
             let bound = listener.local_addr().ok();
             tokio::spawn(http::serve(
                 listener,

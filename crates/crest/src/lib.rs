@@ -1,17 +1,15 @@
 //! crest: a distributed priority queue built as a hierarchical aggregation tree over QUIC.
 //!
 //! This facade re-exports the workspace crates and embeds the default local topology; the
-//! `crest` binary (`main.rs`) is the command-line front end.
+//! `crest` command is the crate `crest-cli`.
 //!
 //! - [`core`]: sans-IO core (keys, wire protocol, topology, state machines);
 //! - [`node`]: running nodes (`start_node`, `LocalTree`);
 //! - [`sdk`]: `Producer` and `Consumer`;
-//! - [`bench`]: the load generator behind `crest bench`;
-//! - [`wal_bench`]: the disk latency bench behind `crest wal bench`.
+//! - [`bench`]: the load generator behind `crest bench` and the disk latency bench behind
+//!   `crest wal bench`.
 
-pub mod bench;
-pub mod wal_bench;
-
+pub use crest_bench as bench;
 pub use crest_core as core;
 pub use crest_node as node;
 pub use crest_sdk as sdk;

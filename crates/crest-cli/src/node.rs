@@ -76,6 +76,7 @@ pub(crate) async fn launch(
     name: &str,
     data_dir: Option<PathBuf>,
     recovery: RecoveryMode,
+    listen_fds: listenfd::ListenFd,
 ) -> Result<()> {
     let topology = load_topology(Some(topology_path))?;
     let tls =
@@ -95,19 +96,29 @@ pub(crate) async fn launch(
         (None, None) => base_dir(topology_path).join("data").join(name),
     };
     let durable = spec.role == Role::Leaf;
+    let activated = activated_sockets(listen_fds)?;
+    let how = if activated.is_some() {
+        " (socket activation)"
+    } else {
+        ""
+    };
+    let sockets = activated.map(|held| {
+        let book = std::collections::HashMap::from([(name.to_string(), held)]);
+        SocketBook::new(std::sync::Mutex::new(book))
+    });
     let options = StartOptions {
         data_dir: durable.then(|| data_dir.clone()),
         recovery,
         addresses: None,
         direct_links_start: None,
-        sockets: None,
+        sockets,
     };
     let node = start_node(&topology, name, &tls, &options).await?;
     if durable {
         println!("log directory: {}", data_dir.display());
     }
     println!(
-        "crest node {} ({}) listening on {}",
+        "crest node {} ({}) listening on {}{how}",
         node.name(),
         node.role(),
         node.local_addr()
@@ -119,6 +130,29 @@ pub(crate) async fn launch(
     }
     node.shutdown().await;
     Ok(())
+}
+
+/// Sockets handed over by a service manager (systemd socket activation: `LISTEN_FDS`, the
+/// descriptors from 3 on): the first is the node's QUIC socket (UDP), the second, if given,
+/// its HTTP listener (TCP). With them a node restarts without ever releasing its ports.
+fn activated_sockets(mut fds: listenfd::ListenFd) -> Result<Option<NodeSockets>> {
+    if fds.len() == 0 {
+        return Ok(None);
+    }
+    let quic = fds
+        .take_udp_socket(0)
+        .context("socket activation: descriptor 3 must be the node's QUIC (UDP) socket")?
+        .context("socket activation: descriptor 3 was already taken")?;
+    let http = match fds.len() {
+        1 => None,
+        2 => fds
+            .take_tcp_listener(1)
+            .context("socket activation: descriptor 4 must be the node's HTTP (TCP) listener")?,
+        n => bail!(
+            "socket activation: {n} descriptors given; a node takes its QUIC socket and at most an HTTP listener"
+        ),
+    };
+    Ok(Some(NodeSockets { quic, http }))
 }
 
 pub(crate) fn certs(topology_path: &Path, out: Option<PathBuf>) -> Result<()> {

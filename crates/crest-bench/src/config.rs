@@ -2,9 +2,9 @@
 //! runs on.
 
 use super::*;
-use crate::core::topology::Topology;
-use crate::sdk::ClientTls;
 use anyhow::{Result, bail};
+use crest_core::topology::Topology;
+use crest_sdk::ClientTls;
 use rand::Rng;
 use rand::rngs::SmallRng;
 use serde::Serialize;

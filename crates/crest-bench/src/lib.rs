@@ -1,4 +1,5 @@
-//! `crest bench`: a load generator that measures a real tree over real QUIC sockets.
+//! `crest bench`: a load generator that measures a real tree over real QUIC sockets
+//! ([`wal`] is `crest wal bench`, the disk alone).
 //!
 //! N producers (each its own [`Producer`], connected to every leaf) push messages of a fixed
 //! payload size with priorities drawn from a [`PriorityMix`]; M consumers (each its own
@@ -20,18 +21,19 @@ mod config;
 mod ledger;
 mod load;
 mod report;
+pub mod wal;
 
-pub use crate::core::metrics::Percentiles;
 pub use config::{BenchConfig, Phase, PriorityMix, Target};
+pub use crest_core::metrics::Percentiles;
 pub use ledger::LEASE_RANK_MESSAGES_MAX;
 pub use report::{BenchComparison, BenchReport, BenchSummary, CpuUse, Latencies, Spread, Versus};
 
-use crate::core::config::Durability;
-use crate::core::metrics::Metric;
-use crate::node::LocalTree;
-use crate::sdk::{ClientTls, Consumer, ConsumerConfig, ProducerConfig};
 use anyhow::Context;
 use anyhow::{Result, bail};
+use crest_core::config::Durability;
+use crest_core::metrics::Metric;
+use crest_node::LocalTree;
+use crest_sdk::{ClientTls, Consumer, ConsumerConfig, ProducerConfig};
 use hdrhistogram::Histogram;
 use ledger::*;
 use load::*;
@@ -136,9 +138,9 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     let mut log_sync_by_leaf = BTreeMap::new();
     if let Some(tree) = &running.local {
         let (mut violations_sum, mut lost_sum) = (0, 0);
-        let mut syncs = crate::core::metrics::Hist::default();
+        let mut syncs = crest_core::metrics::Hist::default();
         for node in &tree.nodes {
-            if node.role() == crate::core::wire::Role::Leaf
+            if node.role() == crest_core::wire::Role::Leaf
                 && let Ok(report) = node.report().await
                 && let Some(hist) = report.histograms.get(&Metric::LogSync)
                 && hist.count() > 0

@@ -51,8 +51,11 @@ fn field<'a>(text: &'a str, key: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
-        .unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../topology/local.toml"
+    ))
+    .unwrap();
     let settings = "\n[settings.topics.flaky]\nmax_attempts = 2\n";
     let topology = Topology::parse(&format!("{text}{settings}"))
         .unwrap()

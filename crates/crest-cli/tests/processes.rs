@@ -4,13 +4,15 @@
 //! `crest certs`; nodes above the leaves are killed with SIGKILL and started again, and every
 //! message the leaves hold must still be delivered exactly once.
 
+use command_fds::{CommandFdExt, FdMapping};
 use crest::core::topology::Topology;
 use crest::sdk::{
     ClientTls, Consumer, ConsumerConfig, Delivery, MessageId, Producer, ProducerConfig, Receipt,
     ReceiptError,
 };
-use std::collections::HashSet;
-use std::net::UdpSocket;
+use std::collections::{HashMap, HashSet};
+use std::net::{TcpListener, UdpSocket};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -22,6 +24,8 @@ struct Cluster {
     dir: PathBuf,
     topology_path: PathBuf,
     topology: Topology,
+    /// Each node's QUIC socket and HTTP listener, by name.
+    sockets: HashMap<String, (UdpSocket, TcpListener)>,
     children: Vec<(String, Child)>,
 }
 
@@ -47,34 +51,32 @@ impl Cluster {
         let dir = std::env::temp_dir().join(format!("crest-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let local =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
-                .unwrap();
-        // Hold every socket until all ports are chosen, so no two nodes get the same one.
-        let sockets: Vec<UdpSocket> = (0..7)
-            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let mut text = local.clone();
-        for (old, socket) in ["7400", "7401", "7402", "7411", "7412", "7413", "7414"]
-            .iter()
-            .zip(&sockets)
-        {
-            let port = socket.local_addr().unwrap().port().to_string();
-            text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{port}"));
+        let local = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../topology/local.toml"
+        ))
+        .unwrap();
+        // Every node's sockets are bound here and held for the whole test: each launch (and
+        // relaunch after a SIGKILL) gets them by socket activation, so no other process can
+        // take a port between runs of its node.
+        let names = [
+            "root", "agg-1", "agg-2", "leaf-1", "leaf-2", "leaf-3", "leaf-4",
+        ];
+        let quic_ports = ["7400", "7401", "7402", "7411", "7412", "7413", "7414"];
+        let http_ports = ["7480", "7481", "7482", "7491", "7492", "7493", "7494"];
+        let mut text = local;
+        let mut sockets = HashMap::new();
+        for ((name, quic_port), http_port) in names.iter().zip(quic_ports).zip(http_ports) {
+            let quic = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let http = TcpListener::bind("127.0.0.1:0").unwrap();
+            for (old, new) in [
+                (quic_port, quic.local_addr().unwrap().port()),
+                (http_port, http.local_addr().unwrap().port()),
+            ] {
+                text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{new}"));
+            }
+            sockets.insert(name.to_string(), (quic, http));
         }
-        drop(sockets);
-        // HTTP (metrics, stats, dashboard) on free TCP ports too.
-        let listeners: Vec<std::net::TcpListener> = (0..7)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        for (old, listener) in ["7480", "7481", "7482", "7491", "7492", "7493", "7494"]
-            .iter()
-            .zip(&listeners)
-        {
-            let port = listener.local_addr().unwrap().port().to_string();
-            text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{port}"));
-        }
-        drop(listeners);
         text = text.replace(
             "[settings]\n",
             "[settings]\nidle_timeout_ms = 1500\nkeep_alive_ms = 300\nreconnect_backoff_max_ms = 300\n\
@@ -96,6 +98,7 @@ impl Cluster {
             dir,
             topology_path,
             topology,
+            sockets,
             children: Vec::new(),
         };
         for node in cluster.topology.nodes.clone() {
@@ -106,9 +109,24 @@ impl Cluster {
 
     fn launch(&mut self, node: &str) {
         let log = std::fs::File::create(self.dir.join(format!("{node}.log"))).unwrap();
-        let child = Command::new(CREST)
+        let (quic, http) = &self.sockets[node];
+        let mut command = Command::new(CREST);
+        command
+            .fd_mappings(vec![
+                FdMapping {
+                    parent_fd: OwnedFd::from(quic.try_clone().unwrap()),
+                    child_fd: 3,
+                },
+                FdMapping {
+                    parent_fd: OwnedFd::from(http.try_clone().unwrap()),
+                    child_fd: 4,
+                },
+            ])
+            .unwrap();
+        let child = command
             .args(["launch", "--node", node, "--topology"])
             .arg(&self.topology_path)
+            .env("LISTEN_FDS", "2")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -502,4 +520,31 @@ async fn a_second_process_on_a_leaf_s_data_directory_is_refused_by_name() {
     );
     // The first keeps serving.
     producer.push("jobs", 1, "after").await.unwrap();
+}
+
+/// Socket activation given the wrong kind of descriptor: the node refuses to start, saying
+/// which descriptor is wrong, instead of serving on something else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_given_a_tcp_socket_for_quic_refuses_to_start() {
+    let cluster = Cluster::start("activation");
+    let wrong = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut command = Command::new(CREST);
+    command
+        .fd_mappings(vec![FdMapping {
+            parent_fd: OwnedFd::from(wrong),
+            child_fd: 3,
+        }])
+        .unwrap();
+    let output = command
+        .args(["launch", "--node", "root", "--topology"])
+        .arg(&cluster.topology_path)
+        .env("LISTEN_FDS", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("descriptor 3 must be the node's QUIC (UDP) socket"),
+        "{stderr}"
+    );
 }

@@ -77,7 +77,7 @@ impl From<Recovery> for RecoveryMode {
 }
 
 pub(crate) async fn wal_bench(args: WalBenchArgs) -> Result<()> {
-    let config = crest::wal_bench::WalBenchConfig {
+    let config = crest::bench::wal::WalBenchConfig {
         dir: args.dir,
         logs: args.logs,
         rate: args.rate,
@@ -92,7 +92,7 @@ pub(crate) async fn wal_bench(args: WalBenchArgs) -> Result<()> {
         },
     };
     // The writers and submitters are threads; keep the runtime's workers out of their way.
-    let report = tokio::task::spawn_blocking(move || crest::wal_bench::run(&config)).await??;
+    let report = tokio::task::spawn_blocking(move || crest::bench::wal::run(&config)).await??;
     print!("{}", report.table());
     write_json(args.json.as_deref(), &report)?;
     Ok(())

@@ -11,7 +11,7 @@ use crest::core::topology::Topology;
 use crest::core::wire::{
     ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Role, Wire,
 };
-use crest::node::{LocalTree, SocketBook};
+use crest::node::{LocalTree, NodeSockets, SocketBook};
 use crest::sdk::{
     ClientError, ClientTls, Consumer, ConsumerConfig, Delivery, LeafId, MessageId, Producer,
     ProducerConfig, Receipt, ReceiptError,
@@ -23,8 +23,11 @@ use std::time::Duration;
 const WAIT: Duration = Duration::from_secs(10);
 
 async fn start_tree() -> LocalTree {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
-        .unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../topology/local.toml"
+    ))
+    .unwrap();
     let topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
     let tree = LocalTree::start(&topology).await.unwrap();
     assert!(tree.wait_connected(WAIT).await, "tree connects");
@@ -115,9 +118,11 @@ async fn push_everywhere(
 /// `topology/local.toml` on free fixed ports (as `crest local` runs it, not on port 0), and the
 /// nodes' sockets, bound on those ports.
 fn local_topology_on_free_ports() -> (Topology, SocketBook) {
-    let mut text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
-            .unwrap();
+    let mut text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../topology/local.toml"
+    ))
+    .unwrap();
     // Bind every node's socket here and hand it to the node: the ports are held from the moment
     // they are chosen, and no other process can take one before its node listens.
     let mut sockets = std::collections::HashMap::new();
@@ -131,7 +136,7 @@ fn local_topology_on_free_ports() -> (Topology, SocketBook) {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let port = socket.local_addr().unwrap().port();
         text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{port}"));
-        sockets.insert(name.to_string(), socket);
+        sockets.insert(name.to_string(), NodeSockets::quic(socket));
     }
     // No HTTP listeners: they would need free TCP ports too.
     let text: String = text
@@ -167,7 +172,7 @@ async fn a_local_tree_on_fixed_ports_starts_without_losing_a_packet() {
 
 #[test]
 fn every_shipped_topology_file_is_valid() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/topology");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../topology");
     let mut checked = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -587,9 +592,12 @@ async fn malformed_and_oversized_frames_are_answered_and_the_connection_survives
 async fn a_restarted_root_loses_nothing_a_leaf_holds() {
     // In-process variant: stop the root (its connections close), start a new root on the
     // same address, and check every message is still delivered. The real-process variant with
-    // SIGKILL lives in tests/processes.rs.
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
-        .unwrap();
+    // SIGKILL lives in crates/crest-cli/tests/processes.rs.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../topology/local.toml"
+    ))
+    .unwrap();
     let topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
     let mut tree = LocalTree::start(&topology).await.unwrap();
     assert!(tree.wait_connected(WAIT).await);

@@ -2,11 +2,11 @@
 //! and ack, and the progress line.
 
 use super::*;
-use crate::sdk::{Consumer, Delivery, Message, PopOptions, Producer, ProducerConfig};
 use anyhow::Context;
 use anyhow::Result;
 use bytes::BufMut;
 use bytes::{Bytes, BytesMut};
+use crest_sdk::{Consumer, Delivery, Message, PopOptions, Producer, ProducerConfig};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use hdrhistogram::Histogram;
@@ -209,7 +209,7 @@ pub(super) async fn run_producer(
 /// A batch's outcome, and the priority, send time and sequence number of each of its
 /// messages.
 pub(super) type PushOutcome = (
-    Result<Vec<crate::core::id::MessageId>, crate::sdk::ClientError>,
+    Result<Vec<crest_core::id::MessageId>, crest_sdk::ClientError>,
     Vec<(u32, u64, u64)>,
 );
 
@@ -388,7 +388,7 @@ pub(super) fn pop_wait_ns(asked_ns: u64, first_sent_ns: u64, answered_ns: u64) -
 
 pub(super) type AckOutcome = (
     Duration,
-    Result<Vec<Result<(), crate::sdk::ReceiptError>>, crate::sdk::ClientError>,
+    Result<Vec<Result<(), crest_sdk::ReceiptError>>, crest_sdk::ClientError>,
 );
 
 pub(super) fn settle_ack(

@@ -12,14 +12,14 @@
 //! The latency reported is from an append's due time to its completion (written and, with
 //! `fsync` durability, synced): the floor under a durable push's acknowledgement latency.
 
-use crate::core::config::{Durability, Settings};
-use crate::core::id::{LeafId, MessageId};
-use crate::core::metrics::Percentiles;
-use crate::core::record::{LogRecord, MessageHead};
-use crate::core::time::Time;
-use crate::storage::wal::{Completion, GroupTiming, WalOptions, open};
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
+use crest_core::config::{Durability, Settings};
+use crest_core::id::{LeafId, MessageId};
+use crest_core::metrics::Percentiles;
+use crest_core::record::{LogRecord, MessageHead};
+use crest_core::time::Time;
+use crest_storage::wal::{Completion, GroupTiming, WalOptions, open};
 use hdrhistogram::Histogram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -296,8 +296,8 @@ pub fn run(config: &WalBenchConfig) -> Result<WalBenchReport> {
     let mut states = Vec::with_capacity(config.logs);
     for (wal, dir) in wals {
         let state = Arc::new(LogState {
-            latency: Mutex::new(crate::bench::histogram()),
-            syncs: Mutex::new(crate::bench::histogram()),
+            latency: Mutex::new(crate::histogram()),
+            syncs: Mutex::new(crate::histogram()),
             outstanding: Mutex::new(0),
             changed: Condvar::new(),
             groups: AtomicU64::new(0),
@@ -355,7 +355,7 @@ pub fn run(config: &WalBenchConfig) -> Result<WalBenchReport> {
         return Err(error);
     }
 
-    let (mut latency, mut syncs) = (crate::bench::histogram(), crate::bench::histogram());
+    let (mut latency, mut syncs) = (crate::histogram(), crate::histogram());
     let (mut appends, mut failed, mut groups) = (0, 0, 0);
     for state in &states {
         for (into, from) in [(&mut latency, &state.latency), (&mut syncs, &state.syncs)] {
@@ -394,7 +394,7 @@ pub fn run(config: &WalBenchConfig) -> Result<WalBenchReport> {
 /// in nanoseconds since `epoch` (kept strictly increasing, as tokens should be distinct).
 fn submit(
     log: usize,
-    handle: &crate::storage::wal::WalHandle,
+    handle: &crest_storage::wal::WalHandle,
     state: &LogState,
     payload: &Bytes,
     config: &WalBenchConfig,
@@ -491,9 +491,8 @@ impl WalBenchReport {
                 0.0
             }
         ));
-        out.push_str(&crate::bench::percentile_header());
-        let mut row =
-            |name: &str, p: &Percentiles| out.push_str(&crate::bench::percentile_row(name, p));
+        out.push_str(&crate::percentile_header());
+        let mut row = |name: &str, p: &Percentiles| out.push_str(&crate::percentile_row(name, p));
         row("append latency (us)", &self.latency_us);
         if self.sync_us.count > 0 {
             row("fdatasync (us)", &self.sync_us);

@@ -1,14 +1,24 @@
 //! The `crest` command: run trees and nodes, make certificates, push and pop from a shell.
 
-mod cli;
+mod admin;
+mod bench;
+mod client;
+mod node;
+mod sim;
+mod wal;
 
-use cli::{admin::*, bench::*, client::*, node::*, sim::*, wal::*};
+use admin::*;
+use bench::*;
+use client::*;
+use node::*;
+use sim::*;
+use wal::*;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use crest::core::topology::Topology;
 use crest::core::wire::Role;
-use crest::node::{LocalTree, NodeTls, StartOptions, start_node};
+use crest::node::{LocalTree, NodeSockets, NodeTls, SocketBook, StartOptions, start_node};
 use crest::sdk::{
     Admin, ClientTls, Consumer, ConsumerConfig, Message, MessageId, PopOptions, Producer,
     ProducerConfig, Receipt, Settle,
@@ -166,6 +176,8 @@ fn init_tracing(default: &str) {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Read (and unset) the socket-activation variables while this is the only thread.
+    let listen_fds = listenfd::ListenFd::from_env();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -173,7 +185,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, listen_fds)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
@@ -182,7 +194,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<()> {
+async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
     match cli.command {
         Command::Local {
             topology,
@@ -201,7 +213,7 @@ async fn run(cli: Cli) -> Result<()> {
             recovery,
         } => {
             init_tracing("info");
-            launch(&topology, &node, data_dir, recovery.into()).await
+            launch(&topology, &node, data_dir, recovery.into(), listen_fds).await
         }
         Command::Certs { topology, out } => certs(&topology, out),
         Command::Push(args) => {
