@@ -4,7 +4,7 @@
 //! Implements [`Machine`]; see [`crate::machine`] for the polling order and time rules.
 //!
 //! # State (all soft)
-//! Per topic, a [`Window`] of what its children offered (each child within its credit) and an
+//! Per topic, a [`Window`](crate::window::Window) of what its children offered (each child within its credit) and an
 //! [`OfferSet`] over the same entries that keeps the parent holding the most urgent ones
 //! within the credit the parent granted. The frontier it reports upward is the lower of its own
 //! most urgent unoffered entry and its children's frontiers, so the root can tell whether its

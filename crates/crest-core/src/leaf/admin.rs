@@ -114,7 +114,7 @@ impl Leaf {
         let mut missing = Vec::new();
         let mut locations = Vec::new();
         for (&(dead_at, id), dead) in leaf_topic.dead.iter().take(limit) {
-            let body = self.bodies.get(&id);
+            let body = self.bodies.cached.get(&id);
             let body_bytes = match (body, dead.slot.logged()) {
                 (Some(body), _) => body.bytes(),
                 (None, Some(location)) => u64::from(location.len),

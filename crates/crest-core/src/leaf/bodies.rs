@@ -28,13 +28,13 @@ impl Leaf {
         }
         self.dirty.insert(topic.clone());
         self.live.remove(id.seq());
-        if let Some(ttl) = self.ttl.remove(&id) {
-            self.expiries.remove(&(ttl.expires_at, id));
+        if let Some(ttl) = self.ttl.by_id.remove(&id) {
+            self.ttl.by_expiry.remove(&(ttl.expires_at, id));
         }
-        if let Some(body) = self.bodies.remove(&id) {
-            self.body_bytes -= body.cached_bytes();
+        if let Some(body) = self.bodies.cached.remove(&id) {
+            self.bodies.bytes -= body.cached_bytes();
             if slot.logged().is_none() {
-                self.unlogged_bytes -= body.bytes();
+                self.bodies.unlogged_bytes -= body.bytes();
             }
         }
         if let Some(location) = slot.logged() {
@@ -44,15 +44,15 @@ impl Leaf {
 
     /// A body left `location` (its message is gone, or its body moved).
     pub(super) fn unplace_body(&mut self, location: &Location) {
-        let Some(segment) = self.segments.get_mut(&location.segment) else {
+        let Some(segment) = self.bodies.segments.get_mut(&location.segment) else {
             return;
         };
         segment.live -= 1;
         segment.live_bytes -= u64::from(location.len);
         if segment.live == 0 {
-            self.segments.remove(&location.segment);
-            self.compactable.remove(&location.segment);
-            self.compaction_stuck.remove(&location.segment);
+            self.bodies.segments.remove(&location.segment);
+            self.compactor.candidates.remove(&location.segment);
+            self.compactor.stuck.remove(&location.segment);
         } else {
             self.check_compactable(location.segment);
         }
@@ -61,16 +61,16 @@ impl Leaf {
     /// Marks a sealed segment for compaction once its live bodies are few enough.
     pub(super) fn check_compactable(&mut self, segment: u32) {
         let s = &self.config.settings;
-        let Some(used) = self.segments.get(&segment) else {
+        let Some(used) = self.bodies.segments.get(&segment) else {
             return;
         };
         let sparse = used.live_bytes * 100 < used.placed_bytes * u64::from(s.compaction_live_pct);
-        if segment < self.newest_segment
+        if segment < self.bodies.newest_segment
             && sparse
-            && !self.compaction_stuck.contains(&segment)
-            && self.compacting.is_none_or(|(at, _)| at != segment)
+            && !self.compactor.stuck.contains(&segment)
+            && self.compactor.current.is_none_or(|(at, _)| at != segment)
         {
-            self.compactable.insert(segment);
+            self.compactor.candidates.insert(segment);
         }
     }
 
@@ -81,12 +81,16 @@ impl Leaf {
 
     /// `count` bodies of `bytes` in all are durable in `segment`: counts them.
     pub(super) fn bodies_placed(&mut self, segment: u32, count: u64, bytes: u64) {
-        if segment > self.newest_segment {
-            let sealed = self.newest_segment;
-            self.newest_segment = segment;
+        if segment > self.bodies.newest_segment {
+            let sealed = self.bodies.newest_segment;
+            self.bodies.newest_segment = segment;
             self.check_compactable(sealed);
         }
-        self.segments.entry(segment).or_default().add(count, bytes);
+        self.bodies
+            .segments
+            .entry(segment)
+            .or_default()
+            .add(count, bytes);
     }
 
     /// Ends a run of durable messages of one topic accepted at one time, from id `first`
@@ -135,7 +139,7 @@ impl Leaf {
             };
             keep(&delayed.topic, key, &delayed.slot);
         }
-        for leased in self.leased.values() {
+        for leased in self.leases.by_id.values() {
             keep(&leased.topic, leased.key, &leased.slot);
         }
         items
@@ -144,29 +148,29 @@ impl Leaf {
     /// Starts a compaction step when none is under way and a segment qualifies: reads up to
     /// `compaction_batch_messages` of the bodies still live in it.
     pub(super) fn maybe_compact(&mut self, _now: Time) {
-        if self.compaction.is_some() || self.config.settings.compaction_live_pct == 0 {
+        if self.compactor.step.is_some() || self.config.settings.compaction_live_pct == 0 {
             return;
         }
         let batch = self.config.settings.compaction_batch_messages.max(1) as usize;
-        if self.compaction_queue.is_empty() {
-            if let Some((segment, stuck)) = self.compacting.take() {
+        if self.compactor.queue.is_empty() {
+            if let Some((segment, stuck)) = self.compactor.current.take() {
                 // A pass is over: a segment it could not empty is not tried again (until its
                 // bodies go); one whose bodies moved while queued qualifies again.
                 if stuck {
-                    self.compaction_stuck.insert(segment);
+                    self.compactor.stuck.insert(segment);
                 } else {
                     self.check_compactable(segment);
                 }
             }
-            while let Some(segment) = self.compactable.pop_first() {
-                if !self.segments.contains_key(&segment) {
+            while let Some(segment) = self.compactor.candidates.pop_first() {
+                if !self.bodies.segments.contains_key(&segment) {
                     continue;
                 }
                 let items = self.bodies_in(segment);
                 if items.is_empty() {
                     continue;
                 }
-                let used = &self.segments[&segment];
+                let used = &self.bodies.segments[&segment];
                 tracing::info!(
                     leaf = %self.config.name,
                     segment,
@@ -174,21 +178,21 @@ impl Leaf {
                     live_bytes = used.live_bytes,
                     "compacting a log segment"
                 );
-                self.compaction_queue = items;
-                self.compacting = Some((segment, false));
+                self.compactor.queue = items;
+                self.compactor.current = Some((segment, false));
                 break;
             }
-            if self.compaction_queue.is_empty() {
+            if self.compactor.queue.is_empty() {
                 return;
             }
         }
-        let take = batch.min(self.compaction_queue.len());
-        let items: Vec<CompactItem> = self.compaction_queue.drain(..take).collect();
-        let token = self.next_token;
-        self.next_token += 1;
+        let take = batch.min(self.compactor.queue.len());
+        let items: Vec<CompactItem> = self.compactor.queue.drain(..take).collect();
+        let token = self.writes.next_token;
+        self.writes.next_token += 1;
         let locations = items.iter().map(|item| item.location).collect();
         self.storage.push_back(StorageOp::Read { token, locations });
-        self.compaction = Some(Compaction {
+        self.compactor.step = Some(Compaction {
             token,
             writing: false,
             items,
@@ -198,7 +202,7 @@ impl Leaf {
     /// A compaction step's bodies are read: those still live where they were are appended
     /// again at the end of the log.
     pub(super) fn compaction_read(&mut self, now: Time, bodies: Vec<Result<MessageBody, String>>) {
-        let Some(mut step) = self.compaction.take() else {
+        let Some(mut step) = self.compactor.step.take() else {
             return;
         };
         let mut records = Vec::new();
@@ -216,7 +220,7 @@ impl Leaf {
                     // Left in place: its delivery will fail the same way and dead-letter it.
                     let id = item.key.id;
                     tracing::error!(%id, %error, "compaction cannot read a body; it stays");
-                    if let Some((_, stuck)) = &mut self.compacting {
+                    if let Some((_, stuck)) = &mut self.compactor.current {
                         *stuck = true;
                     }
                     continue;
@@ -241,18 +245,18 @@ impl Leaf {
         if records.is_empty() {
             return;
         }
-        let token = self.next_token;
-        self.next_token += 1;
+        let token = self.writes.next_token;
+        self.writes.next_token += 1;
         step.token = token;
         step.writing = true;
         step.items = moving;
-        self.compaction = Some(step);
+        self.compactor.step = Some(step);
         self.log(now, Some(token), SyncWait::Linger, records);
     }
 
     /// A compaction step's bodies are in their new places.
     pub(super) fn compaction_written(&mut self, now: Time, locations: Vec<Location>) {
-        let Some(step) = self.compaction.take() else {
+        let Some(step) = self.compactor.step.take() else {
             return;
         };
         if locations.len() == step.items.len() {

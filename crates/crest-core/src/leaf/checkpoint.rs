@@ -19,10 +19,10 @@ impl Leaf {
         if records.is_empty() && token.is_none() {
             return;
         }
-        self.logged_bytes += records.iter().map(record_bytes).sum::<u64>();
-        if self.checkpoint_due.is_none() {
+        self.checkpoints.logged_bytes += records.iter().map(record_bytes).sum::<u64>();
+        if self.checkpoints.due.is_none() {
             let interval = Duration::from_millis(self.config.settings.checkpoint_interval_ms);
-            self.checkpoint_due = Some(now + interval);
+            self.checkpoints.due = Some(now + interval);
         }
         self.storage.push_back(StorageOp::Append {
             token,
@@ -34,8 +34,8 @@ impl Leaf {
     /// Approximate bytes a checkpoint of the live state would take.
     pub(super) fn live_bytes(&self) -> u64 {
         // Pending batches count too: the log replays them after the snapshot.
-        (self.live.len() + self.pending_messages) * INDEX_RECORD_BYTES
-            + self.unlogged_bytes
+        (self.live.len() + self.writes.messages) * INDEX_RECORD_BYTES
+            + self.bodies.unlogged_bytes
             + self.dedup_len() as u64 * 64
     }
 
@@ -43,24 +43,25 @@ impl Leaf {
     /// be at most half its size, or when `checkpoint_interval_ms` passed since the first record
     /// logged after the last checkpoint.
     pub(super) fn maybe_checkpoint(&mut self, now: Time) {
-        let by_growth = self.logged_bytes >= self.config.settings.checkpoint_log_bytes
-            && self.live_bytes().saturating_mul(2) <= self.logged_bytes;
-        let by_time = self.checkpoint_due.is_some_and(|due| due <= now);
+        let by_growth = self.checkpoints.logged_bytes >= self.config.settings.checkpoint_log_bytes
+            && self.live_bytes().saturating_mul(2) <= self.checkpoints.logged_bytes;
+        let by_time = self.checkpoints.due.is_some_and(|due| due <= now);
         if !(by_growth || by_time) {
             return;
         }
         let records = self.snapshot();
-        let compaction = self.compaction.as_ref().filter(|c| c.writing);
+        let compaction = self.compactor.step.as_ref().filter(|c| c.writing);
         let includes = self
-            .pending
+            .writes
+            .batches
             .keys()
-            .chain(self.confirms.keys())
+            .chain(self.writes.settlements.keys())
             .copied()
             .chain(compaction.map(|c| c.token))
             .collect();
-        let segments = self.segments.keys().copied().collect();
-        self.logged_bytes = 0;
-        self.checkpoint_due = None;
+        let segments = self.bodies.segments.keys().copied().collect();
+        self.checkpoints.logged_bytes = 0;
+        self.checkpoints.due = None;
         self.storage.push_back(StorageOp::Checkpoint {
             records,
             includes,
@@ -108,7 +109,7 @@ impl Leaf {
             );
             self.message_records(&mut records, head, &delayed.slot, None);
         }
-        for (&id, leased) in &self.leased {
+        for (&id, leased) in &self.leases.by_id {
             let topic = &self.topics[&leased.topic];
             let head = self.head(
                 &leased.topic,
@@ -118,7 +119,7 @@ impl Leaf {
             );
             self.message_records(&mut records, head, &leased.slot, None);
         }
-        for ((until, id), (topic, key)) in &self.dedup_expiry {
+        for ((until, id), (topic, key)) in &self.dedup.by_expiry {
             records.push(LogRecord::Dedup {
                 topic: topic.to_string(),
                 key: key.to_string(),

@@ -40,7 +40,7 @@ impl Leaf {
                         Ok(self.lease(now, topic, item.key, reserve.lease_ms, reserve.offer_seq))
                     }
                 }
-                _ if self.leased.contains_key(&id) => Err(ReserveDenied::Leased),
+                _ if self.leases.by_id.contains_key(&id) => Err(ReserveDenied::Leased),
                 _ => Err(ReserveDenied::Gone),
             };
             if let Ok((delivery, cached)) = &result {
@@ -68,7 +68,7 @@ impl Leaf {
             .iter()
             .map(|&index| {
                 let id = outcomes[index].key.id;
-                self.leased[&id].slot.location
+                self.leases.by_id[&id].slot.location
             })
             .collect();
         self.answer(conn, Waiting::Reserved(outcomes), missing, locations);
@@ -96,8 +96,8 @@ impl Leaf {
         let enqueued_at = leaf_topic.enqueued_at(key.id);
         slot.attempt += 1;
         self.dirty.insert(topic.clone());
-        self.leases.insert((deadline, key.id));
-        let body = self.bodies.get(&key.id).cloned();
+        self.leases.by_deadline.insert((deadline, key.id));
+        let body = self.bodies.cached.get(&key.id).cloned();
         let cached = body.is_some();
         let body = body.unwrap_or_default();
         let delivery = Delivery {
@@ -118,7 +118,7 @@ impl Leaf {
             token,
             deadline,
         };
-        self.leased.insert(key.id, leased);
+        self.leases.by_id.insert(key.id, leased);
         (delivery, cached)
     }
 
@@ -134,8 +134,8 @@ impl Leaf {
         let read = if locations.is_empty() {
             None
         } else {
-            let token = self.next_token;
-            self.next_token += 1;
+            let token = self.writes.next_token;
+            self.writes.next_token += 1;
             self.counters.body_reads += locations.len() as u64;
             self.storage.push_back(StorageOp::Read { token, locations });
             Some(token)
@@ -199,7 +199,7 @@ impl Leaf {
                     items[item].result = Err(ReserveDenied::Gone);
                     // Only while the lease granted for this answer is still live: it may have
                     // ended (and the message moved on) while the read was under way.
-                    if self.leased.get(&id).is_some_and(|l| l.token == token) {
+                    if self.leases.by_id.get(&id).is_some_and(|l| l.token == token) {
                         let Leased {
                             topic, key, slot, ..
                         } = self.end_lease(id);
@@ -245,7 +245,7 @@ impl Leaf {
         now: Time,
         receipt: &Receipt,
     ) -> Result<MessageId, ReceiptError> {
-        match self.leased.get(&receipt.id) {
+        match self.leases.by_id.get(&receipt.id) {
             Some(lease) if lease.token == receipt.token && lease.deadline > now => Ok(receipt.id),
             Some(_) => Err(ReceiptError::Stale),
             None if receipt.id.leaf() == self.config.id && self.live.contains(receipt.id.seq()) => {
@@ -257,8 +257,8 @@ impl Leaf {
 
     /// Ends the live lease of a message: it is in no index until the caller places it.
     pub(super) fn end_lease(&mut self, id: MessageId) -> Leased {
-        let leased = self.leased.remove(&id).expect("leased");
-        self.leases.remove(&(leased.deadline, id));
+        let leased = self.leases.by_id.remove(&id).expect("leased");
+        self.leases.by_deadline.remove(&(leased.deadline, id));
         let topic = self.topics.get_mut(&leased.topic).expect("topic exists");
         topic.leased -= 1;
         leased
@@ -293,7 +293,7 @@ impl Leaf {
         if delay_ms > 0 {
             let later = now + Duration::from_millis(delay_ms);
             key.ready_at = key.ready_at.max(later);
-            if let Some(ttl) = self.ttl.get_mut(&id) {
+            if let Some(ttl) = self.ttl.by_id.get_mut(&id) {
                 ttl.key = key;
             }
         }
@@ -316,9 +316,9 @@ impl Leaf {
         records: &mut Vec<LogRecord>,
     ) {
         let id = key.id;
-        let expires_at = match self.ttl.remove(&id) {
+        let expires_at = match self.ttl.by_id.remove(&id) {
             Some(ttl) => {
-                self.expiries.remove(&(ttl.expires_at, id));
+                self.ttl.by_expiry.remove(&(ttl.expires_at, id));
                 ttl.expires_at
             }
             None => Time::MAX,
@@ -371,10 +371,10 @@ impl Leaf {
                         self.counters.extended += 1;
                         let max = self.config.settings.lease_timeout_max_ms;
                         let deadline = now + Duration::from_millis((*lease_ms).clamp(1, max));
-                        let leased = self.leased.get_mut(&id).expect("checked");
-                        self.leases.remove(&(leased.deadline, id));
+                        let leased = self.leases.by_id.get_mut(&id).expect("checked");
+                        self.leases.by_deadline.remove(&(leased.deadline, id));
                         leased.deadline = deadline;
-                        self.leases.insert((deadline, id));
+                        self.leases.by_deadline.insert((deadline, id));
                     }
                 });
             results.push(result);
@@ -387,9 +387,9 @@ impl Leaf {
             self.send(conn, Wire::Confirmed(confirmed));
             return;
         }
-        let token = self.next_token;
-        self.next_token += 1;
-        self.confirms.insert(token, (conn, confirmed));
+        let token = self.writes.next_token;
+        self.writes.next_token += 1;
+        self.writes.settlements.insert(token, (conn, confirmed));
         self.log(now, Some(token), SyncWait::Linger, records);
     }
 
@@ -423,8 +423,8 @@ impl Leaf {
     /// The slot of message `key` of `topic`, in whatever state it is (`None`: gone, or its key
     /// changed).
     pub(super) fn slot_mut(&mut self, topic: &Topic, key: &Key) -> Option<&mut Slot> {
-        if self.leased.contains_key(&key.id) {
-            let leased = self.leased.get_mut(&key.id).expect("checked");
+        if self.leases.by_id.contains_key(&key.id) {
+            let leased = self.leases.by_id.get_mut(&key.id).expect("checked");
             return (leased.key == *key).then_some(&mut leased.slot);
         }
         let leaf_topic = self.topics.get_mut(topic)?;

@@ -19,7 +19,7 @@ impl Leaf {
     /// Everything time moves: lease deadlines, delays, time to live, dedup windows.
     pub(super) fn tick(&mut self, now: Time) {
         let mut records = Vec::new();
-        while let Some(&(deadline, id)) = self.leases.first() {
+        while let Some(&(deadline, id)) = self.leases.by_deadline.first() {
             if deadline > now {
                 break;
             }
@@ -44,16 +44,16 @@ impl Leaf {
             topic.delayed -= 1;
             self.place(now, delayed.topic, key, delayed.slot);
         }
-        while let Some(&(expires_at, id)) = self.expiries.first() {
+        while let Some(&(expires_at, id)) = self.ttl.by_expiry.first() {
             if expires_at > now {
                 break;
             }
-            self.expiries.pop_first();
+            self.ttl.by_expiry.pop_first();
             // A leased message expires when its lease ends without an ack.
-            if self.leased.contains_key(&id) {
+            if self.leases.by_id.contains_key(&id) {
                 continue;
             }
-            let Some(ttl) = self.ttl.get(&id) else {
+            let Some(ttl) = self.ttl.by_id.get(&id) else {
                 continue;
             };
             let (topic, key) = (ttl.topic.clone(), ttl.key);
@@ -68,7 +68,7 @@ impl Leaf {
             match slot {
                 Some(slot) => self.expire(&topic, id, &slot, &mut records),
                 None => {
-                    self.ttl.remove(&id);
+                    self.ttl.by_id.remove(&id);
                 }
             }
         }
@@ -106,7 +106,7 @@ impl Leaf {
             }
             if topic.messages == 0
                 && topic.offers.is_idle()
-                && !self.dedup.contains_key(&topic_name)
+                && !self.dedup.keys.contains_key(&topic_name)
                 && !self.has_pending_for(&topic_name)
             {
                 self.topics.remove(&topic_name);
@@ -121,7 +121,8 @@ impl Leaf {
     }
 
     pub(super) fn has_pending_for(&self, topic: &Topic) -> bool {
-        self.pending
+        self.writes
+            .batches
             .values()
             .any(|batch| batch.messages.iter().any(|m| Arc::ptr_eq(&m.topic, topic)))
     }
@@ -196,27 +197,32 @@ impl Machine for Leaf {
         );
         assert_eq!(
             leased,
-            self.leased.len() as u64,
+            self.leases.by_id.len() as u64,
             "leased counts match the lease table"
         );
         assert_eq!(
-            self.leases.len(),
-            self.leased.len(),
+            self.leases.by_deadline.len(),
+            self.leases.by_id.len(),
             "one deadline per lease"
         );
         assert_eq!(
-            self.ttl.len(),
-            self.expiries.len(),
+            self.ttl.by_id.len(),
+            self.ttl.by_expiry.len(),
             "one expiry per time to live"
         );
         // The body cache's byte count, summed in full while the cache is small enough for that
         // to stay cheap.
-        if self.bodies.len() <= INVARIANT_DEEP_ITEMS_MAX {
-            let cached: u64 = self.bodies.values().map(MessageBody::cached_bytes).sum();
-            assert_eq!(cached, self.body_bytes, "cached body bytes add up");
+        if self.bodies.cached.len() <= INVARIANT_DEEP_ITEMS_MAX {
+            let cached: u64 = self
+                .bodies
+                .cached
+                .values()
+                .map(MessageBody::cached_bytes)
+                .sum();
+            assert_eq!(cached, self.bodies.bytes, "cached body bytes add up");
         }
         assert!(
-            self.bodies.len() == 0 || self.body_bytes > 0,
+            self.bodies.cached.len() == 0 || self.bodies.bytes > 0,
             "cached bodies take bytes"
         );
     }
@@ -330,7 +336,7 @@ impl Machine for Leaf {
             ("protocol_violations", self.violations),
         ];
         let messages = self.live.len();
-        let leased = self.leased.len() as u64;
+        let leased = self.leases.by_id.len() as u64;
         let delayed = self.delayed.len() as u64;
         let gauges = [
             ("messages", messages),
@@ -338,10 +344,10 @@ impl Machine for Leaf {
             ("leased", leased),
             ("delayed", delayed),
             ("dead", dead),
-            ("pending_messages", self.pending_messages),
+            ("pending_messages", self.writes.messages),
             ("topics", self.topics.len() as u64),
-            ("body_cache_bytes", self.body_bytes),
-            ("log_segments_live", self.segments.len() as u64),
+            ("body_cache_bytes", self.bodies.bytes),
+            ("log_segments_live", self.bodies.segments.len() as u64),
         ];
         let own = OwnReport {
             name: self.config.name.clone(),
@@ -363,19 +369,20 @@ impl Machine for Leaf {
     }
 
     fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
-        if let Some((conn, confirmed)) = self.confirms.remove(&done.token) {
+        if let Some((conn, confirmed)) = self.writes.settlements.remove(&done.token) {
             self.send(conn, Wire::Confirmed(confirmed));
             return;
         }
         if self
-            .compaction
+            .compactor
+            .step
             .as_ref()
             .is_some_and(|c| c.writing && c.token == done.token)
         {
             self.compaction_written(now, done.locations);
             return;
         }
-        let Some(batch) = self.pending.remove(&done.token) else {
+        let Some(batch) = self.writes.batches.remove(&done.token) else {
             return;
         };
         // One location per message the batch enqueues, or none from a store that keeps no
@@ -391,7 +398,7 @@ impl Machine for Leaf {
             }
             locations = Vec::new().into_iter();
         }
-        self.pending_messages -= batch.messages.len() as u64;
+        self.writes.messages -= batch.messages.len() as u64;
         if batch.failed.is_none() {
             self.counters.pushed += batch.messages.len() as u64;
             self.reporter
@@ -448,15 +455,15 @@ impl Machine for Leaf {
                         }
                         _ => placed.push((location.segment, 1, len)),
                     }
-                    if self.body_bytes + cached <= cache {
-                        self.body_bytes += cached;
-                        self.bodies.insert(id, body);
+                    if self.bodies.bytes + cached <= cache {
+                        self.bodies.bytes += cached;
+                        self.bodies.cached.insert(id, body);
                     }
                 }
                 None => {
-                    self.body_bytes += cached;
-                    self.unlogged_bytes += bytes;
-                    self.bodies.insert(id, body);
+                    self.bodies.bytes += cached;
+                    self.bodies.unlogged_bytes += bytes;
+                    self.bodies.cached.insert(id, body);
                 }
             }
             let slot = Slot {
@@ -490,7 +497,8 @@ impl Machine for Leaf {
         bodies: Vec<Result<MessageBody, String>>,
     ) {
         if self
-            .compaction
+            .compactor
+            .step
             .as_ref()
             .is_some_and(|c| !c.writing && c.token == token)
         {
@@ -503,16 +511,17 @@ impl Machine for Leaf {
 
     fn handle_storage_failed(&mut self, now: Time, token: u64, reason: &str) {
         if self
-            .compaction
+            .compactor
+            .step
             .as_ref()
             .is_some_and(|c| c.writing && c.token == token)
         {
             // The bodies stay where they are; the segment is tried again later.
             tracing::warn!(reason, "compaction step not written");
-            self.compaction = None;
+            self.compactor.step = None;
             return;
         }
-        if let Some((conn, mut confirmed)) = self.confirms.remove(&token) {
+        if let Some((conn, mut confirmed)) = self.writes.settlements.remove(&token) {
             // Applied in memory but not logged: after a restart the messages may come back
             // (at-least-once). The consumer is told to retry.
             for result in &mut confirmed.results {
@@ -523,15 +532,16 @@ impl Machine for Leaf {
             self.send(conn, Wire::Confirmed(confirmed));
             return;
         }
-        let Some(batch) = self.pending.remove(&token) else {
+        let Some(batch) = self.writes.batches.remove(&token) else {
             return;
         };
-        self.pending_messages -= batch.messages.len() as u64;
+        self.writes.messages -= batch.messages.len() as u64;
         // Dedup keys of the lost messages are forgotten; batches that were answered with their
         // ids fail too.
         let lost: HashSet<MessageId> = batch.messages.iter().map(|m| m.id).collect();
         let forgotten: Vec<(Topic, Box<str>)> = self
-            .dedup_expiry
+            .dedup
+            .by_expiry
             .iter()
             .filter(|((_, id), _)| lost.contains(id))
             .map(|(_, (topic, key))| (topic.clone(), key.clone()))
@@ -539,7 +549,7 @@ impl Machine for Leaf {
         for (topic, key) in forgotten {
             self.forget_dedup(&topic, &key);
         }
-        for other in self.pending.values_mut() {
+        for other in self.writes.batches.values_mut() {
             if other.failed.is_none() && other.ids.iter().any(|id| lost.contains(id)) {
                 other.failed = Some(format!(
                     "a message this batch duplicates could not be stored ({reason}); retry"
@@ -547,7 +557,7 @@ impl Machine for Leaf {
             }
         }
         let mut topics: HashSet<Topic> = batch.messages.iter().map(|m| m.topic.clone()).collect();
-        topics.extend(self.dedup.keys().cloned());
+        topics.extend(self.dedup.keys.keys().cloned());
         let text =
             format!("the leaf could not store the batch ({reason}); nothing of it was accepted");
         self.send(
@@ -572,11 +582,14 @@ impl Machine for Leaf {
 
     fn poll_timeout(&self) -> Option<Time> {
         [
-            self.leases.first().map(|(at, _)| *at),
+            self.leases.by_deadline.first().map(|(at, _)| *at),
             self.delayed.first_key_value().map(|((at, _), _)| *at),
-            self.expiries.first().map(|(at, _)| *at),
-            self.dedup_expiry.first_key_value().map(|((at, _), _)| *at),
-            self.checkpoint_due,
+            self.ttl.by_expiry.first().map(|(at, _)| *at),
+            self.dedup
+                .by_expiry
+                .first_key_value()
+                .map(|((at, _), _)| *at),
+            self.checkpoints.due,
             self.offer_due,
         ]
         .into_iter()
@@ -587,7 +600,7 @@ impl Machine for Leaf {
     fn stats(&self) -> NodeStats {
         NodeStats {
             messages: self.live.len(),
-            leased: self.leased.len() as u64,
+            leased: self.leases.by_id.len() as u64,
             offered: self
                 .topics
                 .values()

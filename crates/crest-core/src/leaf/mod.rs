@@ -95,7 +95,7 @@ const NO_LOCATION: Location = Location {
 /// state: 24 bytes. Where the message is kept says its state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Slot {
-    /// Where its body is in the log (`NO_LOCATION`: in `Leaf::bodies` only).
+    /// Where its body is in the log (`NO_LOCATION`: in `Bodies::cached` only).
     location: Location,
     /// Payload bytes.
     size: u32,
@@ -233,7 +233,7 @@ struct LeafTopic {
     ready: BTreeMap<u32, u64>,
     /// Delayed messages (in `Leaf::delayed`).
     delayed: u64,
-    /// Leased messages (in `Leaf::leased`).
+    /// Leased messages (in `Leases::by_id`).
     leased: u64,
     /// Dead letters by `(dead_at, id)`.
     dead: BTreeMap<(Time, MessageId), Dead>,
@@ -389,64 +389,108 @@ pub struct Leaf {
     /// Sequence numbers of the durable messages.
     live: LiveIds,
     topics: TopicMap<LeafTopic>,
-    /// Leased messages by id.
-    leased: IdMap<Leased>,
-    /// Live leases by `(deadline, id)`.
-    leases: BTreeSet<(Time, MessageId)>,
+    leases: Leases,
     /// Delayed messages by `(ready_at, id)`.
     delayed: SortedMap<(Time, MessageId), Delayed>,
-    /// Messages with a time to live (not dead), by id.
-    ttl: IdMap<Ttl>,
-    /// The same by `(expires_at, id)`.
-    expiries: BTreeSet<(Time, MessageId)>,
-    dedup: HashMap<Topic, HashMap<Box<str>, DedupEntry>>,
-    dedup_expiry: BTreeMap<(Time, MessageId), (Topic, Box<str>)>,
-    pending: HashMap<u64, PendingBatch>,
-    /// Settlements (acks, nacks; extends only beside them) waiting for their records to be durable before
-    /// they are answered: a confirmed ack is never undone by a crash.
-    confirms: HashMap<u64, (ConnId, Confirmed)>,
-    pending_messages: u64,
-    next_token: u64,
+    ttl: Ttls,
+    dedup: DedupKeys,
+    writes: Writes,
     dirty: TopicSet,
     outbox: Outbox,
     storage: VecDeque<StorageOp>,
     violations: u64,
     counters: Counters,
     reporter: Reporter,
-    /// Approximate bytes appended to the log since the last checkpoint.
-    logged_bytes: u64,
-    /// Bytes of bodies held in memory only (no location): a checkpoint copies them.
-    unlogged_bytes: u64,
-    /// When the time trigger takes a checkpoint (set once something is logged after one).
-    checkpoint_due: Option<Time>,
+    checkpoints: CheckpointTrigger,
     /// When offer changes that were held back must go (`None`: none are waiting).
     offer_due: Option<Time>,
     flush_policy: FlushPolicy,
-    /// Bodies held in memory: all without a location, those with one within
-    /// `leaf_body_cache_bytes`.
-    bodies: AscendingIdMap<MessageBody>,
-    /// Their bytes.
-    body_bytes: u64,
+    bodies: Bodies,
     /// The latest acceptance time given: acceptance times never go back as ids grow (see
     /// [`Age`]), whatever the clock does.
     last_enqueued_at: Time,
-    /// Log segments holding live bodies.
-    segments: BTreeMap<u32, SegmentUse>,
-    /// The newest segment a body was placed in (the one being written).
-    newest_segment: u32,
-    /// Sealed segments whose live bodies fell below `compaction_live_pct`.
-    compactable: BTreeSet<u32>,
-    /// Segments a compaction pass could not empty (an unreadable body): not tried again.
-    compaction_stuck: BTreeSet<u32>,
-    /// Bodies of the segment being compacted not yet in a step.
-    compaction_queue: Vec<CompactItem>,
-    /// The segment being compacted, and whether one of its bodies could not be moved.
-    compacting: Option<(u32, bool)>,
-    compaction: Option<Compaction>,
+    compactor: Compactor,
     /// Answers in the order they must go, some waiting for reads.
     answers: VecDeque<Answer>,
     /// A recovery under way.
     recovery: Option<Box<Recovery>>,
+}
+
+/// Live leases (`leaf/leases.rs`).
+#[derive(Default)]
+struct Leases {
+    /// Leased messages by id.
+    by_id: IdMap<Leased>,
+    /// The same by `(deadline, id)`.
+    by_deadline: BTreeSet<(Time, MessageId)>,
+}
+
+/// Messages with a time to live that are not dead.
+#[derive(Default)]
+struct Ttls {
+    by_id: IdMap<Ttl>,
+    /// The same by `(expires_at, id)`.
+    by_expiry: BTreeSet<(Time, MessageId)>,
+}
+
+/// Deduplication keys per topic, each kept for `dedup_window_ms`.
+#[derive(Default)]
+struct DedupKeys {
+    keys: HashMap<Topic, HashMap<Box<str>, DedupEntry>>,
+    by_expiry: BTreeMap<(Time, MessageId), (Topic, Box<str>)>,
+}
+
+/// What waits for the log to be durable.
+struct Writes {
+    /// Push batches, by storage token.
+    batches: HashMap<u64, PendingBatch>,
+    /// Settlements (acks, nacks; extends only beside them) waiting for their records to be
+    /// durable before they are answered: a confirmed ack is never undone by a crash.
+    settlements: HashMap<u64, (ConnId, Confirmed)>,
+    /// Messages in `batches`.
+    messages: u64,
+    /// The token of the next storage operation.
+    next_token: u64,
+}
+
+/// When the next checkpoint is due (`leaf/checkpoint.rs`).
+#[derive(Default)]
+struct CheckpointTrigger {
+    /// Approximate bytes appended to the log since the last checkpoint.
+    logged_bytes: u64,
+    /// When the time trigger takes a checkpoint (set once something is logged after one).
+    due: Option<Time>,
+}
+
+/// Message bodies in memory and where the others are on disk (`leaf/bodies.rs`).
+#[derive(Default)]
+struct Bodies {
+    /// Bodies held in memory: all without a location, those with one within
+    /// `leaf_body_cache_bytes`.
+    cached: AscendingIdMap<MessageBody>,
+    /// Their bytes.
+    bytes: u64,
+    /// Bytes of bodies held in memory only (no location): a checkpoint copies them.
+    unlogged_bytes: u64,
+    /// Log segments holding live bodies.
+    segments: BTreeMap<u32, SegmentUse>,
+    /// The newest segment a body was placed in (the one being written).
+    newest_segment: u32,
+}
+
+/// Compaction of sealed segments whose live bodies became few (`leaf/bodies.rs`).
+#[derive(Default)]
+struct Compactor {
+    /// Sealed segments whose live bodies fell below `compaction_live_pct`.
+    candidates: BTreeSet<u32>,
+    /// Segments a compaction pass could not empty (an unreadable body): not tried again.
+    stuck: BTreeSet<u32>,
+    /// Bodies of the segment being compacted not yet in a step.
+    queue: Vec<CompactItem>,
+    /// The segment being compacted, and whether one of its bodies could not be moved.
+    current: Option<(u32, bool)>,
+    /// The step under way.
+    step: Option<Compaction>,
 }
 
 impl Leaf {
@@ -467,38 +511,28 @@ impl Leaf {
             clients,
             live: LiveIds::default(),
             topics: Default::default(),
-            leased: IdMap::default(),
-            leases: BTreeSet::new(),
+            leases: Leases::default(),
             delayed: SortedMap::default(),
-            ttl: IdMap::default(),
-            expiries: BTreeSet::new(),
-            dedup: HashMap::new(),
-            dedup_expiry: BTreeMap::new(),
-            pending: HashMap::new(),
-            confirms: HashMap::new(),
-            pending_messages: 0,
-            next_token: 1,
+            ttl: Ttls::default(),
+            dedup: DedupKeys::default(),
+            writes: Writes {
+                batches: HashMap::new(),
+                settlements: HashMap::new(),
+                messages: 0,
+                next_token: 1,
+            },
             dirty: Default::default(),
             outbox: Outbox::default(),
             storage: VecDeque::new(),
             violations: 0,
             counters: Counters::default(),
             reporter: Reporter::new(&config.settings),
-            logged_bytes: 0,
-            unlogged_bytes: 0,
-            checkpoint_due: None,
+            checkpoints: CheckpointTrigger::default(),
             offer_due: None,
             flush_policy: FlushPolicy::new(&config.settings),
-            bodies: AscendingIdMap::default(),
-            body_bytes: 0,
+            bodies: Bodies::default(),
             last_enqueued_at: Time::ZERO,
-            segments: BTreeMap::new(),
-            newest_segment: 0,
-            compactable: BTreeSet::new(),
-            compaction_stuck: BTreeSet::new(),
-            compaction_queue: Vec::new(),
-            compacting: None,
-            compaction: None,
+            compactor: Compactor::default(),
             answers: VecDeque::new(),
             recovery: None,
             config,
@@ -597,7 +631,7 @@ fn place_body(segments: &mut BTreeMap<u32, SegmentUse>, location: &Location) {
     used.add(1, u64::from(location.len));
 }
 
-/// Up to how many items a table is summed in full by [`Machine::check_invariants`].
+/// Up to how many items a table is summed in full by [`crate::machine::Machine::check_invariants`].
 const INVARIANT_DEEP_ITEMS_MAX: usize = 10_000;
 
 #[cfg(test)]
@@ -624,7 +658,9 @@ mod invariant_tests {
     #[should_panic(expected = "one deadline per lease")]
     fn a_deadline_without_its_lease_is_caught() {
         let mut leaf = leaf();
-        leaf.leases.insert((Time(5), MessageId::new(LeafId(1), 1)));
+        leaf.leases
+            .by_deadline
+            .insert((Time(5), MessageId::new(LeafId(1), 1)));
         leaf.check_invariants();
     }
 
@@ -632,7 +668,7 @@ mod invariant_tests {
     #[should_panic(expected = "cached body bytes add up")]
     fn miscounted_body_bytes_are_caught() {
         let mut leaf = leaf();
-        leaf.body_bytes = 7;
+        leaf.bodies.bytes = 7;
         leaf.check_invariants();
     }
 }

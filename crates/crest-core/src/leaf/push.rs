@@ -17,6 +17,7 @@ impl Leaf {
     /// The live dedup entry of `key` in `topic`, if its window is open at `now`.
     pub(super) fn find_dedup(&self, topic: &str, key: &str, now: Time) -> Option<DedupEntry> {
         self.dedup
+            .keys
             .get(topic)
             .and_then(|keys| keys.get(key))
             .filter(|entry| entry.until > now)
@@ -24,35 +25,36 @@ impl Leaf {
     }
 
     pub(super) fn remember_dedup(&mut self, topic: &Topic, key: Box<str>, entry: DedupEntry) {
-        let keys = self.dedup.entry(topic.clone()).or_default();
+        let keys = self.dedup.keys.entry(topic.clone()).or_default();
         if let Some(old) = keys.insert(key.clone(), entry) {
-            self.dedup_expiry.remove(&(old.until, old.id));
+            self.dedup.by_expiry.remove(&(old.until, old.id));
         }
-        self.dedup_expiry
+        self.dedup
+            .by_expiry
             .insert((entry.until, entry.id), (topic.clone(), key));
     }
 
     pub(super) fn forget_dedup(&mut self, topic: &Topic, key: &str) {
-        if let Some(keys) = self.dedup.get_mut(topic) {
+        if let Some(keys) = self.dedup.keys.get_mut(topic) {
             if let Some(old) = keys.remove(key) {
-                self.dedup_expiry.remove(&(old.until, old.id));
+                self.dedup.by_expiry.remove(&(old.until, old.id));
             }
             if keys.is_empty() {
-                self.dedup.remove(topic);
+                self.dedup.keys.remove(topic);
             }
         }
     }
 
     pub(super) fn expire_dedup(&mut self, now: Time) {
-        while let Some((&(until, _), _)) = self.dedup_expiry.first_key_value() {
+        while let Some((&(until, _), _)) = self.dedup.by_expiry.first_key_value() {
             if until > now {
                 break;
             }
-            let (_, (topic, key)) = self.dedup_expiry.pop_first().expect("present");
-            if let Some(keys) = self.dedup.get_mut(&topic) {
+            let (_, (topic, key)) = self.dedup.by_expiry.pop_first().expect("present");
+            if let Some(keys) = self.dedup.keys.get_mut(&topic) {
                 keys.remove(&key);
                 if keys.is_empty() {
-                    self.dedup.remove(&topic);
+                    self.dedup.keys.remove(&topic);
                     self.dirty.insert(topic);
                 }
             }
@@ -60,7 +62,7 @@ impl Leaf {
     }
 
     pub(super) fn dedup_len(&self) -> usize {
-        self.dedup_expiry.len()
+        self.dedup.by_expiry.len()
     }
 
     /// Checks a push batch; the error names the first problem found.
@@ -109,7 +111,7 @@ impl Leaf {
                 ),
             ));
         }
-        let held = self.live.len() + self.pending_messages;
+        let held = self.live.len() + self.writes.messages;
         if held + count as u64 > s.leaf_messages_max {
             return Err((
                 ErrorCode::QueueFull,
@@ -129,7 +131,7 @@ impl Leaf {
                 ),
             ));
         }
-        if self.pending.len() >= s.leaf_pending_batches_max as usize {
+        if self.writes.batches.len() >= s.leaf_pending_batches_max as usize {
             return Err((
                 ErrorCode::Overloaded,
                 "too many push batches waiting for storage; retry".into(),
@@ -154,8 +156,8 @@ impl Leaf {
         self.reporter
             .recorder
             .record(now, Metric::PushBatch, push.messages.len() as u64);
-        let token = self.next_token;
-        self.next_token += 1;
+        let token = self.writes.next_token;
+        self.writes.next_token += 1;
         // Acceptance times never go back as ids grow, whatever the clock does (see `Age`).
         let enqueued_at = now.max(self.last_enqueued_at);
         self.last_enqueued_at = enqueued_at;
@@ -222,8 +224,8 @@ impl Leaf {
                 },
             });
         }
-        self.pending_messages += messages.len() as u64;
-        self.pending.insert(
+        self.writes.messages += messages.len() as u64;
+        self.writes.batches.insert(
             token,
             PendingBatch {
                 conn,
@@ -265,21 +267,24 @@ impl Leaf {
         if expires_at == Time::MAX {
             return;
         }
-        self.expiries.insert((expires_at, key.id));
+        self.ttl.by_expiry.insert((expires_at, key.id));
         let ttl = Ttl {
             expires_at,
             topic: topic.clone(),
             key,
         };
-        self.ttl.insert(key.id, ttl);
+        self.ttl.by_id.insert(key.id, ttl);
     }
 
     /// When message `id` (not dead) expires (`Time::MAX`: never).
     pub(super) fn expires_at(&self, id: MessageId) -> Time {
-        if self.ttl.is_empty() {
+        if self.ttl.by_id.is_empty() {
             return Time::MAX;
         }
-        self.ttl.get(&id).map_or(Time::MAX, |ttl| ttl.expires_at)
+        self.ttl
+            .by_id
+            .get(&id)
+            .map_or(Time::MAX, |ttl| ttl.expires_at)
     }
 
     /// The records that rebuild one message: its body (referred to when in the log), its
@@ -299,7 +304,7 @@ impl Leaf {
                 location,
             },
             None => {
-                let body = self.bodies.get(&id).cloned().unwrap_or_default();
+                let body = self.bodies.cached.get(&id).cloned().unwrap_or_default();
                 LogRecord::Enqueue {
                     head,
                     metadata: body.metadata,

@@ -102,8 +102,8 @@ impl Leaf {
                 false => dead.remove(&id),
             };
             if expires_at <= now && death.is_none() {
-                if let Some(body) = leaf.bodies.remove(&id) {
-                    leaf.body_bytes -= body.cached_bytes();
+                if let Some(body) = leaf.bodies.cached.remove(&id) {
+                    leaf.bodies.bytes -= body.cached_bytes();
                 }
                 leaf.counters.expired += 1;
                 continue;
@@ -111,10 +111,10 @@ impl Leaf {
             leaf.live.insert(id.seq());
             leaf.last_enqueued_at = leaf.last_enqueued_at.max(enqueued_at);
             match slot.logged() {
-                Some(location) => place_body(&mut leaf.segments, &location),
+                Some(location) => place_body(&mut leaf.bodies.segments, &location),
                 None => {
-                    let bytes = leaf.bodies.get(&id).map_or(0, MessageBody::bytes);
-                    leaf.unlogged_bytes += bytes;
+                    let bytes = leaf.bodies.cached.get(&id).map_or(0, MessageBody::bytes);
+                    leaf.bodies.unlogged_bytes += bytes;
                 }
             }
             let gather = &mut gathered[index as usize];
@@ -174,14 +174,14 @@ impl Leaf {
         }
         delayed.sort_unstable_by_key(|(at, _)| *at);
         leaf.delayed = SortedMap::from_sorted(delayed);
-        leaf.newest_segment = leaf.segments.keys().last().copied().unwrap_or(0);
-        let segments: Vec<u32> = leaf.segments.keys().copied().collect();
+        leaf.bodies.newest_segment = leaf.bodies.segments.keys().last().copied().unwrap_or(0);
+        let segments: Vec<u32> = leaf.bodies.segments.keys().copied().collect();
         for segment in segments {
             leaf.check_compactable(segment);
         }
         leaf.expire_dedup(now);
         leaf.topics
-            .retain(|name, topic| topic.messages > 0 || leaf.dedup.contains_key(name));
+            .retain(|name, topic| topic.messages > 0 || leaf.dedup.keys.contains_key(name));
         leaf.dirty.clear();
         leaf.dirty.extend(leaf.topics.keys().cloned());
         leaf
@@ -199,15 +199,15 @@ impl Leaf {
         let id = head.id;
         let location = match place {
             Ok(location) => {
-                if let Some(body) = self.bodies.remove(&id) {
-                    self.body_bytes -= body.cached_bytes();
+                if let Some(body) = self.bodies.cached.remove(&id) {
+                    self.bodies.bytes -= body.cached_bytes();
                 }
                 location
             }
             Err(body) => {
-                self.body_bytes += body.cached_bytes();
-                if let Some(old) = self.bodies.insert(id, body) {
-                    self.body_bytes -= old.cached_bytes();
+                self.bodies.bytes += body.cached_bytes();
+                if let Some(old) = self.bodies.cached.insert(id, body) {
+                    self.bodies.bytes -= old.cached_bytes();
                 }
                 NO_LOCATION
             }
@@ -312,8 +312,8 @@ impl Leaf {
                 if !recovery.dead.is_empty() {
                     recovery.dead.remove(&id);
                 }
-                if let Some(body) = self.bodies.remove(&id) {
-                    self.body_bytes -= body.cached_bytes();
+                if let Some(body) = self.bodies.cached.remove(&id) {
+                    self.bodies.bytes -= body.cached_bytes();
                 }
             }
             LogRecord::Dedup {

@@ -42,7 +42,7 @@ impl Root {
             );
             return;
         }
-        if self.admins.len() >= self.settings.root_pending_requests_max as usize {
+        if self.requests.admins.len() >= self.settings.root_pending_requests_max as usize {
             let text = "too many admin requests waiting at the root; retry";
             self.send(
                 conn,
@@ -62,8 +62,8 @@ impl Root {
             }
             by_leaf.into_iter().collect()
         };
-        let admin_id = self.next_tag;
-        self.next_tag += 1;
+        let admin_id = self.requests.next_tag;
+        self.requests.next_tag += 1;
         let (limit, result) = match &admin.op {
             AdminOp::DeadLetters { limit, .. } => {
                 (*limit as usize, AdminResult::DeadLetters(Vec::new()))
@@ -95,9 +95,9 @@ impl Root {
                 },
                 other => other.clone(),
             };
-            let tag = self.next_tag;
-            self.next_tag += 1;
-            self.leaf_admins.insert(
+            let tag = self.requests.next_tag;
+            self.requests.next_tag += 1;
+            self.requests.leaf_admins.insert(
                 tag,
                 PendingLeafAdmin {
                     admin: admin_id,
@@ -108,19 +108,19 @@ impl Root {
             pending.outstanding += 1;
             self.send(child, Wire::LeafAdmin(LeafAdmin { tag, leaf, op }));
         }
-        self.admins.insert(admin_id, pending);
+        self.requests.admins.insert(admin_id, pending);
         self.finish_admin(admin_id);
     }
 
     pub(super) fn handle_leaf_admin_reply(&mut self, reply: LeafAdminReply) {
-        let Some(pending) = self.leaf_admins.remove(&reply.tag) else {
+        let Some(pending) = self.requests.leaf_admins.remove(&reply.tag) else {
             return;
         };
         self.merge_admin(pending, reply.result);
     }
 
     pub(super) fn merge_admin(&mut self, from: PendingLeafAdmin, result: Option<AdminResult>) {
-        let Some(admin) = self.admins.get_mut(&from.admin) else {
+        let Some(admin) = self.requests.admins.get_mut(&from.admin) else {
             return;
         };
         admin.outstanding -= 1;
@@ -142,10 +142,10 @@ impl Root {
     }
 
     pub(super) fn finish_admin(&mut self, admin_id: u64) {
-        if self.admins[&admin_id].outstanding > 0 {
+        if self.requests.admins[&admin_id].outstanding > 0 {
             return;
         }
-        let mut admin = self.admins.remove(&admin_id).expect("present");
+        let mut admin = self.requests.admins.remove(&admin_id).expect("present");
         admin.unreachable.sort_unstable();
         self.send(
             admin.conn,

@@ -23,7 +23,7 @@ impl Root {
             return;
         }
         let (Some(buffer), Some(window)) = (
-            self.ahead.get_mut(topic),
+            self.ahead.buffers.get_mut(topic),
             self.children.windows.get_mut(topic),
         ) else {
             return;
@@ -31,19 +31,19 @@ impl Root {
         buffer.demand.roll(now);
         let target = buffer
             .demand
-            .target(self.round_trip_us, s.reserve_ahead_max);
+            .target(self.ahead.round_trip_us, s.reserve_ahead_max);
         let mut groups: BTreeMap<(ConnId, LeafId), Vec<ReserveItem>> = BTreeMap::new();
         while buffer.len() < target {
             let Some((key, slot)) = window.first() else {
                 break;
             };
             if !window.is_certain(&key)
-                || self.ahead_bytes + u64::from(slot.size) > s.reserve_ahead_bytes_max
+                || self.ahead.bytes + u64::from(slot.size) > s.reserve_ahead_bytes_max
             {
                 break;
             }
             window.take(&key);
-            self.ahead_bytes += u64::from(slot.size);
+            self.ahead.bytes += u64::from(slot.size);
             let sent = Sent {
                 now,
                 conn: self.direct.or(key.id.leaf(), slot.child),
@@ -70,10 +70,10 @@ impl Root {
         ));
     }
 
-    /// Moves buffered grants whose leaf has no route any more to [`Root::parked`].
+    /// Moves buffered grants whose leaf has no route any more to [`ReserveAhead::parked`].
     pub(super) fn park_unreachable(&mut self) {
         let hold = Duration::from_millis(self.settings.reserve_ahead_hold_ms);
-        for (topic, buffer) in self.ahead.iter_mut() {
+        for (topic, buffer) in self.ahead.buffers.iter_mut() {
             let unreachable: Vec<Key> = buffer
                 .held
                 .keys()
@@ -85,16 +85,18 @@ impl Root {
                 .collect();
             for key in unreachable {
                 let held = buffer.held.remove(&key).expect("listed");
-                self.ahead_bytes -= held.delivery.payload.len() as u64;
-                self.ahead_expiry
+                self.ahead.bytes -= held.delivery.payload.len() as u64;
+                self.ahead
+                    .expiry
                     .remove(&(held.reserved_at + hold, key, topic.clone()));
-                self.parked
+                self.ahead
+                    .parked
                     .push_back((key.id.leaf(), held.delivery.receipt()));
             }
         }
         let bound = PARKED_PER_AHEAD_MAX * self.settings.reserve_ahead_max.max(1) as usize;
-        while self.parked.len() > bound {
-            self.parked.pop_front();
+        while self.ahead.parked.len() > bound {
+            self.ahead.parked.pop_front();
         }
     }
 
@@ -102,7 +104,7 @@ impl Root {
     pub(super) fn release_parked(&mut self) {
         let mut by_leaf: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
         let (children, direct) = (&self.children, &self.direct);
-        self.parked.retain(|(leaf, receipt)| {
+        self.ahead.parked.retain(|(leaf, receipt)| {
             if !direct.by_leaf.contains_key(leaf) && children.route(*leaf).is_err() {
                 return true;
             }
@@ -121,19 +123,19 @@ impl Root {
     /// leaf, attempt returned).
     pub(super) fn release_stale_ahead(&mut self, now: Time) {
         let mut by_leaf: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
-        while let Some((at, _, _)) = self.ahead_expiry.first() {
+        while let Some((at, _, _)) = self.ahead.expiry.first() {
             if *at > now {
                 break;
             }
-            let (_, key, topic) = self.ahead_expiry.pop_first().expect("present");
-            let Some(buffer) = self.ahead.get_mut(&topic) else {
+            let (_, key, topic) = self.ahead.expiry.pop_first().expect("present");
+            let Some(buffer) = self.ahead.buffers.get_mut(&topic) else {
                 continue;
             };
             if let Some(held) = buffer.held.remove(&key) {
                 // Held unused for the whole hold time: the demand that asked for it is gone,
                 // and refilling now would only lease and release again.
                 buffer.demand.reset();
-                self.ahead_bytes -= held.delivery.payload.len() as u64;
+                self.ahead.bytes -= held.delivery.payload.len() as u64;
                 self.counters.ahead_released += 1;
                 by_leaf
                     .entry(key.id.leaf())

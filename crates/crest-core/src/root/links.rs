@@ -81,7 +81,7 @@ impl Root {
                     self.direct_gone(old);
                     self.outbox.close(old, "superseded by a new direct link");
                 }
-                if !self.parked.is_empty() {
+                if !self.ahead.parked.is_empty() {
                     self.release_parked();
                 }
             }
@@ -107,42 +107,42 @@ impl Root {
             let reservation = self.reservations.remove(&id).expect("present");
             match reservation.purpose {
                 ReservedFor::Pop(pop_id) => {
-                    if let Some(pop) = self.pops.get_mut(&pop_id) {
+                    if let Some(pop) = self.pops.by_id.get_mut(&pop_id) {
                         pop.outstanding -= 1;
                         self.dirty.insert(pop.topic.clone());
                     }
                 }
                 ReservedFor::Ahead => {
                     // If the leaf granted it, the lease expires there unused.
-                    if let Some(buffer) = self.ahead.get_mut(&reservation.topic) {
+                    if let Some(buffer) = self.ahead.buffers.get_mut(&reservation.topic) {
                         buffer.outstanding.remove(&reservation.key);
                     }
-                    self.ahead_bytes -= u64::from(reservation.size);
+                    self.ahead.bytes -= u64::from(reservation.size);
                     self.dirty.insert(reservation.topic);
                 }
             }
         }
-        let lost = sorted_where(&self.confirms, |c| c.conn == conn);
+        let lost = sorted_where(&self.requests.confirms, |c| c.conn == conn);
         for tag in lost {
-            let confirm = self.confirms.remove(&tag).expect("present");
+            let confirm = self.requests.confirms.remove(&tag).expect("present");
             self.fill_confirm(confirm, |_| Err(ReceiptError::Unavailable));
         }
-        let lost = sorted_where(&self.leaf_admins, |a| a.conn == conn);
+        let lost = sorted_where(&self.requests.leaf_admins, |a| a.conn == conn);
         for tag in lost {
-            let pending = self.leaf_admins.remove(&tag).expect("present");
+            let pending = self.requests.leaf_admins.remove(&tag).expect("present");
             self.merge_admin(pending, None);
         }
         // Frontiers of the lost child no longer hold anything back.
-        self.dirty.extend(self.waiting.keys().cloned());
+        self.dirty.extend(self.pops.waiting.keys().cloned());
     }
 
     pub(super) fn consumer_gone(&mut self, conn: ConnId) {
-        let pops = sorted_where(&self.pops, |p| p.conn == conn);
+        let pops = sorted_where(&self.pops.by_id, |p| p.conn == conn);
         for pop_id in pops {
-            let pop = self.pops.remove(&pop_id).expect("present");
-            self.timers.remove(&(pop.deadline, pop_id));
-            self.timers.remove(&(pop.order_deadline, pop_id));
-            if let Some(queue) = self.waiting.get_mut(&pop.topic) {
+            let pop = self.pops.by_id.remove(&pop_id).expect("present");
+            self.pops.deadlines.remove(&(pop.deadline, pop_id));
+            self.pops.deadlines.remove(&(pop.order_deadline, pop_id));
+            if let Some(queue) = self.pops.waiting.get_mut(&pop.topic) {
                 queue.retain(|id| *id != pop_id);
             }
             // Deliveries already granted go back at once rather than waiting out their lease.
@@ -159,7 +159,7 @@ impl Root {
                 }
             }
         }
-        self.acks.retain(|_, ack| ack.conn != conn);
-        self.admins.retain(|_, admin| admin.conn != conn);
+        self.requests.acks.retain(|_, ack| ack.conn != conn);
+        self.requests.admins.retain(|_, admin| admin.conn != conn);
     }
 }

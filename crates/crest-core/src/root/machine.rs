@@ -31,9 +31,9 @@ impl Machine for Root {
         // What the root holds from each child is bounded by the credits it granted.
         self.children.check_windows();
         assert!(
-            self.pops.len() <= self.settings.root_pending_pops_max as usize,
+            self.pops.by_id.len() <= self.settings.root_pending_pops_max as usize,
             "{} pops held over root_pending_pops_max",
-            self.pops.len()
+            self.pops.by_id.len()
         );
     }
 
@@ -114,13 +114,14 @@ impl Machine for Root {
                 // An entry offered again while its grant waits in the reserve-ahead buffer is
                 // no longer leased at its leaf (the leaf restarted, or the lease ended): the
                 // grant is dead and must not be delivered.
-                if let Some(buffer) = self.ahead.get_mut(&topic) {
+                if let Some(buffer) = self.ahead.buffers.get_mut(&topic) {
                     for entry in &delta.added {
                         if let Some(held) = buffer.held.remove(&entry.key) {
-                            self.ahead_bytes -= held.delivery.payload.len() as u64;
+                            self.ahead.bytes -= held.delivery.payload.len() as u64;
                             let expiry = held.reserved_at
                                 + Duration::from_millis(self.settings.reserve_ahead_hold_ms);
-                            self.ahead_expiry
+                            self.ahead
+                                .expiry
                                 .remove(&(expiry, entry.key, topic.clone()));
                             self.counters.ahead_revoked += 1;
                         }
@@ -158,7 +159,7 @@ impl Machine for Root {
                     self.child_gone(old);
                     self.outbox.close(old, "superseded by a new session");
                 }
-                if !self.parked.is_empty() {
+                if !self.ahead.parked.is_empty() {
                     self.release_parked();
                 }
             }
@@ -185,12 +186,12 @@ impl Machine for Root {
     }
 
     fn handle_timeout(&mut self, now: Time) {
-        while let Some(&(at, pop_id)) = self.timers.first() {
+        while let Some(&(at, pop_id)) = self.pops.deadlines.first() {
             if at > now {
                 break;
             }
-            self.timers.pop_first();
-            if let Some(pop) = self.pops.get(&pop_id) {
+            self.pops.deadlines.pop_first();
+            if let Some(pop) = self.pops.by_id.get(&pop_id) {
                 self.dirty.insert(pop.topic.clone());
             }
         }
@@ -207,8 +208,8 @@ impl Machine for Root {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        let pops = self.timers.first().map(|(at, _)| *at);
-        let ahead = self.ahead_expiry.first().map(|(at, _, _)| *at);
+        let pops = self.pops.deadlines.first().map(|(at, _)| *at);
+        let ahead = self.ahead.expiry.first().map(|(at, _, _)| *at);
         pops.into_iter().chain(ahead).min()
     }
 
@@ -217,8 +218,13 @@ impl Machine for Root {
             window_entries: self.children.window_entries() as u64,
             children: self.children.children() as u64,
             direct_links: self.direct.by_leaf.len() as u64,
-            pending_pops: self.pops.len() as u64,
-            ahead_entries: self.ahead.values().map(|b| b.held.len() as u64).sum(),
+            pending_pops: self.pops.by_id.len() as u64,
+            ahead_entries: self
+                .ahead
+                .buffers
+                .values()
+                .map(|b| b.held.len() as u64)
+                .sum(),
             violations: self.violations,
             ..NodeStats::default()
         }
@@ -245,13 +251,17 @@ impl Machine for Root {
             ("window_entries", self.children.window_entries() as u64),
             ("children", self.children.children() as u64),
             ("direct_links", self.direct.by_leaf.len() as u64),
-            ("pending_pops", self.pops.len() as u64),
+            ("pending_pops", self.pops.by_id.len() as u64),
             ("reservations", self.reservations.len() as u64),
             (
                 "ahead_entries",
-                self.ahead.values().map(|b| b.held.len() as u64).sum(),
+                self.ahead
+                    .buffers
+                    .values()
+                    .map(|b| b.held.len() as u64)
+                    .sum(),
             ),
-            ("ahead_bytes", self.ahead_bytes),
+            ("ahead_bytes", self.ahead.bytes),
             ("topics", self.children.windows.len() as u64),
         ];
         let own = OwnReport {

@@ -190,7 +190,7 @@ struct Sent {
     lease_ms: u64,
 }
 
-/// The root's direct links to leaves ([`Link::Leaf`], setting `direct_pop_path`): reserves,
+/// The root's direct links to leaves ([`crate::id::Link::Leaf`], setting `direct_pop_path`): reserves,
 /// settles and admin requests for a leaf go on its link once the leaf welcomed it, and through
 /// the aggregators otherwise.
 #[derive(Debug, Default)]
@@ -304,16 +304,9 @@ struct PendingAck {
 pub struct Root {
     settings: Settings,
     children: Downstream,
-    waiting: TopicMap<VecDeque<u64>>,
-    pops: HashMap<u64, PendingPop>,
-    next_pop: u64,
+    pops: Pops,
     reservations: Reservations,
-    confirms: HashMap<u64, PendingConfirm>,
-    acks: HashMap<u64, PendingAck>,
-    admins: HashMap<u64, PendingAdmin>,
-    leaf_admins: HashMap<u64, PendingLeafAdmin>,
-    next_tag: u64,
-    timers: BTreeSet<(Time, u64)>,
+    requests: Requests,
     dirty: TopicSet,
     outbox: Outbox,
     violations: u64,
@@ -322,13 +315,39 @@ pub struct Root {
     counters: RootCounters,
     /// Direct links to leaves.
     direct: DirectLinks,
-    /// Reserve-ahead buffers by topic (see [`crate::ahead`]).
-    ahead: TopicMap<AheadBuffer>,
-    /// Payload bytes held or expected in all reserve-ahead buffers.
-    ahead_bytes: u64,
+    ahead: ReserveAhead,
+}
+
+/// Pops waiting for an answer (`root/pop.rs`).
+struct Pops {
+    by_id: HashMap<u64, PendingPop>,
+    /// Those waiting for messages, per topic, oldest first.
+    waiting: TopicMap<VecDeque<u64>>,
+    /// Their deadlines (answer and ordering), as `(deadline, pop id)`.
+    deadlines: BTreeSet<(Time, u64)>,
+    next_id: u64,
+}
+
+/// Confirms, acks and admin requests forwarded to a leaf or the subtree and waiting for its
+/// answer, by tag.
+struct Requests {
+    confirms: HashMap<u64, PendingConfirm>,
+    acks: HashMap<u64, PendingAck>,
+    admins: HashMap<u64, PendingAdmin>,
+    leaf_admins: HashMap<u64, PendingLeafAdmin>,
+    next_tag: u64,
+}
+
+/// Reserve-ahead (`root/ahead.rs`, [`crate::ahead`]).
+#[derive(Default)]
+struct ReserveAhead {
+    /// The buffers, by topic.
+    buffers: TopicMap<AheadBuffer>,
+    /// Payload bytes held or expected in all of them.
+    bytes: u64,
     /// When each held entry is given back: `(deadline, key, topic)`.
-    ahead_expiry: BTreeSet<(Time, Key, Topic)>,
-    /// Smoothed reserve round trip, in microseconds (sizes the reserve-ahead buffers).
+    expiry: BTreeSet<(Time, Key, Topic)>,
+    /// Smoothed reserve round trip, in microseconds (sizes the buffers).
     round_trip_us: u64,
     /// Buffered grants whose leaf became unreachable (its child's session ended): not
     /// delivered — an ack could not reach the leaf —, and given back once the leaf is
@@ -337,7 +356,7 @@ pub struct Root {
     parked: VecDeque<(LeafId, Receipt)>,
 }
 
-/// See [`Root::parked`].
+/// See [`ReserveAhead::parked`].
 const PARKED_PER_AHEAD_MAX: usize = 16;
 
 impl Root {
@@ -354,16 +373,20 @@ impl Root {
         Root {
             settings: config.settings,
             children,
-            waiting: Default::default(),
-            pops: HashMap::default(),
-            next_pop: 1,
+            pops: Pops {
+                by_id: HashMap::default(),
+                waiting: Default::default(),
+                deadlines: BTreeSet::new(),
+                next_id: 1,
+            },
             reservations: Reservations::default(),
-            confirms: HashMap::default(),
-            acks: HashMap::default(),
-            admins: HashMap::default(),
-            leaf_admins: HashMap::default(),
-            next_tag: 1,
-            timers: BTreeSet::new(),
+            requests: Requests {
+                confirms: HashMap::default(),
+                acks: HashMap::default(),
+                admins: HashMap::default(),
+                leaf_admins: HashMap::default(),
+                next_tag: 1,
+            },
             dirty: Default::default(),
             outbox: Outbox::default(),
             violations: 0,
@@ -371,11 +394,10 @@ impl Root {
             reporter,
             counters: RootCounters::default(),
             direct: DirectLinks::default(),
-            ahead: Default::default(),
-            ahead_bytes: 0,
-            ahead_expiry: BTreeSet::new(),
-            round_trip_us: 1_000,
-            parked: VecDeque::new(),
+            ahead: ReserveAhead {
+                round_trip_us: 1_000,
+                ..ReserveAhead::default()
+            },
         }
     }
 

@@ -49,7 +49,7 @@ impl Root {
                 ),
             ));
         }
-        if self.pops.len() >= s.root_pending_pops_max as usize {
+        if self.pops.by_id.len() >= s.root_pending_pops_max as usize {
             return Err((
                 ErrorCode::Overloaded,
                 "too many pops waiting at the root; retry".into(),
@@ -63,8 +63,8 @@ impl Root {
             self.send(conn, Wire::error(Some(pop.request), code, message));
             return;
         }
-        let id = self.next_pop;
-        self.next_pop += 1;
+        let id = self.pops.next_id;
+        self.pops.next_id += 1;
         let topic = self.children.topic(&pop.topic);
         let pending = PendingPop {
             conn,
@@ -85,10 +85,14 @@ impl Root {
             arrived: now,
         };
         self.counters.pops += 1;
-        self.timers.insert((pending.deadline, id));
-        self.timers.insert((pending.order_deadline, id));
-        self.pops.insert(id, pending);
-        self.waiting.entry(topic.clone()).or_default().push_back(id);
+        self.pops.deadlines.insert((pending.deadline, id));
+        self.pops.deadlines.insert((pending.order_deadline, id));
+        self.pops.by_id.insert(id, pending);
+        self.pops
+            .waiting
+            .entry(topic.clone())
+            .or_default()
+            .push_back(id);
         self.dirty.insert(topic);
     }
 
@@ -97,6 +101,7 @@ impl Root {
     /// pops, then tops the buffer up.
     pub(super) fn serve(&mut self, now: Time, topic: &Topic) {
         let queue: Vec<u64> = self
+            .pops
             .waiting
             .get(topic)
             .map(|queue| queue.iter().copied().collect())
@@ -105,9 +110,9 @@ impl Root {
         let per_delivery =
             u64::from(self.settings.metadata_bytes_max + self.settings.topic_bytes_max) + 128;
         for &pop_id in &queue {
-            let pop = self.pops.get_mut(&pop_id).expect("queued pops exist");
+            let pop = self.pops.by_id.get_mut(&pop_id).expect("queued pops exist");
             let mut window = self.children.windows.get_mut(topic);
-            let mut buffer = self.ahead.get_mut(topic);
+            let mut buffer = self.ahead.buffers.get_mut(topic);
             // Entries taken from the window for this pop, grouped by the child and leaf they
             // go to; buffered deliveries whose lease must be extended to the pop's, by leaf.
             let mut groups: BTreeMap<(ConnId, LeafId), Vec<ReserveItem>> = BTreeMap::new();
@@ -152,7 +157,7 @@ impl Root {
                         break;
                     }
                     ahead.purpose = ReservedFor::Pop(pop_id);
-                    self.ahead_bytes -= u64::from(ahead.size);
+                    self.ahead.bytes -= u64::from(ahead.size);
                     let buffer = buffer.as_mut().expect("picked from it");
                     buffer.outstanding.remove(&key);
                     pop.bytes += cost;
@@ -168,10 +173,10 @@ impl Root {
                         break;
                     }
                     let mut held = buffer.held.remove(&key).expect("picked from it");
-                    self.ahead_bytes -= size;
+                    self.ahead.bytes -= size;
                     let expiry = held.reserved_at
                         + Duration::from_millis(self.settings.reserve_ahead_hold_ms);
-                    self.ahead_expiry.remove(&(expiry, key, topic.clone()));
+                    self.ahead.expiry.remove(&(expiry, key, topic.clone()));
                     if held.lease_ms != pop.lease_ms {
                         held.delivery.lease_deadline = now + Duration::from_millis(pop.lease_ms);
                         extends
@@ -223,7 +228,7 @@ impl Root {
             }
         }
         for pop_id in queue {
-            let pop = &self.pops[&pop_id];
+            let pop = &self.pops.by_id[&pop_id];
             if pop.outstanding == 0 && (!pop.deliveries.is_empty() || now >= pop.deadline) {
                 self.answer_pop(now, pop_id);
             }
@@ -243,8 +248,8 @@ impl Root {
             return;
         };
         // A tag the root never registers: the leaf's `Confirmed` is dropped on arrival.
-        let tag = self.next_tag;
-        self.next_tag += 1;
+        let tag = self.requests.next_tag;
+        self.requests.next_tag += 1;
         self.send(
             child,
             Wire::Confirm(Confirm {
@@ -257,13 +262,14 @@ impl Root {
     }
 
     pub(super) fn answer_pop(&mut self, now: Time, pop_id: u64) {
-        let pop = self.pops.remove(&pop_id).expect("pop exists");
+        let pop = self.pops.by_id.remove(&pop_id).expect("pop exists");
         if pop.deliveries.is_empty() {
             self.counters.empty_pops += 1;
         } else {
             self.counters.deliveries += pop.deliveries.len() as u64;
             if self.settings.reserve_ahead_max > 0 {
                 self.ahead
+                    .buffers
                     .entry(pop.topic.clone())
                     .or_default()
                     .demand
@@ -273,12 +279,12 @@ impl Root {
             recorder.record_since(now, Metric::Pop, pop.arrived);
             recorder.record(now, Metric::PopBatch, pop.deliveries.len() as u64);
         }
-        self.timers.remove(&(pop.deadline, pop_id));
-        self.timers.remove(&(pop.order_deadline, pop_id));
-        if let Some(queue) = self.waiting.get_mut(&pop.topic) {
+        self.pops.deadlines.remove(&(pop.deadline, pop_id));
+        self.pops.deadlines.remove(&(pop.order_deadline, pop_id));
+        if let Some(queue) = self.pops.waiting.get_mut(&pop.topic) {
             queue.retain(|id| *id != pop_id);
             if queue.is_empty() {
-                self.waiting.remove(&pop.topic);
+                self.pops.waiting.remove(&pop.topic);
             }
         }
         let mut deliveries = pop.deliveries;
@@ -326,39 +332,41 @@ impl Root {
                 .recorder
                 .record_since(now, Metric::ReserveRoundTrip, reservation.sent);
             let sample = round_trip.as_micros() as u64;
-            self.round_trip_us = (self.round_trip_us * 7 + sample) / 8;
+            self.ahead.round_trip_us = (self.ahead.round_trip_us * 7 + sample) / 8;
             match reservation.purpose {
-                ReservedFor::Pop(pop_id) => match (self.pops.get_mut(&pop_id), outcome.result) {
-                    (Some(pop), result) => {
-                        pop.outstanding -= 1;
-                        if let Ok(mut delivery) = result {
-                            // A grant reserved ahead and claimed by a pop that asked for
-                            // another visibility timeout is extended to it, as a buffered one.
-                            if reservation.lease_ms != pop.lease_ms {
-                                let lease_ms = pop.lease_ms;
-                                delivery.lease_deadline = now + Duration::from_millis(lease_ms);
-                                extends.push((delivery.receipt(), lease_ms));
+                ReservedFor::Pop(pop_id) => {
+                    match (self.pops.by_id.get_mut(&pop_id), outcome.result) {
+                        (Some(pop), result) => {
+                            pop.outstanding -= 1;
+                            if let Ok(mut delivery) = result {
+                                // A grant reserved ahead and claimed by a pop that asked for
+                                // another visibility timeout is extended to it, as a buffered one.
+                                if reservation.lease_ms != pop.lease_ms {
+                                    let lease_ms = pop.lease_ms;
+                                    delivery.lease_deadline = now + Duration::from_millis(lease_ms);
+                                    extends.push((delivery.receipt(), lease_ms));
+                                }
+                                pop.deliveries.push((outcome.key, delivery));
+                                pop.granted = true;
                             }
-                            pop.deliveries.push((outcome.key, delivery));
-                            pop.granted = true;
+                            self.dirty.insert(pop.topic.clone());
                         }
-                        self.dirty.insert(pop.topic.clone());
+                        (None, Ok(delivery)) => {
+                            let leaf = delivery.id.leaf();
+                            orphans.entry(leaf).or_default().push(delivery.receipt());
+                        }
+                        (None, Err(_)) => {}
                     }
-                    (None, Ok(delivery)) => {
-                        let leaf = delivery.id.leaf();
-                        orphans.entry(leaf).or_default().push(delivery.receipt());
-                    }
-                    (None, Err(_)) => {}
-                },
+                }
                 ReservedFor::Ahead => {
                     let topic = reservation.topic;
-                    let buffer = self.ahead.entry(topic.clone()).or_default();
+                    let buffer = self.ahead.buffers.entry(topic.clone()).or_default();
                     buffer.outstanding.remove(&outcome.key);
-                    self.ahead_bytes -= u64::from(reservation.size);
+                    self.ahead.bytes -= u64::from(reservation.size);
                     if let Ok(delivery) = outcome.result {
-                        self.ahead_bytes += delivery.payload.len() as u64;
+                        self.ahead.bytes += delivery.payload.len() as u64;
                         let hold = Duration::from_millis(self.settings.reserve_ahead_hold_ms);
-                        self.ahead_expiry.insert((
+                        self.ahead.expiry.insert((
                             reservation.sent + hold,
                             outcome.key,
                             topic.clone(),
@@ -395,15 +403,16 @@ impl Root {
                 .windows
                 .get(&topic)
                 .is_none_or(|w| w.is_idle());
-            if idle && !self.waiting.contains_key(&topic) {
+            if idle && !self.pops.waiting.contains_key(&topic) {
                 self.children.windows.remove(&topic);
             }
             if self
                 .ahead
+                .buffers
                 .get(&topic)
                 .is_some_and(|buffer| buffer.is_idle())
             {
-                self.ahead.remove(&topic);
+                self.ahead.buffers.remove(&topic);
             }
         }
     }

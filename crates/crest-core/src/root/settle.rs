@@ -57,7 +57,7 @@ impl Root {
             return;
         }
         let count = ack.receipts.len();
-        if self.acks.len() >= self.settings.root_pending_requests_max as usize {
+        if self.requests.acks.len() >= self.settings.root_pending_requests_max as usize {
             let text = "too many acknowledgements waiting at the root; retry";
             self.send(
                 conn,
@@ -65,8 +65,8 @@ impl Root {
             );
             return;
         }
-        let ack_id = self.next_tag;
-        self.next_tag += 1;
+        let ack_id = self.requests.next_tag;
+        self.requests.next_tag += 1;
         let mut results = vec![None; count];
         let mut groups: BTreeMap<(ConnId, LeafId), (Vec<usize>, Vec<Receipt>)> = BTreeMap::new();
         for (slot, receipt) in ack.receipts.into_iter().enumerate() {
@@ -81,9 +81,9 @@ impl Root {
         }
         let outstanding = groups.len();
         for ((child, leaf), (slots, receipts)) in groups {
-            let tag = self.next_tag;
-            self.next_tag += 1;
-            self.confirms.insert(
+            let tag = self.requests.next_tag;
+            self.requests.next_tag += 1;
+            self.requests.confirms.insert(
                 tag,
                 PendingConfirm {
                     ack: ack_id,
@@ -101,7 +101,7 @@ impl Root {
                 }),
             );
         }
-        self.acks.insert(
+        self.requests.acks.insert(
             ack_id,
             PendingAck {
                 conn,
@@ -114,7 +114,7 @@ impl Root {
     }
 
     pub(super) fn handle_confirmed(&mut self, confirmed: Confirmed) {
-        let Some(confirm) = self.confirms.remove(&confirmed.tag) else {
+        let Some(confirm) = self.requests.confirms.remove(&confirmed.tag) else {
             return;
         };
         if confirmed.results.len() != confirm.slots.len() {
@@ -134,7 +134,7 @@ impl Root {
         confirm: PendingConfirm,
         result: impl Fn(usize) -> Result<(), ReceiptError>,
     ) {
-        let Some(ack) = self.acks.get_mut(&confirm.ack) else {
+        let Some(ack) = self.requests.acks.get_mut(&confirm.ack) else {
             return;
         };
         for (index, slot) in confirm.slots.iter().enumerate() {
@@ -145,10 +145,10 @@ impl Root {
     }
 
     pub(super) fn finish_ack(&mut self, ack_id: u64) {
-        if self.acks[&ack_id].outstanding > 0 {
+        if self.requests.acks[&ack_id].outstanding > 0 {
             return;
         }
-        let ack = self.acks.remove(&ack_id).expect("present");
+        let ack = self.requests.acks.remove(&ack_id).expect("present");
         let results = ack
             .results
             .into_iter()
