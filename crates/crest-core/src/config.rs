@@ -100,10 +100,18 @@ pub struct Settings {
     pub connection_send_queue_max: u32,
     /// Most concurrent incoming connections of a node.
     pub connections_max: u32,
-    /// A connection with no traffic for this long is closed, in milliseconds.
+    /// A client connection with no traffic for this long is closed, in milliseconds.
     pub idle_timeout_ms: u64,
-    /// Keep-alive interval on every connection, in milliseconds.
+    /// Keep-alive interval on client connections, in milliseconds.
     pub keep_alive_ms: u64,
+    /// A link of the tree (a node to its parent, the root to a leaf) with no traffic for this
+    /// long is closed, in milliseconds: how long a host that vanished without a word (power,
+    /// network cut) goes unnoticed. A node that restarts is noticed at once instead: it answers
+    /// its predecessor's packets with a stateless reset, from a key derived from its own.
+    pub link_idle_timeout_ms: u64,
+    /// Keep-alive interval on the tree's links, in milliseconds (well below
+    /// `link_idle_timeout_ms`, so that a lost packet or two does not end a healthy link).
+    pub link_keep_alive_ms: u64,
     /// Kernel receive and send buffer asked for each node's and client's UDP socket, in bytes
     /// (the kernel caps it at `net.core.rmem_max` / `wmem_max`; 0: the system default). A
     /// buffer that overflows drops datagrams, and QUIC's loss recovery then halves the link's
@@ -167,7 +175,9 @@ pub struct Settings {
     pub compaction_live_pct: u32,
     /// Messages one compaction step reads and rewrites at most.
     pub compaction_batch_messages: u32,
-    /// Longest delay between reconnect attempts, in milliseconds.
+    /// Longest delay between reconnect attempts, in milliseconds: how long a node that came
+    /// back may wait for a child that gave up dialing it for a while. An attempt costs one
+    /// handshake packet and its retransmissions.
     pub reconnect_backoff_max_ms: u64,
     /// Deliveries of a message before it moves to its topic's dead-letter queue (the
     /// delivery that fails for the `max_attempts`-th time moves it).
@@ -280,6 +290,8 @@ impl Default for Settings {
             connections_max: 1024,
             idle_timeout_ms: 10_000,
             keep_alive_ms: 1_000,
+            link_idle_timeout_ms: 1_000,
+            link_keep_alive_ms: 200,
             udp_buffer_bytes: 4 * 1024 * 1024,
             udp_payload_max: UDP_PAYLOAD_MAX_DEFAULT,
             quic_initial_window_bytes: 1024 * 1024,
@@ -296,7 +308,7 @@ impl Default for Settings {
             leaf_body_cache_bytes: 64 * 1024 * 1024,
             compaction_live_pct: 25,
             compaction_batch_messages: 1024,
-            reconnect_backoff_max_ms: 2_000,
+            reconnect_backoff_max_ms: 500,
             max_attempts: 10,
             dedup_window_ms: 5 * 60 * 1000,
             dedup_keys_max: 1_000_000,
@@ -489,6 +501,15 @@ impl Settings {
                 format!(
                     "{} must be above 0 and below idle_timeout_ms {}",
                     self.keep_alive_ms, self.idle_timeout_ms
+                ),
+            );
+        }
+        if self.link_keep_alive_ms == 0 || self.link_keep_alive_ms >= self.link_idle_timeout_ms {
+            return fail(
+                "link_keep_alive_ms",
+                format!(
+                    "{} must be above 0 and below link_idle_timeout_ms {}",
+                    self.link_keep_alive_ms, self.link_idle_timeout_ms
                 ),
             );
         }

@@ -353,8 +353,11 @@ pub async fn start_node(
     let spec = topology
         .node(name)
         .ok_or_else(|| NodeError::UnknownNode(name.to_string()))?;
-    let server = crest_transport::server_config(&tls.node, &spec.settings)?;
-    let client = crest_transport::client_config(&tls.ca_pem, &spec.settings)?;
+    let endpoint_config = crest_transport::NodeEndpointConfig {
+        server: crest_transport::server_config(&tls.node, &spec.settings)?,
+        client: crest_transport::link_client_config(&tls.ca_pem, &spec.settings)?,
+        reset: crest_transport::tls::StatelessReset::for_node(&tls.node),
+    };
     let (machine, wal) = machine_for(topology, spec, options)?;
     let held = options.sockets.as_ref().and_then(|book| {
         book.lock()
@@ -363,11 +366,11 @@ pub async fn start_node(
     });
     let (endpoint, held_http) = match held {
         Some(held) => (
-            crest_transport::node_endpoint_on(held.quic, server, client, &spec.settings)?,
+            crest_transport::node_endpoint_on(held.quic, &endpoint_config, &spec.settings)?,
             held.http,
         ),
         None => (
-            crest_transport::node_endpoint(spec.listen, server, client, &spec.settings)?,
+            crest_transport::node_endpoint(spec.listen, &endpoint_config, &spec.settings)?,
             None,
         ),
     };

@@ -152,7 +152,10 @@ pub(crate) async fn accept_loop(ctx: NetContext, endpoint: quinn::Endpoint) {
 
 /// Keeps a session with the node at `address` — this node's parent ([`Link::Parent`]), or a
 /// leaf the root links to directly ([`Link::Leaf`]): connect, serve until the connection
-/// ends, back off (doubling, bounded by the settings), reconnect; until shutdown.
+/// ends, reconnect; until shutdown. A session that lasted reconnects at once (its peer may be
+/// back already: a restarted node resets its predecessor's connections at their first
+/// packet); failed attempts and sessions that end as soon as they start back off, doubling,
+/// within the settings.
 pub(crate) async fn link_loop(
     ctx: NetContext,
     endpoint: quinn::Endpoint,
@@ -183,7 +186,7 @@ pub(crate) async fn link_loop(
         match result {
             Ok((connection, streams)) => {
                 tracing::info!(peer, %address, "connected");
-                backoff = initial;
+                let connected_at = tokio::time::Instant::now();
                 ctx.attach(connection.clone(), streams, link);
                 tokio::select! {
                     biased;
@@ -195,6 +198,10 @@ pub(crate) async fn link_loop(
                         }
                         tracing::warn!(peer, %address, %reason, "connection lost");
                     }
+                }
+                if connected_at.elapsed() >= max {
+                    backoff = initial;
+                    continue;
                 }
             }
             Err(error) => tracing::debug!(peer, %address, %error, "cannot connect"),

@@ -193,7 +193,7 @@ struct Sim {
     partitions: u64,
     partition_disconnects: u64,
     packets_lost: u64,
-    /// Connections idle this long end (the nodes' `idle_timeout_ms`).
+    /// Links of the tree idle this long end (the nodes' `link_idle_timeout_ms`).
     idle_timeout: Duration,
     /// The root's index.
     root: usize,

@@ -97,7 +97,7 @@ impl Sim {
             partitions: 0,
             partition_disconnects: 0,
             packets_lost: 0,
-            idle_timeout: Duration::from_millis(topology.root().settings.idle_timeout_ms),
+            idle_timeout: Duration::from_millis(topology.root().settings.link_idle_timeout_ms),
             root: 0,
             leaf_ids: topology.nodes.iter().map(|n| n.leaf_id).collect(),
             direct: topology

@@ -33,7 +33,7 @@
 //! [[partition]]               # optional, scripted: these nodes are cut off from the rest
 //! nodes = ["agg-2"]           #   (clients are outside every partition)
 //! at_ms = 300
-//! heal_after_ms = 200         # under the nodes' idle_timeout_ms, traffic waits and flows at
+//! heal_after_ms = 200         # under the nodes' link_idle_timeout_ms, traffic waits and flows at
 //!                             # the heal; at or over it, connections across the cut close
 //!                             # at the idle timeout and reconnect at the heal
 //!

@@ -35,14 +35,33 @@ pub enum TransportError {
     Stream(String),
 }
 
-/// QUIC transport parameters derived from the settings.
+/// QUIC transport parameters derived from the settings, for client connections (and a
+/// node's side of the connections it accepts: QUIC ends a connection at the shorter of the
+/// two sides' idle timeouts, so a child's link gets the child's `link_idle_timeout_ms`).
 pub fn transport_config(settings: &Settings) -> Arc<quinn::TransportConfig> {
+    transport_config_with(settings, settings.idle_timeout_ms, settings.keep_alive_ms)
+}
+
+/// The same for the links of the tree a node dials: to its parent, and the root's to leaves.
+pub fn link_transport_config(settings: &Settings) -> Arc<quinn::TransportConfig> {
+    transport_config_with(
+        settings,
+        settings.link_idle_timeout_ms,
+        settings.link_keep_alive_ms,
+    )
+}
+
+fn transport_config_with(
+    settings: &Settings,
+    idle_ms: u64,
+    keep_alive_ms: u64,
+) -> Arc<quinn::TransportConfig> {
     let mut config = quinn::TransportConfig::default();
-    let idle = Duration::from_millis(settings.idle_timeout_ms);
+    let idle = Duration::from_millis(idle_ms);
     config.max_idle_timeout(Some(
         idle.try_into().expect("idle timeout within QUIC range"),
     ));
-    config.keep_alive_interval(Some(Duration::from_millis(settings.keep_alive_ms)));
+    config.keep_alive_interval(Some(Duration::from_millis(keep_alive_ms)));
     // Two long-lived streams per connection, with windows large enough for batched traffic.
     config.max_concurrent_bidi_streams(4u32.into());
     config.max_concurrent_uni_streams(0u32.into());
@@ -75,9 +94,28 @@ pub fn client_config(
     ca_pem: &str,
     settings: &Settings,
 ) -> Result<quinn::ClientConfig, TransportError> {
+    client_config_with(ca_pem, transport_config(settings))
+}
+
+fn client_config_with(
+    ca_pem: &str,
+    transport: Arc<quinn::TransportConfig>,
+) -> Result<quinn::ClientConfig, TransportError> {
     let mut config = quinn::ClientConfig::new(Arc::new(tls::client_crypto(ca_pem)?));
-    config.transport_config(transport_config(settings));
+    config.transport_config(transport);
     Ok(config)
+}
+
+/// A node's configuration for the links it dials (its parent, the root's direct links to
+/// leaves): as [`client_config`], with the links' keep-alive and idle timeout.
+///
+/// # Errors
+/// [`TransportError::Tls`] if the CA does not parse.
+pub fn link_client_config(
+    ca_pem: &str,
+    settings: &Settings,
+) -> Result<quinn::ClientConfig, TransportError> {
+    client_config_with(ca_pem, link_transport_config(settings))
 }
 
 /// A server configuration presenting `node`'s certificate.
@@ -100,11 +138,24 @@ pub fn server_config(
 /// [`TransportError::Endpoint`] if the address cannot be bound.
 pub fn node_endpoint(
     listen: SocketAddr,
-    server: quinn::ServerConfig,
-    client: quinn::ClientConfig,
+    node: &NodeEndpointConfig,
     settings: &Settings,
 ) -> Result<quinn::Endpoint, TransportError> {
-    endpoint_on(listen, Some(server), client, settings)
+    let socket = udp_socket(listen, settings.udp_buffer_bytes).map_err(bind_error(listen))?;
+    endpoint_from(socket, listen, Some(node), None, settings)
+}
+
+/// What a node's endpoint is made of: its server and client configurations and what its
+/// stateless resets are made with.
+#[derive(Clone)]
+pub struct NodeEndpointConfig {
+    /// Accepting connections.
+    pub server: quinn::ServerConfig,
+    /// Dialing its links.
+    pub client: quinn::ClientConfig,
+    /// The same across restarts lets a restarted node end its predecessor's connections at
+    /// their peers' first packet.
+    pub reset: tls::StatelessReset,
 }
 
 /// Binds a client-only endpoint on an ephemeral port of the right address family.
@@ -123,7 +174,8 @@ pub fn client_endpoint(
     }
     .parse()
     .expect("literal");
-    endpoint_on(bind, None, client, settings)
+    let socket = udp_socket(bind, settings.udp_buffer_bytes).map_err(bind_error(bind))?;
+    endpoint_from(socket, bind, None, Some(client), settings)
 }
 
 /// As [`node_endpoint`], on a socket the caller bound and held (a test that chose its ports
@@ -133,25 +185,14 @@ pub fn client_endpoint(
 /// [`TransportError::Endpoint`] if the socket cannot serve as an endpoint.
 pub fn node_endpoint_on(
     socket: std::net::UdpSocket,
-    server: quinn::ServerConfig,
-    client: quinn::ClientConfig,
+    node: &NodeEndpointConfig,
     settings: &Settings,
 ) -> Result<quinn::Endpoint, TransportError> {
     let addr = socket
         .local_addr()
         .map_err(|e| TransportError::Endpoint(format!("a held socket: {e}")))?;
     set_buffers(&socket2::SockRef::from(&socket), settings.udp_buffer_bytes);
-    endpoint_from(socket, addr, Some(server), client, settings)
-}
-
-fn endpoint_on(
-    addr: SocketAddr,
-    server: Option<quinn::ServerConfig>,
-    client: quinn::ClientConfig,
-    settings: &Settings,
-) -> Result<quinn::Endpoint, TransportError> {
-    let socket = udp_socket(addr, settings.udp_buffer_bytes).map_err(bind_error(addr))?;
-    endpoint_from(socket, addr, server, client, settings)
+    endpoint_from(socket, addr, Some(node), None, settings)
 }
 
 /// What a failure to make an endpoint on `addr` says.
@@ -159,26 +200,39 @@ fn bind_error(addr: SocketAddr) -> impl Fn(std::io::Error) -> TransportError {
     move |e| TransportError::Endpoint(format!("bind {addr}: {e}"))
 }
 
+/// A node's endpoint (`node`) or a client's (`client`).
 fn endpoint_from(
     socket: std::net::UdpSocket,
     addr: SocketAddr,
-    server: Option<quinn::ServerConfig>,
-    client: quinn::ClientConfig,
+    node: Option<&NodeEndpointConfig>,
+    client: Option<quinn::ClientConfig>,
     settings: &Settings,
 ) -> Result<quinn::Endpoint, TransportError> {
     let error = bind_error(addr);
-    let mut endpoint_config = quinn::EndpointConfig::default();
+    let mut endpoint_config = match node {
+        Some(node) => {
+            let mut config = quinn::EndpointConfig::new(node.reset.key.clone());
+            let cid_key = node.reset.cid_key;
+            config.cid_generator(move || {
+                Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+            });
+            config
+        }
+        None => quinn::EndpointConfig::default(),
+    };
     endpoint_config
         .max_udp_payload_size(settings.udp_payload_max)
         .map_err(|e| TransportError::Endpoint(format!("udp_payload_max: {e}")))?;
     let mut endpoint = quinn::Endpoint::new(
         endpoint_config,
-        server,
+        node.map(|node| node.server.clone()),
         socket,
         Arc::new(quinn::TokioRuntime),
     )
     .map_err(error)?;
-    endpoint.set_default_client_config(client);
+    if let Some(client) = node.map(|node| node.client.clone()).or(client) {
+        endpoint.set_default_client_config(client);
+    }
     Ok(endpoint)
 }
 
@@ -284,13 +338,12 @@ mod tests {
         let ca = tls::CertificateAuthority::generate().unwrap();
         let node = ca.issue("server", &[]).unwrap();
         let client = client_config(ca.cert_pem(), settings).unwrap();
-        let server = node_endpoint(
-            "127.0.0.1:0".parse().unwrap(),
-            server_config(&node, settings).unwrap(),
-            client.clone(),
-            settings,
-        )
-        .unwrap();
+        let config = NodeEndpointConfig {
+            server: server_config(&node, settings).unwrap(),
+            client: client.clone(),
+            reset: tls::StatelessReset::for_node(&node),
+        };
+        let server = node_endpoint("127.0.0.1:0".parse().unwrap(), &config, settings).unwrap();
         let addr = server.local_addr().unwrap();
         let dialer = client_endpoint(addr, client, settings).unwrap();
         let accepted = tokio::spawn(async move { server.accept().await.unwrap().await.unwrap() });
@@ -356,5 +409,78 @@ mod tests {
         send.finish().unwrap();
         assert_eq!(reader.await.unwrap(), 32 * 64 * 1024);
         assert!(connection.stats().path.current_mtu <= 1452);
+    }
+
+    /// A node "killed" (its runtime dropped: no close is sent) and started again on the same
+    /// socket: `key_of` picks the certificate whose reset key the new one uses. Returns why
+    /// the client's connection to the old one ended.
+    async fn restart_under(
+        key_of: impl FnOnce(tls::CertifiedKey) -> tls::CertifiedKey,
+    ) -> quinn::ConnectionError {
+        let settings = Settings::default();
+        let ca = tls::CertificateAuthority::generate().unwrap();
+        let node = ca.issue("node", &[]).unwrap();
+        let config_for = |key: &tls::CertifiedKey| NodeEndpointConfig {
+            server: server_config(key, &settings).unwrap(),
+            client: link_client_config(ca.cert_pem(), &settings).unwrap(),
+            reset: tls::StatelessReset::for_node(key),
+        };
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = socket.local_addr().unwrap();
+        let old = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let endpoint = {
+            let _runtime = old.enter();
+            node_endpoint_on(socket.try_clone().unwrap(), &config_for(&node), &settings).unwrap()
+        };
+        let (accepted, is_accepted) = tokio::sync::oneshot::channel();
+        old.spawn(async move {
+            let connection = endpoint.accept().await.unwrap().await.unwrap();
+            let _ = accepted.send(());
+            // Held until the runtime goes: no close frame is ever sent.
+            std::future::pending::<()>().await;
+            drop(connection);
+        });
+        // The client dials with the link settings: keep-alives every `link_keep_alive_ms`.
+        let dialer = client_endpoint(
+            addr,
+            link_client_config(ca.cert_pem(), &settings).unwrap(),
+            &settings,
+        )
+        .unwrap();
+        let connection = connect(&dialer, addr).await.unwrap();
+        is_accepted.await.unwrap();
+        old.shutdown_background();
+        let restarted = node_endpoint_on(socket, &config_for(&key_of(node)), &settings).unwrap();
+        let reason = tokio::time::timeout(Duration::from_secs(30), connection.closed())
+            .await
+            .expect("the connection ends");
+        drop(restarted);
+        reason
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_restarted_with_its_key_resets_its_predecessors_connections() {
+        let reason = restart_under(|same| same).await;
+        assert!(
+            matches!(reason, quinn::ConnectionError::Reset),
+            "a stateless reset, not {reason:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_restarted_with_another_key_leaves_them_to_the_idle_timeout() {
+        let other = tls::CertificateAuthority::generate()
+            .unwrap()
+            .issue("node", &[])
+            .unwrap();
+        let reason = restart_under(|_| other).await;
+        assert!(
+            matches!(reason, quinn::ConnectionError::TimedOut),
+            "the reset is not recognised: {reason:?}"
+        );
     }
 }

@@ -108,6 +108,38 @@ fn tls_error(error: impl std::fmt::Display) -> TransportError {
     TransportError::Tls(error.to_string())
 }
 
+/// What a node's stateless resets are made with, derived from its private key, so that a
+/// node restarted with the same key answers a packet of its predecessor's connections with a
+/// reset its peer recognises, and the peer ends that connection at once instead of at its
+/// idle timeout. No one without the node's private key can derive them (RFC 9000, 10.3).
+#[derive(Clone)]
+pub struct StatelessReset {
+    /// The key of the reset tokens.
+    pub key: Arc<dyn quinn::crypto::HmacKey>,
+    /// The key of the connection ids the node issues: an endpoint answers only packets whose
+    /// id it could have issued, so the restarted node must recognise its predecessor's.
+    pub cid_key: u64,
+}
+
+impl StatelessReset {
+    /// Derived from `node`'s private key.
+    pub fn for_node(node: &CertifiedKey) -> StatelessReset {
+        use ring::hmac;
+        let derive = |label: &[u8]| {
+            let label = hmac::Key::new(hmac::HMAC_SHA256, label);
+            hmac::sign(&label, node.key_pem.as_bytes())
+        };
+        let key = derive(b"crest stateless reset key v1");
+        let cid = derive(b"crest connection id key v1");
+        let mut cid_key = [0u8; 8];
+        cid_key.copy_from_slice(&cid.as_ref()[..8]);
+        StatelessReset {
+            key: Arc::new(hmac::Key::new(hmac::HMAC_SHA256, key.as_ref())),
+            cid_key: u64::from_le_bytes(cid_key),
+        }
+    }
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

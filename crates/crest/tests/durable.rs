@@ -189,9 +189,11 @@ async fn bodies_come_back_from_the_log_segments_are_compacted_and_a_restart_find
         "{written} segments written ({written_bytes} bytes), {left} left ({left_bytes} bytes); \
          {compacted} bodies moved"
     );
+    // Bytes, not files: compaction writes the moved bodies to new segments and checkpoints
+    // start new ones, so the count of files may stay where it was while the bytes shrink.
     assert!(
-        left_bytes <= bound && left < written,
-        "{left} of {written} segments left: {left_bytes} bytes"
+        left_bytes <= bound,
+        "{left} of {written} segments left: {left_bytes} of {written_bytes} bytes"
     );
     assert!(
         compacted > 0,

@@ -1,0 +1,139 @@
+//! How long a node killed with SIGKILL and started again at once keeps its messages from
+//! consumers: `cargo bench -p crest-cli --bench failover [-- ROUNDS]`.
+//!
+//! The default tree runs as seven `crest launch` processes with their default settings. Each
+//! round pushes 20 priority-5 messages to each of leaves 2-4 and one priority-0 message to
+//! leaf-1, kills a node (leaf-1, its aggregator agg-1, or the root) and launches it again,
+//! then pops one message at a time until the priority-0 one comes. It reports, per node
+//! killed, the time from the relaunch to that pop and how many priority-5 messages were popped
+//! before it (each a priority inversion the failure caused).
+
+#[path = "../tests/common/cluster.rs"]
+mod cluster;
+
+use cluster::{Cluster, retry};
+use crest::sdk::{Consumer, ConsumerConfig, Message, MessageId, Producer, ProducerConfig};
+use std::time::{Duration, Instant};
+
+const FILLER_PER_LEAF: usize = 20;
+
+struct Round {
+    /// Relaunch to the urgent message's pop.
+    urgent_after: Duration,
+    /// Less urgent messages popped before it.
+    passed_over: usize,
+    /// Pops that failed (the consumer connected again).
+    pop_errors: usize,
+}
+
+fn main() {
+    let rounds: usize = std::env::args()
+        .skip(1)
+        .find_map(|arg| arg.parse().ok())
+        .unwrap_or(10);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut cluster = Cluster::start_exactly("failover", "");
+        println!("node killed   rounds   relaunch to urgent pop (ms): p50   p90   max   passed over (p50 / max)   pop errors");
+        for node in ["leaf-1", "agg-1", "root"] {
+            let mut results = Vec::new();
+            for _ in 0..rounds {
+                results.push(round(&mut cluster, node).await);
+            }
+            report(node, &mut results);
+        }
+    });
+}
+
+async fn producer_for(cluster: &Cluster, leaf: &str) -> Producer {
+    let address = cluster.topology.node(leaf).unwrap().address.clone();
+    retry(|| Producer::connect(ProducerConfig::new(vec![address.clone()], cluster.tls()))).await
+}
+
+async fn consumer(cluster: &Cluster) -> Consumer {
+    retry(|| Consumer::connect(ConsumerConfig::from_topology(&cluster.topology, cluster.tls())))
+        .await
+}
+
+async fn round(cluster: &mut Cluster, node: &str) -> Round {
+    for leaf in ["leaf-2", "leaf-3", "leaf-4"] {
+        let producer = producer_for(cluster, leaf).await;
+        let mut handles = Vec::new();
+        for i in 0..FILLER_PER_LEAF {
+            let message = Message::new("jobs", format!("filler {i}")).priority(5);
+            handles.push(producer.send(message).await.unwrap());
+        }
+        for handle in handles {
+            handle.acked().await.unwrap();
+        }
+    }
+    let urgent: MessageId = producer_for(cluster, "leaf-1")
+        .await
+        .send(Message::new("jobs", "urgent").priority(0))
+        .await
+        .unwrap()
+        .acked()
+        .await
+        .unwrap();
+    cluster.kill(node);
+    cluster.launch(node);
+    let relaunched = Instant::now();
+    let mut consumer = consumer(cluster).await;
+    let (mut passed_over, mut pop_errors) = (0, 0);
+    let deadline = relaunched + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "the urgent message never came");
+        let batch = match consumer.pop("jobs", 1, Duration::from_millis(200)).await {
+            Ok(batch) => batch,
+            Err(_) => {
+                pop_errors += 1;
+                consumer = self::consumer(cluster).await;
+                continue;
+            }
+        };
+        let Some(delivery) = batch.into_iter().next() else {
+            continue;
+        };
+        let _ = consumer.ack(&delivery.receipt()).await;
+        if delivery.id == urgent {
+            let urgent_after = relaunched.elapsed();
+            // The rest of the filler goes, so every round starts from the same queue.
+            while let Ok(batch) = consumer.pop("jobs", 256, Duration::from_millis(100)).await {
+                if batch.is_empty() {
+                    break;
+                }
+                let receipts: Vec<_> = batch.iter().map(|d| d.receipt()).collect();
+                let _ = consumer.ack_many(&receipts).await;
+            }
+            return Round {
+                urgent_after,
+                passed_over,
+                pop_errors,
+            };
+        }
+        passed_over += 1;
+    }
+}
+
+fn report(node: &str, results: &mut [Round]) {
+    let n = results.len();
+    results.sort_by_key(|r| r.urgent_after);
+    let ms = |r: &Round| r.urgent_after.as_secs_f64() * 1000.0;
+    let (p50, p90, max) = (
+        ms(&results[n / 2]),
+        ms(&results[(n * 9 / 10).min(n - 1)]),
+        ms(&results[n - 1]),
+    );
+    let mut passed: Vec<usize> = results.iter().map(|r| r.passed_over).collect();
+    passed.sort_unstable();
+    let errors: usize = results.iter().map(|r| r.pop_errors).sum();
+    println!(
+        "{node:<13} {n:>6}   {p50:>40.0} {p90:>5.0} {max:>5.0}   {:>12} / {:<10} {errors:>10}",
+        passed[n / 2],
+        passed[n - 1],
+    );
+}

@@ -1,0 +1,183 @@
+//! A tree of `topology/local.toml` as seven `crest launch` processes, for the process tests
+//! and the failover bench (each uses part of it).
+#![allow(dead_code)]
+
+use command_fds::{CommandFdExt, FdMapping};
+use crest::core::topology::Topology;
+use crest::sdk::{ClientTls, Consumer, ConsumerConfig, Producer, ProducerConfig};
+use std::collections::HashMap;
+use std::net::{TcpListener, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub(crate) const CREST: &str = env!("CARGO_BIN_EXE_crest");
+
+/// Node processes, killed when the test ends however it ends.
+pub(crate) struct Cluster {
+    pub(crate) dir: PathBuf,
+    pub(crate) topology_path: PathBuf,
+    pub(crate) topology: Topology,
+    /// Each node's QUIC socket and HTTP listener, by name.
+    pub(crate) sockets: HashMap<String, (UdpSocket, TcpListener)>,
+    pub(crate) children: Vec<(String, Child)>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Cluster {
+    /// Writes `topology/local.toml` with free loopback ports and frequent checkpoints, makes
+    /// certificates with `crest certs`, and launches every node.
+    pub(crate) fn start(name: &str) -> Cluster {
+        Cluster::start_with(name, "")
+    }
+
+    /// As [`Cluster::start`], with `settings` (TOML lines) added to every node's.
+    pub(crate) fn start_with(name: &str, settings: &str) -> Cluster {
+        let checkpoints = "checkpoint_log_bytes = 65536\ncheckpoint_interval_ms = 500\n";
+        Cluster::start_exactly(name, &format!("{checkpoints}{settings}"))
+    }
+
+    /// `topology/local.toml` on free ports with `settings` (TOML lines) added, and nothing
+    /// else changed.
+    pub(crate) fn start_exactly(name: &str, settings: &str) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("crest-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let local = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../topology/local.toml"
+        ))
+        .unwrap();
+        // Every node's sockets are bound here and held for the whole test: each launch (and
+        // relaunch after a SIGKILL) gets them by socket activation, so no other process can
+        // take a port between runs of its node.
+        let names = [
+            "root", "agg-1", "agg-2", "leaf-1", "leaf-2", "leaf-3", "leaf-4",
+        ];
+        let quic_ports = ["7400", "7401", "7402", "7411", "7412", "7413", "7414"];
+        let http_ports = ["7480", "7481", "7482", "7491", "7492", "7493", "7494"];
+        let mut text = local;
+        let mut sockets = HashMap::new();
+        for ((name, quic_port), http_port) in names.iter().zip(quic_ports).zip(http_ports) {
+            let quic = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let http = TcpListener::bind("127.0.0.1:0").unwrap();
+            for (old, new) in [
+                (quic_port, quic.local_addr().unwrap().port()),
+                (http_port, http.local_addr().unwrap().port()),
+            ] {
+                text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{new}"));
+            }
+            sockets.insert(name.to_string(), (quic, http));
+        }
+        text = text.replace("[settings]\n", &format!("[settings]\n{settings}"));
+        text.push_str("\n[tls]\nca = \"certs/ca.pem\"\ncert_dir = \"certs\"\n");
+        let topology_path = dir.join("topology.toml");
+        std::fs::write(&topology_path, &text).unwrap();
+        let topology = Topology::parse(&text).unwrap();
+        let status = Command::new(CREST)
+            .args(["certs", "--topology"])
+            .arg(&topology_path)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "crest certs");
+        let mut cluster = Cluster {
+            dir,
+            topology_path,
+            topology,
+            sockets,
+            children: Vec::new(),
+        };
+        for node in cluster.topology.nodes.clone() {
+            cluster.launch(&node.name);
+        }
+        cluster
+    }
+
+    pub(crate) fn launch(&mut self, node: &str) {
+        let log = std::fs::File::create(self.dir.join(format!("{node}.log"))).unwrap();
+        let (quic, http) = &self.sockets[node];
+        let mut command = Command::new(CREST);
+        command
+            .fd_mappings(vec![
+                FdMapping {
+                    parent_fd: OwnedFd::from(quic.try_clone().unwrap()),
+                    child_fd: 3,
+                },
+                FdMapping {
+                    parent_fd: OwnedFd::from(http.try_clone().unwrap()),
+                    child_fd: 4,
+                },
+            ])
+            .unwrap();
+        let child = command
+            .args(["launch", "--node", node, "--topology"])
+            .arg(&self.topology_path)
+            .env("LISTEN_FDS", "2")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.children.push((node.to_string(), child));
+    }
+
+    /// SIGKILL: no chance to close connections or say goodbye.
+    pub(crate) fn kill(&mut self, node: &str) {
+        let index = self
+            .children
+            .iter()
+            .position(|(name, _)| name == node)
+            .unwrap();
+        let (_, mut child) = self.children.remove(index);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    pub(crate) fn tls(&self) -> ClientTls {
+        ClientTls::from_file(self.dir.join("certs/ca.pem")).unwrap()
+    }
+
+    pub(crate) async fn producer(&self) -> Producer {
+        retry(|| Producer::connect(ProducerConfig::from_topology(&self.topology, self.tls()))).await
+    }
+
+    /// The process id of a running node.
+    pub(crate) fn pid(&self, node: &str) -> u32 {
+        let (_, child) = self.children.iter().find(|(name, _)| name == node).unwrap();
+        child.id()
+    }
+
+    pub(crate) async fn consumer(&self) -> Consumer {
+        retry(|| Consumer::connect(ConsumerConfig::from_topology(&self.topology, self.tls()))).await
+    }
+}
+
+/// Retries a connection for up to 20 seconds: processes take a moment to bind.
+pub(crate) async fn retry<T, F, Fut>(connect: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crest::sdk::ClientError>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match connect().await {
+            Ok(value) => return value,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("could not connect: {error}"),
+        }
+    }
+}
+
