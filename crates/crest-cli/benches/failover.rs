@@ -55,8 +55,13 @@ async fn producer_for(cluster: &Cluster, leaf: &str) -> Producer {
 }
 
 async fn consumer(cluster: &Cluster) -> Consumer {
-    retry(|| Consumer::connect(ConsumerConfig::from_topology(&cluster.topology, cluster.tls())))
-        .await
+    retry(|| {
+        Consumer::connect(ConsumerConfig::from_topology(
+            &cluster.topology,
+            cluster.tls(),
+        ))
+    })
+    .await
 }
 
 async fn round(cluster: &mut Cluster, node: &str) -> Round {

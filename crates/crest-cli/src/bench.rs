@@ -10,7 +10,7 @@ pub(crate) struct BenchArgs {
     pub(crate) connect: bool,
     /// Topology: the tree to start (default: the embedded root + 2 aggregators + 4 leaves),
     /// or with --connect, the running tree's addresses.
-    #[arg(long)]
+    #[arg(long, env = "CREST_TOPOLOGY")]
     pub(crate) topology: Option<PathBuf>,
     /// With --connect: CA certificate to trust.
     #[arg(long, env = "CREST_CA", default_value = crest::LOCAL_CA_PATH)]

@@ -5,7 +5,7 @@ use crate::*;
 #[derive(Args)]
 pub(crate) struct ClientArgs {
     /// Topology file naming the root and leaves; the embedded default if omitted.
-    #[arg(long)]
+    #[arg(long, env = "CREST_TOPOLOGY")]
     pub(crate) topology: Option<PathBuf>,
     /// CA certificate to trust.
     #[arg(long, env = "CREST_CA", default_value = crest::LOCAL_CA_PATH)]
@@ -32,13 +32,14 @@ pub(crate) struct PushArgs {
     #[arg(long)]
     pub(crate) topic: String,
     /// Priority (0 is the most urgent).
-    #[arg(long, default_value_t = crest::core::tier::NORMAL)]
+    #[arg(long, default_value_t = crest::core::tier::NORMAL, allow_negative_numbers = true,
+          value_parser = parse_priority)]
     pub(crate) priority: u32,
     /// Metadata entries KEY=VALUE.
     #[arg(long, value_parser = parse_key_value)]
     pub(crate) metadata: Vec<(String, String)>,
-    /// Push the payload this many times.
-    #[arg(long, default_value_t = 1)]
+    /// Push the payload this many times (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) count: u32,
     /// Deliver no sooner than this many milliseconds after the leaf accepts it.
     #[arg(long)]
@@ -52,8 +53,45 @@ pub(crate) struct PushArgs {
     /// Dedup key: a second push with it within the topic's window is not enqueued again.
     #[arg(long)]
     pub(crate) dedup_key: Option<String>,
-    /// The payload (UTF-8 text).
-    pub(crate) payload: String,
+    /// Read the payload from this file (`-`: standard input), any bytes.
+    #[arg(long, conflicts_with = "payload")]
+    pub(crate) file: Option<PathBuf>,
+    /// The payload (UTF-8 text), unless --file gives it.
+    pub(crate) payload: Option<String>,
+}
+
+/// A priority from the command line: a whole number from 0, the most urgent.
+fn parse_priority(text: &str) -> Result<u32, String> {
+    match text.parse::<i64>() {
+        Ok(n) if n < 0 => Err(format!(
+            "{n} is below 0: priorities are whole numbers from 0 (the most urgent) to {}",
+            u32::MAX
+        )),
+        Ok(n) => u32::try_from(n)
+            .map_err(|_| format!("{n} is above {}, the least urgent priority", u32::MAX)),
+        Err(_) => Err(format!(
+            "{text:?} is not a priority: a whole number from 0 (the most urgent) to {}",
+            u32::MAX
+        )),
+    }
+}
+
+/// The payload of a push: the argument, or the bytes of `--file` (`-`: standard input).
+fn payload(args: &PushArgs) -> Result<Vec<u8>> {
+    match (&args.file, &args.payload) {
+        (Some(path), _) if path.as_os_str() == "-" => {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)
+                .context("reading the payload from standard input")?;
+            Ok(bytes)
+        }
+        (Some(path), _) => std::fs::read(path)
+            .with_context(|| format!("reading the payload from {}", path.display())),
+        (None, Some(text)) => Ok(text.clone().into_bytes()),
+        (None, None) => {
+            bail!("no payload: give it as the last argument, or --file PATH (`-`: standard input)")
+        }
+    }
 }
 
 #[derive(Args)]
@@ -126,6 +164,7 @@ pub(crate) fn client_tls(args: &ClientArgs) -> Result<ClientTls> {
 }
 
 pub(crate) async fn push(args: PushArgs) -> Result<()> {
+    let payload = bytes::Bytes::from(payload(&args)?);
     let tls = client_tls(&args.client)?;
     let leaves = if args.leaf.is_empty() {
         load_topology(args.client.topology.as_deref())?
@@ -138,8 +177,7 @@ pub(crate) async fn push(args: PushArgs) -> Result<()> {
     let producer = Producer::connect(ProducerConfig::new(leaves, tls)).await?;
     let mut handles = Vec::with_capacity(args.count as usize);
     for _ in 0..args.count {
-        let mut message = Message::new(args.topic.clone(), args.payload.clone().into_bytes())
-            .priority(args.priority);
+        let mut message = Message::new(args.topic.clone(), payload.clone()).priority(args.priority);
         if let Some(delay) = args.delay_ms {
             message = message.deliver_after(Duration::from_millis(delay));
         }
@@ -204,11 +242,18 @@ pub(crate) async fn pop(args: PopArgs) -> Result<()> {
     }
     if args.ack && !deliveries.is_empty() {
         let receipts: Vec<Receipt> = deliveries.iter().map(|d| d.receipt()).collect();
+        let mut failed = 0;
         for (receipt, result) in receipts.iter().zip(consumer.ack_many(&receipts).await?) {
             match result {
                 Ok(()) => println!("acked {}", receipt.id),
-                Err(error) => println!("ack {} failed: {error}", receipt.id),
+                Err(error) => {
+                    failed += 1;
+                    println!("ack {} failed: {error}", receipt.id);
+                }
             }
+        }
+        if failed > 0 {
+            bail!("{failed} of {} acks were refused", receipts.len());
         }
     }
     Ok(())

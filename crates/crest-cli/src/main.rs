@@ -52,7 +52,7 @@ enum Command {
     /// Run every node of a topology in this process over loopback QUIC (ephemeral certificates).
     Local {
         /// Topology file; the embedded default tree (root, 2 aggregators, 4 leaves) if omitted.
-        #[arg(long)]
+        #[arg(long, env = "CREST_TOPOLOGY")]
         topology: Option<PathBuf>,
         /// Where to write the CA certificate clients must trust.
         #[arg(long, default_value = crest::LOCAL_CA_PATH)]
@@ -67,7 +67,7 @@ enum Command {
     /// Run one node of a topology (one command per host), with certificates from `crest certs`.
     Launch {
         /// Topology file (must have a [tls] section).
-        #[arg(long)]
+        #[arg(long, env = "CREST_TOPOLOGY")]
         topology: PathBuf,
         /// The node to run.
         #[arg(long)]
@@ -85,7 +85,7 @@ enum Command {
     /// Make a cluster CA (or reuse the one found) and a certificate for every node of a topology.
     Certs {
         /// Topology file.
-        #[arg(long)]
+        #[arg(long, env = "CREST_TOPOLOGY")]
         topology: PathBuf,
         /// Output directory; default: the topology's [tls] cert_dir, else `certs` beside it.
         #[arg(long)]

@@ -79,6 +79,14 @@ pub(crate) async fn launch(
     listen_fds: listenfd::ListenFd,
 ) -> Result<()> {
     let topology = load_topology(Some(topology_path))?;
+    let spec = topology.node(name).with_context(|| {
+        let names: Vec<&str> = topology.nodes.iter().map(|n| n.name.as_str()).collect();
+        format!(
+            "node {name:?} is not in {} (its nodes: {})",
+            topology_path.display(),
+            names.join(", ")
+        )
+    })?;
     let tls =
         NodeTls::from_files(&topology, name, &base_dir(topology_path))?.with_context(|| {
             format!(
@@ -87,9 +95,6 @@ pub(crate) async fn launch(
                 topology_path.display()
             )
         })?;
-    let spec = topology
-        .node(name)
-        .with_context(|| format!("node {name:?} is not in the topology"))?;
     let data_dir = match (data_dir, &spec.data_dir) {
         (Some(dir), _) => dir,
         (None, Some(dir)) => base_dir(topology_path).join(dir),

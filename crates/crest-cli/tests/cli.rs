@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 const CREST: &str = env!("CARGO_BIN_EXE_crest");
+const DEFAULT: &str = include_str!("../../../topology/local.toml");
 
 struct Cli {
     ca: PathBuf,
@@ -148,5 +149,114 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
         .await;
     assert_eq!(field(&back, "attempt"), "1", "{back}");
     assert!(back.contains("acked"), "{back}");
+    tree.shutdown().await;
+}
+
+/// What a new user runs into: wrong numbers explained, payloads from files and standard
+/// input, an unknown node named, a second ack told it came too late, failed acks failing the
+/// command, the topology from `CREST_TOPOLOGY`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rough_edges_a_new_user_meets_are_explained() {
+    let bare = |args: &[&str]| {
+        let mut command = Command::new(CREST);
+        command.args(args);
+        common::output(command)
+    };
+    let (ok, text) = bare(&["push", "--topic", "t", "--priority", "-1", "x"]).await;
+    assert!(!ok && text.contains("-1 is below 0"), "{text}");
+    assert!(text.contains("0 (the most urgent)"), "{text}");
+    let (ok, text) = bare(&["push", "--topic", "t", "--count", "0", "x"]).await;
+    assert!(!ok && text.contains("--count"), "{text}");
+    let (ok, text) = bare(&["push", "--topic", "t"]).await;
+    assert!(
+        !ok && text.contains("--file"),
+        "a payload or a file: {text}"
+    );
+    let local = concat!(env!("CARGO_MANIFEST_DIR"), "/../../topology/local.toml");
+    let (ok, text) = bare(&["launch", "--node", "nosuch", "--topology", local]).await;
+    assert!(
+        !ok && text.contains("\"nosuch\" is not in") && text.contains("leaf-4"),
+        "{text}"
+    );
+    let mut command = Command::new(CREST);
+    command
+        .args(["stats"])
+        .env("CREST_TOPOLOGY", "/nonexistent/topology.toml");
+    let (ok, text) = common::output(command).await;
+    assert!(!ok && text.contains("/nonexistent/topology.toml"), "{text}");
+
+    let topology = Topology::parse(DEFAULT).unwrap().with_ephemeral_ports();
+    let tree = LocalTree::start(&topology).await.unwrap();
+    assert!(tree.wait_connected(Duration::from_secs(10)).await);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &tree.ca_pem).unwrap();
+    let file = dir.path().join("payload");
+    let cli = Cli {
+        ca,
+        root: tree.topology.root().address.clone(),
+        leaves: tree.topology.leaves().map(|l| l.address.clone()).collect(),
+        _dir: dir,
+    };
+
+    // A payload too large for an argument, from a file and from standard input.
+    let big = "p".repeat(200 * 1024);
+    std::fs::write(&file, &big).unwrap();
+    cli.ok(&["push", "--topic", "big", "--file", file.to_str().unwrap()])
+        .await;
+    let popped = cli
+        .ok(&["pop", "--topic", "big", "--wait-ms", "5000", "--ack"])
+        .await;
+    assert_eq!(field(&popped, "payload").len(), big.len());
+    let mut command = Command::new(CREST);
+    command
+        .args(["push", "--topic", "big", "--file", "-", "--ca"])
+        .arg(&cli.ca)
+        .args(cli.leaves.iter().flat_map(|leaf| ["--leaf", leaf.as_str()]))
+        .stdin(std::fs::File::open(&file).unwrap());
+    let (ok, text) = common::output(command).await;
+    assert!(ok, "{text}");
+    let popped = cli
+        .ok(&["pop", "--topic", "big", "--wait-ms", "5000"])
+        .await;
+    assert_eq!(field(&popped, "payload"), big);
+
+    // A second ack of one receipt: the message is already settled.
+    let receipt = field(&popped, "receipt").to_string();
+    cli.ok(&["ack", &receipt]).await;
+    let (ok, text) = cli.run(&["ack", &receipt]).await;
+    assert!(!ok && text.contains("already settled"), "{text}");
+
+    // `pop --ack` fails when an ack fails: leases of 1 ms end before the ack reaches the leaf
+    // (a big payload crosses the tree and the terminal first). Whatever the timing, the exit
+    // status must agree with what the command printed.
+    let mut failures = 0;
+    for _ in 0..5 {
+        cli.ok(&["push", "--topic", "short", "--file", file.to_str().unwrap()])
+            .await;
+        let (ok, text) = cli
+            .run(&[
+                "pop",
+                "--topic",
+                "short",
+                "--wait-ms",
+                "5000",
+                "--visibility-ms",
+                "1",
+                "--ack",
+            ])
+            .await;
+        let refused = text.contains("failed: stale");
+        assert_eq!(ok, !refused, "exit status and output disagree:\n{text}");
+        if refused {
+            failures += 1;
+            assert!(text.contains("1 of 1 acks were refused"), "{text}");
+            // The message is back after its lease: take it for good.
+            cli.ok(&["pop", "--topic", "short", "--wait-ms", "5000", "--ack"])
+                .await;
+            break;
+        }
+    }
+    assert_eq!(failures, 1, "an ack after a 1 ms lease was refused");
     tree.shutdown().await;
 }

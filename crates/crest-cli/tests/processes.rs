@@ -64,7 +64,7 @@ async fn pop_and_ack(
 
 /// Acks `receipts` as a consumer must: an ack refused as `Unavailable` (a node between the root
 /// and the leaf was just killed and has not been replaced yet) did nothing, and the lease is
-/// still live, so it is sent again until it is applied. On a retry, `UnknownMessage` means an
+/// still live, so it is sent again until it is applied. On a retry, `Settled` means an
 /// earlier try was applied but its answer was lost with the node. Anything else fails.
 async fn ack_until_applied(consumer: &Consumer, mut receipts: Vec<Receipt>) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
@@ -75,7 +75,7 @@ async fn ack_until_applied(consumer: &Consumer, mut receipts: Vec<Receipt>) {
         for (receipt, result) in receipts.iter().zip(&results) {
             match result {
                 Ok(()) => {}
-                Err(ReceiptError::UnknownMessage) if retry => {}
+                Err(ReceiptError::Settled) if retry => {}
                 Err(ReceiptError::Unavailable) => pending.push(*receipt),
                 Err(error) => panic!("ack of {} refused: {error:?}", receipt.id),
             }

@@ -284,9 +284,12 @@ pub enum ReceiptError {
     /// The receipt's lease is no longer live: it expired or the message was re-delivered.
     #[error("stale receipt: the lease expired or the message was delivered again")]
     Stale,
-    /// The message does not exist at its leaf (already acknowledged, or never existed).
-    #[error("unknown message: already acknowledged or never existed")]
+    /// The message was never queued at its leaf.
+    #[error("unknown message: the receipt names a message its leaf never queued")]
     UnknownMessage,
+    /// The message is gone from its leaf: acknowledged, expired or purged.
+    #[error("already settled: the message was acknowledged, expired or purged")]
+    Settled,
     /// The receipt names a leaf that is not in this tree.
     #[error("unknown leaf: the receipt names a leaf that is not in this tree")]
     UnknownLeaf,

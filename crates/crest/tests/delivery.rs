@@ -138,7 +138,7 @@ async fn an_unacked_delivery_goes_to_another_consumer_after_its_timeout_and_the_
     other.ack(&second.receipt()).await.unwrap();
     assert!(matches!(
         other.ack(&second.receipt()).await,
-        Err(ClientError::Receipt(ReceiptError::UnknownMessage))
+        Err(ClientError::Receipt(ReceiptError::Settled))
     ));
     pop_none(&other, "jobs").await;
     tree.shutdown().await;
@@ -643,7 +643,7 @@ async fn no_message_is_held_by_two_consumers_under_live_leases_at_once() {
                                 "a live lease's ack is refused"
                             );
                         }
-                        Err(ClientError::Receipt(ReceiptError::UnknownMessage)) => {}
+                        Err(ClientError::Receipt(ReceiptError::Settled)) => {}
                         Err(other) => panic!("ack failed: {other}"),
                     }
                 }

@@ -359,7 +359,7 @@ async fn bad_receipts_and_invalid_arguments_get_typed_errors() {
     consumer.ack(&delivery.receipt()).await.unwrap();
     let error = consumer.ack(&delivery.receipt()).await.unwrap_err();
     assert!(
-        matches!(error, ClientError::Receipt(ReceiptError::UnknownMessage)),
+        matches!(error, ClientError::Receipt(ReceiptError::Settled)),
         "{error}"
     );
 

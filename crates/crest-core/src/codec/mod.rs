@@ -333,6 +333,7 @@ fn receipt_error_name(error: ReceiptError) -> &'static str {
     match error {
         ReceiptError::Stale => "Stale",
         ReceiptError::UnknownMessage => "UnknownMessage",
+        ReceiptError::Settled => "Settled",
         ReceiptError::UnknownLeaf => "UnknownLeaf",
         ReceiptError::Unavailable => "Unavailable",
     }
@@ -716,6 +717,7 @@ impl Reader<'_> {
             Some(Err(match r.str()? {
                 "Stale" => ReceiptError::Stale,
                 "UnknownMessage" => ReceiptError::UnknownMessage,
+                "Settled" => ReceiptError::Settled,
                 "UnknownLeaf" => ReceiptError::UnknownLeaf,
                 "Unavailable" => ReceiptError::Unavailable,
                 _ => return None,

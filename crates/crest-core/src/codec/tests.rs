@@ -162,6 +162,7 @@ fn result() -> impl Strategy<Value = Result<(), ReceiptError>> {
         Just(Ok(())),
         Just(Err(ReceiptError::Stale)),
         Just(Err(ReceiptError::UnknownMessage)),
+        Just(Err(ReceiptError::Settled)),
         Just(Err(ReceiptError::UnknownLeaf)),
         Just(Err(ReceiptError::Unavailable)),
     ]

@@ -251,6 +251,10 @@ impl Leaf {
             None if receipt.id.leaf() == self.config.id && self.live.contains(receipt.id.seq()) => {
                 Err(ReceiptError::Stale)
             }
+            // Ids are given in order: one below the next was queued here once, and is gone.
+            None if receipt.id.leaf() == self.config.id && receipt.id.seq() < self.next_seq => {
+                Err(ReceiptError::Settled)
+            }
             None => Err(ReceiptError::UnknownMessage),
         }
     }

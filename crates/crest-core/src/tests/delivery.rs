@@ -37,7 +37,7 @@ fn an_expired_lease_redelivers_and_the_late_ack_is_stale() {
     assert_eq!(t.h.ack(t.consumer, vec![second[0].receipt()]), vec![Ok(())]);
     assert_eq!(
         t.h.ack(t.consumer, vec![second[0].receipt()]),
-        vec![Err(ReceiptError::UnknownMessage)]
+        vec![Err(ReceiptError::Settled)]
     );
 }
 
