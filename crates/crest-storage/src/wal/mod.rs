@@ -218,6 +218,20 @@ pub struct Wal {
     pushed_at: Option<Instant>,
     /// Completions ready to report, in log order.
     ready: Vec<Completion>,
+    /// Groups refused since the writer last said so (see [`REFUSALS_LOGGED_EVERY`]).
+    refusals: Refusals,
+}
+
+/// While the log refuses writes (a full disk), the writer says so at most this often, with
+/// how many groups it refused meanwhile, and says when writes succeed again.
+pub(super) const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+pub(super) struct Refusals {
+    /// Groups refused since the first refusal after the last success.
+    pub(super) count: u64,
+    /// When the writer last logged a refusal.
+    pub(super) logged_at: Option<Instant>,
 }
 
 /// How the group that carried a set of completions was made durable.
@@ -301,12 +315,24 @@ fn create_segment(options: &WalOptions, seq: u64) -> Result<(File, u64), Storage
         .create_new(true)
         .open(&path)
         .map_err(|e| io_error(&path, e))?;
-    Write::write_all(&mut file, &segment_header(seq)).map_err(|e| io_error(&path, e))?;
-    if options.preallocate {
-        preallocate(&file, options.segment_bytes_max, &path);
+    let made = Write::write_all(&mut file, &segment_header(seq))
+        .and_then(|()| {
+            if options.preallocate {
+                preallocate(&file, options.segment_bytes_max, &path);
+            }
+            file.sync_all()
+        })
+        .map_err(|e| io_error(&path, e))
+        .and_then(|()| sync_dir(dir));
+    if let Err(error) = made {
+        // A segment that could not be made whole is not left behind (the next attempt creates
+        // it again, say once a full disk has room).
+        drop(file);
+        if let Err(removal) = std::fs::remove_file(&path) {
+            tracing::warn!(path = %path.display(), %removal, "half-made segment not removed");
+        }
+        return Err(error);
     }
-    file.sync_all().map_err(|e| io_error(&path, e))?;
-    sync_dir(dir)?;
     Ok((file, SEGMENT_HEADER_BYTES as u64))
 }
 

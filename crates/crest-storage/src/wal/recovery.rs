@@ -185,6 +185,7 @@ pub(super) fn recover(
         held: Vec::new(),
         held_since: None,
         pushed_at: None,
+        refusals: Refusals::default(),
         ready: Vec::new(),
     };
     Ok((wal, recovered))

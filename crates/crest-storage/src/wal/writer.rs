@@ -250,7 +250,9 @@ impl Wal {
         let header = SEGMENT_HEADER_BYTES as u64;
         if self.len > header && self.len + buf.len() as u64 > self.options.segment_bytes_max {
             if let Err(error) = self.rotate() {
-                self.ready.extend(fail_all(jobs, &error.to_string()));
+                let error = error.to_string();
+                self.refused(&error);
+                self.ready.extend(fail_all(jobs, &error));
                 return;
             }
             failed = encode(self.seq, buf);
@@ -260,10 +262,17 @@ impl Wal {
             // Cut back whatever part of the group reached the file: none of it is acknowledged,
             // and recovery must not find half of it.
             let _ = self.file.set_len(self.len);
-            tracing::error!(path = %path.display(), %error, "log write failed; the group is refused");
             let error = format!("log write to {} failed: {error}", path.display());
+            self.refused(&error);
             self.ready.extend(fail_all(jobs, &error));
             return;
+        }
+        if self.refusals.count > 0 {
+            tracing::warn!(
+                refused = self.refusals.count,
+                "log writes succeed again; the leaf accepts pushes"
+            );
+            self.refusals = Refusals::default();
         }
         // Whether this group's completions wait for a later sync.
         let mut hold = false;
@@ -329,6 +338,25 @@ impl Wal {
             self.held.extend(completions);
         } else {
             self.ready.extend(completions);
+        }
+    }
+
+    /// A group refused: said at once the first time, then at most every
+    /// [`REFUSALS_LOGGED_EVERY`] with the count, so a full disk neither goes unseen nor floods
+    /// the log.
+    pub(super) fn refused(&mut self, error: &str) {
+        self.refusals.count += 1;
+        let due = self
+            .refusals
+            .logged_at
+            .is_none_or(|at| at.elapsed() >= REFUSALS_LOGGED_EVERY);
+        if due {
+            tracing::error!(
+                error,
+                refused = self.refusals.count,
+                "the log cannot be written: pushes are refused until it can"
+            );
+            self.refusals.logged_at = Some(Instant::now());
         }
     }
 

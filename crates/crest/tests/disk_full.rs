@@ -1,0 +1,245 @@
+//! A leaf whose disk fills up, on a real filesystem that runs out of space (a small tmpfs
+//! mounted for the test): pushes are refused `StorageFailed` while it is full, the leaf says so
+//! in its log, accepts pushes again as soon as space is back (no restart), and nothing it
+//! acknowledged is lost across a restart.
+
+use crest::core::topology::Topology;
+use crest::core::wire::ErrorCode;
+use crest::node::LocalTree;
+use crest::sdk::{
+    ClientError, ClientTls, Consumer, ConsumerConfig, Message, MessageId, Producer, ProducerConfig,
+};
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(20);
+const SMALL: usize = 16 * 1024;
+/// More than what is left of the first segment after the small pushes: its push starts a new
+/// segment, whose creation is what a full disk refuses.
+const LARGE: usize = 160 * 1024;
+
+/// A tmpfs of `size` mounted on a fresh directory, unmounted when dropped. Mounting needs root,
+/// or `sudo` that asks no password (as `scripts/test` does to install what the suite needs).
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+fn as_root(args: &[&str]) -> std::process::Output {
+    let root = rustix::process::geteuid().is_root();
+    let mut command = if root {
+        Command::new(args[0])
+    } else {
+        let mut sudo = Command::new("sudo");
+        sudo.arg("-n").arg(args[0]);
+        sudo
+    };
+    command.args(&args[1..]).output().expect("run mount")
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_str().unwrap().to_string();
+        let output = as_root(&[
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size}"),
+            "tmpfs",
+            &path,
+        ]);
+        assert!(
+            output.status.success(),
+            "mounting a tmpfs needs root or password-less sudo: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        if !rustix::process::geteuid().is_root() {
+            as_root(&["chmod", "777", &path]);
+        }
+        Tmpfs { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = as_root(&["umount", "-l", self.dir.path().to_str().unwrap()]);
+    }
+}
+
+/// Everything the nodes log, kept to look at.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+fn topology() -> Topology {
+    let text = include_str!("../../../topology/one-leaf.toml");
+    let mut topology = Topology::parse(text).unwrap().with_ephemeral_ports();
+    // Segments grow as they are written (no preallocated room to give back when one is
+    // sealed), so that a full disk refuses the creation of the next one.
+    for setting in [
+        "wal_segment_bytes_max=262144",
+        "wal_preallocate=false",
+        "leaf_body_cache_bytes=0",
+    ] {
+        topology.set_setting(setting).unwrap();
+    }
+    topology
+}
+
+async fn producer(tree: &LocalTree) -> Producer {
+    let tls = ClientTls {
+        ca_pem: tree.ca_pem.clone(),
+    };
+    Producer::connect(ProducerConfig::from_topology(&tree.topology, tls))
+        .await
+        .unwrap()
+}
+
+/// Pushes one message of `bytes`; `None` if the leaf refused it for want of storage.
+async fn push(producer: &Producer, n: usize, bytes: usize) -> Option<MessageId> {
+    let payload = format!("{n:08}").repeat(bytes / 8);
+    let handle = producer.send(Message::new("jobs", payload)).await.unwrap();
+    match handle.acked().await {
+        Ok(id) => Some(id),
+        Err(ClientError::Rejected {
+            code: ErrorCode::StorageFailed,
+            ..
+        }) => None,
+        Err(other) => panic!("push {n}: {other}"),
+    }
+}
+
+/// Fills what is left of the filesystem at `dir` with a file; returns its path.
+fn fill(dir: &Path) -> PathBuf {
+    let path = dir.join("ballast");
+    let mut file = std::fs::File::create(&path).unwrap();
+    // Down to the last byte: a page left free would hold a new segment's header.
+    for size in [64 * 1024, 4096, 1] {
+        let chunk = vec![0u8; size];
+        while file.write_all(&chunk).is_ok() {}
+    }
+    let _ = file.sync_all();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_pushes_and_they_are_accepted_again_once_space_is_back() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    tracing_subscriber::fmt()
+        .with_env_filter("crest_storage=warn,crest_node=warn")
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .init();
+    let disk = Tmpfs::mount("8m");
+    let data = disk.path().join("data");
+    let tree = LocalTree::start_on(&topology(), Some(&data), None)
+        .await
+        .unwrap();
+    assert!(tree.wait_connected(WAIT).await);
+    let producer = producer(&tree).await;
+    let mut accepted = HashSet::new();
+    let mut n = 0;
+    for _ in 0..8 {
+        accepted.insert(push(&producer, n, SMALL).await.expect("room on the disk"));
+        n += 1;
+    }
+
+    // The disk fills up: pushes that need a new segment are refused, each with
+    // StorageFailed, and no half-made segment is left behind.
+    let ballast = fill(disk.path());
+    let mut refused = 0;
+    let deadline = Instant::now() + WAIT;
+    while refused < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "pushes still accepted on a full disk"
+        );
+        match push(&producer, n, LARGE).await {
+            Some(id) => {
+                accepted.insert(id);
+            }
+            None => refused += 1,
+        }
+        n += 1;
+    }
+    let said = logs.text();
+    assert!(
+        said.contains("the log cannot be written"),
+        "the leaf says why it refuses:\n{said}"
+    );
+    assert_eq!(
+        said.matches("the log cannot be written").count(),
+        1,
+        "at most once per interval, not once per refusal:\n{said}"
+    );
+
+    // Space is back: the very next pushes are accepted, without a restart.
+    std::fs::remove_file(&ballast).unwrap();
+    for _ in 0..8 {
+        accepted.insert(
+            push(&producer, n, LARGE)
+                .await
+                .expect("accepted once space is back"),
+        );
+        n += 1;
+    }
+    assert!(
+        logs.text().contains("log writes succeed again"),
+        "{}",
+        logs.text()
+    );
+
+    // Nothing acknowledged is lost, across a restart on the same disk.
+    drop(producer);
+    tree.shutdown().await;
+    let tree = LocalTree::start_on(&topology(), Some(&data), None)
+        .await
+        .unwrap();
+    assert!(tree.wait_connected(WAIT).await);
+    let tls = ClientTls {
+        ca_pem: tree.ca_pem.clone(),
+    };
+    let consumer = Consumer::connect(ConsumerConfig::from_topology(&tree.topology, tls))
+        .await
+        .unwrap();
+    let mut delivered = HashSet::new();
+    let deadline = Instant::now() + WAIT;
+    while delivered.len() < accepted.len() && Instant::now() < deadline {
+        let batch = consumer
+            .pop("jobs", 64, Duration::from_millis(500))
+            .await
+            .unwrap();
+        let receipts: Vec<_> = batch.iter().map(|d| d.receipt()).collect();
+        for delivery in &batch {
+            assert!(delivered.insert(delivery.id), "{} twice", delivery.id);
+        }
+        consumer.ack_many(&receipts).await.unwrap();
+    }
+    assert_eq!(delivered, accepted, "every acknowledged push, once");
+    tree.shutdown().await;
+}
