@@ -102,6 +102,10 @@ pub struct Settings {
     pub connections_max: u32,
     /// A client connection with no traffic for this long is closed, in milliseconds.
     pub idle_timeout_ms: u64,
+    /// How long a client (the SDK, the CLI) waits for a connection to a node to be made —
+    /// QUIC and TLS handshakes and crest's `Hello` — in milliseconds: an address with nothing
+    /// listening fails in this time.
+    pub connect_timeout_ms: u64,
     /// Keep-alive interval on client connections, in milliseconds.
     pub keep_alive_ms: u64,
     /// A link of the tree (a node to its parent, the root to a leaf) with no traffic for this
@@ -289,6 +293,7 @@ impl Default for Settings {
             connection_send_queue_max: 4096,
             connections_max: 1024,
             idle_timeout_ms: 10_000,
+            connect_timeout_ms: 2_000,
             keep_alive_ms: 1_000,
             link_idle_timeout_ms: 1_000,
             link_keep_alive_ms: 200,

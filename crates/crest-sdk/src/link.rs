@@ -17,9 +17,6 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 type Waiters = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Wire>>>>>;
 
-/// How long the handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// See the module doc.
 pub(crate) struct Link {
     data: mpsc::Sender<Wire>,
@@ -34,6 +31,23 @@ pub(crate) struct Link {
 impl Link {
     /// Connects to `address`, says who we are, and waits for the node's `Welcome`.
     pub(crate) async fn connect(
+        address: &str,
+        peer: PeerKind,
+        ca_pem: &str,
+        settings: &Settings,
+        requests_in_flight_max: usize,
+    ) -> Result<Link, ClientError> {
+        let limit = Duration::from_millis(settings.connect_timeout_ms);
+        let connect = Link::connect_now(address, peer, ca_pem, settings, requests_in_flight_max);
+        tokio::time::timeout(limit, connect).await.map_err(|_| {
+            ClientError::Connect(format!(
+                "{address}: no answer within {} ms (connect_timeout_ms)",
+                settings.connect_timeout_ms
+            ))
+        })?
+    }
+
+    async fn connect_now(
         address: &str,
         peer: PeerKind,
         ca_pem: &str,
@@ -58,10 +72,8 @@ impl Link {
             .await
             .map_err(|_| ClientError::Disconnected("control stream closed".into()))?;
         let mut control_reader = FrameReader::new(streams.control.1, max);
-        let welcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, control_reader.next())
-            .await
-            .map_err(|_| ClientError::Timeout("handshake".into()))?;
-        let welcome = match welcome? {
+        // Bounded by `connect_timeout_ms` with the rest of the connect.
+        let welcome = match control_reader.next().await? {
             Some(ReadEvent::Frame(Wire::Welcome(welcome))) => welcome,
             Some(ReadEvent::Frame(Wire::Error(ErrorReply { code, message, .. }))) => {
                 return Err(ClientError::Rejected { code, message });
@@ -226,4 +238,31 @@ pub(crate) async fn resolve(address: &str) -> Result<SocketAddr, ClientError> {
         .map_err(|e| ClientError::Connect(format!("resolve {address}: {e}")))?
         .next()
         .ok_or_else(|| ClientError::Connect(format!("resolve {address}: no address")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An address where a socket is bound but nobody answers (a process that hangs, a host
+    /// whose packets vanish): the connect fails after `connect_timeout_ms`, saying so.
+    #[tokio::test]
+    async fn a_connect_to_a_silent_address_fails_at_the_connect_timeout() {
+        let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let address = silent.local_addr().unwrap().to_string();
+        let ca = crest_transport::tls::CertificateAuthority::generate().unwrap();
+        let settings = Settings {
+            connect_timeout_ms: 300,
+            ..Settings::default()
+        };
+        let peer = PeerKind::Producer;
+        let error = Link::connect(&address, peer, ca.cert_pem(), &settings, 1)
+            .await
+            .err()
+            .expect("nothing answers");
+        assert!(
+            matches!(&error, ClientError::Connect(text) if text.contains("connect_timeout_ms")),
+            "{error}"
+        );
+    }
 }

@@ -9,6 +9,14 @@
 //! leaf acknowledged the batch (after it is durable). Messages are spread round-robin over
 //! the lanes, except messages with a dedup key: those go to the leaf the key hashes to.
 //!
+//! A leaf that cannot be reached is routed around: when a lane cannot connect to its leaf,
+//! the batch it was about to send goes to the other lanes (messages with a dedup key
+//! excepted: they belong to their leaf, and fail), and new messages avoid the lane for a
+//! while (`leaf_retry_initial`, doubling up to `leaf_retry_max`); after that the next batch
+//! tries the leaf again. A batch already sent when its connection breaks fails (it may or may
+//! not have been stored), and the lane is avoided the same way. [`Producer::connect`] needs
+//! one reachable leaf, not all.
+//!
 //! [`Producer::send_batch`] hands a lane many messages at once, with one acknowledgement
 //! for all of them: it saves the per-message queue slot and reply that [`Producer::send`]
 //! takes, which is most of a producer's cost at high rates. A lane still cuts its push
@@ -23,8 +31,8 @@ use crest_core::time::Time;
 use crest_core::topology::Topology;
 use crest_core::wire::{PeerKind, Push, PushMessage, Wire};
 use std::ops::Range;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
@@ -110,6 +118,11 @@ pub struct ProducerConfig {
     pub queue_messages_max: usize,
     /// How long to wait for a batch's acknowledgement.
     pub ack_timeout: Duration,
+    /// How long new messages avoid a leaf that could not be reached, at first; doubles with
+    /// each failure in a row.
+    pub leaf_retry_initial: Duration,
+    /// The longest a leaf is avoided before it is tried again.
+    pub leaf_retry_max: Duration,
 }
 
 impl ProducerConfig {
@@ -124,6 +137,8 @@ impl ProducerConfig {
             batches_in_flight_max: 32,
             queue_messages_max: 16 * 1024,
             ack_timeout: Duration::from_secs(30),
+            leaf_retry_initial: Duration::from_millis(100),
+            leaf_retry_max: Duration::from_secs(5),
         }
     }
 
@@ -182,6 +197,75 @@ impl Job {
 struct Lane {
     jobs: mpsc::UnboundedSender<Job>,
     queued: Arc<Semaphore>,
+    health: Health,
+}
+
+/// Whether new messages should avoid a lane: its leaf could not be reached lately. Read for
+/// every message, so the healthy case is one atomic load.
+struct Health {
+    /// Until when the lane is avoided, in microseconds since `epoch` (0: the leaf answers).
+    down_until_us: AtomicU64,
+    /// How long it was avoided last time, in microseconds (doubles while failures go on).
+    backoff_us: AtomicU64,
+    epoch: tokio::time::Instant,
+}
+
+impl Health {
+    fn new() -> Health {
+        Health {
+            down_until_us: AtomicU64::new(0),
+            backoff_us: AtomicU64::new(0),
+            epoch: tokio::time::Instant::now(),
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn is_up(&self) -> bool {
+        let until = self.down_until_us.load(Ordering::Relaxed);
+        until == 0 || self.now_us() >= until
+    }
+
+    /// The leaf could not be reached (again): avoid it for twice as long as last time.
+    fn failed(&self, config: &ProducerConfig) {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let last = self.backoff_us.load(Ordering::Relaxed);
+        let backoff = if last == 0 {
+            micros(config.leaf_retry_initial)
+        } else {
+            last.saturating_mul(2).min(micros(config.leaf_retry_max))
+        };
+        self.backoff_us.store(backoff.max(1), Ordering::Relaxed);
+        self.down_until_us.store(
+            self.now_us().saturating_add(backoff).max(1),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn answered(&self) {
+        if self.down_until_us.load(Ordering::Relaxed) != 0 {
+            self.down_until_us.store(0, Ordering::Relaxed);
+            self.backoff_us.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The next lane for a message without a dedup key: round-robin over the lanes whose leaf
+/// answers (over all of them if none does), skipping `not`.
+fn spread(lanes: &[Lane], next: &AtomicUsize, not: Option<usize>) -> Option<usize> {
+    let n = lanes.len();
+    let start = next.fetch_add(1, Ordering::Relaxed) % n;
+    let candidates = (0..n).map(|i| (start + i) % n).filter(|&l| Some(l) != not);
+    let mut any = None;
+    for lane in candidates {
+        if lanes[lane].health.is_up() {
+            return Some(lane);
+        }
+        any.get_or_insert(lane);
+    }
+    if not.is_some() { None } else { any }
 }
 
 impl Lane {
@@ -204,7 +288,7 @@ impl Lane {
 
 /// See the module doc.
 pub struct Producer {
-    lanes: Vec<Lane>,
+    lanes: Arc<Vec<Lane>>,
     /// The address of each lane, to route dedup keys.
     addresses: Vec<String>,
     next_lane: AtomicUsize,
@@ -299,21 +383,45 @@ impl Producer {
         }
         let queue_max = config.queue_messages_max.min(Semaphore::MAX_PERMITS);
         let mut lanes = Vec::new();
+        let mut receivers = Vec::new();
         let mut payload_bytes_max = usize::MAX;
+        let mut unreachable = None;
         for address in &config.leaves {
-            let link = connect_leaf(address, &config).await?;
-            payload_bytes_max = payload_bytes_max.min(link.welcome().payload_bytes_max as usize);
+            let health = Health::new();
+            let link = match connect_leaf(address, &config).await {
+                Ok(link) => {
+                    payload_bytes_max =
+                        payload_bytes_max.min(link.welcome().payload_bytes_max as usize);
+                    Some(Arc::new(link))
+                }
+                Err(error) => {
+                    health.failed(&config);
+                    unreachable.get_or_insert(error);
+                    None
+                }
+            };
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(run_lane(
-                address.clone(),
-                Arc::new(link),
-                rx,
-                config.clone(),
-            ));
+            receivers.push((address.clone(), link, rx));
             lanes.push(Lane {
                 jobs: tx,
                 queued: Arc::new(Semaphore::new(queue_max)),
+                health,
             });
+        }
+        if let Some(error) = unreachable
+            && payload_bytes_max == usize::MAX
+        {
+            return Err(error);
+        }
+        let lanes = Arc::new(lanes);
+        for (index, (address, link, rx)) in receivers.into_iter().enumerate() {
+            let lane = LaneTask {
+                index,
+                address,
+                lanes: Arc::downgrade(&lanes),
+                config: config.clone(),
+            };
+            tokio::spawn(run_lane(lane, link, rx));
         }
         Ok(Producer {
             lanes,
@@ -335,7 +443,7 @@ impl Producer {
         self.check_payload(&message)?;
         let lane = match &message.dedup_key {
             Some(key) => dedup_lane(&self.addresses, &message.topic, key),
-            None => self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len(),
+            None => spread(&self.lanes, &self.next_lane, None).unwrap_or(0),
         };
         let (reply, rx) = oneshot::channel();
         self.lanes[lane]
@@ -375,13 +483,13 @@ impl Producer {
                 let part = self.take_part(&mut messages);
                 let range = start..start + part.len();
                 start = range.end;
-                let lane = self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
+                let lane = spread(&self.lanes, &self.next_lane, None).unwrap_or(0);
                 parts.push((Positions::Range(range), self.queue_part(lane, part).await?));
             }
         } else {
             // Messages are grouped by lane (order kept within each), then cut into parts.
             let mut by_lane: Vec<Vec<(usize, PushMessage)>> = vec![Vec::new(); self.lanes.len()];
-            let spread = self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
+            let spread = spread(&self.lanes, &self.next_lane, None).unwrap_or(0);
             for (position, message) in messages.into_iter().enumerate() {
                 let lane = match &message.dedup_key {
                     Some(key) => dedup_lane(&self.addresses, &message.topic, key),
@@ -543,12 +651,80 @@ fn answer(answers: Vec<Answer>, result: Result<Vec<MessageId>, ClientError>) {
     }
 }
 
-async fn run_lane(
+/// What a lane's task knows of itself and the others (weakly: the lanes' queues end when the
+/// producer is dropped, and with them the tasks).
+#[derive(Clone)]
+struct LaneTask {
+    index: usize,
     address: String,
-    link: Arc<Link>,
-    mut rx: mpsc::UnboundedReceiver<Job>,
+    lanes: Weak<Vec<Lane>>,
     config: ProducerConfig,
-) {
+}
+
+impl LaneTask {
+    fn health(&self, change: impl FnOnce(&Health)) {
+        if let Some(lanes) = self.lanes.upgrade() {
+            change(&lanes[self.index].health);
+        }
+    }
+}
+
+/// Hands the messages of a batch that could not be sent to lanes whose leaf answers, part by
+/// part as they were queued; returns the answers of the parts no other lane can take (those
+/// with a dedup key, or all when no other leaf answers).
+async fn reroute(lane: &LaneTask, messages: Vec<PushMessage>, answers: Vec<Answer>) -> Vec<Answer> {
+    let Some(lanes) = lane.lanes.upgrade() else {
+        return answers;
+    };
+    let next = AtomicUsize::new(lane.index + 1);
+    let mut messages = messages.into_iter();
+    let mut stuck = Vec::new();
+    for answer in answers {
+        let count = match &answer {
+            Answer::One(_) => 1,
+            Answer::Many(_, count) => *count,
+        };
+        let part: Vec<PushMessage> = messages.by_ref().take(count).collect();
+        let target = if part.iter().any(|m| m.dedup_key.is_some()) {
+            None
+        } else {
+            spread(&lanes, &next, Some(lane.index))
+        };
+        let Some(target) = target else {
+            stuck.push(answer);
+            continue;
+        };
+        // A lane that is closed (the producer is dropped) drops the reply: its handle says
+        // `Closed`.
+        let _ = match answer {
+            Answer::One(reply) => {
+                let message = part.into_iter().next().expect("one message");
+                lanes[target]
+                    .queue(1, |permit| Job::One {
+                        message,
+                        reply,
+                        _queued: permit,
+                    })
+                    .await
+            }
+            Answer::Many(reply, _) => {
+                let bytes = part.iter().map(|m| m.payload.len()).sum();
+                lanes[target]
+                    .queue(count, |permit| Job::Many {
+                        messages: part,
+                        bytes,
+                        reply,
+                        _queued: permit,
+                    })
+                    .await
+            }
+        };
+    }
+    stuck
+}
+
+async fn run_lane(lane: LaneTask, link: Option<Arc<Link>>, mut rx: mpsc::UnboundedReceiver<Job>) {
+    let config = lane.config.clone();
     let link = Arc::new(Mutex::new(link));
     let slots = Arc::new(Semaphore::new(config.batches_in_flight_max));
     // A job that did not fit the last push batch starts the next.
@@ -609,10 +785,10 @@ async fn run_lane(
             next = Some(job);
         }
         let link = link.clone();
-        let address = address.clone();
-        let config = config.clone();
+        let lane = lane.clone();
         tokio::spawn(async move {
-            let result = match current_link(&link, &address, &config).await {
+            let config = &lane.config;
+            match current_link(&link, &lane.address, config).await {
                 Ok(current) => {
                     let result = send_batch(&current, messages, config.ack_timeout).await;
                     if matches!(result, Err(ClientError::Timeout(_))) {
@@ -620,11 +796,22 @@ async fn run_lane(
                         // crashed without closing the connection): the next batch reconnects.
                         current.close();
                     }
-                    result
+                    match &result {
+                        Ok(_) => lane.health(Health::answered),
+                        Err(ClientError::Disconnected(_) | ClientError::Timeout(_)) => {
+                            lane.health(|health| health.failed(config));
+                        }
+                        Err(_) => {}
+                    }
+                    answer(answers, result);
                 }
-                Err(error) => Err(error),
-            };
-            answer(answers, result);
+                Err(error) => {
+                    lane.health(|health| health.failed(config));
+                    // Nothing of the batch left: it goes to leaves that answer.
+                    let stuck = reroute(&lane, messages, answers).await;
+                    answer(stuck, Err(error));
+                }
+            }
             drop(slot);
         });
     }
@@ -632,15 +819,19 @@ async fn run_lane(
 
 /// The lane's link, reconnected if the last one ended.
 async fn current_link(
-    link: &Mutex<Arc<Link>>,
+    link: &Mutex<Option<Arc<Link>>>,
     address: &str,
     config: &ProducerConfig,
 ) -> Result<Arc<Link>, ClientError> {
     let mut guard = link.lock().await;
-    if guard.is_closed() {
-        *guard = Arc::new(connect_leaf(address, config).await?);
+    match &*guard {
+        Some(current) if !current.is_closed() => Ok(current.clone()),
+        _ => {
+            let current = Arc::new(connect_leaf(address, config).await?);
+            *guard = Some(current.clone());
+            Ok(current)
+        }
     }
-    Ok(guard.clone())
 }
 
 /// Pushes `messages` as one batch; their ids once acknowledged.

@@ -750,3 +750,59 @@ async fn dead_letters_delays_attempts_and_dedup_keys_survive_a_leaf_restart() {
     let _ = delayed;
     tree.shutdown().await;
 }
+
+/// A leaf that stops: pushes of a producer connected to every leaf keep being acknowledged by
+/// the other leaves (no error surfaces), a new producer connects with the leaf down, and
+/// pushes reach the leaf again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_go_around_a_leaf_that_stopped_and_back_to_it_once_it_returns() {
+    let mut tree = start_tree(None).await;
+    let producer = producer(&tree).await;
+    for n in 0..8 {
+        push(&producer, Message::new("jobs", format!("before {n}"))).await;
+    }
+    let gone = tree.topology.node("leaf-2").unwrap().leaf_id.unwrap();
+    tree.stop_node("leaf-2").await;
+    let mut handles = Vec::new();
+    for n in 0..200 {
+        let message = Message::new("jobs", format!("during {n}"));
+        handles.push(producer.send(message).await.unwrap());
+    }
+    let mut ids = Vec::new();
+    for handle in handles {
+        ids.push(handle.acked().await.expect("acknowledged by another leaf"));
+    }
+    let batch = (0..100).map(|n| Message::new("jobs", format!("batch {n}")));
+    ids.extend(
+        producer
+            .send_batch(batch)
+            .await
+            .unwrap()
+            .acked()
+            .await
+            .unwrap(),
+    );
+    assert!(
+        ids.iter().all(|id| id.leaf() != gone),
+        "none on the stopped leaf"
+    );
+
+    let second = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls(&tree)))
+        .await
+        .expect("a producer connects while one leaf is down");
+    push(&second, Message::new("jobs", "from the second")).await;
+
+    tree.restart_node("leaf-2").await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let id = push(&producer, Message::new("jobs", "after")).await;
+        if id.leaf() == gone {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the leaf is tried again once back"
+        );
+    }
+    tree.shutdown().await;
+}
