@@ -7,6 +7,11 @@
 //! handler that fails nacks, optionally with a delay and a reason; after the topic's
 //! `max_attempts` deliveries the message moves to the topic's dead-letter queue (see
 //! [`crate::Admin`]).
+//!
+//! A consumer whose connection ended (the root restarted, a network cut) connects again on
+//! its next request; requests in flight when it ended fail with `Disconnected` (a pop's
+//! deliveries may have been leased and will be delivered again after their timeout; an ack
+//! may have been applied, and its retry then answers `Settled`).
 
 use crate::link::Link;
 use crate::{ClientError, ClientTls};
@@ -75,7 +80,15 @@ impl Default for PopOptions {
 /// See the module doc. Cloning gives another handle on the same connection.
 #[derive(Clone)]
 pub struct Consumer {
-    link: Arc<Link>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ConsumerConfig,
+    /// The current connection, replaced by the first request after it ended.
+    link: tokio::sync::Mutex<Arc<Link>>,
+    /// Set by [`Consumer::close`]: no reconnection after it.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Consumer {
@@ -84,9 +97,26 @@ impl Consumer {
     /// # Errors
     /// [`ClientError`] if the root cannot be reached or refuses us.
     pub async fn connect(config: ConsumerConfig) -> Result<Consumer, ClientError> {
+        let link = Arc::new(connect_root(&config).await?);
         Ok(Consumer {
-            link: Arc::new(connect_root(&config).await?),
+            inner: Arc::new(Inner {
+                config,
+                link: tokio::sync::Mutex::new(link),
+                closed: std::sync::atomic::AtomicBool::new(false),
+            }),
         })
+    }
+
+    /// The connection to the root, made again if the last one ended.
+    async fn link(&self) -> Result<Arc<Link>, ClientError> {
+        let mut link = self.inner.link.lock().await;
+        if link.is_closed() {
+            if self.inner.closed.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(ClientError::Closed);
+            }
+            *link = Arc::new(connect_root(&self.inner.config).await?);
+        }
+        Ok(link.clone())
     }
 
     /// Pops up to `max` deliveries of `topic`, most urgent first, waiting up to `wait` for
@@ -120,7 +150,8 @@ impl Consumer {
         let wait_ms = millis(options.wait);
         let lease_ms = options.visibility.map(millis);
         let answer = self
-            .link
+            .link()
+            .await?
             .request(
                 |request| {
                     Wire::Pop(Pop {
@@ -205,7 +236,8 @@ impl Consumer {
         }
         let receipts = receipts.to_vec();
         let answer = self
-            .link
+            .link()
+            .await?
             .request(
                 |request| {
                     Wire::Ack(Ack {
@@ -256,7 +288,12 @@ impl Consumer {
 
     /// Closes the connection.
     pub fn close(&self) {
-        self.link.close();
+        self.inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(link) = self.inner.link.try_lock() {
+            link.close();
+        }
     }
 }
 

@@ -806,3 +806,37 @@ async fn pushes_go_around_a_leaf_that_stopped_and_back_to_it_once_it_returns() {
     }
     tree.shutdown().await;
 }
+
+/// The root restarts under a consumer: the same `Consumer` connects again on its next
+/// request, with no new `Consumer` made, and pops what waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_connects_again_by_itself_after_the_root_restarts() {
+    let mut tree = start_tree(None).await;
+    let producer = producer(&tree).await;
+    let consumer = consumer(&tree).await;
+    push(&producer, Message::new("jobs", "before")).await;
+    assert_eq!(pop_one(&consumer, "jobs", None).await.payload, "before");
+    tree.restart_node("root").await.unwrap();
+    push(&producer, Message::new("jobs", "after")).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let delivery = loop {
+        match consumer.pop("jobs", 1, Duration::from_millis(500)).await {
+            Ok(batch) if !batch.is_empty() => break batch.into_iter().next().unwrap(),
+            // The root is starting, or its leaves have not offered yet.
+            Ok(_) | Err(ClientError::Connect(_) | ClientError::Disconnected(_)) => {}
+            Err(other) => panic!("pop: {other}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the consumer pops again"
+        );
+    };
+    assert_eq!(delivery.payload, "after");
+    consumer.ack(&delivery.receipt()).await.unwrap();
+    consumer.close();
+    assert!(matches!(
+        consumer.pop("jobs", 1, Duration::ZERO).await,
+        Err(ClientError::Closed)
+    ));
+    tree.shutdown().await;
+}
