@@ -16,10 +16,26 @@ struct Cli {
     ca: PathBuf,
     root: String,
     leaves: Vec<String>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Cli {
+    /// The `crest` command against a tree of `topology` started here, whose CA it trusts.
+    async fn start(topology: &Topology) -> (LocalTree, Cli) {
+        let tree = LocalTree::start(topology).await.unwrap();
+        assert!(tree.wait_connected(Duration::from_secs(10)).await);
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, &tree.ca_pem).unwrap();
+        let cli = Cli {
+            ca,
+            root: tree.topology.root().address.clone(),
+            leaves: tree.topology.leaves().map(|l| l.address.clone()).collect(),
+            dir,
+        };
+        (tree, cli)
+    }
+
     /// Runs `crest ARGS` with the tree's CA and addresses; returns (success, stdout + stderr).
     async fn run(&self, args: &[&str]) -> (bool, String) {
         let mut command = Command::new(CREST);
@@ -61,17 +77,7 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
     let topology = Topology::parse(&format!("{text}{settings}"))
         .unwrap()
         .with_ephemeral_ports();
-    let tree = LocalTree::start(&topology).await.unwrap();
-    assert!(tree.wait_connected(Duration::from_secs(10)).await);
-    let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, &tree.ca_pem).unwrap();
-    let cli = Cli {
-        ca,
-        root: tree.topology.root().address.clone(),
-        leaves: tree.topology.leaves().map(|l| l.address.clone()).collect(),
-        _dir: dir,
-    };
+    let (tree, cli) = Cli::start(&topology).await;
 
     // Dedup: the same key twice prints the same id.
     let push = [
@@ -186,18 +192,8 @@ async fn the_rough_edges_a_new_user_meets_are_explained() {
     assert!(!ok && text.contains("/nonexistent/topology.toml"), "{text}");
 
     let topology = Topology::parse(DEFAULT).unwrap().with_ephemeral_ports();
-    let tree = LocalTree::start(&topology).await.unwrap();
-    assert!(tree.wait_connected(Duration::from_secs(10)).await);
-    let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, &tree.ca_pem).unwrap();
-    let file = dir.path().join("payload");
-    let cli = Cli {
-        ca,
-        root: tree.topology.root().address.clone(),
-        leaves: tree.topology.leaves().map(|l| l.address.clone()).collect(),
-        _dir: dir,
-    };
+    let (tree, cli) = Cli::start(&topology).await;
+    let file = cli.dir.path().join("payload");
 
     // A payload too large for an argument, from a file and from standard input.
     let big = "p".repeat(200 * 1024);

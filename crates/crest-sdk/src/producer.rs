@@ -253,7 +253,8 @@ impl Health {
 }
 
 /// The next lane for a message without a dedup key: round-robin over the lanes whose leaf
-/// answers (over all of them if none does), skipping `not`.
+/// answers. A new message goes to some lane even if none answers (its batch then finds
+/// another or fails); a batch moved away from lane `not` goes only to a lane that answers.
 fn spread(lanes: &[Lane], next: &AtomicUsize, not: Option<usize>) -> Option<usize> {
     let n = lanes.len();
     let start = next.fetch_add(1, Ordering::Relaxed) % n;
