@@ -255,10 +255,15 @@ pub(super) struct ConsumerResult {
     pub(super) pops: Vec<PopRecord>,
     pub(super) acked: u64,
     pub(super) ack_rejected: u64,
+    pub(super) pop_errors: u64,
+    pub(super) ack_errors: u64,
     pub(super) foreign: u64,
     pub(super) empty_pops: u64,
     pub(super) inverted_pops: u64,
 }
+
+/// Pause after a pop that failed, before the next.
+const POP_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 pub(super) async fn run_consumer(
     config: Arc<BenchConfig>,
@@ -291,10 +296,18 @@ pub(super) async fn run_consumer(
         let asked = Instant::now();
         let asked_ns = shared.now_ns();
         let known_ready = shared.present.any();
-        let deliveries: Vec<Delivery> = consumer
-            .pop_with(&config.topic, options.clone())
-            .await
-            .context("pop")?;
+        // A pop that failed (the consumer retried it already: the root is gone for longer)
+        // is counted and asked again, so a run rides through faults of the tree.
+        let deliveries: Vec<Delivery> =
+            match consumer.pop_with(&config.topic, options.clone()).await {
+                Ok(deliveries) => deliveries,
+                Err(error) => {
+                    result.pop_errors += 1;
+                    tracing::warn!("pop failed: {error}");
+                    tokio::time::sleep(POP_ERROR_PAUSE).await;
+                    continue;
+                }
+            };
         let answered = shared.now_ns();
         if deliveries.is_empty() {
             result.empty_pops += 1;
@@ -401,7 +414,16 @@ pub(super) fn settle_ack(
     };
     let (took, outcomes) = done.context("ack task")?;
     record(histogram, took.as_micros() as u64);
-    for outcome in outcomes.context("ack")? {
+    let outcomes = match outcomes {
+        Ok(outcomes) => outcomes,
+        Err(error) => {
+            // The deliveries come back after their visibility timeout (duplicates).
+            result.ack_errors += 1;
+            tracing::warn!("ack failed: {error}");
+            return Ok(());
+        }
+    };
+    for outcome in outcomes {
         match outcome {
             Ok(()) => result.acked += 1,
             Err(_) => result.ack_rejected += 1,

@@ -70,6 +70,10 @@ pub struct BenchReport {
     pub acked: u64,
     /// Deliveries whose ack was refused (stale receipt).
     pub ack_rejected: u64,
+    /// Pops that failed after the consumer's own tries (the root out of reach).
+    pub pop_errors: u64,
+    /// Ack requests that failed as a whole after the consumer's own tries.
+    pub ack_errors: u64,
     /// Deliveries carrying no stamp of this run (another user of the topic).
     pub foreign: u64,
     /// Pops that returned nothing.
@@ -537,6 +541,8 @@ pub(super) fn report(
         merge(&mut rank_error, result.rank_error);
         totals.acked += result.acked;
         totals.ack_rejected += result.ack_rejected;
+        totals.pop_errors += result.pop_errors;
+        totals.ack_errors += result.ack_errors;
         totals.foreign += result.foreign;
         totals.empty_pops += result.empty_pops;
         totals.inverted_pops += result.inverted_pops;
@@ -586,6 +592,8 @@ pub(super) fn report(
         missing: pushed.saturating_sub(seen.distinct),
         acked: totals.acked,
         ack_rejected: totals.ack_rejected,
+        pop_errors: totals.pop_errors,
+        ack_errors: totals.ack_errors,
         foreign: totals.foreign,
         empty_pops: totals.empty_pops,
         push_seconds,
@@ -660,8 +668,10 @@ impl BenchReport {
             if self.ack { " (pop + ack)" } else { "" }
         ));
         out.push_str(&format!(
-            "  errors: push {}  missing {}  duplicates {}  ack rejected {}  foreign {}  empty pops {}\n",
+            "  errors: push {}  pop {}  ack {}  missing {}  duplicates {}  ack rejected {}  foreign {}  empty pops {}\n",
             self.push_errors,
+            self.pop_errors,
+            self.ack_errors,
             self.missing,
             self.duplicates,
             self.ack_rejected,

@@ -94,6 +94,13 @@ pub struct Settings {
     pub root_pending_pops_max: u32,
     /// Most acknowledgement requests the root has waiting on leaves at once.
     pub root_pending_requests_max: u32,
+    /// How long the root waits for a leaf's answer to a request it routed there — a reserve,
+    /// a confirm (ack, nack, extend), an admin request —, in milliseconds, before it gives up
+    /// on it: a reserve's entry is then passed over, a confirm answered `TimedOut`, an admin
+    /// request answered with the leaf named unreachable. Checked every quarter of it. A leaf
+    /// whose link ends is given up on at once instead; this bounds the wait on one that is
+    /// connected but does not answer (say, stuck on a failing disk).
+    pub request_timeout_ms: u64,
     /// Frames read from one connection but not yet handled by the node (bounds the mailbox).
     pub connection_inflight_frames_max: u32,
     /// Frames queued for writing on one connection; a peer that lets it fill is disconnected.
@@ -289,6 +296,7 @@ impl Default for Settings {
             pop_order_wait_ms: 50,
             root_pending_pops_max: 10_000,
             root_pending_requests_max: 10_000,
+            request_timeout_ms: 2_000,
             connection_inflight_frames_max: 64,
             connection_send_queue_max: 4096,
             connections_max: 1024,
@@ -498,6 +506,12 @@ impl Settings {
                     "{} is below 2400 (two packets of 1200 bytes)",
                     self.quic_initial_window_bytes
                 ),
+            );
+        }
+        if self.request_timeout_ms < 4 {
+            return fail(
+                "request_timeout_ms",
+                format!("{} is below 4", self.request_timeout_ms),
             );
         }
         if self.keep_alive_ms == 0 || self.keep_alive_ms >= self.idle_timeout_ms {

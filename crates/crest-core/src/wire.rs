@@ -293,9 +293,14 @@ pub enum ReceiptError {
     /// The receipt names a leaf that is not in this tree.
     #[error("unknown leaf: the receipt names a leaf that is not in this tree")]
     UnknownLeaf,
-    /// The owning leaf is not reachable now; retry.
+    /// The owning leaf is not reachable now; nothing was done: retry.
     #[error("owning leaf unavailable; retry")]
     Unavailable,
+    /// The owning leaf did not answer within `request_timeout_ms`: the settlement may or may
+    /// not have been applied. Retrying is safe: an ack applied already answers `Settled`, a
+    /// nack or extend applied already answers `Stale` or succeeds again.
+    #[error("owning leaf did not answer in time; the settlement may have been applied: retry")]
+    TimedOut,
 }
 
 /// Root → leaf (through aggregators): settle these leases of one leaf (see [`Settle`]).

@@ -8,10 +8,15 @@
 //! `max_attempts` deliveries the message moves to the topic's dead-letter queue (see
 //! [`crate::Admin`]).
 //!
-//! A consumer whose connection ended (the root restarted, a network cut) connects again on
-//! its next request; requests in flight when it ended fail with `Disconnected` (a pop's
-//! deliveries may have been leased and will be delivered again after their timeout; an ack
-//! may have been applied, and its retry then answers `Settled`).
+//! A consumer rides through failures of the tree by itself. Its connection to the root is
+//! made again when it ended (the root restarted, a network cut). A request whose connection
+//! failed under it, and the receipts of a settlement answered `Unavailable` (the leaf is out
+//! of reach, or its disk is full) or `TimedOut` (the leaf did not answer in time), are tried
+//! again, up to `tries_max` times in all, `retry_initial` apart and doubling (at most
+//! 1 s). Each is safe to repeat: a pop whose connection ended gave its deliveries back
+//! (or their leases expire), and an ack repeated after an uncertain outcome that finds the
+//! message already gone (`Settled`) reports success — the first one was applied. Only when
+//! the tries are spent is the error returned.
 
 use crate::link::Link;
 use crate::{ClientError, ClientTls};
@@ -25,6 +30,9 @@ use std::time::Duration;
 /// Extra time beyond a pop's wait before the consumer gives up on the root.
 const ANSWER_MARGIN: Duration = Duration::from_secs(10);
 
+/// Longest pause between two tries of a request (see the module doc).
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(1);
+
 /// How a consumer connects.
 #[derive(Clone, Debug)]
 pub struct ConsumerConfig {
@@ -34,6 +42,10 @@ pub struct ConsumerConfig {
     pub tls: ClientTls,
     /// Requests in flight at once on the connection.
     pub requests_in_flight_max: usize,
+    /// Most times a request is tried, the first included (at least 1; see the module doc).
+    pub tries_max: u32,
+    /// Pause before the second try; doubled for each further one, up to 1 s.
+    pub retry_initial: Duration,
 }
 
 impl ConsumerConfig {
@@ -43,6 +55,8 @@ impl ConsumerConfig {
             root: root.into(),
             tls,
             requests_in_flight_max: 64,
+            tries_max: 4,
+            retry_initial: Duration::from_millis(50),
         }
     }
 
@@ -149,23 +163,28 @@ impl Consumer {
     ) -> Result<Vec<Delivery>, ClientError> {
         let wait_ms = millis(options.wait);
         let lease_ms = options.visibility.map(millis);
-        let answer = self
-            .link()
-            .await?
-            .request(
-                |request| {
-                    Wire::Pop(Pop {
-                        request,
-                        topic: topic.to_string(),
-                        max: options.max,
-                        wait_ms,
-                        lease_ms,
-                        max_priority: options.max_priority,
-                    })
-                },
-                options.wait + ANSWER_MARGIN,
-            )
-            .await?;
+        let mut tries = Tries::new(&self.inner.config);
+        let answer = loop {
+            let answer = self
+                .request(
+                    |request| {
+                        Wire::Pop(Pop {
+                            request,
+                            topic: topic.to_string(),
+                            max: options.max,
+                            wait_ms,
+                            lease_ms,
+                            max_priority: options.max_priority,
+                        })
+                    },
+                    options.wait + ANSWER_MARGIN,
+                )
+                .await;
+            match answer {
+                Err(error) if retryable(&error) && tries.again().await => {}
+                answer => break answer?,
+            }
+        };
         match answer {
             Wire::PopReply(reply) => Ok(reply.deliveries),
             other => Err(unexpected("PopReply", &other)),
@@ -234,25 +253,80 @@ impl Consumer {
             // Nothing to settle (an empty pop's receipts): no round trip.
             return Ok(Vec::new());
         }
-        let receipts = receipts.to_vec();
-        let answer = self
-            .link()
-            .await?
-            .request(
-                |request| {
-                    Wire::Ack(Ack {
-                        request,
-                        op,
-                        receipts,
-                    })
-                },
-                ANSWER_MARGIN,
-            )
-            .await?;
-        match answer {
-            Wire::AckReply(reply) => Ok(reply.results),
-            other => Err(unexpected("AckReply", &other)),
+        let mut results: Vec<Option<Result<(), ReceiptError>>> = vec![None; receipts.len()];
+        // The receipts still to settle (their indexes), and whether an earlier try of each may
+        // have been applied.
+        let mut pending: Vec<usize> = (0..receipts.len()).collect();
+        let mut uncertain = vec![false; receipts.len()];
+        let mut tries = Tries::new(&self.inner.config);
+        loop {
+            let batch: Vec<Receipt> = pending.iter().map(|&i| receipts[i]).collect();
+            let answer = self
+                .request(
+                    |request| {
+                        Wire::Ack(Ack {
+                            request,
+                            op: op.clone(),
+                            receipts: batch,
+                        })
+                    },
+                    ANSWER_MARGIN,
+                )
+                .await;
+            let last = tries.spent();
+            let answers = match answer {
+                Ok(Wire::AckReply(reply)) if reply.results.len() == pending.len() => reply.results,
+                Ok(Wire::AckReply(reply)) => {
+                    return Err(ClientError::Protocol(format!(
+                        "{} results for {} receipts",
+                        reply.results.len(),
+                        pending.len()
+                    )));
+                }
+                Ok(other) => return Err(unexpected("AckReply", &other)),
+                Err(error) if retryable(&error) && !last => {
+                    for &i in &pending {
+                        uncertain[i] = true;
+                    }
+                    tries.again().await;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            let mut again = Vec::new();
+            for (i, answer) in pending.into_iter().zip(answers) {
+                match answer {
+                    Err(ReceiptError::Unavailable) if !last => again.push(i),
+                    Err(ReceiptError::TimedOut) if !last => {
+                        uncertain[i] = true;
+                        again.push(i);
+                    }
+                    // An earlier try was applied: the message is gone, as the ack meant.
+                    Err(ReceiptError::Settled) if uncertain[i] && op == Settle::Ack => {
+                        results[i] = Some(Ok(()));
+                    }
+                    answer => results[i] = Some(answer),
+                }
+            }
+            if again.is_empty() {
+                break;
+            }
+            pending = again;
+            tries.again().await;
         }
+        Ok(results
+            .into_iter()
+            .map(|result| result.expect("every receipt answered"))
+            .collect())
+    }
+
+    /// Sends one request on the connection (made again if it ended).
+    async fn request(
+        &self,
+        make: impl FnOnce(u64) -> Wire,
+        timeout: Duration,
+    ) -> Result<Wire, ClientError> {
+        self.link().await?.request(make, timeout).await
     }
 
     async fn settle_one(&self, op: Settle, receipt: &Receipt) -> Result<(), ClientError> {
@@ -294,6 +368,47 @@ impl Consumer {
         if let Ok(link) = self.inner.link.try_lock() {
             link.close();
         }
+    }
+}
+
+/// Whether a request that failed with `error` may be tried again: its connection failed or
+/// could not be made. Not one the root refused, nor one it left unanswered for the whole of
+/// its time (trying again would only wait as long once more).
+fn retryable(error: &ClientError) -> bool {
+    matches!(
+        error,
+        ClientError::Connect(_) | ClientError::Disconnected(_)
+    )
+}
+
+/// The tries of one request (see the module doc).
+struct Tries {
+    left: u32,
+    pause: Duration,
+}
+
+impl Tries {
+    fn new(config: &ConsumerConfig) -> Tries {
+        Tries {
+            left: config.tries_max.max(1) - 1,
+            pause: config.retry_initial,
+        }
+    }
+
+    /// Whether no try is left after the current one.
+    fn spent(&self) -> bool {
+        self.left == 0
+    }
+
+    /// Waits before the next try; `false` (at once) if none is left.
+    async fn again(&mut self) -> bool {
+        if self.left == 0 {
+            return false;
+        }
+        self.left -= 1;
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(RETRY_MAX);
+        true
     }
 }
 

@@ -116,12 +116,14 @@ impl Sim {
         }
         // The simulator runs the machines' own invariant checks after every event.
         self.nodes[node].check_invariants();
-        if let Some(at) = self.nodes[node].poll_timeout()
+        // A deadline already past fires now: armed as now, so that the timer event (at now)
+        // disarms it and later deadlines can be armed again.
+        if let Some(at) = self.nodes[node].poll_timeout().map(|at| at.max(self.now))
             && self.armed[node].is_none_or(|armed| at < armed)
         {
             self.armed[node] = Some(at);
             let life = self.lives[node];
-            self.schedule(at.max(self.now), Event::Timer { node, life });
+            self.schedule(at, Event::Timer { node, life });
         }
     }
 
@@ -187,9 +189,16 @@ impl Sim {
                             Ok(()) => {
                                 self.unconfirmed.remove(&receipt.id);
                             }
+                            // A retry of an ack that timed out but was applied is told
+                            // `Settled`: the ack stands.
+                            Err(ReceiptError::Settled) if tries > 0 => {
+                                self.unconfirmed.remove(&receipt.id);
+                            }
                             // The leaf cannot be reached right now (a node on the way
-                            // restarts); the lease is still live: a consumer retries.
-                            Err(ReceiptError::Unavailable) if tries < ACK_TRIES_MAX => {
+                            // restarts), or did not answer in time: a consumer retries.
+                            Err(ReceiptError::Unavailable | ReceiptError::TimedOut)
+                                if tries < ACK_TRIES_MAX =>
+                            {
                                 retry.push(*receipt);
                             }
                             Err(_) => {}

@@ -1,13 +1,16 @@
 //! A leaf whose disk fills up, on a real filesystem that runs out of space (a small tmpfs
 //! mounted for the test): pushes are refused `StorageFailed` while it is full, the leaf says so
-//! in its log, accepts pushes again as soon as space is back (no restart), and nothing it
+//! in its log, accepts pushes again as soon as space is back (no restart), an ack it could not
+//! log is refused `Unavailable` and changed nothing (its retry acks), and nothing it
 //! acknowledged is lost across a restart.
 
 use crest::core::topology::Topology;
 use crest::core::wire::ErrorCode;
+use crest::core::wire::ReceiptError;
 use crest::node::LocalTree;
 use crest::sdk::{
     ClientError, ClientTls, Consumer, ConsumerConfig, Message, MessageId, Producer, ProducerConfig,
+    Receipt,
 };
 use std::collections::HashSet;
 use std::io::Write;
@@ -18,6 +21,9 @@ use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(20);
 const SMALL: usize = 16 * 1024;
+/// Messages popped before the disk fills, then acked in one request while it is full: their
+/// delete records (about 20 bytes each) need more than the page the log's last write left.
+const LEASED: usize = 400;
 /// More than what is left of the first segment after the small pushes: its push starts a new
 /// segment, whose creation is what a full disk refuses.
 const LARGE: usize = 160 * 1024;
@@ -110,6 +116,30 @@ fn topology() -> Topology {
     topology
 }
 
+async fn connect_consumer(tree: &LocalTree) -> Consumer {
+    let tls = ClientTls {
+        ca_pem: tree.ca_pem.clone(),
+    };
+    Consumer::connect(ConsumerConfig::from_topology(&tree.topology, tls))
+        .await
+        .unwrap()
+}
+
+/// Pops `count` messages of topic "leased" (their leases outlast the test).
+async fn pop_all(consumer: &Consumer, count: usize) -> Vec<Receipt> {
+    let mut receipts = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while receipts.len() < count {
+        assert!(Instant::now() < deadline, "popped {}", receipts.len());
+        let batch = consumer
+            .pop("leased", 1000, Duration::from_millis(500))
+            .await
+            .unwrap();
+        receipts.extend(batch.iter().map(|d| d.receipt()));
+    }
+    receipts
+}
+
 async fn producer(tree: &LocalTree) -> Producer {
     let tls = ClientTls {
         ca_pem: tree.ca_pem.clone(),
@@ -168,6 +198,16 @@ async fn a_full_disk_refuses_pushes_and_they_are_accepted_again_once_space_is_ba
         accepted.insert(push(&producer, n, SMALL).await.expect("room on the disk"));
         n += 1;
     }
+    let mut handles = Vec::new();
+    for i in 0..LEASED {
+        let message = Message::new("leased", format!("{i:08}"));
+        handles.push(producer.send(message).await.unwrap());
+    }
+    for handle in handles {
+        handle.acked().await.expect("room on the disk");
+    }
+    let consumer = connect_consumer(&tree).await;
+    let leased = pop_all(&consumer, LEASED).await;
 
     // The disk fills up: pushes that need a new segment are refused, each with
     // StorageFailed, and no half-made segment is left behind.
@@ -198,8 +238,27 @@ async fn a_full_disk_refuses_pushes_and_they_are_accepted_again_once_space_is_ba
         "at most once per interval, not once per refusal:\n{said}"
     );
 
+    // An ack the log cannot write is refused, every receipt of it, and changes nothing: the
+    // messages stay leased (not available to others), and the same ack succeeds later.
+    let refused_acks = consumer.ack_many(&leased).await.unwrap();
+    assert!(
+        refused_acks
+            .iter()
+            .all(|result| *result == Err(ReceiptError::Unavailable)),
+        "{:?}",
+        refused_acks.iter().find(|r| r.is_ok())
+    );
+    let others = consumer
+        .pop("leased", 10, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(others.is_empty(), "still leased, not available again");
+
     // Space is back: the very next pushes are accepted, without a restart.
     std::fs::remove_file(&ballast).unwrap();
+    let acks = consumer.ack_many(&leased).await.unwrap();
+    assert!(acks.iter().all(Result::is_ok), "the retried ack succeeds");
+    drop(consumer);
     for _ in 0..8 {
         accepted.insert(
             push(&producer, n, LARGE)
@@ -221,12 +280,15 @@ async fn a_full_disk_refuses_pushes_and_they_are_accepted_again_once_space_is_ba
         .await
         .unwrap();
     assert!(tree.wait_connected(WAIT).await);
-    let tls = ClientTls {
-        ca_pem: tree.ca_pem.clone(),
-    };
-    let consumer = Consumer::connect(ConsumerConfig::from_topology(&tree.topology, tls))
-        .await
-        .unwrap();
+    let consumer = connect_consumer(&tree).await;
+    assert!(
+        consumer
+            .pop("leased", 10, Duration::from_millis(500))
+            .await
+            .unwrap()
+            .is_empty(),
+        "the acked messages stay acked after a restart"
+    );
     let mut delivered = HashSet::new();
     let deadline = Instant::now() + WAIT;
     while delivered.len() < accepted.len() && Instant::now() < deadline {

@@ -336,6 +336,7 @@ fn receipt_error_name(error: ReceiptError) -> &'static str {
         ReceiptError::Settled => "Settled",
         ReceiptError::UnknownLeaf => "UnknownLeaf",
         ReceiptError::Unavailable => "Unavailable",
+        ReceiptError::TimedOut => "TimedOut",
     }
 }
 
@@ -720,6 +721,7 @@ impl Reader<'_> {
                 "Settled" => ReceiptError::Settled,
                 "UnknownLeaf" => ReceiptError::UnknownLeaf,
                 "Unavailable" => ReceiptError::Unavailable,
+                "TimedOut" => ReceiptError::TimedOut,
                 _ => return None,
             }))
         })?;

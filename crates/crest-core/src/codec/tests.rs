@@ -163,6 +163,7 @@ fn result() -> impl Strategy<Value = Result<(), ReceiptError>> {
         Just(Err(ReceiptError::Stale)),
         Just(Err(ReceiptError::UnknownMessage)),
         Just(Err(ReceiptError::Settled)),
+        Just(Err(ReceiptError::TimedOut)),
         Just(Err(ReceiptError::UnknownLeaf)),
         Just(Err(ReceiptError::Unavailable)),
     ]

@@ -117,6 +117,7 @@ impl Leaf {
             slot,
             token,
             deadline,
+            settling: false,
         };
         self.leases.by_id.insert(key.id, leased);
         (delivery, cached)
@@ -199,7 +200,13 @@ impl Leaf {
                     items[item].result = Err(ReserveDenied::Gone);
                     // Only while the lease granted for this answer is still live: it may have
                     // ended (and the message moved on) while the read was under way.
-                    if self.leases.by_id.get(&id).is_some_and(|l| l.token == token) {
+                    // Not while it is settling: the settlement decides.
+                    if self
+                        .leases
+                        .by_id
+                        .get(&id)
+                        .is_some_and(|l| l.token == token && !l.settling)
+                    {
                         let Leased {
                             topic, key, slot, ..
                         } = self.end_lease(id);
@@ -246,6 +253,10 @@ impl Leaf {
         receipt: &Receipt,
     ) -> Result<MessageId, ReceiptError> {
         match self.leases.by_id.get(&receipt.id) {
+            // Its outcome is not known until the record settling it is durable.
+            Some(lease) if lease.token == receipt.token && lease.settling => {
+                Err(ReceiptError::Unavailable)
+            }
             Some(lease) if lease.token == receipt.token && lease.deadline > now => Ok(receipt.id),
             Some(_) => Err(ReceiptError::Stale),
             None if receipt.id.leaf() == self.config.id && self.live.contains(receipt.id.seq()) => {
@@ -262,14 +273,125 @@ impl Leaf {
     /// Ends the live lease of a message: it is in no index until the caller places it.
     pub(super) fn end_lease(&mut self, id: MessageId) -> Leased {
         let leased = self.leases.by_id.remove(&id).expect("leased");
-        self.leases.by_deadline.remove(&(leased.deadline, id));
+        if leased.settling {
+            self.leases.settling -= 1;
+        } else {
+            self.leases.by_deadline.remove(&(leased.deadline, id));
+        }
         let topic = self.topics.get_mut(&leased.topic).expect("topic exists");
         topic.leased -= 1;
         leased
     }
 
+    /// Holds a lease while the record settling it is logged: it cannot expire, be extended,
+    /// released or settled again until [`Leaf::settled`] or [`Leaf::unsettled`].
+    fn settling(&mut self, id: MessageId) -> &Leased {
+        let leased = self.leases.by_id.get_mut(&id).expect("leased");
+        debug_assert!(!leased.settling, "settled twice");
+        leased.settling = true;
+        self.leases.by_deadline.remove(&(leased.deadline, id));
+        self.leases.settling += 1;
+        leased
+    }
+
+    /// The records of a settlement are durable: its outcomes apply.
+    pub(super) fn settled(&mut self, now: Time, outcomes: Vec<(MessageId, Outcome)>) {
+        for (id, outcome) in outcomes {
+            match &outcome {
+                Outcome::Acked => self.counters.acked += 1,
+                _ => self.counters.nacked += 1,
+            }
+            let leased = self.end_lease(id);
+            self.apply_outcome(now, leased, outcome);
+        }
+    }
+
+    /// The records of a settlement could not be logged: the leases go on as before it.
+    pub(super) fn unsettled(&mut self, outcomes: &[(MessageId, Outcome)]) {
+        for (id, _) in outcomes {
+            let leased = self.leases.by_id.get_mut(id).expect("settling leases stay");
+            leased.settling = false;
+            self.leases.by_deadline.insert((leased.deadline, *id));
+            self.leases.settling -= 1;
+        }
+    }
+
+    /// How a delivery that failed (nack or lease expiry) ends: the message expires, becomes
+    /// dead, or is delayed or available again.
+    fn failure_outcome(
+        &self,
+        now: Time,
+        leased: &Leased,
+        delay_ms: u64,
+        reason: String,
+    ) -> Outcome {
+        let id = leased.key.id;
+        if self.expires_at(id) <= now {
+            return Outcome::Expired;
+        }
+        let max_attempts = self
+            .config
+            .settings
+            .topic_policy(&leased.topic)
+            .max_attempts;
+        if leased.slot.attempt >= max_attempts {
+            return Outcome::Dead { reason, at: now };
+        }
+        let mut ready_at = leased.key.ready_at;
+        if delay_ms > 0 {
+            ready_at = ready_at.max(now + Duration::from_millis(delay_ms));
+        }
+        Outcome::Released { ready_at }
+    }
+
+    /// The record that makes `outcome` of the lease on `leased` durable.
+    fn outcome_record(leased: &Leased, outcome: &Outcome) -> LogRecord {
+        let id = leased.key.id;
+        match outcome {
+            Outcome::Acked | Outcome::Expired => LogRecord::Delete { id },
+            Outcome::Dead { reason, at } => LogRecord::Dead {
+                id,
+                reason: reason.clone(),
+                at: *at,
+            },
+            Outcome::Released { ready_at } => LogRecord::Release {
+                id,
+                attempt: leased.slot.attempt,
+                ready_at: *ready_at,
+            },
+        }
+    }
+
+    /// Applies `outcome` to a message whose lease has ended.
+    fn apply_outcome(&mut self, now: Time, leased: Leased, outcome: Outcome) {
+        let Leased {
+            topic,
+            mut key,
+            slot,
+            ..
+        } = leased;
+        let id = key.id;
+        match outcome {
+            Outcome::Acked => self.forget(&topic, id, &slot, false),
+            Outcome::Expired => {
+                self.forget(&topic, id, &slot, false);
+                self.counters.expired += 1;
+            }
+            Outcome::Dead { reason, at } => self.bury(at, topic, key, slot, reason),
+            Outcome::Released { ready_at } => {
+                if ready_at != key.ready_at {
+                    key.ready_at = ready_at;
+                    if let Some(ttl) = self.ttl.by_id.get_mut(&id) {
+                        ttl.key = key;
+                    }
+                }
+                self.place(now, topic, key, slot);
+            }
+        }
+    }
+
     /// A delivery failed (nack or lease expiry); its lease has ended. The message expires,
-    /// becomes dead, or is delayed or available again.
+    /// becomes dead, or is delayed or available again, at once.
     pub(super) fn delivery_failed(
         &mut self,
         now: Time,
@@ -278,38 +400,12 @@ impl Leaf {
         reason: String,
         records: &mut Vec<LogRecord>,
     ) {
-        let Leased {
-            topic,
-            mut key,
-            slot,
-            ..
-        } = leased;
-        let id = key.id;
-        if self.expires_at(id) <= now {
-            self.expire(&topic, id, &slot, records);
-            return;
-        }
-        let max_attempts = self.config.settings.topic_policy(&topic).max_attempts;
-        if slot.attempt >= max_attempts {
-            self.move_to_dead(now, topic, key, slot, reason, records);
-            return;
-        }
-        if delay_ms > 0 {
-            let later = now + Duration::from_millis(delay_ms);
-            key.ready_at = key.ready_at.max(later);
-            if let Some(ttl) = self.ttl.by_id.get_mut(&id) {
-                ttl.key = key;
-            }
-        }
-        records.push(LogRecord::Release {
-            id,
-            attempt: slot.attempt,
-            ready_at: key.ready_at,
-        });
-        self.place(now, topic, key, slot);
+        let outcome = self.failure_outcome(now, &leased, delay_ms, reason);
+        records.push(Self::outcome_record(&leased, &outcome));
+        self.apply_outcome(now, leased, outcome);
     }
 
-    /// Moves a message whose lease has ended to its topic's dead letters.
+    /// Moves a message whose lease has ended to its topic's dead letters, logged.
     pub(super) fn move_to_dead(
         &mut self,
         now: Time,
@@ -319,6 +415,16 @@ impl Leaf {
         reason: String,
         records: &mut Vec<LogRecord>,
     ) {
+        records.push(LogRecord::Dead {
+            id: key.id,
+            reason: reason.clone(),
+            at: now,
+        });
+        self.bury(now, topic, key, slot, reason);
+    }
+
+    /// Moves a message whose lease has ended to its topic's dead letters, as dead since `at`.
+    fn bury(&mut self, at: Time, topic: Topic, key: Key, slot: Slot, reason: String) {
         let id = key.id;
         let expires_at = match self.ttl.by_id.remove(&id) {
             Some(ttl) => {
@@ -330,9 +436,9 @@ impl Leaf {
         let leaf_topic = self.topics.get_mut(&topic).expect("topic exists");
         let enqueued_at = leaf_topic.enqueued_at(id);
         leaf_topic.age_remove(id);
-        leaf_topic.dead_at.insert(id, now);
+        leaf_topic.dead_at.insert(id, at);
         leaf_topic.dead.insert(
-            (now, id),
+            (at, id),
             Dead {
                 priority: key.priority,
                 ready_at: key.ready_at,
@@ -344,32 +450,32 @@ impl Leaf {
         );
         self.dirty.insert(topic);
         self.counters.dead_lettered += 1;
-        records.push(LogRecord::Dead {
-            id,
-            reason,
-            at: now,
-        });
     }
 
+    /// Settles leases. Acks and nacks are answered, and applied, once their records are
+    /// durable: one refused by the log is answered `Unavailable` and changes nothing.
     pub(super) fn handle_confirm(&mut self, now: Time, conn: ConnId, confirm: Confirm) {
         // A delete (or release) record per receipt, mostly.
         let mut records = Vec::with_capacity(confirm.receipts.len());
+        let mut outcomes = Vec::with_capacity(confirm.receipts.len());
         let mut results = Vec::with_capacity(confirm.receipts.len());
         for receipt in &confirm.receipts {
             let result = self
                 .check_receipt(now, receipt)
                 .map(|id| match &confirm.op {
                     Settle::Ack => {
-                        self.counters.acked += 1;
-                        let leased = self.end_lease(id);
-                        self.forget(&leased.topic, id, &leased.slot, false);
-                        records.push(LogRecord::Delete { id });
+                        let leased = self.settling(id);
+                        let outcome = Outcome::Acked;
+                        records.push(Self::outcome_record(leased, &outcome));
+                        outcomes.push((id, outcome));
                     }
                     Settle::Nack { delay_ms, reason } => {
-                        self.counters.nacked += 1;
-                        let leased = self.end_lease(id);
                         let reason = reason.clone().unwrap_or_else(|| "nacked".into());
-                        self.delivery_failed(now, leased, *delay_ms, reason, &mut records);
+                        let leased = &self.leases.by_id[&id];
+                        let outcome = self.failure_outcome(now, leased, *delay_ms, reason);
+                        let leased = self.settling(id);
+                        records.push(Self::outcome_record(leased, &outcome));
+                        outcomes.push((id, outcome));
                     }
                     Settle::Extend { lease_ms } => {
                         self.counters.extended += 1;
@@ -393,7 +499,14 @@ impl Leaf {
         }
         let token = self.writes.next_token;
         self.writes.next_token += 1;
-        self.writes.settlements.insert(token, (conn, confirmed));
+        self.writes.settlements.insert(
+            token,
+            Settlement {
+                conn,
+                confirmed,
+                outcomes,
+            },
+        );
         self.log(now, Some(token), SyncWait::Linger, records);
     }
 

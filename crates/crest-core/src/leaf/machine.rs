@@ -201,9 +201,9 @@ impl Machine for Leaf {
             "leased counts match the lease table"
         );
         assert_eq!(
-            self.leases.by_deadline.len(),
+            self.leases.by_deadline.len() + self.leases.settling,
             self.leases.by_id.len(),
-            "one deadline per lease"
+            "one deadline per lease but those settling"
         );
         assert_eq!(
             self.ttl.by_id.len(),
@@ -369,8 +369,12 @@ impl Machine for Leaf {
     }
 
     fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
-        if let Some((conn, confirmed)) = self.writes.settlements.remove(&done.token) {
-            self.send(conn, Wire::Confirmed(confirmed));
+        if let Some(settlement) = self.writes.settlements.remove(&done.token) {
+            self.settled(now, settlement.outcomes);
+            self.send(settlement.conn, Wire::Confirmed(settlement.confirmed));
+            // Nacked messages are offered again; acked bodies may leave a segment mostly dead.
+            self.flush_offers(now, false);
+            self.maybe_compact(now);
             return;
         }
         if self
@@ -521,15 +525,15 @@ impl Machine for Leaf {
             self.compactor.step = None;
             return;
         }
-        if let Some((conn, mut confirmed)) = self.writes.settlements.remove(&token) {
-            // Applied in memory but not logged: after a restart the messages may come back
-            // (at-least-once). The consumer is told to retry.
-            for result in &mut confirmed.results {
+        if let Some(mut settlement) = self.writes.settlements.remove(&token) {
+            // Not applied: the leases go on, and the consumer is told to retry.
+            self.unsettled(&settlement.outcomes);
+            for result in &mut settlement.confirmed.results {
                 if result.is_ok() {
                     *result = Err(ReceiptError::Unavailable);
                 }
             }
-            self.send(conn, Wire::Confirmed(confirmed));
+            self.send(settlement.conn, Wire::Confirmed(settlement.confirmed));
             return;
         }
         let Some(batch) = self.writes.batches.remove(&token) else {

@@ -129,6 +129,10 @@ struct Leased {
     slot: Slot,
     token: u64,
     deadline: Time,
+    /// An ack or nack of it is being logged: it is out of `Leases::by_deadline` until the
+    /// record is durable (the settlement then applies) or refused (the lease goes on as if
+    /// the settlement never came).
+    settling: bool,
 }
 
 /// A delayed message, in `Leaf::delayed` by `(ready_at, id)`.
@@ -421,8 +425,10 @@ pub struct Leaf {
 struct Leases {
     /// Leased messages by id.
     by_id: IdMap<Leased>,
-    /// The same by `(deadline, id)`.
+    /// The same by `(deadline, id)`, except those settling.
     by_deadline: BTreeSet<(Time, MessageId)>,
+    /// Leases whose settlement is being logged.
+    settling: usize,
 }
 
 /// Messages with a time to live that are not dead.
@@ -446,11 +452,35 @@ struct Writes {
     batches: HashMap<u64, PendingBatch>,
     /// Settlements (acks, nacks; extends only beside them) waiting for their records to be
     /// durable before they are answered: a confirmed ack is never undone by a crash.
-    settlements: HashMap<u64, (ConnId, Confirmed)>,
+    settlements: HashMap<u64, Settlement>,
     /// Messages in `batches`.
     messages: u64,
     /// The token of the next storage operation.
     next_token: u64,
+}
+
+/// A `Confirm` whose records are being logged.
+struct Settlement {
+    conn: ConnId,
+    /// The answer, sent once the records are durable (or with the settled receipts refused as
+    /// `Unavailable` if they are not).
+    confirmed: Confirmed,
+    /// The leases it ends and how, applied once the records are durable.
+    outcomes: Vec<(MessageId, Outcome)>,
+}
+
+/// How a lease ends, decided when its settlement (or its expiry) arrives, so that the record
+/// logged and the change applied in memory are the same.
+#[derive(Debug)]
+enum Outcome {
+    /// Acked: deleted.
+    Acked,
+    /// Its time to live passed: deleted.
+    Expired,
+    /// Out of attempts: moved to the dead letters.
+    Dead { reason: String, at: Time },
+    /// Available again (or delayed) from `ready_at`.
+    Released { ready_at: Time },
 }
 
 /// When the next checkpoint is due (`leaf/checkpoint.rs`).

@@ -33,7 +33,7 @@ impl Root {
         Ok(())
     }
 
-    pub(super) fn handle_admin(&mut self, conn: ConnId, admin: Admin) {
+    pub(super) fn handle_admin(&mut self, now: Time, conn: ConnId, admin: Admin) {
         self.counters.admin_requests += 1;
         if let Err(text) = self.validate_admin(&admin.op) {
             self.send(
@@ -103,6 +103,7 @@ impl Root {
                     admin: admin_id,
                     conn: child,
                     leaf,
+                    sent: now,
                 },
             );
             pending.outstanding += 1;

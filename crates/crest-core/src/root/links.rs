@@ -8,6 +8,7 @@ use crate::machine::ConnId;
 use crate::time::Time;
 use crate::wire::{ReceiptError, Release, Reserve, ReserveItem, Role, Wire};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 impl Root {
     pub(super) fn child_gone(&mut self, conn: ConnId) {
@@ -102,38 +103,93 @@ impl Root {
 
     /// Answers everything that went on `conn` and was not answered as unavailable.
     pub(super) fn fail_outstanding(&mut self, conn: ConnId) {
-        let lost = sorted_where(&self.reservations, |r| r.conn == conn);
-        for id in lost {
-            let reservation = self.reservations.remove(&id).expect("present");
-            match reservation.purpose {
-                ReservedFor::Pop(pop_id) => {
-                    if let Some(pop) = self.pops.by_id.get_mut(&pop_id) {
-                        pop.outstanding -= 1;
-                        self.dirty.insert(pop.topic.clone());
-                    }
-                }
-                ReservedFor::Ahead => {
-                    // If the leaf granted it, the lease expires there unused.
-                    if let Some(buffer) = self.ahead.buffers.get_mut(&reservation.topic) {
-                        buffer.outstanding.remove(&reservation.key);
-                    }
-                    self.ahead.bytes -= u64::from(reservation.size);
-                    self.dirty.insert(reservation.topic);
-                }
-            }
+        for id in sorted_where(&self.reservations, |r| r.conn == conn) {
+            self.give_up_reservation(id);
         }
-        let lost = sorted_where(&self.requests.confirms, |c| c.conn == conn);
-        for tag in lost {
+        for tag in sorted_where(&self.requests.confirms, |c| c.conn == conn) {
             let confirm = self.requests.confirms.remove(&tag).expect("present");
             self.fill_confirm(confirm, |_| Err(ReceiptError::Unavailable));
         }
-        let lost = sorted_where(&self.requests.leaf_admins, |a| a.conn == conn);
-        for tag in lost {
+        for tag in sorted_where(&self.requests.leaf_admins, |a| a.conn == conn) {
             let pending = self.requests.leaf_admins.remove(&tag).expect("present");
             self.merge_admin(pending, None);
         }
         // Frontiers of the lost child no longer hold anything back.
         self.dirty.extend(self.pops.waiting.keys().cloned());
+    }
+
+    /// Stops waiting for reservation `id`'s answer. Its entry left the window when it was
+    /// taken; if the leaf granted it after all, the late grant is released when it arrives
+    /// (or its lease expires at the leaf).
+    fn give_up_reservation(&mut self, id: u64) {
+        let reservation = self.reservations.remove(&id).expect("present");
+        match reservation.purpose {
+            ReservedFor::Pop(pop_id) => {
+                if let Some(pop) = self.pops.by_id.get_mut(&pop_id) {
+                    pop.outstanding -= 1;
+                    self.dirty.insert(pop.topic.clone());
+                }
+            }
+            ReservedFor::Ahead => {
+                if let Some(buffer) = self.ahead.buffers.get_mut(&reservation.topic) {
+                    buffer.outstanding.remove(&reservation.key);
+                }
+                self.ahead.bytes -= u64::from(reservation.size);
+                self.dirty.insert(reservation.topic);
+            }
+        }
+    }
+
+    /// When requests routed to leaves are next checked against `request_timeout_ms` (`None`:
+    /// none is outstanding, so an idle root is not woken).
+    pub(super) fn next_request_check(&self) -> Option<Time> {
+        let outstanding = !self.reservations.is_empty()
+            || !self.requests.confirms.is_empty()
+            || !self.requests.leaf_admins.is_empty();
+        outstanding.then(|| self.requests.checked_at + self.request_check_period())
+    }
+
+    fn request_check_period(&self) -> Duration {
+        Duration::from_millis(self.settings.request_timeout_ms / 4)
+    }
+
+    /// Gives up on reserves, confirms and leaf admin requests whose leaf has not answered
+    /// within `request_timeout_ms`, though its link is up: a reserve's entry is passed over, a
+    /// confirm is answered `TimedOut` (it may have been applied), an admin request names the
+    /// leaf unreachable.
+    pub(super) fn time_out_requests(&mut self, now: Time) {
+        if now < self.requests.checked_at + self.request_check_period() {
+            return;
+        }
+        self.requests.checked_at = now;
+        let timeout = Duration::from_millis(self.settings.request_timeout_ms);
+        let late = |sent: Time| sent + timeout <= now;
+        let reservations = sorted_where(&self.reservations, |r| late(r.sent));
+        let confirms = sorted_where(&self.requests.confirms, |c| late(c.sent));
+        let admins = sorted_where(&self.requests.leaf_admins, |a| late(a.sent));
+        let given_up = reservations.len() + confirms.len() + admins.len();
+        if given_up == 0 {
+            return;
+        }
+        self.counters.requests_timed_out += given_up as u64;
+        tracing::warn!(
+            reserves = reservations.len(),
+            confirms = confirms.len(),
+            admin = admins.len(),
+            timeout_ms = self.settings.request_timeout_ms,
+            "leaves did not answer in time; requests given up"
+        );
+        for id in reservations {
+            self.give_up_reservation(id);
+        }
+        for tag in confirms {
+            let confirm = self.requests.confirms.remove(&tag).expect("present");
+            self.fill_confirm(confirm, |_| Err(ReceiptError::TimedOut));
+        }
+        for tag in admins {
+            let pending = self.requests.leaf_admins.remove(&tag).expect("present");
+            self.merge_admin(pending, None);
+        }
     }
 
     pub(super) fn consumer_gone(&mut self, conn: ConnId) {

@@ -144,9 +144,11 @@ impl Machine for Root {
             (Some(crate::downstream::Peer::Child { .. }), Wire::LeafAdminReply(reply)) => {
                 self.handle_leaf_admin_reply(reply)
             }
-            (Some(crate::downstream::Peer::Consumer), Wire::Ack(ack)) => self.handle_ack(conn, ack),
+            (Some(crate::downstream::Peer::Consumer), Wire::Ack(ack)) => {
+                self.handle_ack(now, conn, ack)
+            }
             (Some(crate::downstream::Peer::Consumer), Wire::Admin(admin)) => {
-                self.handle_admin(conn, admin)
+                self.handle_admin(now, conn, admin)
             }
             (_, Wire::Hello(hello)) => {
                 let accepts = [PeerKindTag::Node, PeerKindTag::Consumer];
@@ -196,6 +198,7 @@ impl Machine for Root {
             }
         }
         self.release_stale_ahead(now);
+        self.time_out_requests(now);
         self.serve_dirty(now);
     }
 
@@ -210,7 +213,10 @@ impl Machine for Root {
     fn poll_timeout(&self) -> Option<Time> {
         let pops = self.pops.deadlines.first().map(|(at, _)| *at);
         let ahead = self.ahead.expiry.first().map(|(at, _, _)| *at);
-        pops.into_iter().chain(ahead).min()
+        pops.into_iter()
+            .chain(ahead)
+            .chain(self.next_request_check())
+            .min()
     }
 
     fn stats(&self) -> NodeStats {
@@ -238,6 +244,7 @@ impl Machine for Root {
             ("deliveries", c.deliveries),
             ("reserves", c.reserves),
             ("reserves_denied", c.reserves_denied),
+            ("requests_timed_out", c.requests_timed_out),
             ("settle_requests", c.settle_requests),
             ("admin_requests", c.admin_requests),
             ("offers_received", c.offers_received),

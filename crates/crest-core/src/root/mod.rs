@@ -263,6 +263,8 @@ struct RootCounters {
     ahead_released: u64,
     /// Buffered grants dropped because their leaf offered the entry again.
     ahead_revoked: u64,
+    /// Reserves, confirms and admin requests given up on after `request_timeout_ms`.
+    requests_timed_out: u64,
 }
 
 #[derive(Debug)]
@@ -271,6 +273,8 @@ struct PendingConfirm {
     /// The connection the `Confirm` went on.
     conn: ConnId,
     slots: Vec<usize>,
+    /// When it was sent (see `request_timeout_ms`).
+    sent: Time,
 }
 
 #[derive(Debug)]
@@ -290,6 +294,8 @@ struct PendingLeafAdmin {
     /// The connection the `LeafAdmin` went on.
     conn: ConnId,
     leaf: LeafId,
+    /// When it was sent (see `request_timeout_ms`).
+    sent: Time,
 }
 
 #[derive(Debug)]
@@ -336,6 +342,9 @@ struct Requests {
     admins: HashMap<u64, PendingAdmin>,
     leaf_admins: HashMap<u64, PendingLeafAdmin>,
     next_tag: u64,
+    /// When reserves, confirms and leaf admin requests were last checked against
+    /// `request_timeout_ms`.
+    checked_at: Time,
 }
 
 /// Reserve-ahead (`root/ahead.rs`, [`crate::ahead`]).
@@ -386,6 +395,7 @@ impl Root {
                 admins: HashMap::default(),
                 leaf_admins: HashMap::default(),
                 next_tag: 1,
+                checked_at: Time::ZERO,
             },
             dirty: Default::default(),
             outbox: Outbox::default(),

@@ -3,6 +3,7 @@
 use super::*;
 use crate::id::{LeafId, Receipt};
 use crate::machine::ConnId;
+use crate::time::Time;
 use crate::wire::{Ack, AckReply, Confirm, Confirmed, ErrorCode, ReceiptError, Settle, Wire};
 use std::collections::BTreeMap;
 
@@ -47,7 +48,7 @@ impl Root {
         Ok(())
     }
 
-    pub(super) fn handle_ack(&mut self, conn: ConnId, ack: Ack) {
+    pub(super) fn handle_ack(&mut self, now: Time, conn: ConnId, ack: Ack) {
         self.counters.settle_requests += 1;
         if let Err(text) = self.validate_settle(&ack) {
             self.send(
@@ -89,6 +90,7 @@ impl Root {
                     ack: ack_id,
                     conn: child,
                     slots,
+                    sent: now,
                 },
             );
             self.send(

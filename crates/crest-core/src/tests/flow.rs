@@ -130,33 +130,8 @@ fn an_aggregator_answers_for_a_child_that_vanished_with_requests_in_flight() {
     let mut t = tree(4);
     t.h.push(t.producers[0], "jobs", &[1, 2]);
     let first = t.h.pop(t.consumer, "jobs", 1).remove(0);
-    let (_, root_end) = t.h.ends[&t.consumer];
-    t.h.queue.push_back((
-        root_end,
-        Wire::Ack(Ack {
-            request: 90,
-            op: Settle::Ack,
-            receipts: vec![first.receipt()],
-        }),
-    ));
-    t.h.queue.push_back((
-        root_end,
-        Wire::Pop(Pop {
-            request: 91,
-            topic: "jobs".into(),
-            max: 1,
-            ..Pop::default()
-        }),
-    ));
-    // The leaf's end of its link to the aggregator.
-    let leaf_end =
-        *t.h.ends
-            .iter()
-            .find(|(_, (owner, peer))| {
-                *owner == Owner::Node(t.leaves[0]) && t.h.ends[peer].0 == Owner::Node(t.aggs[0])
-            })
-            .map(|(end, _)| end)
-            .expect("the leaf's parent link");
+    queue_ack_and_pop(&mut t, first.receipt(), 0);
+    let leaf_end = leaf_parent_end(&t);
     // Deliver until the confirm and the reserve wait on the leaf's link, then cut it.
     for _ in 0..100 {
         for index in 0..t.h.nodes.len() {
@@ -197,6 +172,79 @@ fn an_aggregator_answers_for_a_child_that_vanished_with_requests_in_flight() {
             .iter()
             .any(|m| matches!(m, Wire::PopReply(r) if r.request == 91)),
         "the pop was answered, not left waiting: {replies:?}"
+    );
+}
+
+#[test]
+fn requests_a_connected_leaf_does_not_answer_are_given_up_after_the_request_timeout() {
+    // Goal: a leaf whose link is up but which does not answer (stuck, say, on a failing disk)
+    // holds a pop and an ack for `request_timeout_ms`, not until the link dies; its late
+    // answers are then handled: the late grant goes back, the late ack stands. Method: hold
+    // back the reserve and the confirm on their way to the leaf, move the clock past the
+    // timeout, then deliver them.
+    let mut t = tree(4);
+    let ids = t.h.push(t.producers[0], "jobs", &[1, 2]);
+    let first = t.h.pop(t.consumer, "jobs", 1).remove(0);
+    queue_ack_and_pop(&mut t, first.receipt(), 10_000);
+    let leaf_end = leaf_parent_end(&t);
+    // Deliver everything but the reserve and the confirm, which the leaf never sees.
+    let mut held = Vec::new();
+    loop {
+        for index in 0..t.h.nodes.len() {
+            t.h.drain(index);
+        }
+        let Some((to, msg)) = t.h.queue.pop_front() else {
+            break;
+        };
+        match t.h.ends.get(&to) {
+            _ if to == leaf_end && matches!(msg, Wire::Reserve(_) | Wire::Confirm(_)) => {
+                held.push((to, msg))
+            }
+            Some((Owner::Node(index), _)) => t.h.nodes[*index].handle_message(t.h.now, to, msg),
+            _ => t.h.inbox.get_mut(&to).unwrap().push_back(msg),
+        }
+    }
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(t.h.try_recv(t.consumer).is_none(), "both wait for the leaf");
+
+    let timeout = Duration::from_millis(Settings::default().request_timeout_ms);
+    t.h.advance(timeout + timeout / 4);
+    let mut replies = Vec::new();
+    while let Some(msg) = t.h.try_recv(t.consumer) {
+        replies.push(msg);
+    }
+    assert!(
+        replies.iter().any(|m| matches!(m,
+            Wire::AckReply(r) if r.request == 90 && r.results == vec![Err(ReceiptError::TimedOut)])),
+        "{replies:?}"
+    );
+    assert!(
+        !replies.iter().any(|m| matches!(m, Wire::PopReply(_))),
+        "the pop waits on for its long-poll: {replies:?}"
+    );
+    assert_eq!(root_counter(&mut t, "requests_timed_out"), 2);
+
+    // The leaf answers at last: the ack is applied (a retry says so), the late grant is given
+    // back and delivered to the waiting pop on its first attempt.
+    for message in held {
+        t.h.queue.push_back(message);
+    }
+    t.h.run();
+    let Wire::PopReply(reply) = t.h.recv(t.consumer) else {
+        panic!("the waiting pop is answered")
+    };
+    assert_eq!(reply.request, 91);
+    assert_eq!(
+        reply
+            .deliveries
+            .iter()
+            .map(|d| (d.id, d.attempt))
+            .collect::<Vec<_>>(),
+        vec![(ids[1], 1)]
+    );
+    assert_eq!(
+        t.h.ack(t.consumer, vec![first.receipt()]),
+        vec![Err(ReceiptError::Settled)]
     );
 }
 
@@ -296,4 +344,35 @@ fn grants_reserved_ahead_get_the_visibility_timeout_the_pop_asked_for() {
         vec![Ok(()); count],
         "every lease was extended to 60 s at its leaf"
     );
+}
+
+/// Queues, from the consumer, an ack of `receipt` (request 90) and then a pop of one "jobs"
+/// message waiting up to `wait_ms` (request 91), without delivering them yet.
+fn queue_ack_and_pop(t: &mut Tree, receipt: Receipt, wait_ms: u64) {
+    let (_, root_end) = t.h.ends[&t.consumer];
+    let ack = Ack {
+        request: 90,
+        op: Settle::Ack,
+        receipts: vec![receipt],
+    };
+    t.h.queue.push_back((root_end, Wire::Ack(ack)));
+    let pop = Pop {
+        request: 91,
+        topic: "jobs".into(),
+        max: 1,
+        wait_ms,
+        ..Pop::default()
+    };
+    t.h.queue.push_back((root_end, Wire::Pop(pop)));
+}
+
+/// The first leaf's end of its link to its aggregator.
+fn leaf_parent_end(t: &Tree) -> ConnId {
+    *t.h.ends
+        .iter()
+        .find(|(_, (owner, peer))| {
+            *owner == Owner::Node(t.leaves[0]) && t.h.ends[peer].0 == Owner::Node(t.aggs[0])
+        })
+        .map(|(end, _)| end)
+        .expect("the leaf's parent link")
 }

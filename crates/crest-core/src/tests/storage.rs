@@ -225,3 +225,132 @@ fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
         "the priority-0 messages pushed after the first checkpoint come first"
     );
 }
+
+/// Wraps a leaf whose log refuses every append while `full` is set, as a full disk does.
+struct Refusing {
+    inner: Box<dyn Machine>,
+    full: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    now: Time,
+}
+
+impl Machine for Refusing {
+    fn check_invariants(&self) {
+        self.inner.check_invariants()
+    }
+    fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
+        self.now = now;
+        self.inner.handle_connected(now, conn, link)
+    }
+    fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
+        self.now = now;
+        self.inner.handle_disconnected(now, conn)
+    }
+    fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire) {
+        self.now = now;
+        self.inner.handle_message(now, conn, msg)
+    }
+    fn handle_timeout(&mut self, now: Time) {
+        self.now = now;
+        self.inner.handle_timeout(now)
+    }
+    fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
+        self.inner.handle_storage_done(now, done)
+    }
+    fn poll_storage(&mut self) -> Option<crate::machine::StorageOp> {
+        loop {
+            let op = self.inner.poll_storage()?;
+            match op.token() {
+                Some(token) if self.full.load(std::sync::atomic::Ordering::SeqCst) => {
+                    let reason = "No space left on device (os error 28)";
+                    self.inner.handle_storage_failed(self.now, token, reason);
+                }
+                _ => return Some(op),
+            }
+        }
+    }
+    fn poll_transmit(&mut self) -> Option<crate::machine::Transmit> {
+        self.inner.poll_transmit()
+    }
+    fn poll_close(&mut self) -> Option<(ConnId, String)> {
+        self.inner.poll_close()
+    }
+    fn poll_timeout(&self) -> Option<Time> {
+        self.inner.poll_timeout()
+    }
+    fn stats(&self) -> crate::machine::NodeStats {
+        self.inner.stats()
+    }
+    fn report(&mut self, now: Time) -> crate::metrics::Report {
+        self.inner.report(now)
+    }
+}
+
+#[test]
+fn an_ack_or_nack_the_log_refuses_changes_nothing_and_a_retry_settles_it() {
+    // Goal: a settlement answered `Unavailable` did nothing, so that the consumer's retry
+    // (once the disk has room) does what the first one meant, exactly once. Method: a leaf
+    // whose log refuses appends, an ack and a nack refused, then retried with room again.
+    let mut h = Harness::new();
+    let root = h.add(root_node(settings(4), vec![LeafId(1)]));
+    let full = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let node = h.add(Box::new(Refusing {
+        inner: leaf(1, 4),
+        full: full.clone(),
+        now: h.now,
+    }));
+    h.link(node, root);
+    let producer = h.client(node, PeerKind::Producer);
+    let consumer = h.client(root, PeerKind::Consumer);
+    let ids = h.push(producer, "jobs", &[1, 2, 3]);
+    let deliveries = h.pop(consumer, "jobs", 2);
+    let (acked, nacked) = (deliveries[0].receipt(), deliveries[1].receipt());
+    assert_eq!((acked.id, nacked.id), (ids[0], ids[1]));
+
+    full.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        h.ack(consumer, vec![acked]),
+        vec![Err(ReceiptError::Unavailable)]
+    );
+    let nack = Settle::Nack {
+        delay_ms: 0,
+        reason: None,
+    };
+    assert_eq!(
+        h.settle(consumer, nack.clone(), vec![nacked]),
+        vec![Err(ReceiptError::Unavailable)]
+    );
+    let stats = h.nodes[node].stats();
+    assert_eq!(
+        (stats.messages, stats.leased),
+        (3, 2),
+        "both are still held and leased"
+    );
+    // The leases go on: an extend (which logs nothing) is still accepted.
+    let extend = Settle::Extend { lease_ms: 60_000 };
+    assert_eq!(
+        h.settle(consumer, extend, vec![acked, nacked]),
+        vec![Ok(()), Ok(())]
+    );
+    let rest = h.pop(consumer, "jobs", 10);
+    assert_eq!(
+        rest.iter().map(|d| d.id).collect::<Vec<_>>(),
+        vec![ids[2]],
+        "the nacked message is not available again"
+    );
+
+    full.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(h.ack(consumer, vec![acked]), vec![Ok(())]);
+    assert_eq!(h.settle(consumer, nack, vec![nacked]), vec![Ok(())]);
+    assert_eq!(
+        h.ack(consumer, vec![acked]),
+        vec![Err(ReceiptError::Settled)],
+        "acked once"
+    );
+    let again = h.pop(consumer, "jobs", 10);
+    assert_eq!(
+        again.iter().map(|d| (d.id, d.attempt)).collect::<Vec<_>>(),
+        vec![(ids[1], 2)],
+        "the nacked message comes back once, on its second attempt"
+    );
+    assert_eq!(h.nodes[node].stats().messages, 2);
+}
