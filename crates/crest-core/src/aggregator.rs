@@ -85,6 +85,10 @@ pub struct Aggregator {
     offers: TopicMap<OfferSet>,
     /// Requests forwarded to each child and not answered yet.
     forwarded: HashMap<ConnId, Forwarded>,
+    /// A connection to the parent whose `Hello` waits until every leaf below is known (or
+    /// waited for long enough: `absent_child_wait_ms`), so that the parent is not offered a
+    /// part of this subtree as if it were the whole.
+    hello_waits: Option<ConnId>,
     dirty: TopicSet,
     outbox: Outbox,
     violations: u64,
@@ -119,6 +123,7 @@ impl Aggregator {
             children,
             offers: Default::default(),
             forwarded: HashMap::default(),
+            hello_waits: None,
             dirty: Default::default(),
             outbox: Outbox::default(),
             violations: 0,
@@ -286,6 +291,17 @@ impl Aggregator {
         }
     }
 
+    /// Opens the session with the parent on the connection waiting for it, once no leaf
+    /// below is waited for.
+    fn say_hello(&mut self, now: Time) {
+        if self.hello_waits.is_none() || self.children.awaiting(now) {
+            return;
+        }
+        let conn = self.hello_waits.take().expect("checked");
+        let hello = self.upstream.connected(conn);
+        self.outbox.push(hello);
+    }
+
     fn send_up(&mut self, msg: Wire) {
         // Answers for a parent session that ended are dropped: the root that asked is gone,
         // and the leases they carry expire at their leaves.
@@ -350,11 +366,12 @@ impl Machine for Aggregator {
         self.children.check_windows();
     }
 
-    fn handle_connected(&mut self, _now: Time, conn: ConnId, link: Link) {
+    fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
+        self.children.clock(now);
         match link {
             Link::Parent => {
-                let hello = self.upstream.connected(conn);
-                self.outbox.push(hello);
+                self.hello_waits = Some(conn);
+                self.say_hello(now);
             }
             Link::Incoming => {
                 self.children.accept(conn);
@@ -367,6 +384,10 @@ impl Machine for Aggregator {
     }
 
     fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
+        if self.hello_waits == Some(conn) {
+            self.hello_waits = None;
+            return;
+        }
         if self.upstream.disconnected(conn) {
             for offers in self.offers.values_mut() {
                 offers.reset();
@@ -377,7 +398,7 @@ impl Machine for Aggregator {
         }
         self.reporter.child_gone(conn);
         self.answer_forwarded(conn);
-        if let Some(removed) = self.children.disconnect(conn) {
+        if let Some(removed) = self.children.disconnect(conn, now) {
             for (topic, keys) in removed {
                 if let Some(offers) = self.offers.get_mut(&topic) {
                     for key in &keys {
@@ -398,6 +419,10 @@ impl Machine for Aggregator {
                 Wire::Welcome(welcome) => {
                     if self.upstream.welcomed(conn, &welcome) {
                         self.dirty.extend(self.offers.keys().cloned());
+                        // Everything offered, then a report: the parent knows this subtree
+                        // once the report arrives (see `absent_child_wait_ms`).
+                        self.flush_offers(now, true);
+                        self.report_tick(now);
                     }
                 }
                 Wire::Reserve(reserve) => self.handle_reserve(now, reserve),
@@ -410,7 +435,12 @@ impl Machine for Aggregator {
         } else if self.children.is_child(conn) {
             match msg {
                 Wire::Offer(offer) => self.handle_offer(now, conn, offer),
-                Wire::Report(report) => self.reporter.child_report(conn, report),
+                Wire::Report(report) => {
+                    self.reporter.child_report(conn, report);
+                    if self.children.heard(conn) {
+                        self.say_hello(now);
+                    }
+                }
                 Wire::Reserved(reserved) => {
                     if let Some(forwarded) = self.forwarded.get_mut(&conn) {
                         for outcome in &reserved.items {
@@ -438,7 +468,7 @@ impl Machine for Aggregator {
         } else {
             match msg {
                 Wire::Hello(hello) => {
-                    let outcome = self.children.hello(conn, hello, &[PeerKindTag::Node]);
+                    let outcome = self.children.hello(conn, hello, &[PeerKindTag::Node], now);
                     self.send(conn, outcome.reply);
                     if outcome.close {
                         self.outbox.close(conn, "handshake refused");
@@ -455,6 +485,9 @@ impl Machine for Aggregator {
     }
 
     fn handle_timeout(&mut self, now: Time) {
+        if self.children.stop_waiting(now) {
+            self.say_hello(now);
+        }
         self.flush_offers(now, false);
     }
 
@@ -474,7 +507,8 @@ impl Machine for Aggregator {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        self.offer_due
+        let hello = self.hello_waits.and_then(|_| self.children.next_wait_end());
+        self.offer_due.into_iter().chain(hello).min()
     }
 
     fn report(&mut self, now: Time) -> Report {

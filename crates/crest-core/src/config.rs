@@ -101,6 +101,16 @@ pub struct Settings {
     /// whose link ends is given up on at once instead; this bounds the wait on one that is
     /// connected but does not answer (say, stuck on a failing disk).
     pub request_timeout_ms: u64,
+    /// How long a parent (root, aggregator) waits, from its start or from the end of a child's
+    /// session, for the leaves below that child to be reported again before it treats them as
+    /// empty, in milliseconds. While it waits, the root serves only entries it is certain of
+    /// (pops are held, at most this long), and an aggregator that has just started does not
+    /// open its session with its parent, so that a restarted root or aggregator serves the
+    /// most urgent message of the whole tree first, not the most urgent of the children that
+    /// came back first. A child that comes back is reported within milliseconds: it sends
+    /// its offers and a report as soon as it is welcomed. 0: never wait (availability first:
+    /// serve what the children present hold).
+    pub absent_child_wait_ms: u64,
     /// Frames read from one connection but not yet handled by the node (bounds the mailbox).
     pub connection_inflight_frames_max: u32,
     /// Frames queued for writing on one connection; a peer that lets it fill is disconnected.
@@ -297,6 +307,7 @@ impl Default for Settings {
             root_pending_pops_max: 10_000,
             root_pending_requests_max: 10_000,
             request_timeout_ms: 2_000,
+            absent_child_wait_ms: 1_000,
             connection_inflight_frames_max: 64,
             connection_send_queue_max: 4096,
             connections_max: 1024,

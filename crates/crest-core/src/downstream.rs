@@ -9,12 +9,14 @@
 use crate::config::Settings;
 use crate::id::ConnId;
 use crate::id::LeafId;
+use crate::time::Time;
 use crate::window::Window;
 use crate::wire::{
     ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, ReceiptError, Role, Welcome, Wire,
 };
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Interned topic name.
 pub(crate) type Topic = Arc<str>;
@@ -63,6 +65,14 @@ pub(crate) struct Downstream {
     children_by_name: HashMap<String, ConnId>,
     routes: HashMap<LeafId, ConnId>,
     pub(crate) windows: TopicMap<Window>,
+    /// Leaves below this node whose state it does not know: no child has reported them since
+    /// this node started, or since the session that led to them ended. With when that began
+    /// (`None`: at the start), until `absent_child_wait_ms` after it.
+    unknown: HashMap<LeafId, Option<Time>>,
+    /// Children welcomed that have not sent their first report: their leaves stay unknown.
+    unheard: HashSet<ConnId>,
+    /// When this node started (the first time it was told the time).
+    started: Option<Time>,
 }
 
 impl Downstream {
@@ -71,12 +81,20 @@ impl Downstream {
             name,
             role,
             settings,
-            subtree: subtree.into_iter().collect(),
+            subtree: subtree.iter().copied().collect(),
             peers: HashMap::default(),
             children_by_name: HashMap::default(),
+            unknown: subtree.iter().map(|leaf| (*leaf, None)).collect(),
             routes: HashMap::default(),
             windows: Default::default(),
+            unheard: HashSet::default(),
+            started: None,
         }
+    }
+
+    /// Notes the time: the first call is this node's start.
+    pub(crate) fn clock(&mut self, now: Time) {
+        self.started.get_or_insert(now);
     }
 
     /// A connection arrived; it says who it is in its `Hello`.
@@ -90,6 +108,7 @@ impl Downstream {
         conn: ConnId,
         hello: Hello,
         accepts: &[PeerKindTag],
+        now: Time,
     ) -> HelloOutcome {
         let refuse = |code, message: String| HelloOutcome {
             reply: Wire::error(None, code, message),
@@ -134,9 +153,13 @@ impl Downstream {
                     );
                 }
                 superseded = self.children_by_name.insert(name.clone(), conn);
+                // A new session's leaves are known once it reports (it offers, then reports,
+                // as soon as it is welcomed).
                 for leaf in &leaves {
                     self.routes.insert(*leaf, conn);
+                    self.unknown.entry(*leaf).or_insert(Some(now));
                 }
+                self.unheard.insert(conn);
                 self.peers.insert(conn, Peer::Child { name, leaves });
                 self.settings.credits_per_topic
             }
@@ -172,16 +195,19 @@ impl Downstream {
     pub(crate) fn disconnect(
         &mut self,
         conn: ConnId,
+        now: Time,
     ) -> Option<Vec<(Topic, Vec<crate::key::Key>)>> {
         let Peer::Child { name, leaves } = self.peers.remove(&conn)? else {
             return None;
         };
+        self.unheard.remove(&conn);
         if self.children_by_name.get(&name) == Some(&conn) {
             self.children_by_name.remove(&name);
         }
         for leaf in leaves {
             if self.routes.get(&leaf) == Some(&conn) {
                 self.routes.remove(&leaf);
+                self.unknown.entry(leaf).or_insert(Some(now));
             }
         }
         let mut removed = Vec::new();
@@ -192,6 +218,53 @@ impl Downstream {
             }
         }
         Some(removed)
+    }
+
+    /// A child sent a report: if it is its first, the leaves it leads to are known now (its
+    /// offers came before it). Returns whether that is so.
+    pub(crate) fn heard(&mut self, conn: ConnId) -> bool {
+        if !self.unheard.remove(&conn) {
+            return false;
+        }
+        if let Some(Peer::Child { leaves, .. }) = self.peers.get(&conn) {
+            for leaf in leaves {
+                if self.routes.get(leaf) == Some(&conn) {
+                    self.unknown.remove(leaf);
+                }
+            }
+        }
+        true
+    }
+
+    /// When the wait for each unknown leaf ends (see `absent_child_wait_ms`).
+    fn wait_ends(&self) -> impl Iterator<Item = Time> + '_ {
+        let wait = Duration::from_millis(self.settings.absent_child_wait_ms);
+        let started = self.started.unwrap_or(Time::ZERO);
+        self.unknown
+            .values()
+            .map(move |since| since.unwrap_or(started) + wait)
+    }
+
+    /// Whether some leaf below is unknown and still waited for: nothing is certain then.
+    pub(crate) fn awaiting(&self, now: Time) -> bool {
+        self.wait_ends().any(|end| end > now)
+    }
+
+    /// When the first wait for an unknown leaf ends (perhaps past: [`Self::stop_waiting`]
+    /// then forgets it).
+    pub(crate) fn next_wait_end(&self) -> Option<Time> {
+        self.wait_ends().min()
+    }
+
+    /// Stops waiting for the unknown leaves whose wait ended (they count as empty until
+    /// reported); returns whether there were any.
+    pub(crate) fn stop_waiting(&mut self, now: Time) -> bool {
+        let wait = Duration::from_millis(self.settings.absent_child_wait_ms);
+        let started = self.started.unwrap_or(Time::ZERO);
+        let before = self.unknown.len();
+        self.unknown
+            .retain(|_, since| since.unwrap_or(started) + wait > now);
+        self.unknown.len() != before
     }
 
     /// The child connection that leads to `leaf`.

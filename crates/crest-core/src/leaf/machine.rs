@@ -243,14 +243,14 @@ impl Machine for Leaf {
         }
     }
 
-    fn handle_disconnected(&mut self, _now: Time, conn: ConnId) {
+    fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
         if self.upstream.disconnected(conn) {
             for topic in self.topics.values_mut() {
                 topic.offers.reset();
             }
             return;
         }
-        self.clients.disconnect(conn);
+        self.clients.disconnect(conn, now);
         // Batches of a vanished producer still become durable; only the ack has nowhere to go.
     }
 
@@ -261,6 +261,10 @@ impl Machine for Leaf {
                 Wire::Welcome(welcome) => {
                     if self.upstream.welcomed(conn, &welcome) {
                         self.dirty.extend(self.topics.keys().cloned());
+                        // Everything offered, then a report: the parent knows this subtree
+                        // once the report arrives (see `absent_child_wait_ms`).
+                        self.flush_offers(now, true);
+                        self.report_tick(now);
                     }
                 }
                 other => self.handle_pop_path(now, conn, other),
@@ -275,7 +279,7 @@ impl Machine for Leaf {
             match msg {
                 Wire::Hello(hello) => {
                     let accepts = [PeerKindTag::Producer, PeerKindTag::Root];
-                    let outcome = self.clients.hello(conn, hello, &accepts);
+                    let outcome = self.clients.hello(conn, hello, &accepts, now);
                     self.send(conn, outcome.reply);
                     if outcome.close {
                         self.outbox.close(conn, "handshake refused");

@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 impl Root {
-    pub(super) fn child_gone(&mut self, conn: ConnId) {
+    pub(super) fn child_gone(&mut self, now: Time, conn: ConnId) {
         self.reporter.child_gone(conn);
-        if let Some(removed) = self.children.disconnect(conn) {
+        if let Some(removed) = self.children.disconnect(conn, now) {
             self.dirty
                 .extend(removed.into_iter().map(|(topic, _)| topic));
         }

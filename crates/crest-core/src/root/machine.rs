@@ -37,7 +37,8 @@ impl Machine for Root {
         );
     }
 
-    fn handle_connected(&mut self, _now: Time, conn: ConnId, link: Link) {
+    fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
+        self.children.clock(now);
         match link {
             Link::Parent => {
                 self.violations += 1;
@@ -73,19 +74,20 @@ impl Machine for Root {
             return;
         }
         match self.children.peers.get(&conn) {
-            Some(crate::downstream::Peer::Child { .. }) => self.child_gone(conn),
+            Some(crate::downstream::Peer::Child { .. }) => self.child_gone(now, conn),
             Some(crate::downstream::Peer::Consumer) => {
                 self.consumer_gone(conn);
-                self.children.disconnect(conn);
+                self.children.disconnect(conn, now);
             }
             _ => {
-                self.children.disconnect(conn);
+                self.children.disconnect(conn, now);
             }
         }
         self.serve_dirty(now);
     }
 
     fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire) {
+        self.children.clock(now);
         if self.direct.conns.contains_key(&conn) {
             self.direct_message(now, conn, msg);
             self.serve_dirty(now);
@@ -130,7 +132,11 @@ impl Machine for Root {
                 self.dirty.insert(topic);
             }
             (Some(crate::downstream::Peer::Child { .. }), Wire::Report(report)) => {
-                self.reporter.child_report(conn, report)
+                self.reporter.child_report(conn, report);
+                // Its first: the leaves below it are known now.
+                if self.children.heard(conn) {
+                    self.dirty.extend(self.pops.waiting.keys().cloned());
+                }
             }
             (Some(crate::downstream::Peer::Child { .. }), Wire::Reserved(reserved)) => {
                 self.handle_reserved(now, reserved)
@@ -152,13 +158,13 @@ impl Machine for Root {
             }
             (_, Wire::Hello(hello)) => {
                 let accepts = [PeerKindTag::Node, PeerKindTag::Consumer];
-                let outcome = self.children.hello(conn, hello, &accepts);
+                let outcome = self.children.hello(conn, hello, &accepts, now);
                 self.send(conn, outcome.reply);
                 if outcome.close {
                     self.outbox.close(conn, "handshake refused");
                 }
                 if let Some(old) = outcome.superseded {
-                    self.child_gone(old);
+                    self.child_gone(now, old);
                     self.outbox.close(old, "superseded by a new session");
                 }
                 if !self.ahead.parked.is_empty() {
@@ -199,6 +205,9 @@ impl Machine for Root {
         }
         self.release_stale_ahead(now);
         self.time_out_requests(now);
+        if self.children.stop_waiting(now) {
+            self.dirty.extend(self.pops.waiting.keys().cloned());
+        }
         self.serve_dirty(now);
     }
 
@@ -216,6 +225,7 @@ impl Machine for Root {
         pops.into_iter()
             .chain(ahead)
             .chain(self.next_request_check())
+            .chain(self.children.next_wait_end())
             .min()
     }
 

@@ -109,6 +109,9 @@ impl Root {
         let budget = u64::from(self.settings.frame_bytes_max - FRAME_OVERHEAD_BYTES);
         let per_delivery =
             u64::from(self.settings.metadata_bytes_max + self.settings.topic_bytes_max) + 128;
+        // Leaves below not yet known (a restart, a child's session that ended): nothing is
+        // certain, and pops wait for them (bounded by `absent_child_wait_ms`).
+        let awaiting = self.children.awaiting(now);
         for &pop_id in &queue {
             let pop = self.pops.by_id.get_mut(&pop_id).expect("queued pops exist");
             let mut window = self.children.windows.get_mut(topic);
@@ -140,8 +143,9 @@ impl Root {
                 if key.priority > pop.max_priority {
                     break;
                 }
-                let certain = window.as_ref().is_none_or(|window| window.is_certain(&key));
-                if !certain && now < pop.order_deadline {
+                let certain =
+                    !awaiting && window.as_ref().is_none_or(|window| window.is_certain(&key));
+                if !certain && (awaiting || now < pop.order_deadline) {
                     break;
                 }
                 let taken = pop.deliveries.len() + pop.outstanding;

@@ -254,3 +254,115 @@ fn reports_bubble_up_so_the_root_knows_the_whole_tree() {
     let root = report.nodes.iter().find(|n| n.name == "root").unwrap();
     assert_eq!(root.counters["deliveries"], 10);
 }
+
+#[test]
+fn a_restarted_root_serves_the_tree_s_most_urgent_message_not_the_first_child_s() {
+    // Goal: a root that starts (or restarts) does not serve a less urgent message of the
+    // children that came back first while a child with a more urgent one is still coming;
+    // and it waits for an absent child only `absent_child_wait_ms`. Method: two leaves linked
+    // straight to a fresh root, the urgent one last; a pop (long-poll: a pop that may not
+    // wait is answered empty) asked in between.
+    let mut h = Harness::new();
+    let root = h.add(root_node(settings(4), vec![LeafId(1), LeafId(2)]));
+    let leaves = [leaf(1, 4), leaf(2, 4)].map(|machine| h.add(machine));
+    let producers = leaves.map(|node| h.client(node, PeerKind::Producer));
+    let urgent = h.push(producers[0], "jobs", &[0])[0];
+    let later = h.push(producers[1], "jobs", &[5]);
+    let consumer = h.client(root, PeerKind::Consumer);
+    h.link(leaves[1], root);
+    h.send(
+        consumer,
+        Wire::Pop(Pop {
+            request: 7,
+            topic: "jobs".into(),
+            max: 1,
+            wait_ms: 5_000,
+            ..Pop::default()
+        }),
+    );
+    h.advance(Duration::from_millis(
+        Settings::default().pop_order_wait_ms * 4,
+    ));
+    assert!(
+        h.try_recv(consumer).is_none(),
+        "held while leaf-1 has not come back"
+    );
+    h.link(leaves[0], root);
+    let Wire::PopReply(reply) = h.recv(consumer) else {
+        panic!("the held pop is answered")
+    };
+    assert_eq!(reply.deliveries[0].id, urgent, "the tree's most urgent");
+
+    // A child that does not come back is waited for only so long: then what is there is
+    // served (availability).
+    let mut h = Harness::new();
+    let root = h.add(root_node(settings(4), vec![LeafId(1), LeafId(2)]));
+    let node = h.add(leaf(2, 4));
+    let producer = h.client(node, PeerKind::Producer);
+    h.push(producer, "jobs", &[5]);
+    let consumer = h.client(root, PeerKind::Consumer);
+    h.link(node, root);
+    h.send(
+        consumer,
+        Wire::Pop(Pop {
+            request: 8,
+            topic: "jobs".into(),
+            max: 1,
+            wait_ms: 5_000,
+            ..Pop::default()
+        }),
+    );
+    h.advance(Duration::from_millis(
+        Settings::default().absent_child_wait_ms / 2,
+    ));
+    assert!(h.try_recv(consumer).is_none(), "still waiting for leaf-1");
+    h.advance(Duration::from_millis(
+        Settings::default().absent_child_wait_ms,
+    ));
+    let Wire::PopReply(reply) = h.recv(consumer) else {
+        panic!("answered once the wait is over")
+    };
+    assert_eq!(reply.deliveries[0].id, later[0]);
+}
+
+#[test]
+fn an_aggregator_opens_its_session_upward_once_its_leaves_have_reported() {
+    // Goal: a restarted aggregator does not present part of its subtree as the whole: its
+    // parent would serve a less urgent message of another subtree meanwhile. Method: a fresh
+    // aggregator linked to the root before its leaves; count the root's children.
+    let mut t = tree(4);
+    let fresh = t.h.add(Box::new(Aggregator::new(AggregatorConfig {
+        name: "agg-0".into(),
+        settings: settings(4),
+        subtree: vec![LeafId(1), LeafId(2)],
+    })));
+    let leaves = [leaf(1, 4), leaf(2, 4)].map(|machine| t.h.add(machine));
+    t.h.link(fresh, t.root);
+    t.h.link(leaves[0], fresh);
+    assert!(
+        !t.h.nodes[fresh].stats().parent_connected,
+        "no Hello while leaf-2 has not reported"
+    );
+    t.h.link(leaves[1], fresh);
+    assert!(t.h.nodes[fresh].stats().parent_connected);
+    assert_eq!(
+        t.h.nodes[t.root].stats().children,
+        2,
+        "the fresh agg-0 superseded the old one"
+    );
+
+    // One leaf missing: the session opens after `absent_child_wait_ms`.
+    let lone = t.h.add(Box::new(Aggregator::new(AggregatorConfig {
+        name: "agg-1".into(),
+        settings: settings(4),
+        subtree: vec![LeafId(3), LeafId(4)],
+    })));
+    t.h.link(lone, t.root);
+    let third = t.h.add(leaf(3, 4));
+    t.h.link(third, lone);
+    assert!(!t.h.nodes[lone].stats().parent_connected);
+    t.h.advance(Duration::from_millis(
+        Settings::default().absent_child_wait_ms,
+    ));
+    assert!(t.h.nodes[lone].stats().parent_connected);
+}

@@ -91,6 +91,10 @@ fn a_pop_granted_part_of_its_batch_takes_no_later_arrivals() {
     let consumer = h.client(root, PeerKind::Consumer);
     h.send(children[0], offer(1, vec![entry(1, 1, 10)]));
     h.send(children[1], offer(1, vec![entry(2, 1, 20)]));
+    // As a child does once welcomed: its offers, then a report (its leaves are known then).
+    for child in children {
+        h.send(child, Wire::Report(crate::metrics::Report::default()));
+    }
     h.send(consumer, jobs_pop(1, 10, 1_000));
     let first = expect_reserve(&mut h, children[0]);
     let second = expect_reserve(&mut h, children[1]);
