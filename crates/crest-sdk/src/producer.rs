@@ -13,9 +13,12 @@
 //! the batch it was about to send goes to the other lanes (messages with a dedup key
 //! excepted: they belong to their leaf, and fail), and new messages avoid the lane for a
 //! while (`leaf_retry_initial`, doubling up to `leaf_retry_max`); after that the next batch
-//! tries the leaf again. A batch already sent when its connection breaks fails (it may or may
-//! not have been stored), and the lane is avoided the same way. [`Producer::connect`] needs
-//! one reachable leaf, not all.
+//! tries the leaf again. A batch already sent when its connection breaks (or that is not
+//! acknowledged within `ack_timeout`) goes to the other leaves the same way, and the lane is
+//! avoided: a leaf whose host vanished costs its in-flight batches about `leaf_idle_timeout`
+//! (1 s) of latency, not an error. Such a batch may have been stored by the leaf that did not
+//! answer, so it may be delivered twice (at-least-once; a message with a dedup key is not sent
+//! elsewhere: it fails instead). [`Producer::connect`] needs one reachable leaf, not all.
 //!
 //! [`Producer::send_batch`] hands a lane many messages at once, with one acknowledgement
 //! for all of them: it saves the per-message queue slot and reply that [`Producer::send`]
@@ -123,6 +126,9 @@ pub struct ProducerConfig {
     pub leaf_retry_initial: Duration,
     /// The longest a leaf is avoided before it is tried again.
     pub leaf_retry_max: Duration,
+    /// A connection to a leaf with no traffic for this long is given up (keep-alives go every
+    /// fifth of it): how long a leaf whose host vanished goes unnoticed.
+    pub leaf_idle_timeout: Duration,
 }
 
 impl ProducerConfig {
@@ -139,6 +145,7 @@ impl ProducerConfig {
             ack_timeout: Duration::from_secs(30),
             leaf_retry_initial: Duration::from_millis(100),
             leaf_retry_max: Duration::from_secs(5),
+            leaf_idle_timeout: Duration::from_secs(1),
         }
     }
 
@@ -604,7 +611,14 @@ fn dedup_lane(addresses: &[String], topic: &str, key: &str) -> usize {
 }
 
 async fn connect_leaf(address: &str, config: &ProducerConfig) -> Result<Link, ClientError> {
-    let settings = Settings::default();
+    let idle_ms = u64::try_from(config.leaf_idle_timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(5);
+    let settings = Settings {
+        idle_timeout_ms: idle_ms,
+        keep_alive_ms: idle_ms / 5,
+        ..Settings::default()
+    };
     Link::connect(
         address,
         PeerKind::Producer,
@@ -791,20 +805,30 @@ async fn run_lane(lane: LaneTask, link: Option<Arc<Link>>, mut rx: mpsc::Unbound
             let config = &lane.config;
             match current_link(&link, &lane.address, config).await {
                 Ok(current) => {
+                    // Kept to go elsewhere if the leaf does not answer (a copy only where
+                    // there is an elsewhere).
+                    let kept = (config.leaves.len() > 1).then(|| messages.clone());
                     let result = send_batch(&current, messages, config.ack_timeout).await;
                     if matches!(result, Err(ClientError::Timeout(_))) {
                         // A leaf that does not answer in time is treated as gone (it may have
                         // crashed without closing the connection): the next batch reconnects.
                         current.close();
                     }
-                    match &result {
-                        Ok(_) => lane.health(Health::answered),
-                        Err(ClientError::Disconnected(_) | ClientError::Timeout(_)) => {
-                            lane.health(|health| health.failed(config));
+                    match result {
+                        Ok(ids) => {
+                            lane.health(Health::answered);
+                            answer(answers, Ok(ids));
                         }
-                        Err(_) => {}
+                        Err(error @ (ClientError::Disconnected(_) | ClientError::Timeout(_))) => {
+                            lane.health(|health| health.failed(config));
+                            let stuck = match kept {
+                                Some(messages) => reroute(&lane, messages, answers).await,
+                                None => answers,
+                            };
+                            answer(stuck, Err(error));
+                        }
+                        Err(error) => answer(answers, Err(error)),
                     }
-                    answer(answers, result);
                 }
                 Err(error) => {
                     lane.health(|health| health.failed(config));
