@@ -9,7 +9,7 @@
 #[path = "common/cluster.rs"]
 mod cluster;
 
-use cluster::CREST;
+use cluster::{CREST, retry};
 use crest::core::topology::Topology;
 use crest::sdk::{ClientTls, Consumer, ConsumerConfig, LeafId, Message, Producer, ProducerConfig};
 use std::collections::HashSet;
@@ -175,24 +175,6 @@ impl Drop for Hosts {
     }
 }
 
-/// Retries a connection until it is made: processes take a moment to start.
-async fn connected<T, F, Fut>(connect: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<T, crest::sdk::ClientError>>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        match connect().await {
-            Ok(value) => return value,
-            Err(error) if tokio::time::Instant::now() >= deadline => {
-                panic!("could not connect: {error}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaf_whose_host_is_cut_off_is_routed_around_and_found_again_once_healed() {
     let mut hosts = Hosts::new(&["a", "b", "c"]);
@@ -201,13 +183,7 @@ async fn a_leaf_whose_host_is_cut_off_is_routed_around_and_found_again_once_heal
     let topology_path = hosts.dir.join("three-hosts.toml");
     std::fs::write(&topology_path, &text).unwrap();
     let topology = Topology::parse(&text).unwrap();
-    let status = Command::new(CREST)
-        .args(["certs", "--topology"])
-        .arg(&topology_path)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "crest certs");
+    cluster::certs(&topology_path);
     for (host, node) in [
         ("a", "root"),
         ("a", "leaf-a"),
@@ -219,11 +195,9 @@ async fn a_leaf_whose_host_is_cut_off_is_routed_around_and_found_again_once_heal
     }
     let tls = ClientTls::from_file(hosts.dir.join("certs/ca.pem")).unwrap();
     let producer =
-        connected(|| Producer::connect(ProducerConfig::from_topology(&topology, tls.clone())))
-            .await;
+        retry(|| Producer::connect(ProducerConfig::from_topology(&topology, tls.clone()))).await;
     let consumer =
-        connected(|| Consumer::connect(ConsumerConfig::from_topology(&topology, tls.clone())))
-            .await;
+        retry(|| Consumer::connect(ConsumerConfig::from_topology(&topology, tls.clone()))).await;
 
     // The whole tree answers: pushes land on every leaf, and the root pops them all.
     let mut leaves = HashSet::new();

@@ -84,13 +84,7 @@ impl Cluster {
         let topology_path = dir.join("topology.toml");
         std::fs::write(&topology_path, &text).unwrap();
         let topology = Topology::parse(&text).unwrap();
-        let status = Command::new(CREST)
-            .args(["certs", "--topology"])
-            .arg(&topology_path)
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success(), "crest certs");
+        certs(&topology_path);
         let mut cluster = Cluster {
             dir,
             topology_path,
@@ -161,6 +155,17 @@ impl Cluster {
     pub(crate) async fn consumer(&self) -> Consumer {
         retry(|| Consumer::connect(ConsumerConfig::from_topology(&self.topology, self.tls()))).await
     }
+}
+
+/// Makes the certificates of the topology at `path` with `crest certs`.
+pub(crate) fn certs(path: &std::path::Path) {
+    let status = Command::new(CREST)
+        .args(["certs", "--topology"])
+        .arg(path)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "crest certs");
 }
 
 /// Retries a connection for up to 20 seconds: processes take a moment to bind.
