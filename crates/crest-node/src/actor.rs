@@ -18,6 +18,7 @@ use crest_core::metrics::Report;
 use crest_core::time::Time;
 use crest_core::wire::Wire;
 use crest_storage::wal::{Completion, GroupTiming};
+use crest_transport::stream::Outgoing;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,8 +29,8 @@ use tokio::task::JoinHandle;
 
 /// The sending side of a connection, as the actor holds it.
 pub(crate) struct ConnHandle {
-    pub(crate) control: mpsc::Sender<Wire>,
-    pub(crate) data: mpsc::Sender<Wire>,
+    pub(crate) control: mpsc::Sender<Outgoing>,
+    pub(crate) data: mpsc::Sender<Outgoing>,
     pub(crate) connection: quinn::Connection,
     pub(crate) link: Link,
 }
@@ -286,7 +287,7 @@ impl NodeState {
         } else {
             &handle.data
         };
-        match queue.try_send(msg) {
+        match queue.try_send(msg.into()) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 // The peer does not read fast enough to drain a bounded queue: cut it loose

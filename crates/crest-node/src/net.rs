@@ -10,7 +10,7 @@ use crest_core::config::Settings;
 use crest_core::machine::{ConnId, Link};
 use crest_core::wire::Wire;
 use crest_transport::stream::{
-    FrameReader, ReadEvent, StreamPair, accept_streams, open_streams, spawn_writer,
+    FrameReader, Outgoing, ReadEvent, StreamPair, accept_streams, open_streams, spawn_writer,
 };
 use ractor::ActorRef;
 use std::sync::Arc;
@@ -82,7 +82,7 @@ async fn read_frames(
     conn: ConnId,
     mut reader: FrameReader,
     permits: Arc<Semaphore>,
-    control: mpsc::Sender<Wire>,
+    control: mpsc::Sender<Outgoing>,
     connection: quinn::Connection,
 ) {
     loop {
@@ -102,7 +102,7 @@ async fn read_frames(
                 tracing::warn!(conn, %error, "bad frame skipped");
                 let reply = Wire::error(None, error.code(), error.to_string());
                 // Best effort: a peer that floods bad frames and never reads loses the answers.
-                let _ = control.try_send(reply);
+                let _ = control.try_send(reply.into());
             }
             Ok(None) => return,
             Err(error) => {

@@ -5,9 +5,11 @@
 //! ends, every waiting request fails with [`ClientError::Disconnected`].
 
 use crate::ClientError;
+use bytes::Bytes;
 use crest_core::config::Settings;
+use crest_core::frame::encode_frame;
 use crest_core::wire::{ErrorReply, Hello, PROTOCOL_VERSION, PeerKind, Welcome, Wire};
-use crest_transport::stream::{FrameReader, ReadEvent, open_streams, spawn_writer};
+use crest_transport::stream::{FrameReader, Outgoing, ReadEvent, open_streams, spawn_writer};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +21,9 @@ type Waiters = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Wire>>>>>;
 
 /// See the module doc.
 pub(crate) struct Link {
-    data: mpsc::Sender<Wire>,
+    data: mpsc::Sender<Outgoing>,
+    /// Largest frame written (frames a request encodes itself are held to it too).
+    frame_bytes_max: u32,
     waiters: Waiters,
     next_request: AtomicU64,
     in_flight: Arc<Semaphore>,
@@ -68,7 +72,7 @@ impl Link {
             peer,
         });
         control
-            .send(hello)
+            .send(hello.into())
             .await
             .map_err(|_| ClientError::Disconnected("control stream closed".into()))?;
         let mut control_reader = FrameReader::new(streams.control.1, max);
@@ -93,6 +97,7 @@ impl Link {
         tokio::spawn(watch_control(control_reader, control, connection.clone()));
         Ok(Link {
             data,
+            frame_bytes_max: max,
             waiters,
             next_request: AtomicU64::new(1),
             in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
@@ -133,10 +138,59 @@ impl Link {
             };
             waiters.insert(request, tx);
         }
-        if self.data.send(build(request)).await.is_err() {
+        if self.data.send(build(request).into()).await.is_err() {
             self.forget(request);
             return Err(self.disconnected());
         }
+        self.answer(request, rx, timeout).await
+    }
+
+    /// As [`Link::request`], but the request is framed here and given back with the answer,
+    /// so that the caller can send it elsewhere if this node does not answer.
+    pub(crate) async fn request_keeping(
+        &self,
+        build: impl FnOnce(u64) -> Wire,
+        timeout: Duration,
+    ) -> (Option<Wire>, Result<Wire, ClientError>) {
+        let Ok(_permit) = self.in_flight.acquire().await else {
+            return (None, Err(ClientError::Closed));
+        };
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let msg = build(request);
+        let mut frame = Vec::new();
+        if let Err(error) = encode_frame(&msg, self.frame_bytes_max, &mut frame) {
+            return (
+                Some(msg),
+                Err(ClientError::InvalidArgument(error.to_string())),
+            );
+        }
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut waiters = self.waiters.lock().expect("waiters lock");
+            let Some(waiters) = waiters.as_mut() else {
+                return (Some(msg), Err(self.disconnected()));
+            };
+            waiters.insert(request, tx);
+        }
+        if self
+            .data
+            .send(Outgoing::Frame(Bytes::from(frame)))
+            .await
+            .is_err()
+        {
+            self.forget(request);
+            return (Some(msg), Err(self.disconnected()));
+        }
+        (Some(msg), self.answer(request, rx, timeout).await)
+    }
+
+    /// Waits for the answer to `request`.
+    async fn answer(
+        &self,
+        request: u64,
+        rx: oneshot::Receiver<Wire>,
+        timeout: Duration,
+    ) -> Result<Wire, ClientError> {
         let answer = match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => return Err(self.disconnected()),
@@ -214,7 +268,7 @@ async fn route_answers(mut reader: FrameReader, waiters: Waiters, connection: qu
 
 async fn watch_control(
     mut reader: FrameReader,
-    _keep_open: mpsc::Sender<Wire>,
+    _keep_open: mpsc::Sender<Outgoing>,
     connection: quinn::Connection,
 ) {
     while let Ok(Some(event)) = reader.next().await {

@@ -805,10 +805,7 @@ async fn run_lane(lane: LaneTask, link: Option<Arc<Link>>, mut rx: mpsc::Unbound
             let config = &lane.config;
             match current_link(&link, &lane.address, config).await {
                 Ok(current) => {
-                    // Kept to go elsewhere if the leaf does not answer (a copy only where
-                    // there is an elsewhere).
-                    let kept = (config.leaves.len() > 1).then(|| messages.clone());
-                    let result = send_batch(&current, messages, config.ack_timeout).await;
+                    let (kept, result) = send_batch(&current, messages, config.ack_timeout).await;
                     if matches!(result, Err(ClientError::Timeout(_))) {
                         // A leaf that does not answer in time is treated as gone (it may have
                         // crashed without closing the connection): the next batch reconnects.
@@ -821,9 +818,10 @@ async fn run_lane(lane: LaneTask, link: Option<Arc<Link>>, mut rx: mpsc::Unbound
                         }
                         Err(error @ (ClientError::Disconnected(_) | ClientError::Timeout(_))) => {
                             lane.health(|health| health.failed(config));
-                            let stuck = match kept {
-                                Some(messages) => reroute(&lane, messages, answers).await,
-                                None => answers,
+                            let stuck = if kept.is_empty() {
+                                answers
+                            } else {
+                                reroute(&lane, kept, answers).await
                             };
                             answer(stuck, Err(error));
                         }
@@ -859,16 +857,30 @@ async fn current_link(
     }
 }
 
-/// Pushes `messages` as one batch; their ids once acknowledged.
+/// Pushes `messages` as one batch; their ids once acknowledged. The messages come back too
+/// (empty if they could not be kept), to go to another leaf if this one does not answer.
 async fn send_batch(
     link: &Link,
     messages: Vec<PushMessage>,
     timeout: Duration,
-) -> Result<Vec<MessageId>, ClientError> {
+) -> (Vec<PushMessage>, Result<Vec<MessageId>, ClientError>) {
     let count = messages.len();
-    let answer = link
-        .request(|request| Wire::Push(Push { request, messages }), timeout)
-        .await?;
+    let (sent, answer) = link
+        .request_keeping(|request| Wire::Push(Push { request, messages }), timeout)
+        .await;
+    let kept = match sent {
+        Some(Wire::Push(push)) => push.messages,
+        _ => Vec::new(),
+    };
+    let ids = match answer {
+        Ok(answer) => acknowledged(answer, count),
+        Err(error) => Err(error),
+    };
+    (kept, ids)
+}
+
+/// The ids a push batch of `count` messages was answered with.
+fn acknowledged(answer: Wire, count: usize) -> Result<Vec<MessageId>, ClientError> {
     let Wire::PushAck(ack) = answer else {
         return Err(ClientError::Protocol(format!(
             "expected PushAck, got {}",

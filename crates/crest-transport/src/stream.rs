@@ -17,6 +17,23 @@ const READ_CHUNK_BYTES: usize = 256 * 1024;
 /// A writer stops gathering queued messages into one write past this many bytes.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
 
+/// What a writer is given to write: a message, or a frame its sender encoded already (so that
+/// the sender keeps the message: the producer gives a batch to another leaf when its own does
+/// not answer, without a copy of every message made just in case).
+#[derive(Debug)]
+pub enum Outgoing {
+    /// A message, framed by the writer.
+    Message(Wire),
+    /// A whole frame (header and body).
+    Frame(Bytes),
+}
+
+impl From<Wire> for Outgoing {
+    fn from(msg: Wire) -> Outgoing {
+        Outgoing::Message(msg)
+    }
+}
+
 /// What a [`FrameReader`] read.
 #[derive(Debug)]
 pub enum ReadEvent {
@@ -93,8 +110,12 @@ impl FrameReader {
 /// Spawns a task that writes every message sent on the returned channel to `send`, in order.
 /// The channel holds at most `capacity` messages; the task ends when every sender is dropped
 /// (finishing the stream) or the stream breaks.
-pub fn spawn_writer(mut send: quinn::SendStream, max: u32, capacity: usize) -> mpsc::Sender<Wire> {
-    let (tx, mut rx) = mpsc::channel::<Wire>(capacity);
+pub fn spawn_writer(
+    mut send: quinn::SendStream,
+    max: u32,
+    capacity: usize,
+) -> mpsc::Sender<Outgoing> {
+    let (tx, mut rx) = mpsc::channel::<Outgoing>(capacity);
     tokio::spawn(async move {
         // The buffer is handed to quinn whole (no copy; quinn holds it until the peer has
         // acknowledged it), so each write gathers into a new one, sized like the last.
@@ -119,7 +140,11 @@ pub fn spawn_writer(mut send: quinn::SendStream, max: u32, capacity: usize) -> m
     tx
 }
 
-fn encode_logged(msg: &Wire, max: u32, out: &mut Vec<u8>) {
+fn encode_logged(msg: &Outgoing, max: u32, out: &mut Vec<u8>) {
+    let msg = match msg {
+        Outgoing::Frame(frame) => return out.extend_from_slice(frame),
+        Outgoing::Message(msg) => msg,
+    };
     if let Err(error) = encode_frame(msg, max, out) {
         // Every sender bounds what it builds to fit a frame; reaching here is a bug, reported
         // rather than crashing the node.

@@ -47,8 +47,8 @@ impl Cluster {
         Cluster::start_exactly(name, &format!("{checkpoints}{settings}"))
     }
 
-    /// `topology/local.toml` on free ports with `settings` (TOML lines) added, and nothing
-    /// else changed.
+    /// `topology/local.toml` on free ports with `settings` (TOML lines) added or replacing the
+    /// topology's own, and nothing else changed.
     pub(crate) fn start_exactly(name: &str, settings: &str) -> Cluster {
         let dir = std::env::temp_dir().join(format!("crest-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -78,6 +78,20 @@ impl Cluster {
                 text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{new}"));
             }
             sockets.insert(name.to_string(), (quic, http));
+        }
+        // A setting given here replaces the topology's own.
+        for line in settings.lines() {
+            if let Some((name, _)) = line.split_once('=') {
+                let name = name.trim();
+                text = text
+                    .lines()
+                    .filter(|old| {
+                        old.split_once('=')
+                            .is_none_or(|(key, _)| key.trim() != name)
+                    })
+                    .map(|old| format!("{old}\n"))
+                    .collect();
+            }
         }
         text = text.replace("[settings]\n", &format!("[settings]\n{settings}"));
         text.push_str("\n[tls]\nca = \"certs/ca.pem\"\ncert_dir = \"certs\"\n");
