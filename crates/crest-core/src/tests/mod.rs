@@ -15,6 +15,30 @@ use bytes::Bytes;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
+/// The [`Machine`] methods a test wrapper hands to its `inner` machine unchanged.
+macro_rules! pass_through {
+    () => {
+        fn check_invariants(&self) {
+            self.inner.check_invariants()
+        }
+        fn poll_transmit(&mut self) -> Option<crate::machine::Transmit> {
+            self.inner.poll_transmit()
+        }
+        fn poll_close(&mut self) -> Option<(ConnId, String)> {
+            self.inner.poll_close()
+        }
+        fn poll_timeout(&self) -> Option<Time> {
+            self.inner.poll_timeout()
+        }
+        fn stats(&self) -> crate::machine::NodeStats {
+            self.inner.stats()
+        }
+        fn report(&mut self, now: Time) -> crate::metrics::Report {
+            self.inner.report(now)
+        }
+    };
+}
+
 mod bodies;
 mod delivery;
 mod flow;
@@ -434,9 +458,6 @@ struct Recording {
 }
 
 impl Machine for Recording {
-    fn check_invariants(&self) {
-        self.inner.check_invariants()
-    }
     fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
         self.inner.handle_connected(now, conn, link)
     }
@@ -461,21 +482,7 @@ impl Machine for Recording {
         self.log.lock().unwrap().push(op.clone());
         Some(op)
     }
-    fn poll_transmit(&mut self) -> Option<crate::machine::Transmit> {
-        self.inner.poll_transmit()
-    }
-    fn poll_close(&mut self) -> Option<(ConnId, String)> {
-        self.inner.poll_close()
-    }
-    fn poll_timeout(&self) -> Option<Time> {
-        self.inner.poll_timeout()
-    }
-    fn stats(&self) -> crate::machine::NodeStats {
-        self.inner.stats()
-    }
-    fn report(&mut self, now: Time) -> crate::metrics::Report {
-        self.inner.report(now)
-    }
+    pass_through!();
     fn report_tick(&mut self, now: Time) {
         self.inner.report_tick(now)
     }
@@ -621,9 +628,6 @@ impl Disk {
 }
 
 impl Machine for Disk {
-    fn check_invariants(&self) {
-        self.inner.check_invariants()
-    }
     fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
         self.now = now;
         self.inner.handle_connected(now, conn, link)
@@ -717,21 +721,7 @@ impl Machine for Disk {
     ) {
         self.inner.handle_storage_read(now, token, bodies)
     }
-    fn poll_transmit(&mut self) -> Option<crate::machine::Transmit> {
-        self.inner.poll_transmit()
-    }
-    fn poll_close(&mut self) -> Option<(ConnId, String)> {
-        self.inner.poll_close()
-    }
-    fn poll_timeout(&self) -> Option<Time> {
-        self.inner.poll_timeout()
-    }
-    fn stats(&self) -> crate::machine::NodeStats {
-        self.inner.stats()
-    }
-    fn report(&mut self, now: Time) -> crate::metrics::Report {
-        self.inner.report(now)
-    }
+    pass_through!();
 }
 
 /// A leaf with no body cache over [`Disk`] (segments of ten 100-byte bodies, compacted below

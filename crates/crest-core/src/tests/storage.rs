@@ -234,9 +234,6 @@ struct Refusing {
 }
 
 impl Machine for Refusing {
-    fn check_invariants(&self) {
-        self.inner.check_invariants()
-    }
     fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
         self.now = now;
         self.inner.handle_connected(now, conn, link)
@@ -268,21 +265,7 @@ impl Machine for Refusing {
             }
         }
     }
-    fn poll_transmit(&mut self) -> Option<crate::machine::Transmit> {
-        self.inner.poll_transmit()
-    }
-    fn poll_close(&mut self) -> Option<(ConnId, String)> {
-        self.inner.poll_close()
-    }
-    fn poll_timeout(&self) -> Option<Time> {
-        self.inner.poll_timeout()
-    }
-    fn stats(&self) -> crate::machine::NodeStats {
-        self.inner.stats()
-    }
-    fn report(&mut self, now: Time) -> crate::metrics::Report {
-        self.inner.report(now)
-    }
+    pass_through!();
 }
 
 #[test]
