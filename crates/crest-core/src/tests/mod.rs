@@ -15,6 +15,29 @@ use bytes::Bytes;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
+/// The [`Machine`] inputs a test wrapper hands to its `inner` machine after noting the time
+/// in its `now` (for the storage completions it makes up itself).
+macro_rules! inputs_noting_now {
+    () => {
+        fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
+            self.now = now;
+            self.inner.handle_connected(now, conn, link)
+        }
+        fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
+            self.now = now;
+            self.inner.handle_disconnected(now, conn)
+        }
+        fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire) {
+            self.now = now;
+            self.inner.handle_message(now, conn, msg)
+        }
+        fn handle_timeout(&mut self, now: Time) {
+            self.now = now;
+            self.inner.handle_timeout(now)
+        }
+    };
+}
+
 /// The [`Machine`] methods a test wrapper hands to its `inner` machine unchanged.
 macro_rules! pass_through {
     () => {
@@ -628,22 +651,7 @@ impl Disk {
 }
 
 impl Machine for Disk {
-    fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
-        self.now = now;
-        self.inner.handle_connected(now, conn, link)
-    }
-    fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
-        self.now = now;
-        self.inner.handle_disconnected(now, conn)
-    }
-    fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire) {
-        self.now = now;
-        self.inner.handle_message(now, conn, msg)
-    }
-    fn handle_timeout(&mut self, now: Time) {
-        self.now = now;
-        self.inner.handle_timeout(now)
-    }
+    inputs_noting_now!();
     fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
         self.now = now;
         let locations = self.waiting.remove(&done.token).unwrap_or_default();

@@ -234,22 +234,7 @@ struct Refusing {
 }
 
 impl Machine for Refusing {
-    fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
-        self.now = now;
-        self.inner.handle_connected(now, conn, link)
-    }
-    fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
-        self.now = now;
-        self.inner.handle_disconnected(now, conn)
-    }
-    fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire) {
-        self.now = now;
-        self.inner.handle_message(now, conn, msg)
-    }
-    fn handle_timeout(&mut self, now: Time) {
-        self.now = now;
-        self.inner.handle_timeout(now)
-    }
+    inputs_noting_now!();
     fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
         self.inner.handle_storage_done(now, done)
     }
