@@ -85,10 +85,12 @@ pub struct Aggregator {
     offers: TopicMap<OfferSet>,
     /// Requests forwarded to each child and not answered yet.
     forwarded: HashMap<ConnId, Forwarded>,
-    /// A connection to the parent whose `Hello` waits until every leaf below is known (or
-    /// waited for long enough: `absent_child_wait_ms`), so that the parent is not offered a
-    /// part of this subtree as if it were the whole.
-    hello_waits: Option<ConnId>,
+    /// The parent session's first report is still to come. It waits until every leaf below
+    /// is known (or waited for long enough: `absent_child_wait_ms`): the parent counts this
+    /// subtree as unknown until that report, so it is not served a part of it as the whole.
+    /// The `Hello` goes at once, so the parent drops what a predecessor reported as soon as
+    /// this node is back.
+    unreported: bool,
     dirty: TopicSet,
     outbox: Outbox,
     violations: u64,
@@ -123,7 +125,7 @@ impl Aggregator {
             children,
             offers: Default::default(),
             forwarded: HashMap::default(),
-            hello_waits: None,
+            unreported: false,
             dirty: Default::default(),
             outbox: Outbox::default(),
             violations: 0,
@@ -291,15 +293,16 @@ impl Aggregator {
         }
     }
 
-    /// Opens the session with the parent on the connection waiting for it, once no leaf
-    /// below is waited for.
-    fn say_hello(&mut self, now: Time) {
-        if self.hello_waits.is_none() || self.children.awaiting(now) {
+    /// Tells the parent at once which leaves below are waited for, after every offer (the
+    /// parent takes a leaf no longer absent as known, offers included); the session's first
+    /// report waits until no leaf below is waited for.
+    fn report_absent(&mut self, now: Time) {
+        if self.unreported && self.children.awaiting(now) {
             return;
         }
-        let conn = self.hello_waits.take().expect("checked");
-        let hello = self.upstream.connected(conn);
-        self.outbox.push(hello);
+        self.unreported = false;
+        self.flush_offers(now, true);
+        self.report_tick(now);
     }
 
     fn send_up(&mut self, msg: Wire) {
@@ -370,8 +373,8 @@ impl Machine for Aggregator {
         self.children.clock(now);
         match link {
             Link::Parent => {
-                self.hello_waits = Some(conn);
-                self.say_hello(now);
+                let hello = self.upstream.connected(conn);
+                self.outbox.push(hello);
             }
             Link::Incoming => {
                 self.children.accept(conn);
@@ -384,11 +387,8 @@ impl Machine for Aggregator {
     }
 
     fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
-        if self.hello_waits == Some(conn) {
-            self.hello_waits = None;
-            return;
-        }
         if self.upstream.disconnected(conn) {
+            self.unreported = false;
             for offers in self.offers.values_mut() {
                 offers.reset();
             }
@@ -397,8 +397,14 @@ impl Machine for Aggregator {
             return;
         }
         self.reporter.child_gone(conn);
+        let removed = self.children.disconnect(conn, now);
+        if removed.is_some() {
+            // The parent learns that the leaves below are waited for before it learns that
+            // requests to them failed, so it holds pops rather than serve what comes next.
+            self.report_tick(now);
+        }
         self.answer_forwarded(conn);
-        if let Some(removed) = self.children.disconnect(conn, now) {
+        if let Some(removed) = removed {
             for (topic, keys) in removed {
                 if let Some(offers) = self.offers.get_mut(&topic) {
                     for key in &keys {
@@ -419,10 +425,12 @@ impl Machine for Aggregator {
                 Wire::Welcome(welcome) => {
                     if self.upstream.welcomed(conn, &welcome) {
                         self.dirty.extend(self.offers.keys().cloned());
-                        // Everything offered, then a report: the parent knows this subtree
-                        // once the report arrives (see `absent_child_wait_ms`).
+                        // Everything offered, then a report once the leaves below are known:
+                        // the parent knows this subtree when it arrives (see
+                        // `absent_child_wait_ms`).
                         self.flush_offers(now, true);
-                        self.report_tick(now);
+                        self.unreported = true;
+                        self.report_absent(now);
                     }
                 }
                 Wire::Reserve(reserve) => self.handle_reserve(now, reserve),
@@ -436,9 +444,11 @@ impl Machine for Aggregator {
             match msg {
                 Wire::Offer(offer) => self.handle_offer(now, conn, offer),
                 Wire::Report(report) => {
+                    let heard = self.children.heard(conn);
+                    let changed = self.children.reported_absent(conn, &report.absent, now);
                     self.reporter.child_report(conn, report);
-                    if self.children.heard(conn) {
-                        self.say_hello(now);
+                    if heard || changed {
+                        self.report_absent(now);
                     }
                 }
                 Wire::Reserved(reserved) => {
@@ -486,12 +496,15 @@ impl Machine for Aggregator {
 
     fn handle_timeout(&mut self, now: Time) {
         if self.children.stop_waiting(now) {
-            self.say_hello(now);
+            self.report_absent(now);
         }
         self.flush_offers(now, false);
     }
 
     fn report_tick(&mut self, now: Time) {
+        if self.unreported {
+            return;
+        }
         if let Some(parent) = self.upstream.session() {
             let report = self.report(now);
             self.send(parent, Wire::Report(report));
@@ -507,8 +520,11 @@ impl Machine for Aggregator {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        let hello = self.hello_waits.and_then(|_| self.children.next_wait_end());
-        self.offer_due.into_iter().chain(hello).min()
+        let report = self
+            .unreported
+            .then(|| self.children.next_wait_end())
+            .flatten();
+        self.offer_due.into_iter().chain(report).min()
     }
 
     fn report(&mut self, now: Time) -> Report {
@@ -538,6 +554,7 @@ impl Machine for Aggregator {
             counters: named(&counters),
             gauges: named(&gauges),
             stats: Stats::default(),
+            absent: self.children.absent(now),
         };
         self.reporter.report(now, own)
     }

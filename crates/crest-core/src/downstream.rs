@@ -236,6 +236,50 @@ impl Downstream {
         true
     }
 
+    /// A child's report names the leaves below it that it waits for ([`Report::absent`]):
+    /// those it leads to are unknown here too, and the others it leads to are known again
+    /// (once its first report arrived: [`Self::heard`]). Leaves not below it are ignored.
+    /// Returns whether that changed anything.
+    ///
+    /// [`Report::absent`]: crate::metrics::Report::absent
+    pub(crate) fn reported_absent(&mut self, conn: ConnId, absent: &[LeafId], now: Time) -> bool {
+        if self.unheard.contains(&conn) {
+            return false;
+        }
+        let Some(Peer::Child { leaves, .. }) = self.peers.get(&conn) else {
+            return false;
+        };
+        let mut changed = false;
+        for leaf in leaves {
+            if self.routes.get(leaf) != Some(&conn) {
+                continue;
+            }
+            if absent.binary_search(leaf).is_ok() {
+                if !self.unknown.contains_key(leaf) {
+                    self.unknown.insert(*leaf, Some(now));
+                    changed = true;
+                }
+            } else {
+                changed |= self.unknown.remove(leaf).is_some();
+            }
+        }
+        changed
+    }
+
+    /// The leaves below that are unknown and still waited for, sorted.
+    pub(crate) fn absent(&self, now: Time) -> Vec<LeafId> {
+        let wait = Duration::from_millis(self.settings.absent_child_wait_ms);
+        let started = self.started.unwrap_or(Time::ZERO);
+        let mut absent: Vec<LeafId> = self
+            .unknown
+            .iter()
+            .filter(|(_, since)| since.unwrap_or(started) + wait > now)
+            .map(|(leaf, _)| *leaf)
+            .collect();
+        absent.sort_unstable();
+        absent
+    }
+
     /// When the wait for each unknown leaf ends (see `absent_child_wait_ms`).
     fn wait_ends(&self) -> impl Iterator<Item = Time> + '_ {
         let wait = Duration::from_millis(self.settings.absent_child_wait_ms);

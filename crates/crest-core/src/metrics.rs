@@ -13,7 +13,7 @@
 //! its topic list is capped by `report_topics_max` (the deepest topics are kept).
 
 use crate::config::Settings;
-use crate::id::ConnId;
+use crate::id::{ConnId, LeafId};
 use crate::time::Time;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
@@ -290,6 +290,11 @@ pub struct Report {
     pub histograms: BTreeMap<Metric, Hist>,
     /// Topic depths and event counters merged over the subtree's leaves.
     pub stats: Stats,
+    /// Leaves of the subtree whose session below its sender ended and that are waited for
+    /// (`absent_child_wait_ms`): the parent treats them as unknown, so that it does not serve
+    /// a less urgent message while one of them may hold a more urgent one. Sorted.
+    #[serde(default)]
+    pub absent: Vec<LeafId>,
 }
 
 impl Report {
@@ -300,6 +305,7 @@ impl Report {
             self.histograms.entry(*metric).or_default().merge(hist);
         }
         self.stats.merge(&child.stats);
+        self.absent.extend_from_slice(&child.absent);
     }
 
     /// Keeps the `max` deepest topics (ready + delayed + in flight + dead).
@@ -327,6 +333,8 @@ pub(crate) struct OwnReport {
     pub(crate) counters: BTreeMap<String, u64>,
     pub(crate) gauges: BTreeMap<String, u64>,
     pub(crate) stats: Stats,
+    /// Leaves below it that it waits for (see [`Report::absent`]).
+    pub(crate) absent: Vec<LeafId>,
 }
 
 /// A node's measurements and its children's latest reports, and when to report next.
@@ -377,6 +385,7 @@ impl Reporter {
             nodes: vec![node],
             histograms: recent,
             stats: own.stats,
+            absent: own.absent,
         };
         let mut children: Vec<&Report> = self.children.values().collect();
         children.sort_by(|a, b| {
@@ -388,6 +397,8 @@ impl Reporter {
         }
         report.nodes.truncate(NODES_MAX);
         report.cap_topics(self.topics_max);
+        report.absent.sort_unstable();
+        report.absent.dedup();
         report
     }
 }
@@ -541,12 +552,18 @@ mod tests {
                 topics: vec![topic("a", 1), topic("b", 5), topic("c", 3)],
                 ..Stats::default()
             },
+            absent: vec![LeafId(3)],
         };
         parent.merge(&child);
         parent.merge(&child);
         assert_eq!(parent.nodes.len(), 3);
         assert_eq!(parent.histograms[&Metric::PushAck].count(), 4);
         assert_eq!(parent.stats.topic("b").unwrap().ready, vec![(1, 10)]);
+        assert_eq!(
+            parent.absent,
+            vec![LeafId(3), LeafId(3)],
+            "deduplicated by report()"
+        );
         parent.cap_topics(2);
         let names: Vec<&str> = parent
             .stats

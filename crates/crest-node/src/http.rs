@@ -337,6 +337,7 @@ mod tests {
                 }],
                 ..Stats::default()
             },
+            absent: Vec::new(),
         };
         let text = render_prometheus(&report, 3_000_000);
         assert!(text.contains("# TYPE crest_pushed_total counter\ncrest_pushed_total{node=\"leaf-1\",role=\"leaf\"} 5\ncrest_pushed_total{node=\"le\\\"af\\\\2\",role=\"leaf\"} 7\n"), "{text}");

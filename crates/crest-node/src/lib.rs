@@ -299,7 +299,7 @@ fn machine_for(
                 name: spec.name.clone(),
                 id: spec.leaf_id.expect("validated: leaves have ids"),
                 settings: settings.clone(),
-                seed: rand::random(),
+                token_key: rand::random(),
                 // Sequence numbers start at the clock (or above the recovered ones), so ids of a
                 // restarted leaf never repeat ids an older incarnation may have handed out.
                 first_seq: now_millis(),

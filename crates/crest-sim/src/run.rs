@@ -3,7 +3,7 @@
 
 use super::*;
 use crest_core::aggregator::AggregatorConfig;
-use crest_core::leaf::LeafConfig;
+use crest_core::leaf::{LeafConfig, token_key_from_seed};
 use crest_core::machine::StorageDone;
 use crest_core::rng::SplitMix64 as Rng;
 use crest_core::root::RootConfig;
@@ -155,7 +155,7 @@ impl Sim {
                     name: spec.name.clone(),
                     id: spec.leaf_id.expect("validated: leaves have ids"),
                     settings: settings.clone(),
-                    seed: seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9),
+                    token_key: token_key_from_seed(seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9)),
                     first_seq: 1,
                 }),
             };

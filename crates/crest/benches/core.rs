@@ -102,7 +102,7 @@ fn leaf_enqueue(c: &mut Criterion) {
                     name: "leaf".into(),
                     id: LeafId(1),
                     settings: Settings::default(),
-                    seed: 1,
+                    token_key: crest::core::leaf::token_key_from_seed(1),
                     first_seq: 1,
                 });
                 let now = Time::from_millis(1_000);

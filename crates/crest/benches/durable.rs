@@ -151,7 +151,7 @@ fn bench_leaf(settings: Settings) -> LeafConfig {
         name: "bench".into(),
         id: LeafId(1),
         settings,
-        seed: 1,
+        token_key: crest::core::leaf::token_key_from_seed(1),
         first_seq: 1,
     }
 }

@@ -361,6 +361,7 @@ impl Machine for Leaf {
             counters: named(&counters),
             gauges: named(&gauges),
             stats: self.topic_stats(None),
+            absent: Vec::new(),
         };
         self.reporter.report(now, own)
     }

@@ -63,6 +63,8 @@ use crate::sorted::SortedMap;
 use crate::time::Time;
 use crate::upstream::Upstream;
 use crate::wire::{Confirmed, DeadLetter, PushMessage, ReserveOutcome, Role, Wire};
+use rand_chacha::ChaCha12Rng;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,11 +78,24 @@ pub struct LeafConfig {
     pub id: LeafId,
     /// Bounds and timings.
     pub settings: Settings,
-    /// Seed of the lease-token generator.
-    pub seed: u64,
+    /// Key of the lease-token generator (ChaCha12): random in a real node, so that no number
+    /// of receipts tells anything about another; derived from a seed in the simulator and
+    /// the tests ([`token_key_from_seed`]), so that runs repeat.
+    pub token_key: [u8; 32],
     /// First sequence number to assign (storage recovery, or a clock reading for a memory
     /// store, so that ids are not reused across restarts).
     pub first_seq: u64,
+}
+
+/// A lease-token key fixed by `seed`, for runs that must repeat (the simulator, tests,
+/// benchmarks); a real node draws its key at random.
+pub fn token_key_from_seed(seed: u64) -> [u8; 32] {
+    let mut draws = crate::rng::SplitMix64::new(seed);
+    let mut key = [0; 32];
+    for chunk in key.chunks_exact_mut(8) {
+        chunk.copy_from_slice(&draws.next_u64().to_le_bytes());
+    }
+    key
 }
 
 /// A location no body has: the body is held in memory only (a store that keeps no bodies).
@@ -387,7 +402,9 @@ struct Recovery {
 pub struct Leaf {
     config: LeafConfig,
     next_seq: u64,
-    rng: u64,
+    /// Draws lease tokens: a cryptographic generator, so a token cannot be predicted from
+    /// others (a receipt is the only proof of a lease).
+    tokens: ChaCha12Rng,
     upstream: Upstream,
     clients: Downstream,
     /// Sequence numbers of the durable messages.
@@ -536,7 +553,7 @@ impl Leaf {
         );
         Leaf {
             next_seq: config.first_seq.clamp(1, MESSAGE_SEQ_MAX),
-            rng: config.seed,
+            tokens: ChaCha12Rng::from_seed(config.token_key),
             upstream,
             clients,
             live: LiveIds::default(),
@@ -582,13 +599,8 @@ impl Leaf {
         self.config.settings.topic_policy(topic)
     }
 
-    /// splitmix64: lease tokens are unguessable enough for receipts, and reproducible by seed.
     fn next_lease_token(&mut self) -> u64 {
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.tokens.next_u64()
     }
 
     fn topic(&mut self, name: &str) -> Topic {
@@ -674,7 +686,7 @@ mod invariant_tests {
             name: "leaf-1".into(),
             id: LeafId(1),
             settings: Settings::default(),
-            seed: 1,
+            token_key: token_key_from_seed(1),
             first_seq: 1,
         })
     }

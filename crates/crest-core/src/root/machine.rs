@@ -132,9 +132,11 @@ impl Machine for Root {
                 self.dirty.insert(topic);
             }
             (Some(crate::downstream::Peer::Child { .. }), Wire::Report(report)) => {
+                // Its first: the leaves below it are known now, but those it waits for.
+                let heard = self.children.heard(conn);
+                let changed = self.children.reported_absent(conn, &report.absent, now);
                 self.reporter.child_report(conn, report);
-                // Its first: the leaves below it are known now.
-                if self.children.heard(conn) {
+                if heard || changed {
                     self.dirty.extend(self.pops.waiting.keys().cloned());
                 }
             }
@@ -289,6 +291,7 @@ impl Machine for Root {
             counters: named(&counters),
             gauges: named(&gauges),
             stats: Stats::default(),
+            absent: Vec::new(),
         };
         self.reporter.report(now, own)
     }

@@ -278,7 +278,7 @@ fn delays_of_days_are_exact_and_delivery_state_survives_a_rebuild_from_the_log()
         name: "leaf-1".into(),
         id: LeafId(1),
         settings: leaf_settings,
-        seed: 1,
+        token_key: token_key_from_seed(1),
         first_seq: 1,
     };
     let first = h.add(Box::new(Recording {
@@ -470,4 +470,81 @@ fn a_time_to_live_follows_its_message_through_delays_releases_and_a_redrive() {
         (stats.dead, stats.ready_total(), stats.in_flight),
         (0, 0, 1)
     );
+}
+
+#[test]
+fn lease_tokens_of_100_000_deliveries_show_no_relation() {
+    // Goal: a receipt is the only proof of a lease, so no number of receipts may tell anything
+    // about another. Method: 100,000 deliveries from one leaf; their tokens are all different,
+    // each bit is set about half the time, and the attack that breaks a splitmix64 generator
+    // (invert its output function to get its state, step it) predicts none of them.
+    use std::collections::HashSet;
+    let mut h = Harness::new();
+    let root = h.add(root_node(settings(64), vec![LeafId(1)]));
+    let node = h.add(leaf(1, 64));
+    h.link(node, root);
+    let producer = h.client(node, PeerKind::Producer);
+    let consumer = h.client(root, PeerKind::Consumer);
+    let mut tokens = Vec::new();
+    for _ in 0..100 {
+        h.push(producer, "jobs", &[1; 1000]);
+        loop {
+            let deliveries = h.pop(consumer, "jobs", 1000);
+            if deliveries.is_empty() {
+                break;
+            }
+            tokens.extend(deliveries.iter().map(|d| d.token));
+            let receipts = deliveries.iter().map(Delivery::receipt).collect();
+            assert!(h.ack(consumer, receipts).iter().all(Result::is_ok));
+        }
+    }
+    assert_eq!(tokens.len(), 100_000);
+    let distinct: HashSet<u64> = tokens.iter().copied().collect();
+    assert_eq!(distinct.len(), 100_000, "no two tokens equal");
+    for bit in 0..64 {
+        let set = tokens.iter().filter(|t| *t >> bit & 1 == 1).count();
+        assert!(
+            (49_000..=51_000).contains(&set),
+            "bit {bit} set {set} times"
+        );
+    }
+    let predicted = |tokens: &[u64]| {
+        let next: HashSet<u64> = tokens
+            .iter()
+            .map(|t| SplitMix64::new(splitmix_state(*t)).next_u64())
+            .collect();
+        tokens.iter().filter(|t| next.contains(t)).count()
+    };
+    // The attack works: on a splitmix64 stream it predicts every token but the first.
+    let mut weak = SplitMix64::new(7);
+    let weak: Vec<u64> = (0..1000).map(|_| weak.next_u64()).collect();
+    assert_eq!(predicted(&weak), 999);
+    assert_eq!(predicted(&tokens), 0, "no token follows from another");
+}
+
+/// The state a splitmix64 generator holds once it drew `output` (its output function is a
+/// bijection: each xor-shift and odd multiplier undone in turn).
+fn splitmix_state(output: u64) -> u64 {
+    fn inverse(odd: u64) -> u64 {
+        // Newton's iteration: each step doubles the correct low bits (3 → 96).
+        let mut x = odd;
+        for _ in 0..5 {
+            x = x.wrapping_mul(2u64.wrapping_sub(odd.wrapping_mul(x)));
+        }
+        x
+    }
+    let unshift = |z: u64, s: u32| {
+        let mut x = z;
+        let mut shift = s;
+        while shift < 64 {
+            x ^= z >> shift;
+            shift += s;
+        }
+        x
+    };
+    let mut z = unshift(output, 31);
+    z = z.wrapping_mul(inverse(0x94d0_49bb_1331_11eb));
+    z = unshift(z, 27);
+    z = z.wrapping_mul(inverse(0xbf58_476d_1ce4_e5b9));
+    unshift(z, 30)
 }

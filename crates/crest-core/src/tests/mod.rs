@@ -4,7 +4,7 @@
 use crate::aggregator::{Aggregator, AggregatorConfig};
 use crate::config::Settings;
 use crate::id::{LeafId, MessageId, Receipt};
-use crate::leaf::{Leaf, LeafConfig};
+use crate::leaf::{Leaf, LeafConfig, token_key_from_seed};
 use crate::machine::{ConnId, Link, Machine, StorageDone};
 use crate::record::LogRecord;
 use crate::rng::SplitMix64;
@@ -211,6 +211,20 @@ impl Harness {
         self.run();
     }
 
+    /// Tears down every connection of node `node`, as when its process is killed.
+    fn kill(&mut self, node: usize) {
+        let mut ends: Vec<ConnId> = self
+            .ends
+            .iter()
+            .filter(|(_, (owner, _))| *owner == Owner::Node(node))
+            .map(|(end, _)| *end)
+            .collect();
+        ends.sort_unstable();
+        for end in ends {
+            self.disconnect(end);
+        }
+    }
+
     /// Delivers everything in flight, in order, until the tree is quiet (bounded).
     fn run(&mut self) {
         for _ in 0..1_000_000 {
@@ -393,7 +407,7 @@ fn leaf(id: u16, credits: u32) -> Box<dyn Machine> {
         name: format!("leaf-{id}"),
         id: LeafId(id),
         settings: settings(credits),
-        seed: u64::from(id),
+        token_key: token_key_from_seed(u64::from(id)),
         first_seq: 1,
     }))
 }
@@ -554,7 +568,7 @@ fn tree_with(settings: Settings) -> Tree {
             name: format!("leaf-{id}"),
             id: LeafId(id),
             settings: settings.clone(),
-            seed: u64::from(id),
+            token_key: token_key_from_seed(u64::from(id)),
             first_seq: 1,
         })))
     });
@@ -757,7 +771,7 @@ fn disk_leaf() -> (
         name: "leaf-1".into(),
         id: LeafId(1),
         settings,
-        seed: 1,
+        token_key: token_key_from_seed(1),
         first_seq: 1,
     })));
     let (unreadable, reads) = (disk.unreadable.clone(), disk.reads.clone());

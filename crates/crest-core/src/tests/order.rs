@@ -270,16 +270,7 @@ fn a_restarted_root_serves_the_tree_s_most_urgent_message_not_the_first_child_s(
     let later = h.push(producers[1], "jobs", &[5]);
     let consumer = h.client(root, PeerKind::Consumer);
     h.link(leaves[1], root);
-    h.send(
-        consumer,
-        Wire::Pop(Pop {
-            request: 7,
-            topic: "jobs".into(),
-            max: 1,
-            wait_ms: 5_000,
-            ..Pop::default()
-        }),
-    );
+    h.send(consumer, long_poll(7));
     h.advance(Duration::from_millis(
         Settings::default().pop_order_wait_ms * 4,
     ));
@@ -302,67 +293,125 @@ fn a_restarted_root_serves_the_tree_s_most_urgent_message_not_the_first_child_s(
     h.push(producer, "jobs", &[5]);
     let consumer = h.client(root, PeerKind::Consumer);
     h.link(node, root);
-    h.send(
-        consumer,
-        Wire::Pop(Pop {
-            request: 8,
-            topic: "jobs".into(),
-            max: 1,
-            wait_ms: 5_000,
-            ..Pop::default()
-        }),
-    );
-    h.advance(Duration::from_millis(
-        Settings::default().absent_child_wait_ms / 2,
-    ));
-    assert!(h.try_recv(consumer).is_none(), "still waiting for leaf-1");
-    h.advance(Duration::from_millis(
-        Settings::default().absent_child_wait_ms,
-    ));
-    let Wire::PopReply(reply) = h.recv(consumer) else {
-        panic!("answered once the wait is over")
-    };
+    h.send(consumer, long_poll(8));
+    let reply = answered_after_the_absent_wait(&mut h, consumer);
     assert_eq!(reply.deliveries[0].id, later[0]);
 }
 
 #[test]
-fn an_aggregator_opens_its_session_upward_once_its_leaves_have_reported() {
-    // Goal: a restarted aggregator does not present part of its subtree as the whole: its
-    // parent would serve a less urgent message of another subtree meanwhile. Method: a fresh
-    // aggregator linked to the root before its leaves; count the root's children.
+fn a_restarted_aggregator_makes_its_parent_wait_for_its_leaves() {
+    // Goal: a restarted aggregator does not present part of its subtree as the whole, and its
+    // parent stops trusting what its predecessor reported as soon as it is back: the parent
+    // would serve a less urgent message of another subtree meanwhile. Method: an urgent
+    // message on leaf-1, a less urgent one on leaf-3; a fresh agg-0 linked to the root before
+    // its leaves; a long-poll pop asked in between.
     let mut t = tree(4);
+    let urgent = t.h.push(t.producers[0], "jobs", &[0])[0];
+    t.h.push(t.producers[2], "jobs", &[5]);
     let fresh = t.h.add(Box::new(Aggregator::new(AggregatorConfig {
         name: "agg-0".into(),
         settings: settings(4),
         subtree: vec![LeafId(1), LeafId(2)],
     })));
-    let leaves = [leaf(1, 4), leaf(2, 4)].map(|machine| t.h.add(machine));
     t.h.link(fresh, t.root);
-    t.h.link(leaves[0], fresh);
-    assert!(
-        !t.h.nodes[fresh].stats().parent_connected,
-        "no Hello while leaf-2 has not reported"
-    );
-    t.h.link(leaves[1], fresh);
-    assert!(t.h.nodes[fresh].stats().parent_connected);
+    assert!(t.h.nodes[fresh].stats().parent_connected, "Hello at once");
     assert_eq!(
         t.h.nodes[t.root].stats().children,
         2,
         "the fresh agg-0 superseded the old one"
     );
+    t.h.kill(t.aggs[0]);
+    t.h.send(t.consumer, long_poll(1));
+    t.h.link(t.leaves[0], fresh);
+    assert!(
+        t.h.try_recv(t.consumer).is_none(),
+        "held while leaf-2 has not reported to agg-0"
+    );
+    t.h.link(t.leaves[1], fresh);
+    let Wire::PopReply(reply) = t.h.recv(t.consumer) else {
+        panic!("the held pop is answered")
+    };
+    assert_eq!(reply.deliveries[0].id, urgent, "the tree's most urgent");
 
-    // One leaf missing: the session opens after `absent_child_wait_ms`.
+    // One leaf missing: the parent waits `absent_child_wait_ms`, then serves what is there.
     let lone = t.h.add(Box::new(Aggregator::new(AggregatorConfig {
         name: "agg-1".into(),
         settings: settings(4),
         subtree: vec![LeafId(3), LeafId(4)],
     })));
     t.h.link(lone, t.root);
-    let third = t.h.add(leaf(3, 4));
-    t.h.link(third, lone);
-    assert!(!t.h.nodes[lone].stats().parent_connected);
-    t.h.advance(Duration::from_millis(
+    t.h.kill(t.aggs[1]);
+    t.h.link(t.leaves[2], lone);
+    t.h.send(t.consumer, long_poll(2));
+    let reply = answered_after_the_absent_wait(&mut t.h, t.consumer);
+    assert_eq!(reply.deliveries[0].priority, 5);
+}
+
+#[test]
+fn a_leaf_lost_below_an_aggregator_makes_the_root_wait_for_it() {
+    // Goal: when a leaf's session with its aggregator ends (its process killed, say), the root
+    // does not serve a less urgent message of another leaf while the lost one, which may hold
+    // a more urgent message, is coming back; and it waits only `absent_child_wait_ms`.
+    // Method: an aggregator over leaf-1 (urgent) and leaf-2; leaf-1's link cut; a long-poll
+    // pop asked in between; leaf-1 linked again.
+    let mut h = Harness::new();
+    let leaves_below = vec![LeafId(1), LeafId(2)];
+    let root = h.add(root_node(settings(4), leaves_below.clone()));
+    let agg = h.add(Box::new(Aggregator::new(AggregatorConfig {
+        name: "agg-0".into(),
+        settings: settings(4),
+        subtree: leaves_below,
+    })));
+    let leaves = [leaf(1, 4), leaf(2, 4)].map(|machine| h.add(machine));
+    h.link(agg, root);
+    let lost = h.link(leaves[0], agg);
+    h.link(leaves[1], agg);
+    let producers = leaves.map(|node| h.client(node, PeerKind::Producer));
+    let urgent = h.push(producers[0], "jobs", &[0])[0];
+    h.push(producers[1], "jobs", &[5]);
+    let consumer = h.client(root, PeerKind::Consumer);
+    h.disconnect(lost);
+    h.send(consumer, long_poll(1));
+    h.advance(Duration::from_millis(
+        Settings::default().absent_child_wait_ms / 2,
+    ));
+    assert!(h.try_recv(consumer).is_none(), "held while leaf-1 is away");
+    let lost = h.link(leaves[0], agg);
+    let Wire::PopReply(reply) = h.recv(consumer) else {
+        panic!("the held pop is answered once leaf-1 is back")
+    };
+    assert_eq!(reply.deliveries[0].id, urgent, "the tree's most urgent");
+
+    // Lost for good: after the wait, what is there is served.
+    h.disconnect(lost);
+    h.send(consumer, long_poll(2));
+    let reply = answered_after_the_absent_wait(&mut h, consumer);
+    assert_eq!(reply.deliveries[0].priority, 5);
+}
+
+/// A pop of one that may wait 5 s.
+fn long_poll(request: u64) -> Wire {
+    Wire::Pop(Pop {
+        request,
+        topic: "jobs".into(),
+        max: 1,
+        wait_ms: 5_000,
+        ..Pop::default()
+    })
+}
+
+/// Checks that the pop `consumer` asked is held through half of `absent_child_wait_ms`, then
+/// answered once it has passed; returns the answer.
+fn answered_after_the_absent_wait(h: &mut Harness, consumer: ConnId) -> PopReply {
+    h.advance(Duration::from_millis(
+        Settings::default().absent_child_wait_ms / 2,
+    ));
+    assert!(h.try_recv(consumer).is_none(), "held while a leaf is away");
+    h.advance(Duration::from_millis(
         Settings::default().absent_child_wait_ms,
     ));
-    assert!(t.h.nodes[lone].stats().parent_connected);
+    let Wire::PopReply(reply) = h.recv(consumer) else {
+        panic!("answered once the wait is over")
+    };
+    reply
 }

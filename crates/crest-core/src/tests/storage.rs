@@ -25,7 +25,7 @@ fn a_leaf_rebuilt_from_its_log_holds_exactly_what_it_held() {
         name: "leaf-1".into(),
         id: LeafId(1),
         settings: settings(4),
-        seed: 9,
+        token_key: token_key_from_seed(9),
         first_seq: 1,
     };
     let rebuilt = h.add(Box::new(Leaf::recover(config, h.now, operations)));
@@ -159,7 +159,7 @@ fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
         name: "leaf-1".into(),
         id: LeafId(1),
         settings: leaf_settings.clone(),
-        seed: 1,
+        token_key: token_key_from_seed(1),
         first_seq: 1,
     };
     let log = SharedLog::default();
@@ -205,7 +205,7 @@ fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
         name: "leaf-1".into(),
         id: LeafId(1),
         settings: leaf_settings,
-        seed: 2,
+        token_key: token_key_from_seed(2),
         first_seq: 1,
     };
     let rebuilt = Leaf::recover(config, h.now, operations);
