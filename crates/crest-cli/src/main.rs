@@ -90,6 +90,9 @@ enum Command {
         /// Output directory; default: the topology's [tls] cert_dir, else `certs` beside it.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// How long the node certificates are valid (e.g. `365d`, `12h`).
+        #[arg(long, default_value = "365d", value_parser = humantime::parse_duration)]
+        valid_for: std::time::Duration,
     },
     /// Push messages to the leaves.
     Push(PushArgs),
@@ -215,7 +218,11 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
             init_tracing("info");
             launch(&topology, &node, data_dir, recovery.into(), listen_fds).await
         }
-        Command::Certs { topology, out } => certs(&topology, out),
+        Command::Certs {
+            topology,
+            out,
+            valid_for,
+        } => certs(&topology, out, valid_for),
         Command::Push(args) => {
             init_tracing("warn");
             push(args).await

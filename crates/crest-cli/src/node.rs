@@ -160,7 +160,11 @@ fn activated_sockets(mut fds: listenfd::ListenFd) -> Result<Option<NodeSockets>>
     Ok(Some(NodeSockets { quic, http }))
 }
 
-pub(crate) fn certs(topology_path: &Path, out: Option<PathBuf>) -> Result<()> {
+pub(crate) fn certs(
+    topology_path: &Path,
+    out: Option<PathBuf>,
+    valid_for: std::time::Duration,
+) -> Result<()> {
     let topology = load_topology(Some(topology_path))?;
     let base = base_dir(topology_path);
     let out = match (out, &topology.tls) {
@@ -190,7 +194,7 @@ pub(crate) fn certs(topology_path: &Path, out: Option<PathBuf>) -> Result<()> {
         ca
     };
     for spec in &topology.nodes {
-        let tls = NodeTls::issue(&ca, spec)?;
+        let tls = NodeTls::issue(&ca, spec, valid_for)?;
         std::fs::write(out.join(format!("{}.pem", spec.name)), &tls.node.cert_pem)?;
         write_private(&out.join(format!("{}.key", spec.name)), &tls.node.key_pem)?;
         println!("  {}: {}.pem, {}.key", spec.name, spec.name, spec.name);

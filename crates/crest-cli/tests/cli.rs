@@ -256,3 +256,42 @@ async fn the_rough_edges_a_new_user_meets_are_explained() {
     assert_eq!(failures, 1, "an ack after a 1 ms lease was refused");
     tree.shutdown().await;
 }
+
+#[test]
+fn crest_certs_makes_each_node_a_certificate_of_its_own_name_for_the_time_asked() {
+    use x509_parser::extensions::GeneralName;
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("topology.toml");
+    std::fs::write(&topology, DEFAULT).unwrap();
+    let status = Command::new(CREST)
+        .args(["certs", "--valid-for", "30days", "--topology"])
+        .arg(&topology)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for node in Topology::parse(DEFAULT).unwrap().nodes {
+        let pem = std::fs::read(dir.path().join(format!("certs/{}.pem", node.name))).unwrap();
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+        let cert = pem.parse_x509().unwrap();
+        let alternative = cert.subject_alternative_name().unwrap().expect("names");
+        let dns: Vec<String> = alternative
+            .value
+            .general_names
+            .iter()
+            .filter_map(|name| match name {
+                GeneralName::DNSName(dns) => Some(dns.to_string()),
+                _ => None,
+            })
+            .collect();
+        // Its own name only: no name shared by every node (its addresses are IPs).
+        assert_eq!(dns, vec![node.name.clone()]);
+        let left = cert.validity().time_to_expiration().expect("valid now");
+        let day = 24 * 3600;
+        assert!(
+            left.whole_seconds() > 29 * day && left.whole_seconds() <= 30 * day,
+            "{} expires in {left}",
+            node.name
+        );
+    }
+}

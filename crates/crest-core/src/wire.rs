@@ -133,6 +133,12 @@ pub enum ErrorCode {
     Unavailable,
     /// The leaf could not store the batch (disk full, I/O error); nothing of it was accepted.
     StorageFailed,
+    /// The peer did not prove who it says it is (no certificate, or one made out to another
+    /// name); the connection is closed.
+    Unauthenticated,
+    /// The peer is who it says it is, but may not do this (a node the topology does not place
+    /// there); the connection is closed.
+    Forbidden,
 }
 
 impl fmt::Display for ErrorCode {

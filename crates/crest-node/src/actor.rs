@@ -12,6 +12,7 @@
 //! events are bounded by `connections_max`; there is at most one pending timer message per
 //! deadline.
 
+use crate::admission::{Admission, Refusal};
 use crate::storage::{Storage, Submitted};
 use crest_core::machine::{ConnId, Link, Machine, NodeStats};
 use crest_core::metrics::Report;
@@ -216,12 +217,14 @@ pub(crate) struct NodeActor;
 pub(crate) struct NodeArgs {
     pub(crate) machine: Box<dyn Machine>,
     pub(crate) storage: Box<dyn Storage>,
+    pub(crate) admission: Admission,
 }
 
 /// The actor's state: the machine and the handles it drives.
 pub(crate) struct NodeState {
     machine: Box<dyn Machine>,
     storage: Box<dyn Storage>,
+    admission: Admission,
     conns: HashMap<ConnId, ConnHandle>,
     /// The armed timer: its deadline and the task that will send `Tick`.
     timer: Option<(Time, JoinHandle<()>)>,
@@ -299,6 +302,15 @@ impl NodeState {
         }
     }
 
+    /// Answers a peer that failed [`Admission::check`] and closes its connection (the close
+    /// carries the reason too, in case the answer does not get out first).
+    fn refuse(&mut self, conn: ConnId, refusal: Refusal) {
+        tracing::warn!(conn, code = %refusal.code, reason = %refusal.text, "peer refused");
+        let text = format!("{}: {}", refusal.code, refusal.text);
+        self.transmit(conn, Wire::error(None, refusal.code, refusal.text));
+        self.close(conn, &text);
+    }
+
     fn close(&mut self, conn: ConnId, reason: &str) {
         if let Some(handle) = self.conns.get(&conn) {
             handle.connection.close(1u32.into(), reason.as_bytes());
@@ -341,6 +353,7 @@ impl Actor for NodeActor {
         Ok(NodeState {
             machine: args.machine,
             storage: args.storage,
+            admission: args.admission,
             conns: HashMap::new(),
             timer: None,
             last_now: Time::ZERO,
@@ -367,8 +380,11 @@ impl Actor for NodeActor {
                 }
             }
             NodeMsg::Frame { conn, msg, permit } => {
-                if state.conns.contains_key(&conn) {
-                    state.machine.handle_message(now, conn, msg);
+                if let Some(handle) = state.conns.get(&conn) {
+                    match state.admission.check(&handle.connection, handle.link, &msg) {
+                        Ok(()) => state.machine.handle_message(now, conn, msg),
+                        Err(refusal) => state.refuse(conn, refusal),
+                    }
                 }
                 drop(permit);
             }

@@ -13,6 +13,7 @@
 //! for it.
 
 mod actor;
+mod admission;
 mod http;
 mod net;
 mod storage;
@@ -28,7 +29,7 @@ use crest_core::root::{Root, RootConfig};
 use crest_core::topology::{NodeSpec, Topology};
 use crest_core::wire::Role;
 use crest_storage::wal::{RecoveryMode, WalOptions};
-use crest_transport::tls::{CertificateAuthority, CertifiedKey};
+use crest_transport::tls::{CERT_VALIDITY_DEFAULT, CertificateAuthority, CertifiedKey};
 use net::NetContext;
 use ractor::{Actor, ActorRef};
 use std::net::SocketAddr;
@@ -153,11 +154,16 @@ impl NodeTls {
         }))
     }
 
-    /// Issues a certificate for `spec` from `ca` (local mode: ephemeral certificates).
+    /// Issues a certificate for `spec` from `ca`, made out to the node's name and the hosts
+    /// it is reached at, valid for `valid_for`.
     ///
     /// # Errors
     /// [`NodeError::Transport`] if issuing fails.
-    pub fn issue(ca: &CertificateAuthority, spec: &NodeSpec) -> Result<NodeTls, NodeError> {
+    pub fn issue(
+        ca: &CertificateAuthority,
+        spec: &NodeSpec,
+        valid_for: Duration,
+    ) -> Result<NodeTls, NodeError> {
         let host = spec
             .address
             .rsplit_once(':')
@@ -167,7 +173,7 @@ impl NodeTls {
             spec.listen.ip().to_string(),
         ];
         Ok(NodeTls {
-            node: ca.issue(&spec.name, &hosts)?,
+            node: ca.issue(&spec.name, &hosts, valid_for)?,
             ca_pem: ca.cert_pem().to_string(),
         })
     }
@@ -354,8 +360,8 @@ pub async fn start_node(
         .node(name)
         .ok_or_else(|| NodeError::UnknownNode(name.to_string()))?;
     let endpoint_config = crest_transport::NodeEndpointConfig {
-        server: crest_transport::server_config(&tls.node, &spec.settings)?,
-        client: crest_transport::link_client_config(&tls.ca_pem, &spec.settings)?,
+        server: crest_transport::server_config(&tls.node, &tls.ca_pem, &spec.settings)?,
+        client: crest_transport::link_client_config(&tls.ca_pem, &tls.node, &spec.settings)?,
         reset: crest_transport::tls::StatelessReset::for_node(&tls.node),
     };
     let (machine, wal) = machine_for(topology, spec, options)?;
@@ -409,7 +415,11 @@ pub async fn start_node(
         }
         _ => Box::new(storage::MemoryStore),
     };
-    let args = NodeArgs { machine, storage };
+    let args = NodeArgs {
+        machine,
+        storage,
+        admission: admission::Admission::for_node(topology, name),
+    };
     let (actor, actor_task) = Actor::spawn(None, NodeActor, args)
         .await
         .map_err(|e| NodeError::Actor(e.to_string()))?;
@@ -462,6 +472,7 @@ pub async fn start_node(
         tokio::spawn(net::link_loop(
             ctx.clone(),
             endpoint.clone(),
+            parent.clone(),
             address,
             Link::Parent,
         ));
@@ -472,6 +483,7 @@ pub async fn start_node(
             let link = Link::Leaf(id);
             let (name, fixed) = (leaf.name.clone(), leaf.address.clone());
             let book = options.addresses.clone();
+            let peer = name.clone();
             let address = Arc::new(move || {
                 let learnt = book.as_ref().and_then(|book| {
                     let book = book.read().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -488,7 +500,7 @@ pub async fn start_node(
                 {
                     return;
                 }
-                net::link_loop(ctx, endpoint, address, link).await;
+                net::link_loop(ctx, endpoint, peer, address, link).await;
             });
         }
     }
@@ -541,6 +553,11 @@ pub struct LocalTree {
 }
 
 impl LocalTree {
+    /// The CA that signed every node's certificate (to issue more, say for a test's peer).
+    pub fn ca(&self) -> &CertificateAuthority {
+        &self.ca
+    }
+
     /// Starts every node of `topology` with ephemeral certificates from a fresh CA.
     ///
     /// # Errors
@@ -599,7 +616,13 @@ impl LocalTree {
             options.direct_links_start = Some(direct_links_start.clone());
             options.sockets = sockets.clone();
             let started = async {
-                start_node(&topology, &name, &NodeTls::issue(&ca, &spec)?, &options).await
+                start_node(
+                    &topology,
+                    &name,
+                    &NodeTls::issue(&ca, &spec, CERT_VALIDITY_DEFAULT)?,
+                    &options,
+                )
+                .await
             };
             match started.await {
                 Ok(node) => {
@@ -696,7 +719,7 @@ impl LocalTree {
             .topology
             .node(name)
             .ok_or_else(|| NodeError::UnknownNode(name.to_string()))?;
-        let tls = NodeTls::issue(&self.ca, spec)?;
+        let tls = NodeTls::issue(&self.ca, spec, CERT_VALIDITY_DEFAULT)?;
         // The old socket may take a moment to be released.
         let mut attempts = 0;
         let node = loop {

@@ -150,7 +150,7 @@ pub(crate) async fn accept_loop(ctx: NetContext, endpoint: quinn::Endpoint) {
     }
 }
 
-/// Keeps a session with the node at `address` — this node's parent ([`Link::Parent`]), or a
+/// Keeps a session with node `name` at `address` — this node's parent ([`Link::Parent`]), or a
 /// leaf the root links to directly ([`Link::Leaf`]): connect, serve until the connection
 /// ends, reconnect; until shutdown. A session that lasted reconnects at once (its peer may be
 /// back already: a restarted node resets its predecessor's connections at their first
@@ -159,6 +159,7 @@ pub(crate) async fn accept_loop(ctx: NetContext, endpoint: quinn::Endpoint) {
 pub(crate) async fn link_loop(
     ctx: NetContext,
     endpoint: quinn::Endpoint,
+    name: String,
     address: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
     link: Link,
 ) {
@@ -173,7 +174,8 @@ pub(crate) async fn link_loop(
         let address = address();
         let attempt = async {
             let addr = resolve(&address).await?;
-            let connection = crest_transport::connect(&endpoint, addr)
+            // The peer must present a certificate made out to its name in the topology.
+            let connection = crest_transport::connect(&endpoint, addr, &name)
                 .await
                 .map_err(|e| e.to_string())?;
             let streams = open_streams(&connection).await.map_err(|e| e.to_string())?;

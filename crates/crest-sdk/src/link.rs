@@ -61,7 +61,8 @@ impl Link {
         let addr = resolve(address).await?;
         let client = crest_transport::client_config(ca_pem, settings)?;
         let endpoint = crest_transport::client_endpoint(addr, client, settings)?;
-        let connection = crest_transport::connect(&endpoint, addr).await?;
+        let connection =
+            crest_transport::connect(&endpoint, addr, crest_transport::tls::SERVER_NAME).await?;
         let streams = open_streams(&connection).await?;
         let max = settings.frame_bytes_max;
         let capacity = settings.connection_send_queue_max as usize;

@@ -86,7 +86,8 @@ fn transport_config_with(
     Arc::new(config)
 }
 
-/// A client configuration that trusts the CA in `ca_pem`.
+/// A producer's or consumer's configuration: it trusts the CA in `ca_pem` and takes any node
+/// of the cluster ([`tls::Verify::AnyNode`]).
 ///
 /// # Errors
 /// [`TransportError::Tls`] if the CA does not parse.
@@ -94,39 +95,40 @@ pub fn client_config(
     ca_pem: &str,
     settings: &Settings,
 ) -> Result<quinn::ClientConfig, TransportError> {
-    client_config_with(ca_pem, transport_config(settings))
-}
-
-fn client_config_with(
-    ca_pem: &str,
-    transport: Arc<quinn::TransportConfig>,
-) -> Result<quinn::ClientConfig, TransportError> {
-    let mut config = quinn::ClientConfig::new(Arc::new(tls::client_crypto(ca_pem)?));
-    config.transport_config(transport);
+    let crypto = tls::client_crypto(ca_pem, tls::Verify::AnyNode, None)?;
+    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+    config.transport_config(transport_config(settings));
     Ok(config)
 }
 
 /// A node's configuration for the links it dials (its parent, the root's direct links to
-/// leaves): as [`client_config`], with the links' keep-alive and idle timeout.
+/// leaves): it presents `node`'s certificate, takes only the node whose name it dials
+/// ([`tls::Verify::Named`]), with the links' keep-alive and idle timeout.
 ///
 /// # Errors
-/// [`TransportError::Tls`] if the CA does not parse.
+/// [`TransportError::Tls`] if the CA or the node's certificate does not parse.
 pub fn link_client_config(
     ca_pem: &str,
-    settings: &Settings,
-) -> Result<quinn::ClientConfig, TransportError> {
-    client_config_with(ca_pem, link_transport_config(settings))
-}
-
-/// A server configuration presenting `node`'s certificate.
-///
-/// # Errors
-/// [`TransportError::Tls`] if the certificate or key does not parse.
-pub fn server_config(
     node: &tls::CertifiedKey,
     settings: &Settings,
+) -> Result<quinn::ClientConfig, TransportError> {
+    let crypto = tls::client_crypto(ca_pem, tls::Verify::Named, Some(node))?;
+    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+    config.transport_config(link_transport_config(settings));
+    Ok(config)
+}
+
+/// A server configuration presenting `node`'s certificate and checking its peers' against
+/// the CA in `ca_pem`.
+///
+/// # Errors
+/// [`TransportError::Tls`] if the certificate, key or CA does not parse.
+pub fn server_config(
+    node: &tls::CertifiedKey,
+    ca_pem: &str,
+    settings: &Settings,
 ) -> Result<quinn::ServerConfig, TransportError> {
-    let mut config = quinn::ServerConfig::with_crypto(Arc::new(tls::server_crypto(node)?));
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(tls::server_crypto(node, ca_pem)?));
     config.transport_config(transport_config(settings));
     Ok(config)
 }
@@ -275,20 +277,23 @@ fn set_buffers(socket: &socket2::Socket, buffer_bytes: u32) {
     }
 }
 
-/// Dials `addr` with the endpoint's default client configuration.
+/// Dials `addr` with the endpoint's default client configuration, asking for the node named
+/// `server_name` (a tree link checks it; producers and consumers ask for
+/// [`tls::SERVER_NAME`] and take any node).
 ///
 /// # Errors
 /// [`TransportError::Connect`] naming the address.
 pub async fn connect(
     endpoint: &quinn::Endpoint,
     addr: SocketAddr,
+    server_name: &str,
 ) -> Result<quinn::Connection, TransportError> {
     let connect_error = |reason: String| TransportError::Connect {
         addr: addr.to_string(),
         reason,
     };
     let connecting = endpoint
-        .connect(addr, tls::SERVER_NAME)
+        .connect(addr, server_name)
         .map_err(|e| connect_error(e.to_string()))?;
     connecting.await.map_err(|e| connect_error(e.to_string()))
 }
@@ -333,22 +338,146 @@ mod tests {
         }
     }
 
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    /// A node endpoint on loopback presenting `node`'s certificate, trusting `ca`.
+    fn serving(
+        ca: &tls::CertificateAuthority,
+        node: &tls::CertifiedKey,
+        settings: &Settings,
+    ) -> quinn::Endpoint {
+        let config = NodeEndpointConfig {
+            server: server_config(node, ca.cert_pem(), settings).unwrap(),
+            client: link_client_config(ca.cert_pem(), node, settings).unwrap(),
+            reset: tls::StatelessReset::for_node(node),
+        };
+        node_endpoint("127.0.0.1:0".parse().unwrap(), &config, settings).unwrap()
+    }
+
     /// A loopback connection with `settings` on both ends, and the server's end.
     async fn loopback_pair(settings: &Settings) -> (quinn::Connection, quinn::Connection) {
         let ca = tls::CertificateAuthority::generate().unwrap();
-        let node = ca.issue("server", &[]).unwrap();
-        let client = client_config(ca.cert_pem(), settings).unwrap();
-        let config = NodeEndpointConfig {
-            server: server_config(&node, settings).unwrap(),
-            client: client.clone(),
-            reset: tls::StatelessReset::for_node(&node),
-        };
-        let server = node_endpoint("127.0.0.1:0".parse().unwrap(), &config, settings).unwrap();
+        let node = ca.issue("server", &[], HOUR).unwrap();
+        let server = serving(&ca, &node, settings);
         let addr = server.local_addr().unwrap();
+        let client = client_config(ca.cert_pem(), settings).unwrap();
         let dialer = client_endpoint(addr, client, settings).unwrap();
         let accepted = tokio::spawn(async move { server.accept().await.unwrap().await.unwrap() });
-        let connection = connect(&dialer, addr).await.unwrap();
+        let connection = connect(&dialer, addr, tls::SERVER_NAME).await.unwrap();
         (connection, accepted.await.unwrap())
+    }
+
+    /// Dials `server` as a tree link presenting `identity`, asking for `name`; returns the
+    /// dialer's result and, when the handshake passed, the server's end.
+    async fn dial_link(
+        server: &quinn::Endpoint,
+        ca_pem: &str,
+        identity: &tls::CertifiedKey,
+        name: &str,
+    ) -> (
+        Result<quinn::Connection, TransportError>,
+        Option<quinn::Connection>,
+    ) {
+        let settings = Settings::default();
+        let addr = server.local_addr().unwrap();
+        let client = link_client_config(ca_pem, identity, &settings).unwrap();
+        let dialer = client_endpoint(addr, client, &settings).unwrap();
+        let accepting = server.clone();
+        let accepted = tokio::spawn(async move {
+            let incoming = accepting.accept().await?;
+            incoming.await.ok()
+        });
+        let dialed = connect(&dialer, addr, name).await;
+        let accepted = tokio::time::timeout(Duration::from_secs(10), accepted)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
+        (dialed, accepted)
+    }
+
+    #[tokio::test]
+    async fn a_link_takes_only_the_node_it_dials_and_each_end_knows_the_other_s_name() {
+        let ca = tls::CertificateAuthority::generate().unwrap();
+        let settings = Settings::default();
+        let parent = ca.issue("agg-1", &[], HOUR).unwrap();
+        let server = serving(&ca, &parent, &settings);
+        let child = ca.issue("leaf-1", &[], HOUR).unwrap();
+
+        let (dialed, accepted) = dial_link(&server, ca.cert_pem(), &child, "agg-1").await;
+        dialed.expect("the parent's certificate is made out to agg-1");
+        let accepted = accepted.expect("accepted");
+        assert_eq!(tls::peer_is(&accepted, "leaf-1"), Ok(()));
+        let error = tls::peer_is(&accepted, "leaf-2").unwrap_err();
+        assert!(error.contains("not made out to \"leaf-2\""), "{error}");
+
+        // Another node's certificate does not pass for agg-2.
+        let (dialed, _) = dial_link(&server, ca.cert_pem(), &child, "agg-2").await;
+        let error = dialed.unwrap_err().to_string();
+        assert!(
+            error.contains("agg-2") || error.contains("NotValidForName"),
+            "{error}"
+        );
+
+        // A producer or consumer presents no certificate: it can be no node.
+        let client = client_config(ca.cert_pem(), &settings).unwrap();
+        let addr = server.local_addr().unwrap();
+        let dialer = client_endpoint(addr, client, &settings).unwrap();
+        let accepting = server.clone();
+        let accepted = tokio::spawn(async move { accepting.accept().await.unwrap().await });
+        connect(&dialer, addr, tls::SERVER_NAME)
+            .await
+            .expect("a client takes any node of the cluster");
+        let accepted = accepted.await.unwrap().unwrap();
+        let error = tls::peer_is(&accepted, "leaf-1").unwrap_err();
+        assert!(error.contains("no certificate"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn certificates_of_another_ca_or_out_of_date_are_refused() {
+        let ca = tls::CertificateAuthority::generate().unwrap();
+        let settings = Settings::default();
+        let parent = ca.issue("agg-1", &[], HOUR).unwrap();
+        let server = serving(&ca, &parent, &settings);
+
+        // A child whose certificate another CA signed: the parent refuses it.
+        let stranger = tls::CertificateAuthority::generate()
+            .unwrap()
+            .issue("leaf-1", &[], HOUR)
+            .unwrap();
+        let (dialed, accepted) = dial_link(&server, ca.cert_pem(), &stranger, "agg-1").await;
+        assert!(accepted.is_none(), "a stranger's certificate is refused");
+        if let Ok(connection) = dialed {
+            // TLS 1.3: the dialer may finish before the server checks its certificate; the
+            // server's refusal then ends the connection.
+            let reason = tokio::time::timeout(Duration::from_secs(10), connection.closed())
+                .await
+                .expect("the refused connection ends");
+            assert!(
+                matches!(reason, quinn::ConnectionError::ConnectionClosed(_)),
+                "{reason:?}"
+            );
+        }
+
+        // A node whose certificate has expired: neither a link nor a client takes it.
+        let now = std::time::SystemTime::now();
+        let expired = ca
+            .issue_between("agg-2", &[], now - 2 * HOUR, now - HOUR)
+            .unwrap();
+        let stale = serving(&ca, &expired, &settings);
+        let child = ca.issue("leaf-1", &[], HOUR).unwrap();
+        let (dialed, _) = dial_link(&stale, ca.cert_pem(), &child, "agg-2").await;
+        let error = dialed.unwrap_err().to_string();
+        assert!(error.contains("certificate expired"), "{error}");
+        let client = client_config(ca.cert_pem(), &settings).unwrap();
+        let addr = stale.local_addr().unwrap();
+        let dialer = client_endpoint(addr, client, &settings).unwrap();
+        tokio::spawn(async move { stale.accept().await.unwrap().await });
+        let error = connect(&dialer, addr, tls::SERVER_NAME)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("certificate expired"), "{error}");
     }
 
     #[tokio::test]
@@ -419,10 +548,10 @@ mod tests {
     ) -> quinn::ConnectionError {
         let settings = Settings::default();
         let ca = tls::CertificateAuthority::generate().unwrap();
-        let node = ca.issue("node", &[]).unwrap();
+        let node = ca.issue("node", &[], HOUR).unwrap();
         let config_for = |key: &tls::CertifiedKey| NodeEndpointConfig {
-            server: server_config(key, &settings).unwrap(),
-            client: link_client_config(ca.cert_pem(), &settings).unwrap(),
+            server: server_config(key, ca.cert_pem(), &settings).unwrap(),
+            client: link_client_config(ca.cert_pem(), key, &settings).unwrap(),
             reset: tls::StatelessReset::for_node(key),
         };
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -445,13 +574,14 @@ mod tests {
             drop(connection);
         });
         // The client dials with the link settings: keep-alives every `link_keep_alive_ms`.
+        let child = ca.issue("child", &[], HOUR).unwrap();
         let dialer = client_endpoint(
             addr,
-            link_client_config(ca.cert_pem(), &settings).unwrap(),
+            link_client_config(ca.cert_pem(), &child, &settings).unwrap(),
             &settings,
         )
         .unwrap();
-        let connection = connect(&dialer, addr).await.unwrap();
+        let connection = connect(&dialer, addr, "node").await.unwrap();
         is_accepted.await.unwrap();
         old.shutdown_background();
         let restarted = node_endpoint_on(socket, &config_for(&key_of(node)), &settings).unwrap();
@@ -475,7 +605,7 @@ mod tests {
     async fn a_node_restarted_with_another_key_leaves_them_to_the_idle_timeout() {
         let other = tls::CertificateAuthority::generate()
             .unwrap()
-            .issue("node", &[])
+            .issue("node", &[], HOUR)
             .unwrap();
         let reason = restart_under(|_| other).await;
         assert!(

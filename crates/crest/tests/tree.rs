@@ -419,7 +419,10 @@ impl RawClient {
         let client = crest::transport::client_config(&tree.ca_pem, &settings).unwrap();
         let addr = address.parse().unwrap();
         let endpoint = crest::transport::client_endpoint(addr, client, &settings).unwrap();
-        let connection = crest::transport::connect(&endpoint, addr).await.unwrap();
+        let connection =
+            crest::transport::connect(&endpoint, addr, crest::transport::tls::SERVER_NAME)
+                .await
+                .unwrap();
         let streams = open_streams(&connection).await.unwrap();
         let max = settings.frame_bytes_max;
         let mut raw = RawClient {
@@ -756,5 +759,124 @@ async fn with_the_direct_pop_path_acks_reach_leaves_whose_aggregator_is_down() {
         assert!(seen.insert(delivery.id), "{} delivered twice", delivery.id);
     }
     assert_eq!(seen.len(), pushed.len(), "every message delivered once");
+    tree.shutdown().await;
+}
+
+/// Dials `address` presenting `identity` (none: as a producer or consumer does), says `Hello`
+/// as `peer`, and returns the node's first answer, or why the connection ended first.
+async fn hello_as(
+    tree: &LocalTree,
+    address: &str,
+    identity: Option<&crest::transport::tls::CertifiedKey>,
+    peer: PeerKind,
+) -> Result<Wire, String> {
+    let settings = crest::core::config::Settings::default();
+    let client = match identity {
+        Some(identity) => {
+            crest::transport::link_client_config(&tree.ca_pem, identity, &settings).unwrap()
+        }
+        None => crest::transport::client_config(&tree.ca_pem, &settings).unwrap(),
+    };
+    let addr = address.parse().unwrap();
+    let endpoint = crest::transport::client_endpoint(addr, client, &settings).unwrap();
+    // A link asks for the node it dials by name; a client takes any node.
+    let name = tree
+        .topology
+        .nodes
+        .iter()
+        .find(|node| node.address == address)
+        .map(|node| node.name.clone())
+        .unwrap();
+    let server_name = match identity {
+        Some(_) => name.as_str(),
+        None => crest::transport::tls::SERVER_NAME,
+    };
+    let connection = crest::transport::connect(&endpoint, addr, server_name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let streams = open_streams(&connection).await.map_err(|e| e.to_string())?;
+    let max = settings.frame_bytes_max;
+    let (mut send, recv) = streams.control;
+    let mut hello = Vec::new();
+    let msg = Wire::Hello(Hello {
+        protocol: PROTOCOL_VERSION,
+        peer,
+    });
+    encode_frame(&msg, max, &mut hello).unwrap();
+    send.write_all(&hello).await.map_err(|e| e.to_string())?;
+    let mut reader = FrameReader::new(recv, max);
+    let answer = tokio::time::timeout(WAIT, reader.next()).await.unwrap();
+    match answer {
+        Ok(Some(ReadEvent::Frame(msg))) => Ok(msg),
+        Ok(other) => Err(format!("{other:?}")),
+        Err(error) => {
+            let closed = connection.close_reason().map(|r| r.to_string());
+            Err(closed.unwrap_or_else(|| error.to_string()))
+        }
+    }
+}
+
+/// The refusal a `hello_as` got: its code, from the error answer or the close reason.
+fn refusal(answer: Result<Wire, String>) -> String {
+    match answer {
+        Ok(Wire::Error(error)) => format!("{}: {}", error.code, error.message),
+        Ok(other) => panic!("expected a refusal, got {other:?}"),
+        Err(closed) => closed,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_claiming_a_node_s_place_must_prove_it_and_be_where_the_topology_puts_it() {
+    let tree = start_tree().await;
+    let producers = producers(&tree).await;
+    let consumer = consumer(&tree).await;
+    let root = tree.topology.root().address.clone();
+    let leaf = tree.topology.node("leaf-1").unwrap().address.clone();
+    let agg = |name: &str| PeerKind::Node {
+        name: name.into(),
+        role: Role::Aggregator,
+        leaves: vec![LeafId(1), LeafId(2)],
+    };
+    let hour = Duration::from_secs(3600);
+
+    // A client without a certificate posing as a child of the root, or as the root at a leaf.
+    let text = refusal(hello_as(&tree, &root, None, agg("agg-1")).await);
+    assert!(
+        text.contains("Unauthenticated") && text.contains("no certificate"),
+        "{text}"
+    );
+    let posing_root = PeerKind::Root {
+        name: "root".into(),
+    };
+    let text = refusal(hello_as(&tree, &leaf, None, posing_root.clone()).await);
+    assert!(text.contains("Unauthenticated"), "{text}");
+
+    // A node with another node's certificate (leaf-2's, a real member) posing as agg-1 or
+    // as the root.
+    let leaf_2 = tree.ca().issue("leaf-2", &[], hour).unwrap();
+    let text = refusal(hello_as(&tree, &root, Some(&leaf_2), agg("agg-1")).await);
+    assert!(text.contains("not made out to \"agg-1\""), "{text}");
+    let text = refusal(hello_as(&tree, &leaf, Some(&leaf_2), posing_root).await);
+    assert!(text.contains("not made out to \"root\""), "{text}");
+
+    // A real node's certificate, but not where the topology puts it: leaf-2 is no child of
+    // the root, and agg-1 is no leaf.
+    let leaf_2_at_root = PeerKind::Node {
+        name: "leaf-2".into(),
+        role: Role::Leaf,
+        leaves: vec![LeafId(2)],
+    };
+    let text = refusal(hello_as(&tree, &root, Some(&leaf_2), leaf_2_at_root).await);
+    assert!(
+        text.contains("Forbidden") && text.contains("no leaf \"leaf-2\""),
+        "{text}"
+    );
+
+    // The real links stayed up: the tree serves on.
+    producers[0].push("jobs", 1, "after").await.unwrap();
+    let popped = consumer.pop("jobs", 1, WAIT).await.unwrap();
+    assert_eq!(popped.len(), 1);
+    let root_node = tree.node("root").unwrap();
+    assert_eq!(root_node.stats().await.unwrap().children, 2);
     tree.shutdown().await;
 }
