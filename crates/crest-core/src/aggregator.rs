@@ -442,7 +442,13 @@ impl Machine for Aggregator {
             }
         } else if self.children.is_child(conn) {
             match msg {
-                Wire::Offer(offer) => self.handle_offer(now, conn, offer),
+                Wire::Offer(offer) => match self.children.check_offer(conn, &offer) {
+                    Ok(()) => self.handle_offer(now, conn, offer),
+                    Err(text) => {
+                        self.violations += 1;
+                        self.send(conn, Wire::error(None, ErrorCode::InvalidArgument, text));
+                    }
+                },
                 Wire::Report(report) => {
                     let heard = self.children.heard(conn);
                     let changed = self.children.reported_absent(conn, &report.absent, now);

@@ -115,8 +115,16 @@ pub struct Settings {
     pub connection_inflight_frames_max: u32,
     /// Frames queued for writing on one connection; a peer that lets it fill is disconnected.
     pub connection_send_queue_max: u32,
-    /// Most concurrent incoming connections of a node.
+    /// Most concurrent incoming connections of a node from producers and consumers (peers that
+    /// present no node certificate); child nodes have a budget of their own,
+    /// `node_connections_max`, so idle clients cannot keep the tree's own links out.
     pub connections_max: u32,
+    /// Most concurrent incoming connections of a node from peers that present a certificate of
+    /// the cluster (child nodes, and the root's direct links at a leaf).
+    pub node_connections_max: u32,
+    /// An incoming connection that has not said `Hello` this long after it opened is closed,
+    /// in milliseconds.
+    pub hello_timeout_ms: u64,
     /// A client connection with no traffic for this long is closed, in milliseconds.
     pub idle_timeout_ms: u64,
     /// How long a client (the SDK, the CLI) waits for a connection to a node to be made —
@@ -311,6 +319,8 @@ impl Default for Settings {
             connection_inflight_frames_max: 64,
             connection_send_queue_max: 4096,
             connections_max: 1024,
+            node_connections_max: 256,
+            hello_timeout_ms: 5_000,
             idle_timeout_ms: 10_000,
             connect_timeout_ms: 2_000,
             keep_alive_ms: 1_000,
@@ -372,7 +382,7 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 27] = [
+        let positive: [(&'static str, u64); 29] = [
             (
                 "compaction_batch_messages",
                 self.compaction_batch_messages.into(),
@@ -421,6 +431,8 @@ impl Settings {
                 self.connection_send_queue_max.into(),
             ),
             ("connections_max", self.connections_max.into()),
+            ("node_connections_max", self.node_connections_max.into()),
+            ("hello_timeout_ms", self.hello_timeout_ms),
         ];
         for (name, value) in positive {
             if value == 0 {

@@ -311,6 +311,31 @@ impl Downstream {
         self.unknown.len() != before
     }
 
+    /// Checks an offer from child `conn` before anything of it is applied: a valid topic name,
+    /// and every added entry owned by a leaf that this child leads to (otherwise the parent
+    /// would route that message's reserves and acks to the wrong subtree).
+    ///
+    /// # Errors
+    /// A sentence naming the problem.
+    pub(crate) fn check_offer(
+        &self,
+        conn: ConnId,
+        offer: &crate::wire::Offer,
+    ) -> Result<(), String> {
+        crate::validate::validate_topic(&self.settings, &offer.topic)?;
+        if let Some(entry) = offer
+            .adds
+            .iter()
+            .find(|entry| self.routes.get(&entry.key.id.leaf()) != Some(&conn))
+        {
+            return Err(format!(
+                "offered message {} belongs to a leaf this child does not lead to",
+                entry.key.id
+            ));
+        }
+        Ok(())
+    }
+
     /// The child connection that leads to `leaf`.
     pub(crate) fn route(&self, leaf: LeafId) -> Result<ConnId, ReceiptError> {
         if !self.subtree.contains(&leaf) {

@@ -128,9 +128,12 @@ impl Hist {
         *self = Hist::of(&histogram);
     }
 
-    /// Number of values recorded.
+    /// Number of values recorded (saturating: a child's counts are not trusted to be sane).
     pub fn count(&self) -> u64 {
-        self.0.iter().map(|(_, count)| count).sum()
+        self.0
+            .iter()
+            .map(|(_, count)| *count)
+            .fold(0, u64::saturating_add)
     }
 
     /// Percentiles of the values.
@@ -146,8 +149,8 @@ impl Hist {
                 self.0
                     .iter()
                     .filter(|(value, _)| value <= bound)
-                    .map(|(_, count)| count)
-                    .sum()
+                    .map(|(_, count)| *count)
+                    .fold(0, u64::saturating_add)
             })
             .collect()
     }
@@ -314,7 +317,10 @@ impl Report {
             return;
         }
         let depth = |t: &TopicStats| {
-            t.ready.iter().map(|(_, n)| n).sum::<u64>() + t.delayed + t.in_flight + t.dead
+            t.ready_total()
+                .saturating_add(t.delayed)
+                .saturating_add(t.in_flight)
+                .saturating_add(t.dead)
         };
         let mut topics = std::mem::take(&mut self.stats.topics);
         topics.sort_by_key(|t| std::cmp::Reverse(depth(t)));
@@ -434,19 +440,24 @@ pub struct TopicStats {
 impl TopicStats {
     /// Ready messages of every priority.
     pub fn ready_total(&self) -> u64 {
-        self.ready.iter().map(|(_, n)| n).sum()
+        self.ready
+            .iter()
+            .map(|(_, n)| *n)
+            .fold(0, u64::saturating_add)
     }
 
-    /// Adds another part of the same topic (another leaf's).
+    /// Adds another part of the same topic (another leaf's). Sums saturate: what a child
+    /// reports is not trusted to be sane.
     pub fn merge(&mut self, other: &TopicStats) {
-        let mut ready: std::collections::BTreeMap<u32, u64> = self.ready.iter().copied().collect();
-        for (priority, count) in &other.ready {
-            *ready.entry(*priority).or_default() += count;
+        let mut ready: BTreeMap<u32, u64> = BTreeMap::new();
+        for (priority, count) in self.ready.iter().chain(&other.ready) {
+            let sum = ready.entry(*priority).or_default();
+            *sum = sum.saturating_add(*count);
         }
         self.ready = ready.into_iter().collect();
-        self.delayed += other.delayed;
-        self.in_flight += other.in_flight;
-        self.dead += other.dead;
+        self.delayed = self.delayed.saturating_add(other.delayed);
+        self.in_flight = self.in_flight.saturating_add(other.in_flight);
+        self.dead = self.dead.saturating_add(other.dead);
         self.oldest_enqueued_at = match (self.oldest_enqueued_at, other.oldest_enqueued_at) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -468,17 +479,25 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// Adds another leaf's stats.
+    /// Adds another leaf's stats: O((n + m) log(n + m)) for n and m topics, in whatever order
+    /// the other's come (a child's are not trusted to be sorted); sums saturate.
     pub fn merge(&mut self, other: &Stats) {
+        let mut topics: BTreeMap<String, TopicStats> = std::mem::take(&mut self.topics)
+            .into_iter()
+            .map(|t| (t.topic.clone(), t))
+            .collect();
         for theirs in &other.topics {
-            match self.topics.binary_search_by(|t| t.topic.cmp(&theirs.topic)) {
-                Ok(index) => self.topics[index].merge(theirs),
-                Err(index) => self.topics.insert(index, theirs.clone()),
+            match topics.get_mut(&theirs.topic) {
+                Some(ours) => ours.merge(theirs),
+                None => {
+                    topics.insert(theirs.topic.clone(), theirs.clone());
+                }
             }
         }
-        self.expired += other.expired;
-        self.dead_lettered += other.dead_lettered;
-        self.deduplicated += other.deduplicated;
+        self.topics = topics.into_values().collect();
+        self.expired = self.expired.saturating_add(other.expired);
+        self.dead_lettered = self.dead_lettered.saturating_add(other.dead_lettered);
+        self.deduplicated = self.deduplicated.saturating_add(other.deduplicated);
     }
 
     /// One topic's stats, if it has any messages.
@@ -528,6 +547,57 @@ mod tests {
         assert_eq!(a.sum(), 120);
     }
 
+    fn topic_names(report: &Report) -> Vec<&str> {
+        report
+            .stats
+            .topics
+            .iter()
+            .map(|t| t.topic.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_child_s_report_of_absurd_counts_in_any_order_merges_without_overflow() {
+        // Goal: a report from a child is input like any other: counts at the top of the
+        // range saturate (debug builds panic on overflow), topics in any order or repeated
+        // merge into one sorted list.
+        let huge = |topic: &str| TopicStats {
+            topic: topic.into(),
+            ready: vec![(3, u64::MAX), (1, u64::MAX)],
+            delayed: u64::MAX,
+            in_flight: u64::MAX,
+            dead: u64::MAX,
+            oldest_enqueued_at: Some(Time(5)),
+        };
+        let hostile = Report {
+            histograms: [(Metric::Pop, Hist(vec![(u64::MAX, u64::MAX), (0, u64::MAX)]))].into(),
+            stats: Stats {
+                topics: vec![huge("z"), huge("a"), huge("z")],
+                expired: u64::MAX,
+                dead_lettered: u64::MAX,
+                deduplicated: u64::MAX,
+            },
+            ..Report::default()
+        };
+        let mut parent = Report::default();
+        parent.merge(&hostile);
+        parent.merge(&hostile);
+        assert_eq!(topic_names(&parent), vec!["a", "z"]);
+        let z = parent.stats.topic("z").unwrap();
+        assert_eq!(z.ready, vec![(1, u64::MAX), (3, u64::MAX)]);
+        assert_eq!((z.delayed, z.ready_total()), (u64::MAX, u64::MAX));
+        assert_eq!(parent.stats.expired, u64::MAX);
+        let pops = &parent.histograms[&Metric::Pop];
+        assert_eq!(pops.count(), u64::MAX);
+        assert_eq!(pops.cumulative(&[VALUE_MAX]), vec![u64::MAX]);
+        assert!(
+            pops.percentiles().max >= VALUE_MAX,
+            "clamped to the top bucket"
+        );
+        parent.cap_topics(1);
+        assert_eq!(parent.stats.topics.len(), 1);
+    }
+
     #[test]
     fn reports_merge_nodes_histograms_and_stats_and_cap_topics() {
         let topic = |name: &str, ready: u64| TopicStats {
@@ -565,12 +635,6 @@ mod tests {
             "deduplicated by report()"
         );
         parent.cap_topics(2);
-        let names: Vec<&str> = parent
-            .stats
-            .topics
-            .iter()
-            .map(|t| t.topic.as_str())
-            .collect();
-        assert_eq!(names, vec!["b", "c"]);
+        assert_eq!(topic_names(&parent), vec!["b", "c"]);
     }
 }

@@ -21,7 +21,7 @@ use crest_core::wire::Wire;
 use crest_storage::wal::{Completion, GroupTiming};
 use crest_transport::stream::Outgoing;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -163,6 +163,9 @@ pub(crate) enum NodeMsg {
     },
     /// A connection is gone.
     Disconnected { conn: ConnId },
+    /// `hello_timeout_ms` passed since an incoming connection opened: closed if it has not
+    /// said `Hello` yet.
+    HelloDeadline { conn: ConnId },
     /// A message arrived; the permit returns to the connection's reader when handled.
     Frame {
         conn: ConnId,
@@ -195,6 +198,7 @@ impl NodeMsg {
         match self {
             NodeMsg::Connected { .. } => "connected",
             NodeMsg::Disconnected { .. } => "disconnected",
+            NodeMsg::HelloDeadline { .. } => "hello deadline",
             NodeMsg::Frame { msg, .. } => msg.name(),
             NodeMsg::Tick => "tick",
             NodeMsg::Stored(..) => "stored",
@@ -226,6 +230,8 @@ pub(crate) struct NodeState {
     storage: Box<dyn Storage>,
     admission: Admission,
     conns: HashMap<ConnId, ConnHandle>,
+    /// Incoming connections that have not said `Hello` yet.
+    unintroduced: HashSet<ConnId>,
     /// The armed timer: its deadline and the task that will send `Tick`.
     timer: Option<(Time, JoinHandle<()>)>,
     /// Last time handed to the machine: time never goes backwards.
@@ -355,6 +361,7 @@ impl Actor for NodeActor {
             storage: args.storage,
             admission: args.admission,
             conns: HashMap::new(),
+            unintroduced: HashSet::new(),
             timer: None,
             last_now: Time::ZERO,
         })
@@ -371,10 +378,20 @@ impl Actor for NodeActor {
         let kind = message.kind();
         match message {
             NodeMsg::Connected { conn, link, handle } => {
+                if link == Link::Incoming {
+                    state.unintroduced.insert(conn);
+                }
                 state.conns.insert(conn, handle);
                 state.machine.handle_connected(now, conn, link);
             }
+            NodeMsg::HelloDeadline { conn } => {
+                if state.unintroduced.remove(&conn) {
+                    tracing::debug!(conn, "no Hello in time; closing");
+                    state.close(conn, "no Hello within hello_timeout_ms");
+                }
+            }
             NodeMsg::Disconnected { conn } => {
+                state.unintroduced.remove(&conn);
                 if state.conns.remove(&conn).is_some() {
                     state.machine.handle_disconnected(now, conn);
                 }
@@ -382,7 +399,12 @@ impl Actor for NodeActor {
             NodeMsg::Frame { conn, msg, permit } => {
                 if let Some(handle) = state.conns.get(&conn) {
                     match state.admission.check(&handle.connection, handle.link, &msg) {
-                        Ok(()) => state.machine.handle_message(now, conn, msg),
+                        Ok(()) => {
+                            if matches!(msg, Wire::Hello(_)) {
+                                state.unintroduced.remove(&conn);
+                            }
+                            state.machine.handle_message(now, conn, msg);
+                        }
                         Err(refusal) => state.refuse(conn, refusal),
                     }
                 }

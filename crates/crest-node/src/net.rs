@@ -114,38 +114,70 @@ async fn read_frames(
     }
 }
 
-/// Accepts connections until shutdown, at most `connections_max` at once.
+/// Accepts connections until shutdown: at most `node_connections_max` at once from peers
+/// that presented a certificate of the cluster (nodes), and `connections_max` from the others
+/// (producers and consumers), so that idle clients cannot keep the tree's own links out. At
+/// most as many handshakes as both budgets together are under way at once. A connection
+/// that has not said `Hello` within `hello_timeout_ms` is closed.
 pub(crate) async fn accept_loop(ctx: NetContext, endpoint: quinn::Endpoint) {
-    let limit = Arc::new(Semaphore::new(ctx.settings.connections_max as usize));
+    let clients = Arc::new(Semaphore::new(ctx.settings.connections_max as usize));
+    let nodes = Arc::new(Semaphore::new(ctx.settings.node_connections_max as usize));
+    let handshakes = Arc::new(Semaphore::new(
+        (ctx.settings.connections_max + ctx.settings.node_connections_max) as usize,
+    ));
+    let hello_timeout = Duration::from_millis(ctx.settings.hello_timeout_ms);
     loop {
         let incoming = tokio::select! {
             incoming = endpoint.accept() => incoming,
             () = ctx.shutdown.cancelled() => return,
         };
         let Some(incoming) = incoming else { return };
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
-            tracing::warn!("connections_max reached; refusing a connection");
+        let Ok(handshake) = handshakes.clone().try_acquire_owned() else {
+            tracing::warn!("too many handshakes under way; refusing a connection");
             incoming.refuse();
             continue;
         };
-        let ctx = ctx.clone();
+        let (ctx, clients, nodes) = (ctx.clone(), clients.clone(), nodes.clone());
         tokio::spawn(async move {
             let setup = async {
                 let connection = incoming.await.map_err(|e| e.to_string())?;
+                let node = connection.peer_identity().is_some();
+                let (budget, name) = if node {
+                    (nodes, "node_connections_max")
+                } else {
+                    (clients, "connections_max")
+                };
+                let Ok(permit) = budget.try_acquire_owned() else {
+                    tracing::warn!(
+                        budget = name,
+                        "connection budget used up; refusing a connection"
+                    );
+                    connection.close(3u32.into(), format!("{name} reached").as_bytes());
+                    return Err(format!("{name} reached"));
+                };
                 let streams = accept_streams(&connection)
                     .await
                     .map_err(|e| e.to_string())?;
-                Ok::<_, String>((connection, streams))
+                Ok::<_, String>((connection, streams, permit))
             };
-            match tokio::time::timeout(STREAM_SETUP_TIMEOUT, setup).await {
-                Ok(Ok((connection, streams))) => {
-                    ctx.attach(connection.clone(), streams, Link::Incoming);
-                    connection.closed().await;
+            let accepted = tokio::time::timeout(STREAM_SETUP_TIMEOUT, setup).await;
+            drop(handshake);
+            match accepted {
+                Ok(Ok((connection, streams, permit))) => {
+                    let conn = ctx.attach(connection.clone(), streams, Link::Incoming);
+                    let actor = ctx.actor.clone();
+                    tokio::select! {
+                        () = tokio::time::sleep(hello_timeout) => {
+                            let _ = actor.send_message(NodeMsg::HelloDeadline { conn });
+                            connection.closed().await;
+                        }
+                        _ = connection.closed() => {}
+                    }
+                    drop(permit);
                 }
                 Ok(Err(error)) => tracing::debug!(%error, "incoming connection failed"),
                 Err(_) => tracing::debug!("incoming connection did not open its streams in time"),
             }
-            drop(permit);
         });
     }
 }

@@ -483,3 +483,106 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
     load.abort();
     tree.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_s_strings_are_shown_as_text_on_the_dashboard() {
+    // Goal: whatever a child reports is text on the page, never markup (a node's role
+    // carried a stored cross-site script). Method: a peer with agg-2's certificate takes
+    // agg-2's place at the root and reports a node whose name and role are markup; the page,
+    // rendered by headless Chromium, shows them as text and runs nothing.
+    use crest::core::LeafId;
+    use crest::core::frame::encode_frame;
+    use crest::core::metrics::{NodeReport, Report};
+    use crest::core::wire::{Hello, PROTOCOL_VERSION, PeerKind, Role, Wire};
+    let Some(browser) = chromium() else {
+        panic!("headless Chromium is needed (Debian: apt-get install chromium)");
+    };
+    let mut tree = tree_in(None).await;
+    // The real agg-2 would take its place back at once.
+    tree.stop_node("agg-2").await;
+    let settings = crest::core::config::Settings::default();
+    let identity = tree
+        .ca()
+        .issue("agg-2", &[], Duration::from_secs(3600))
+        .unwrap();
+    let client = crest::transport::link_client_config(&tree.ca_pem, &identity, &settings).unwrap();
+    let addr: SocketAddr = tree.topology.root().address.parse().unwrap();
+    let endpoint = crest::transport::client_endpoint(addr, client, &settings).unwrap();
+    let connection = crest::transport::connect(&endpoint, addr, "root")
+        .await
+        .unwrap();
+    let streams = crest::transport::stream::open_streams(&connection)
+        .await
+        .unwrap();
+    let (mut control, answers) = streams.control;
+    let (mut data, _) = streams.data;
+    let markup = "<img src=x onerror=\"document.title='pwned'\">";
+    let report = Report {
+        nodes: vec![NodeReport {
+            name: "agg-2".into(),
+            role: markup.into(),
+            connected: true,
+            ..NodeReport::default()
+        }],
+        ..Report::default()
+    };
+    let frame = |msg: &Wire| {
+        let mut bytes = Vec::new();
+        encode_frame(msg, settings.frame_bytes_max, &mut bytes).unwrap();
+        bytes
+    };
+    let hello = Wire::Hello(Hello {
+        protocol: PROTOCOL_VERSION,
+        peer: PeerKind::Node {
+            name: "agg-2".into(),
+            role: Role::Aggregator,
+            leaves: vec![LeafId(3), LeafId(4)],
+        },
+    });
+    control.write_all(&frame(&hello)).await.unwrap();
+    let mut answers = crest::transport::stream::FrameReader::new(answers, settings.frame_bytes_max);
+    let welcome = tokio::time::timeout(Duration::from_secs(10), answers.next()).await;
+    assert!(
+        matches!(
+            welcome,
+            Ok(Ok(Some(crest::transport::stream::ReadEvent::Frame(
+                Wire::Welcome(_)
+            ))))
+        ),
+        "{welcome:?}"
+    );
+    data.write_all(&frame(&Wire::Report(report))).await.unwrap();
+    let root = http(&tree, "root");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = get(root, "/stats").await;
+        if body.contains("onerror") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the report never arrived: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let profile = tempfile::tempdir().unwrap();
+    let mut dump = headless(&browser, profile.path());
+    dump.arg("--dump-dom").arg(format!("http://{root}/"));
+    let output = tokio::task::spawn_blocking(move || dump.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(output.status.success());
+    let dom = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        dom.contains("&lt;img src=x onerror="),
+        "the role shown as text:\n{dom}"
+    );
+    assert!(!dom.contains("<img"), "no element made of it:\n{dom}");
+    assert!(
+        dom.contains("<title>crest dashboard</title>"),
+        "nothing of it ran:\n{dom}"
+    );
+    drop(connection);
+    tree.shutdown().await;
+}

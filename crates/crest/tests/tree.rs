@@ -880,3 +880,76 @@ async fn a_peer_claiming_a_node_s_place_must_prove_it_and_be_where_the_topology_
     assert_eq!(root_node.stats().await.unwrap().children, 2);
     tree.shutdown().await;
 }
+
+/// A connection that says nothing, with what keeps it open.
+struct Silent {
+    _endpoint: quinn::Endpoint,
+    connection: quinn::Connection,
+    _streams: crest::transport::stream::StreamPair,
+}
+
+/// Dials `address` as a producer or consumer would and opens the streams, but says nothing.
+async fn silent_client(tree: &LocalTree, address: &str) -> Result<Silent, String> {
+    let settings = crest::core::config::Settings::default();
+    let client = crest::transport::client_config(&tree.ca_pem, &settings).unwrap();
+    let addr = address.parse().unwrap();
+    let endpoint = crest::transport::client_endpoint(addr, client, &settings).unwrap();
+    let connection = crest::transport::connect(&endpoint, addr, crest::transport::tls::SERVER_NAME)
+        .await
+        .map_err(|e| e.to_string())?;
+    let streams = open_streams(&connection).await.map_err(|e| e.to_string())?;
+    Ok(Silent {
+        _endpoint: endpoint,
+        connection,
+        _streams: streams,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_clients_cannot_keep_child_nodes_out_and_are_closed_without_a_hello() {
+    // Goal: clients that connect and say nothing neither use up the slots the tree's own
+    // links need nor stay for ever. Method: the root takes 3 client connections; 3 silent
+    // clients take them all; a fourth is refused; agg-1 restarted meanwhile reconnects; the
+    // silent ones are closed after `hello_timeout_ms`, and a consumer gets in again.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../topology/local.toml"
+    ))
+    .unwrap();
+    let mut topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
+    for node in &mut topology.nodes {
+        node.settings.connections_max = 3;
+        node.settings.hello_timeout_ms = 1_000;
+    }
+    let mut tree = LocalTree::start(&topology).await.unwrap();
+    assert!(tree.wait_connected(WAIT).await);
+    let root = tree.topology.root().address.clone();
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(silent_client(&tree, &root).await.unwrap());
+    }
+    let fourth = silent_client(&tree, &root).await;
+    let refused = match fourth {
+        Err(error) => error,
+        Ok(fourth) => tokio::time::timeout(WAIT, fourth.connection.closed())
+            .await
+            .expect("the fourth is closed")
+            .to_string(),
+    };
+    assert!(refused.contains("connections_max reached"), "{refused}");
+
+    tree.restart_node("agg-1").await.unwrap();
+    assert!(tree.wait_connected(WAIT).await, "agg-1 is back at the root");
+
+    for client in &silent {
+        let reason = tokio::time::timeout(WAIT, client.connection.closed())
+            .await
+            .expect("closed after hello_timeout_ms");
+        assert!(reason.to_string().contains("no Hello"), "{reason}");
+    }
+    let producers = producers(&tree).await;
+    producers[0].push("jobs", 1, "in again").await.unwrap();
+    let consumer = consumer(&tree).await;
+    assert_eq!(consumer.pop("jobs", 1, WAIT).await.unwrap().len(), 1);
+    tree.shutdown().await;
+}

@@ -95,6 +95,12 @@ impl Machine for Root {
         }
         let peer = self.children.peers.get(&conn).cloned();
         match (peer, msg) {
+            (Some(crate::downstream::Peer::Child { .. }), Wire::Offer(offer))
+                if let Err(text) = self.children.check_offer(conn, &offer) =>
+            {
+                self.violations += 1;
+                self.send(conn, Wire::error(None, ErrorCode::InvalidArgument, text));
+            }
             (Some(crate::downstream::Peer::Child { .. }), Wire::Offer(offer)) => {
                 self.counters.offers_received += 1;
                 let topic = self.children.topic(&offer.topic);

@@ -65,6 +65,7 @@ macro_rules! pass_through {
 mod bodies;
 mod delivery;
 mod flow;
+mod hostile;
 mod order;
 mod races;
 mod storage;

@@ -1,0 +1,73 @@
+//! Peers that send what they should not: each is refused with a typed error, counted as a
+//! protocol violation, and changes nothing.
+
+use super::*;
+use crate::key::Key;
+
+/// An offer of one entry of `leaf`'s on `topic`.
+fn offer_of(topic: &str, leaf: u16) -> Wire {
+    let entry = crate::wire::OfferEntry {
+        key: Key {
+            priority: 0,
+            ready_at: Time::ZERO,
+            id: MessageId::new(LeafId(leaf), 1),
+        },
+        size: 1,
+        since: Time::ZERO,
+        entered: Time::ZERO,
+    };
+    Wire::Offer(Offer {
+        topic: topic.into(),
+        adds: vec![entry],
+        retracts: Vec::new(),
+        frontier: None,
+        seq: 1,
+    })
+}
+
+#[test]
+fn a_child_s_offer_of_another_subtree_s_message_or_a_bad_topic_is_refused() {
+    // Goal: a parent applies nothing of an offer whose entries belong to leaves the child does
+    // not lead to (their reserves and acks would go to the wrong subtree) or whose topic is
+    // not a valid name. Method: a child of the root that leads to leaf 1 offers a message of
+    // leaf 3, then one on an empty topic and one with a newline; the same at an aggregator.
+    let mut t = tree(4);
+    for (node, leaves) in [
+        (t.root, vec![LeafId(1), LeafId(2)]),
+        (t.aggs[1], vec![LeafId(3)]),
+    ] {
+        let own = leaves[0].0;
+        let other = if own == 1 { 3 } else { 1 };
+        let child = t.h.client(
+            node,
+            PeerKind::Node {
+                name: if node == t.root { "agg-0" } else { "leaf-3" }.into(),
+                role: if node == t.root {
+                    Role::Aggregator
+                } else {
+                    Role::Leaf
+                },
+                leaves,
+            },
+        );
+        let before = t.h.nodes[node].stats();
+        for (offer, says) in [
+            (offer_of("jobs", other), "does not lead to"),
+            (offer_of("", own), "topic is empty"),
+            (offer_of("a\nb", own), "whitespace or control"),
+        ] {
+            t.h.send(child, offer);
+            let Wire::Error(error) = t.h.recv(child) else {
+                panic!("a refusal")
+            };
+            assert_eq!(error.code, ErrorCode::InvalidArgument);
+            assert!(error.message.contains(says), "{}", error.message);
+        }
+        let after = t.h.nodes[node].stats();
+        assert_eq!(after.violations, before.violations + 3);
+        assert_eq!(
+            after.window_entries, before.window_entries,
+            "nothing applied"
+        );
+    }
+}
