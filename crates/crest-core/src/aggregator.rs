@@ -250,6 +250,7 @@ impl Aggregator {
             Err(_) => self.send_up(Wire::LeafAdminReply(LeafAdminReply {
                 tag: admin.tag,
                 result: None,
+                more: false,
             })),
         }
     }
@@ -289,7 +290,11 @@ impl Aggregator {
         let mut admins: Vec<u64> = forwarded.admins.into_iter().collect();
         admins.sort_unstable();
         for tag in admins {
-            self.send_up(Wire::LeafAdminReply(LeafAdminReply { tag, result: None }));
+            self.send_up(Wire::LeafAdminReply(LeafAdminReply {
+                tag,
+                result: None,
+                more: false,
+            }));
         }
     }
 

@@ -453,12 +453,17 @@ pub struct Ack {
 /// An administrative operation on the dead-letter queues or stats of the tree.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub enum AdminOp {
-    /// Lists up to `limit` dead letters of a topic, oldest death first, with payloads.
+    /// Lists up to `limit` dead letters of a topic, oldest death first, with payloads. An
+    /// answer stops short to fit one frame ([`AdminReply::more`]): ask again `after` the last
+    /// one listed.
     DeadLetters {
         /// The topic.
         topic: String,
         /// Most entries to return.
         limit: u32,
+        /// Only those after this `(dead_at, id)` (the last one of the previous page).
+        #[serde(default)]
+        after: Option<(Time, MessageId)>,
     },
     /// Moves dead letters back into their topic, attempts reset (`ids` empty: all of them).
     Redrive {
@@ -524,6 +529,22 @@ pub struct DeadLetter {
     pub payload: Bytes,
 }
 
+impl DeadLetter {
+    /// An upper bound on its size in a frame (MessagePack adds at most a few bytes to each
+    /// field; 128 covers the fixed fields and headers, 16 each metadata pair's).
+    pub fn frame_bytes(&self) -> u64 {
+        let metadata: u64 = self
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.len() + v.len()) as u64 + 16)
+            .sum();
+        128 + self.topic.len() as u64
+            + self.reason.len() as u64
+            + self.payload.len() as u64
+            + metadata
+    }
+}
+
 /// The answer to an [`AdminOp`].
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub enum AdminResult {
@@ -553,6 +574,10 @@ pub struct AdminReply {
     pub result: AdminResult,
     /// Leaves that could not be reached: the result leaves them out.
     pub unreachable: Vec<LeafId>,
+    /// The dead letters listed stop short of the limit so that the answer fits one frame; more
+    /// follow `after` the last one.
+    #[serde(default)]
+    pub more: bool,
 }
 
 /// Root → leaf (through aggregators): an administrative operation on one leaf.
@@ -573,6 +598,10 @@ pub struct LeafAdminReply {
     pub tag: u64,
     /// The leaf's result, or `None` if it could not be reached.
     pub result: Option<AdminResult>,
+    /// The leaf's dead letters stop short of the limit to fit one frame (see
+    /// [`AdminReply::more`]).
+    #[serde(default)]
+    pub more: bool,
 }
 
 /// Root → consumer: one result per acknowledged receipt, in order.

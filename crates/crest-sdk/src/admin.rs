@@ -40,26 +40,40 @@ impl Admin {
     }
 
     /// Up to `limit` dead letters of `topic`, oldest death first, with payloads, reasons and
-    /// attempt counts.
+    /// attempt counts. An answer the root must keep within one frame comes in pages; this
+    /// asks for each in turn.
     ///
     /// # Errors
-    /// [`ClientError`] if the request failed as a whole.
+    /// [`ClientError`] if a request failed as a whole.
     pub async fn dead_letters(
         &self,
         topic: &str,
         limit: u32,
     ) -> Result<AdminAnswer<Vec<DeadLetter>>, ClientError> {
-        let op = AdminOp::DeadLetters {
-            topic: topic.into(),
-            limit,
-        };
-        match self.call(op).await? {
-            (AdminResult::DeadLetters(list), unreachable) => Ok(AdminAnswer {
-                value: list,
-                unreachable,
-            }),
-            (other, _) => Err(mismatch(&other)),
+        let mut value: Vec<DeadLetter> = Vec::new();
+        let mut unreachable: Vec<LeafId> = Vec::new();
+        let mut after = None;
+        loop {
+            let op = AdminOp::DeadLetters {
+                topic: topic.into(),
+                limit: limit - value.len() as u32,
+                after,
+            };
+            let (result, missing, more) = self.call(op).await?;
+            let AdminResult::DeadLetters(page) = result else {
+                return Err(mismatch(&result));
+            };
+            unreachable.extend(missing);
+            after = page.last().map(|d| (d.dead_at, d.id));
+            let empty = page.is_empty();
+            value.extend(page);
+            if !more || empty || value.len() >= limit as usize {
+                break;
+            }
         }
+        unreachable.sort_unstable();
+        unreachable.dedup();
+        Ok(AdminAnswer { value, unreachable })
     }
 
     /// Moves dead letters of `topic` back into it with their attempts reset (`ids` empty:
@@ -105,11 +119,11 @@ impl Admin {
             topic: topic.map(str::to_string),
         };
         match self.call(op).await? {
-            (AdminResult::Stats(stats), unreachable) => Ok(AdminAnswer {
+            (AdminResult::Stats(stats), unreachable, _) => Ok(AdminAnswer {
                 value: stats,
                 unreachable,
             }),
-            (other, _) => Err(mismatch(&other)),
+            (other, _, _) => Err(mismatch(&other)),
         }
     }
 
@@ -120,15 +134,17 @@ impl Admin {
 
     async fn count(&self, op: AdminOp) -> Result<AdminAnswer<u64>, ClientError> {
         match self.call(op).await? {
-            (AdminResult::Count(count), unreachable) => Ok(AdminAnswer {
+            (AdminResult::Count(count), unreachable, _) => Ok(AdminAnswer {
                 value: count,
                 unreachable,
             }),
-            (other, _) => Err(mismatch(&other)),
+            (other, _, _) => Err(mismatch(&other)),
         }
     }
 
-    async fn call(&self, op: AdminOp) -> Result<(AdminResult, Vec<LeafId>), ClientError> {
+    /// The root's answer: the result, the leaves it could not reach, and whether a dead-letter
+    /// listing stopped short to fit a frame.
+    async fn call(&self, op: AdminOp) -> Result<(AdminResult, Vec<LeafId>, bool), ClientError> {
         let answer = self
             .link
             .request(
@@ -137,7 +153,7 @@ impl Admin {
             )
             .await?;
         match answer {
-            Wire::AdminReply(reply) => Ok((reply.result, reply.unreachable)),
+            Wire::AdminReply(reply) => Ok((reply.result, reply.unreachable, reply.more)),
             other => Err(unexpected("AdminReply", &other)),
         }
     }

@@ -14,12 +14,18 @@ impl Leaf {
     pub(super) fn handle_admin(&mut self, now: Time, conn: ConnId, admin: LeafAdmin) {
         let mut records = Vec::new();
         let result = match &admin.op {
-            AdminOp::DeadLetters { topic, limit } => {
+            AdminOp::DeadLetters {
+                topic,
+                limit,
+                after,
+            } => {
                 // Bodies in the log are read first; the reply waits for them.
-                let (letters, missing, locations) = self.dead_letters(topic, *limit as usize);
+                let (letters, more, missing, locations) =
+                    self.dead_letters(topic, *limit as usize, *after);
                 let waiting = Waiting::DeadLetters {
                     tag: admin.tag,
                     letters,
+                    more,
                 };
                 self.answer(conn, waiting, missing, locations);
                 return;
@@ -75,6 +81,7 @@ impl Leaf {
             Wire::LeafAdminReply(LeafAdminReply {
                 tag: admin.tag,
                 result: Some(result),
+                more: false,
             }),
         );
     }
@@ -103,17 +110,21 @@ impl Leaf {
         &self,
         topic: &str,
         limit: usize,
-    ) -> (Vec<DeadLetter>, Vec<usize>, Vec<Location>) {
+        after: Option<(Time, MessageId)>,
+    ) -> (Vec<DeadLetter>, bool, Vec<usize>, Vec<Location>) {
+        use std::ops::Bound;
         let Some(leaf_topic) = self.topics.get(topic) else {
-            return (Vec::new(), Vec::new(), Vec::new());
+            return (Vec::new(), false, Vec::new(), Vec::new());
         };
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut more = false;
         let s = &self.config.settings;
         let budget = u64::from(s.frame_bytes_max - crate::config::FRAME_OVERHEAD_BYTES);
         let mut bytes = 0;
         let mut out = Vec::new();
         let mut missing = Vec::new();
         let mut locations = Vec::new();
-        for (&(dead_at, id), dead) in leaf_topic.dead.iter().take(limit) {
+        for (&(dead_at, id), dead) in leaf_topic.dead.range((from, Bound::Unbounded)).take(limit) {
             let body = self.bodies.cached.get(&id);
             let body_bytes = match (body, dead.slot.logged()) {
                 (Some(body), _) => body.bytes(),
@@ -123,6 +134,7 @@ impl Leaf {
             let cost =
                 INDEX_RECORD_BYTES + topic.len() as u64 + body_bytes + dead.reason.len() as u64;
             if !out.is_empty() && bytes + cost > budget {
+                more = true;
                 break;
             }
             bytes += cost;
@@ -145,7 +157,7 @@ impl Leaf {
                 payload: body.payload,
             });
         }
-        (out, missing, locations)
+        (out, more, missing, locations)
     }
 
     /// Depths per topic and the leaf's counters (from counts kept as messages move: no scan).

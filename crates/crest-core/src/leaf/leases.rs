@@ -156,10 +156,13 @@ impl Leaf {
             let answer = self.answers.pop_front().expect("checked");
             let msg = match answer.waiting {
                 Waiting::Reserved(items) => Wire::Reserved(Reserved { items }),
-                Waiting::DeadLetters { tag, letters } => Wire::LeafAdminReply(LeafAdminReply {
-                    tag,
-                    result: Some(AdminResult::DeadLetters(letters)),
-                }),
+                Waiting::DeadLetters { tag, letters, more } => {
+                    Wire::LeafAdminReply(LeafAdminReply {
+                        tag,
+                        result: Some(AdminResult::DeadLetters(letters)),
+                        more,
+                    })
+                }
             };
             self.send(answer.conn, msg);
         }

@@ -212,7 +212,12 @@ impl SegmentUse {
 #[derive(Debug)]
 enum Waiting {
     Reserved(Vec<ReserveOutcome>),
-    DeadLetters { tag: u64, letters: Vec<DeadLetter> },
+    DeadLetters {
+        tag: u64,
+        letters: Vec<DeadLetter>,
+        /// The listing stopped short of its limit to fit a frame.
+        more: bool,
+    },
 }
 
 #[derive(Debug)]

@@ -1,6 +1,7 @@
 //! Admin requests: fanned out to the leaves concerned, their answers merged.
 
 use super::*;
+use crate::config::FRAME_OVERHEAD_BYTES;
 use crate::id::LeafId;
 use crate::machine::ConnId;
 use crate::validate::validate_topic;
@@ -75,6 +76,7 @@ impl Root {
             conn,
             request: admin.request,
             limit,
+            cut: None,
             outstanding: 0,
             result,
             unreachable: Vec::new(),
@@ -117,21 +119,32 @@ impl Root {
         let Some(pending) = self.requests.leaf_admins.remove(&reply.tag) else {
             return;
         };
-        self.merge_admin(pending, reply.result);
+        self.merge_admin(pending, reply.result, reply.more);
     }
 
-    pub(super) fn merge_admin(&mut self, from: PendingLeafAdmin, result: Option<AdminResult>) {
+    /// Merges one leaf's answer (`None`: unreachable); `more`: its listing stopped short.
+    pub(super) fn merge_admin(
+        &mut self,
+        from: PendingLeafAdmin,
+        result: Option<AdminResult>,
+        more: bool,
+    ) {
         let Some(admin) = self.requests.admins.get_mut(&from.admin) else {
             return;
         };
         admin.outstanding -= 1;
         match (&mut admin.result, result) {
-            (AdminResult::DeadLetters(all), Some(AdminResult::DeadLetters(more))) => {
-                all.extend(more);
+            (AdminResult::DeadLetters(all), Some(AdminResult::DeadLetters(theirs))) => {
+                if more && let Some(last) = theirs.iter().map(|d| (d.dead_at, d.id)).max() {
+                    admin.cut = Some(admin.cut.map_or(last, |cut| cut.min(last)));
+                }
+                all.extend(theirs);
                 all.sort_by_key(|d| (d.dead_at, d.id));
                 all.truncate(admin.limit);
             }
-            (AdminResult::Count(total), Some(AdminResult::Count(more))) => *total += more,
+            (AdminResult::Count(total), Some(AdminResult::Count(theirs))) => {
+                *total = total.saturating_add(theirs);
+            }
             (AdminResult::Stats(total), Some(AdminResult::Stats(more))) => total.merge(&more),
             (_, None) => admin.unreachable.push(from.leaf),
             (_, Some(_)) => {
@@ -148,12 +161,36 @@ impl Root {
         }
         let mut admin = self.requests.admins.remove(&admin_id).expect("present");
         admin.unreachable.sort_unstable();
+        let mut more = false;
+        if let AdminResult::DeadLetters(all) = &mut admin.result {
+            if let Some(cut) = admin.cut {
+                all.retain(|d| (d.dead_at, d.id) <= cut);
+                more = all.len() < admin.limit;
+            }
+            // The merged listing must fit one frame as well (with room for the rest of the
+            // reply: the unreachable leaves and the headers).
+            let budget = u64::from(self.settings.frame_bytes_max - FRAME_OVERHEAD_BYTES)
+                .saturating_sub(1024 + 8 * admin.unreachable.len() as u64);
+            let mut bytes = 0;
+            let fits = all
+                .iter()
+                .take_while(|d| {
+                    bytes += d.frame_bytes();
+                    bytes <= budget
+                })
+                .count();
+            if fits < all.len() {
+                all.truncate(fits.max(1));
+                more = true;
+            }
+        }
         self.send(
             admin.conn,
             Wire::AdminReply(AdminReply {
                 request: admin.request,
                 result: admin.result,
                 unreachable: admin.unreachable,
+                more,
             }),
         );
     }

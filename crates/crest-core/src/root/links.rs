@@ -112,7 +112,7 @@ impl Root {
         }
         for tag in sorted_where(&self.requests.leaf_admins, |a| a.conn == conn) {
             let pending = self.requests.leaf_admins.remove(&tag).expect("present");
-            self.merge_admin(pending, None);
+            self.merge_admin(pending, None, false);
         }
         // Frontiers of the lost child no longer hold anything back.
         self.dirty.extend(self.pops.waiting.keys().cloned());
@@ -188,7 +188,7 @@ impl Root {
         }
         for tag in admins {
             let pending = self.requests.leaf_admins.remove(&tag).expect("present");
-            self.merge_admin(pending, None);
+            self.merge_admin(pending, None, false);
         }
     }
 

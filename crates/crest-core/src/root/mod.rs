@@ -283,6 +283,10 @@ struct PendingAdmin {
     request: u64,
     /// Most dead letters to return (for a listing).
     limit: usize,
+    /// The earliest last entry of the leaves whose listing stopped short to fit a frame: the
+    /// merged listing must stop there too, or a next page (`after` its last entry) would
+    /// skip what those leaves left out.
+    cut: Option<(Time, crate::id::MessageId)>,
     outstanding: usize,
     result: AdminResult,
     unreachable: Vec<LeafId>,

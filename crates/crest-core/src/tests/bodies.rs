@@ -89,6 +89,7 @@ fn a_body_that_cannot_be_read_is_dead_lettered_with_the_reason_and_others_are_de
             op: AdminOp::DeadLetters {
                 topic: "jobs".into(),
                 limit: 100,
+                after: None,
             },
         }),
     );
