@@ -128,10 +128,32 @@ pub(crate) async fn launch(
         node.role(),
         node.local_addr()
     );
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        result = tokio::signal::ctrl_c() => result?,
-        _ = terminate.recv() => {}
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => {
+                result?;
+                break;
+            }
+            _ = terminate.recv() => break,
+            // SIGHUP: read the certificate, key and CA files again (a rotation).
+            _ = hangup.recv() => {
+                let reloaded = NodeTls::from_files(&topology, name, &base_dir(topology_path))
+                    .map_err(anyhow::Error::from)
+                    .and_then(|tls| {
+                        let tls = tls.context("the topology lost its [tls] section")?;
+                        node.reload_tls(&tls).map_err(anyhow::Error::from)
+                    });
+                match reloaded {
+                    Ok(()) => eprintln!("{name}: certificates reloaded"),
+                    Err(error) => eprintln!(
+                        "{name}: certificates not reloaded, keeping those in use: {error:#}"
+                    ),
+                }
+            }
+        }
     }
     node.shutdown().await;
     Ok(())

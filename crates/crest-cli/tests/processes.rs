@@ -456,3 +456,116 @@ async fn crest_bench_connect_rides_through_a_root_restart() {
     assert!(said.contains("errors: push 0"), "{said}");
     assert_logs_clean(&cluster.dir);
 }
+
+/// The certificate (DER) a client meets at `address`.
+async fn certificate_at(cluster: &Cluster, address: &str) -> Option<Vec<u8>> {
+    let settings = crest::core::config::Settings::default();
+    let ca = std::fs::read_to_string(cluster.dir.join("certs/ca.pem")).unwrap();
+    let client = crest::transport::client_config(&ca, &settings).unwrap();
+    let addr = address.parse().unwrap();
+    let endpoint = crest::transport::client_endpoint(addr, client, &settings).unwrap();
+    let connection = crest::transport::connect(&endpoint, addr, crest::transport::tls::SERVER_NAME)
+        .await
+        .ok()?;
+    let der = crest::transport::tls::peer_certificate(&connection);
+    connection.close(0u32.into(), b"done");
+    der
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ca_and_every_certificate_rotated_under_load_on_sighup_lose_nothing_acked() {
+    // Goal: an operator replaces the cluster CA and every node's certificate and key without
+    // stopping the tree, as docs/operations.md says: a new CA and certificates made aside
+    // (`crest certs --out`), both CAs trusted (SIGHUP), the new certificates in place
+    // (SIGHUP), the old CA dropped (SIGHUP). New connections get the new certificates, a node
+    // restarted after it all rejoins, and pushes acknowledged throughout are all delivered.
+    let mut cluster = Cluster::start("rotation");
+    let producer = cluster.producer().await;
+    let consumer = cluster.consumer().await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut acked = HashSet::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                acked.extend(push(&producer, 50).await);
+            }
+            acked
+        })
+    };
+    let mut seen = HashSet::new();
+    take(&consumer, &mut seen, 100).await;
+
+    let leaf = cluster.topology.node("leaf-1").unwrap().address.clone();
+    let (certs, next) = (cluster.dir.join("certs"), cluster.dir.join("certs-next"));
+    let old = std::fs::read(certs.join("leaf-1.pem")).unwrap();
+    let status = Command::new(CREST)
+        .args(["certs", "--topology"])
+        .arg(&cluster.topology_path)
+        .arg("--out")
+        .arg(&next)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let new = std::fs::read(next.join("leaf-1.pem")).unwrap();
+    let der = |pem: &[u8]| x509_parser::pem::parse_x509_pem(pem).unwrap().1.contents;
+    assert_eq!(certificate_at(&cluster, &leaf).await, Some(der(&old)));
+    let hang_up = |cluster: &Cluster| {
+        for node in &cluster.topology.nodes {
+            let pid = rustix::process::Pid::from_raw(cluster.pid(&node.name) as i32).unwrap();
+            rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+        }
+    };
+    // 1. Both CAs trusted.
+    let (old_ca, new_ca) = (
+        std::fs::read_to_string(certs.join("ca.pem")).unwrap(),
+        std::fs::read_to_string(next.join("ca.pem")).unwrap(),
+    );
+    std::fs::write(certs.join("ca.pem"), format!("{old_ca}{new_ca}")).unwrap();
+    hang_up(&cluster);
+    // 2. The new certificates in place.
+    for node in &cluster.topology.nodes {
+        for ext in ["pem", "key"] {
+            let file = format!("{}.{ext}", node.name);
+            std::fs::copy(next.join(&file), certs.join(&file)).unwrap();
+        }
+    }
+    hang_up(&cluster);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while certificate_at(&cluster, &leaf).await != Some(der(&new)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "leaf-1 still presents its old certificate"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // 3. The old CA dropped. A node restarted now starts with its new certificate and trusts
+    // only the new CA; its parent and children take it.
+    std::fs::write(certs.join("ca.pem"), &new_ca).unwrap();
+    hang_up(&cluster);
+    cluster.kill("agg-1");
+    cluster.launch("agg-1");
+    let more = seen.len() + 200;
+    take(&consumer, &mut seen, more).await;
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acked = load.await.unwrap();
+    drain(&consumer, &mut seen, acked.len()).await;
+    assert_eq!(
+        seen, acked,
+        "every acknowledged push delivered exactly once"
+    );
+    for node in &cluster.topology.nodes {
+        if node.name == "agg-1" {
+            continue;
+        }
+        let log = std::fs::read_to_string(cluster.dir.join(format!("{}.log", node.name))).unwrap();
+        assert!(
+            log.contains("certificates reloaded"),
+            "{}:\n{log}",
+            node.name
+        );
+    }
+    assert_logs_clean(&cluster.dir);
+}

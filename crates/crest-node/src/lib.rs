@@ -191,6 +191,10 @@ pub struct NodeHandle {
     shutdown: CancellationToken,
     /// A leaf's log writer and body reader, joined by [`NodeHandle::shutdown`].
     storage_threads: Option<StorageThreads>,
+    /// The node's settings (to build new TLS configurations: [`NodeHandle::reload_tls`]).
+    settings: crest_core::config::Settings,
+    /// What its links are dialed with, shared with their tasks.
+    link_client: Arc<std::sync::RwLock<quinn::ClientConfig>>,
 }
 
 /// The threads of a leaf's storage, outliving the actor that feeds them until they drain.
@@ -210,6 +214,24 @@ impl NodeHandle {
     /// The node's role.
     pub fn role(&self) -> Role {
         self.role
+    }
+
+    /// Uses `tls` (a renewed certificate and key, or a CA bundle with a new CA) for every
+    /// connection made from now on, both accepted and dialed; connections already up keep
+    /// theirs. The stateless-reset key stays the one derived at start, from the key the node
+    /// started with.
+    ///
+    /// # Errors
+    /// [`NodeError::Transport`] if the material does not parse; the node keeps what it had.
+    pub fn reload_tls(&self, tls: &NodeTls) -> Result<(), NodeError> {
+        let server = crest_transport::server_config(&tls.node, &tls.ca_pem, &self.settings)?;
+        let client = crest_transport::link_client_config(&tls.ca_pem, &tls.node, &self.settings)?;
+        self.endpoint.set_server_config(Some(server));
+        *self
+            .link_client
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
+        Ok(())
     }
 
     /// The address the node is bound to.
@@ -425,8 +447,10 @@ pub async fn start_node(
         .map_err(|e| NodeError::Actor(e.to_string()))?;
     let _ = actor_slot.set(actor.clone());
     let shutdown = CancellationToken::new();
+    let link_client = Arc::new(std::sync::RwLock::new(endpoint_config.client.clone()));
     let ctx = NetContext {
         actor: actor.clone(),
+        link_client: link_client.clone(),
         settings: spec.settings.clone(),
         next_conn: Arc::new(AtomicU64::new(1)),
         shutdown: shutdown.clone(),
@@ -515,6 +539,8 @@ pub async fn start_node(
         actor_task,
         endpoint,
         shutdown,
+        settings: spec.settings.clone(),
+        link_client,
     })
 }
 

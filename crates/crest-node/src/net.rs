@@ -26,6 +26,8 @@ const STREAM_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub(crate) struct NetContext {
     pub(crate) actor: ActorRef<NodeMsg>,
+    /// What this node dials its links with (replaced when its certificates are reloaded).
+    pub(crate) link_client: Arc<std::sync::RwLock<quinn::ClientConfig>>,
     pub(crate) settings: Settings,
     pub(crate) next_conn: Arc<AtomicU64>,
     pub(crate) shutdown: CancellationToken,
@@ -207,7 +209,12 @@ pub(crate) async fn link_loop(
         let attempt = async {
             let addr = resolve(&address).await?;
             // The peer must present a certificate made out to its name in the topology.
-            let connection = crest_transport::connect(&endpoint, addr, &name)
+            let config = ctx
+                .link_client
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone();
+            let connection = crest_transport::connect_with(&endpoint, config, addr, &name)
                 .await
                 .map_err(|e| e.to_string())?;
             let streams = open_streams(&connection).await.map_err(|e| e.to_string())?;

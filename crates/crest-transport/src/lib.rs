@@ -277,6 +277,19 @@ fn set_buffers(socket: &socket2::Socket, buffer_bytes: u32) {
     }
 }
 
+/// Dials `addr` with `config`, asking for the node named `server_name` (see [`connect`]).
+///
+/// # Errors
+/// [`TransportError::Connect`] naming the address.
+pub async fn connect_with(
+    endpoint: &quinn::Endpoint,
+    config: quinn::ClientConfig,
+    addr: SocketAddr,
+    server_name: &str,
+) -> Result<quinn::Connection, TransportError> {
+    finish(endpoint.connect_with(config, addr, server_name), addr).await
+}
+
 /// Dials `addr` with the endpoint's default client configuration, asking for the node named
 /// `server_name` (a tree link checks it; producers and consumers ask for
 /// [`tls::SERVER_NAME`] and take any node).
@@ -288,14 +301,22 @@ pub async fn connect(
     addr: SocketAddr,
     server_name: &str,
 ) -> Result<quinn::Connection, TransportError> {
+    finish(endpoint.connect(addr, server_name), addr).await
+}
+
+/// Completes a dial, naming `addr` in its error.
+async fn finish(
+    connecting: Result<quinn::Connecting, quinn::ConnectError>,
+    addr: SocketAddr,
+) -> Result<quinn::Connection, TransportError> {
     let connect_error = |reason: String| TransportError::Connect {
         addr: addr.to_string(),
         reason,
     };
-    let connecting = endpoint
-        .connect(addr, server_name)
-        .map_err(|e| connect_error(e.to_string()))?;
-    connecting.await.map_err(|e| connect_error(e.to_string()))
+    connecting
+        .map_err(|e| connect_error(e.to_string()))?
+        .await
+        .map_err(|e| connect_error(e.to_string()))
 }
 
 #[cfg(test)]

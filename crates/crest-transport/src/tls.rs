@@ -341,6 +341,15 @@ impl ServerCertVerifier for AnyNode {
     }
 }
 
+/// The certificate (DER) the peer of `connection` presented, if any.
+pub fn peer_certificate(connection: &quinn::Connection) -> Option<Vec<u8>> {
+    let chain = connection
+        .peer_identity()?
+        .downcast::<Vec<CertificateDer<'static>>>()
+        .ok()?;
+    chain.first().map(|cert| cert.as_ref().to_vec())
+}
+
 /// Checks that the peer of `connection` presented a certificate of the cluster (the handshake
 /// checked the signature) made out to `name`.
 ///
