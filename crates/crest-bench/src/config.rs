@@ -96,6 +96,9 @@ pub enum Target {
         topology: Topology,
         /// Where leaves log; removed afterwards.
         data_dir: Option<PathBuf>,
+        /// Serve clients without credentials (no access file), instead of through the
+        /// tree's `admin` token.
+        open: bool,
     },
     /// A running tree.
     Remote {

@@ -91,13 +91,21 @@ async fn start(target: &Target) -> Result<Running> {
             durable: None,
             syncing_leaves: None,
         }),
-        Target::Local { topology, data_dir } => {
+        Target::Local {
+            topology,
+            data_dir,
+            open,
+        } => {
             if let Some(dir) = data_dir {
                 let _ = std::fs::remove_dir_all(dir);
             }
-            let tree = LocalTree::start_with(&topology.with_ephemeral_ports(), data_dir.as_deref())
-                .await
-                .context("starting the local tree")?;
+            let topology = topology.with_ephemeral_ports();
+            let started = if *open {
+                LocalTree::start_open(&topology, data_dir.as_deref()).await
+            } else {
+                LocalTree::start_with(&topology, data_dir.as_deref()).await
+            };
+            let tree = started.context("starting the local tree")?;
             if !tree.wait_connected(Duration::from_secs(10)).await {
                 tree.shutdown().await;
                 bail!("the local tree did not connect within 10 s");
@@ -105,9 +113,7 @@ async fn start(target: &Target) -> Result<Running> {
             Ok(Running {
                 leaves: tree.topology.leaves().map(|l| l.address.clone()).collect(),
                 root: tree.topology.root().address.clone(),
-                tls: ClientTls {
-                    ca_pem: tree.ca_pem.clone(),
-                },
+                tls: ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone()),
                 durable: Some(data_dir.is_some()),
                 syncing_leaves: data_dir.is_some().then(|| {
                     let leaves: Vec<_> = tree.topology.leaves().collect();

@@ -15,6 +15,9 @@ pub(crate) struct BenchArgs {
     /// With --connect: CA certificate to trust.
     #[arg(long, env = "CREST_CA", default_value = crest::LOCAL_CA_PATH)]
     pub(crate) ca: PathBuf,
+    /// With --connect: the client's credential.
+    #[command(flatten)]
+    pub(crate) credentials: CredentialArgs,
     /// With --connect: root address (default: the topology's).
     #[arg(long)]
     pub(crate) root: Option<String>,
@@ -83,8 +86,15 @@ pub(crate) struct BenchArgs {
     /// Compare with the tree of this topology (not with --connect): runs of the first tree
     /// (--topology, or the default: A) and of this tree (B) alternate in pairs, A B then B A,
     /// and the command prints each one's medians, B/A and in how many pairs B did better.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "against_open")]
     pub(crate) against: Option<PathBuf>,
+    /// Compare with the same tree serving clients without credentials (as nodes launched
+    /// without --access), as --against does: what authentication costs.
+    #[arg(long)]
+    pub(crate) against_open: bool,
+    /// The tree the bench starts serves clients without credentials (no access file).
+    #[arg(long)]
+    pub(crate) open: bool,
     /// Also write the report as JSON to this file (with --runs above 1: the summary, every
     /// run's report under `runs`; with --against: the comparison, each tree's summary under
     /// `a` and `b`).
@@ -100,8 +110,10 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
     if !(1..=BENCH_RUNS_MAX).contains(&args.runs) {
         anyhow::bail!("--runs must be 1 to {BENCH_RUNS_MAX}, not {}", args.runs);
     }
-    if args.connect && args.against.is_some() {
-        anyhow::bail!("--against compares trees the bench starts: not with --connect");
+    if args.connect && (args.against.is_some() || args.against_open || args.open) {
+        anyhow::bail!(
+            "--against, --against-open and --open are about trees the bench starts: not with --connect"
+        );
     }
     let topology = load_topology(args.topology.as_deref())?;
     let target = if args.connect {
@@ -115,12 +127,17 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
             .clone()
             .unwrap_or_else(|| topology.root().address.clone());
         let tls = ClientTls::from_file(&args.ca)
-            .with_context(|| format!("no CA certificate at {}: pass --ca", args.ca.display()))?;
+            .with_context(|| format!("no CA certificate at {}: pass --ca", args.ca.display()))?
+            .with_credential(args.credentials.credential(&args.ca)?);
         Target::Remote { leaves, root, tls }
     } else {
         let data_dir = (!args.memory)
             .then(|| std::env::temp_dir().join(format!("crest-bench-{}", std::process::id())));
-        Target::Local { topology, data_dir }
+        Target::Local {
+            topology,
+            data_dir,
+            open: args.open,
+        }
     };
     let topic = args.topic.clone().unwrap_or_else(|| {
         if args.connect {
@@ -153,8 +170,8 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
         seed: args.seed,
         ..BenchConfig::reference(target)
     };
-    if let Some(against) = &args.against {
-        return bench_against(&args, config, against).await;
+    if args.against.is_some() || args.against_open {
+        return bench_against(&args, config).await;
     }
     if args.runs == 1 {
         let report = crest::bench::run(config).await?;
@@ -189,16 +206,27 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
 pub(crate) async fn bench_against(
     args: &BenchArgs,
     config: crest::bench::BenchConfig,
-    against: &Path,
 ) -> Result<()> {
     use crest::bench::{BenchComparison, BenchSummary, Target};
-    let Target::Local { data_dir, .. } = &config.target else {
+    let Target::Local {
+        topology, data_dir, ..
+    } = &config.target
+    else {
         anyhow::bail!("--against compares trees the bench starts: not with --connect");
+    };
+    let (b_topology, b_open, b_name) = match &args.against {
+        Some(against) => (
+            load_topology(Some(against))?,
+            args.open,
+            against.display().to_string(),
+        ),
+        None => (topology.clone(), true, "no credentials".to_string()),
     };
     let b_config = crest::bench::BenchConfig {
         target: Target::Local {
-            topology: load_topology(Some(against))?,
+            topology: b_topology,
             data_dir: data_dir.clone(),
+            open: b_open,
         },
         ..config.clone()
     };
@@ -219,7 +247,7 @@ pub(crate) async fn bench_against(
     }
     let comparison = BenchComparison::of(BenchSummary::of(a_runs), BenchSummary::of(b_runs));
     print!("A: {}", comparison.a.table());
-    print!("B ({}): {}", against.display(), comparison.b.table());
+    print!("B ({b_name}): {}", comparison.b.table());
     print!("{}", comparison.table());
     write_json(args.json.as_deref(), &comparison)?;
     let missing = comparison.a.missing + comparison.b.missing;

@@ -10,6 +10,38 @@ pub(crate) struct ClientArgs {
     /// CA certificate to trust.
     #[arg(long, env = "CREST_CA", default_value = crest::LOCAL_CA_PATH)]
     pub(crate) ca: PathBuf,
+    #[command(flatten)]
+    pub(crate) credentials: CredentialArgs,
+}
+
+/// How a client proves its principal to a tree with access control.
+#[derive(Args)]
+pub(crate) struct CredentialArgs {
+    /// API token (`crest token create`). With neither this nor --credentials, and the
+    /// default --ca, the token `crest local` wrote beside its CA is used.
+    #[arg(long, env = "CREST_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
+    /// File holding an API token, or a client certificate and its key in PEM
+    /// (`crest certs --client NAME`).
+    #[arg(long, env = "CREST_CREDENTIALS", conflicts_with = "token")]
+    pub(crate) credentials: Option<PathBuf>,
+}
+
+impl CredentialArgs {
+    /// The credential these arguments name, for a client trusting the CA at `ca`.
+    pub(crate) fn credential(&self, ca: &Path) -> Result<Credential> {
+        if let Some(token) = &self.token {
+            return Ok(Credential::Token(token.clone()));
+        }
+        if let Some(path) = &self.credentials {
+            return Ok(Credential::from_file(path)?);
+        }
+        let local = Path::new(crest::LOCAL_TOKEN_PATH);
+        if ca == Path::new(crest::LOCAL_CA_PATH) && local.exists() {
+            return Ok(Credential::from_file(local)?);
+        }
+        Ok(Credential::None)
+    }
 }
 
 #[derive(Args)]
@@ -155,12 +187,13 @@ pub(crate) struct ExtendArgs {
 }
 
 pub(crate) fn client_tls(args: &ClientArgs) -> Result<ClientTls> {
-    ClientTls::from_file(&args.ca).with_context(|| {
+    let tls = ClientTls::from_file(&args.ca).with_context(|| {
         format!(
             "no CA certificate at {}: start `crest local` here, or pass --ca",
             args.ca.display()
         )
-    })
+    })?;
+    Ok(tls.with_credential(args.credentials.credential(&args.ca)?))
 }
 
 pub(crate) async fn push(args: PushArgs) -> Result<()> {

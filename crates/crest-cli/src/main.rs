@@ -5,6 +5,7 @@ mod bench;
 mod client;
 mod node;
 mod sim;
+mod token;
 mod wal;
 
 use admin::*;
@@ -12,6 +13,7 @@ use bench::*;
 use client::*;
 use node::*;
 use sim::*;
+use token::*;
 use wal::*;
 
 use anyhow::{Context, Result, bail};
@@ -20,8 +22,8 @@ use crest::core::topology::Topology;
 use crest::core::wire::Role;
 use crest::node::{LocalTree, NodeSockets, NodeTls, SocketBook, StartOptions, start_node};
 use crest::sdk::{
-    Admin, ClientTls, Consumer, ConsumerConfig, Message, MessageId, PopOptions, Producer,
-    ProducerConfig, Receipt, Settle,
+    Admin, ClientTls, Consumer, ConsumerConfig, Credential, Message, MessageId, PopOptions,
+    Producer, ProducerConfig, Receipt, Settle,
 };
 use crest::transport::tls::CertificateAuthority;
 
@@ -81,6 +83,11 @@ enum Command {
         /// (`truncate-corrupt`).
         #[arg(long, value_enum, default_value_t = Recovery::TolerateTornTail)]
         recovery: Recovery,
+        /// Access file (`crest token create`): producers and consumers must prove one of its
+        /// principals, and may do what it grants. Without it, any client trusting the CA may
+        /// do anything.
+        #[arg(long, env = "CREST_ACCESS")]
+        access: Option<PathBuf>,
     },
     /// Make a cluster CA (or reuse the one found) and a certificate for every node of a topology.
     Certs {
@@ -90,9 +97,18 @@ enum Command {
         /// Output directory; default: the topology's [tls] cert_dir, else `certs` beside it.
         #[arg(long)]
         out: Option<PathBuf>,
-        /// How long the node certificates are valid (e.g. `365d`, `12h`).
+        /// How long the certificates are valid (e.g. `365d`, `12h`).
         #[arg(long, default_value = "365d", value_parser = humantime::parse_duration)]
         valid_for: std::time::Duration,
+        /// Issue a client certificate for this principal instead (repeatable), from the CA
+        /// already in the output directory: `clients/NAME.pem` holds the certificate and key.
+        #[arg(long, value_name = "NAME")]
+        client: Vec<String>,
+    },
+    /// API tokens and grants of an access file: create, list, revoke, grant.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
     },
     /// Push messages to the leaves.
     Push(PushArgs),
@@ -214,15 +230,23 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
             node,
             data_dir,
             recovery,
+            access,
         } => {
             init_tracing("info");
-            launch(&topology, &node, data_dir, recovery.into(), listen_fds).await
+            let how = Launch {
+                data_dir,
+                recovery: recovery.into(),
+                access,
+            };
+            launch(&topology, &node, how, listen_fds).await
         }
         Command::Certs {
             topology,
             out,
             valid_for,
-        } => certs(&topology, out, valid_for),
+            client,
+        } => certs(&topology, out, valid_for, &client),
+        Command::Token { command } => token(command),
         Command::Push(args) => {
             init_tracing("warn");
             push(args).await

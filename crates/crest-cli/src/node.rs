@@ -15,6 +15,8 @@ pub(crate) async fn local(
     }
     std::fs::write(ca_out, &tree.ca_pem)
         .with_context(|| format!("writing {}", ca_out.display()))?;
+    let token_out = ca_out.with_file_name("admin.token");
+    write_private(&token_out, &format!("{}\n", tree.admin_token))?;
     let connected = tree.wait_connected(Duration::from_secs(10)).await;
     println!(
         "crest local tree is up ({} nodes{})",
@@ -51,6 +53,11 @@ pub(crate) async fn local(
     println!("producers push to the leaves: {}", leaves.join(", "));
     println!("consumers pop from the root:  {}", root.local_addr());
     println!("clients trust the CA in:      {}", ca_out.display());
+    println!(
+        "and prove principal {:?} with the token in {} (CREST_TOKEN)",
+        crest::node::LOCAL_ADMIN,
+        token_out.display()
+    );
     if let Some(http) = root.http_addr() {
         println!("dashboard:                    http://{http}/");
     }
@@ -71,13 +78,29 @@ pub(crate) async fn local(
     Ok(())
 }
 
+/// How `crest launch` runs its node, besides the topology.
+pub(crate) struct Launch {
+    pub(crate) data_dir: Option<PathBuf>,
+    pub(crate) recovery: RecoveryMode,
+    pub(crate) access: Option<PathBuf>,
+}
+
+fn load_access(path: Option<&Path>) -> Result<Option<crest::node::access::Access>> {
+    path.map(|path| crest::node::access::Access::load(path).map_err(anyhow::Error::from))
+        .transpose()
+}
+
 pub(crate) async fn launch(
     topology_path: &Path,
     name: &str,
-    data_dir: Option<PathBuf>,
-    recovery: RecoveryMode,
+    how: Launch,
     listen_fds: listenfd::ListenFd,
 ) -> Result<()> {
+    let Launch {
+        data_dir,
+        recovery,
+        access: access_path,
+    } = how;
     let topology = load_topology(Some(topology_path))?;
     let spec = topology.node(name).with_context(|| {
         let names: Vec<&str> = topology.nodes.iter().map(|n| n.name.as_str()).collect();
@@ -111,12 +134,19 @@ pub(crate) async fn launch(
         let book = std::collections::HashMap::from([(name.to_string(), held)]);
         SocketBook::new(std::sync::Mutex::new(book))
     });
+    let access = load_access(access_path.as_deref())?;
+    if access.is_none() && spec.role != Role::Aggregator {
+        eprintln!(
+            "{name}: no --access file: any client that trusts the CA may push, pop and administer"
+        );
+    }
     let options = StartOptions {
         data_dir: durable.then(|| data_dir.clone()),
         recovery,
         addresses: None,
         direct_links_start: None,
         sockets,
+        access,
     };
     let node = start_node(&topology, name, &tls, &options).await?;
     if durable {
@@ -138,8 +168,20 @@ pub(crate) async fn launch(
                 break;
             }
             _ = terminate.recv() => break,
-            // SIGHUP: read the certificate, key and CA files again (a rotation).
+            // SIGHUP: read the certificate, key and CA files again (a rotation), and the
+            // access file.
             _ = hangup.recv() => {
+                if access_path.is_some() {
+                    match load_access(access_path.as_deref()) {
+                        Ok(access) => {
+                            node.reload_access(access);
+                            eprintln!("{name}: access file reloaded");
+                        }
+                        Err(error) => eprintln!(
+                            "{name}: access file not reloaded, keeping the one in use: {error:#}"
+                        ),
+                    }
+                }
                 let reloaded = NodeTls::from_files(&topology, name, &base_dir(topology_path))
                     .map_err(anyhow::Error::from)
                     .and_then(|tls| {
@@ -186,6 +228,7 @@ pub(crate) fn certs(
     topology_path: &Path,
     out: Option<PathBuf>,
     valid_for: std::time::Duration,
+    clients: &[String],
 ) -> Result<()> {
     let topology = load_topology(Some(topology_path))?;
     let base = base_dir(topology_path);
@@ -196,6 +239,31 @@ pub(crate) fn certs(
     };
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let (ca_cert, ca_key) = (out.join("ca.pem"), out.join("ca.key"));
+    if !clients.is_empty() {
+        if !(ca_cert.exists() && ca_key.exists()) {
+            bail!(
+                "no CA in {}: run `crest certs --topology {}` first",
+                out.display(),
+                topology_path.display()
+            );
+        }
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+        };
+        let ca = CertificateAuthority::load(&read(&ca_cert)?, &read(&ca_key)?)?;
+        let dir = out.join("clients");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for name in clients {
+            let issued = ca.issue_client(name, valid_for)?;
+            let path = dir.join(format!("{name}.pem"));
+            write_private(&path, &format!("{}{}", issued.cert_pem, issued.key_pem))?;
+            println!(
+                "  client {name}: {} (CREST_CREDENTIALS; grant it with `crest token grant {name}`)",
+                path.display()
+            );
+        }
+        return Ok(());
+    }
     let ca = if ca_cert.exists() && ca_key.exists() {
         println!("reusing the CA in {}", out.display());
         {

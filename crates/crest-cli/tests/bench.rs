@@ -212,6 +212,8 @@ async fn bench_drives_a_running_tree_with_a_steady_mixed_load_at_a_target_rate()
         "--connect",
         "--ca",
         ca.to_str().unwrap(),
+        "--token",
+        &tree.admin_token,
         "--root",
         &tree.topology.root().address,
         "--messages",
@@ -264,6 +266,8 @@ async fn bench_drives_a_running_tree_with_a_steady_mixed_load_at_a_target_rate()
         "stats",
         "--ca",
         ca.to_str().unwrap(),
+        "--token",
+        &tree.admin_token,
         "--root",
         &tree.topology.root().address,
         "--json",
@@ -533,4 +537,20 @@ async fn bench_compares_two_trees_in_interleaved_pairs() {
     .await;
     assert!(!ok);
     assert!(text.contains("not with --connect"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_measures_what_authentication_costs_against_an_open_tree() {
+    // Goal: `--against-open` compares the tree serving clients through its admin token (A)
+    // with the same tree taking clients without credentials (B), every message accounted
+    // for on both sides.
+    let (text, comparison) = bench_ok(&["--memory", "--messages", "2000", "--against-open"]).await;
+    assert!(text.contains("B (no credentials)"), "{text}");
+    for side in ["a", "b"] {
+        let runs = comparison[side]["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 1, "{text}");
+        assert_run_accounted(&runs[0], 2000, &text);
+    }
+    let (ok, text) = crest(args(&["bench", "--connect", "--open"])).await;
+    assert!(!ok && text.contains("not with --connect"), "{text}");
 }

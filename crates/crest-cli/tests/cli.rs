@@ -14,6 +14,8 @@ const DEFAULT: &str = include_str!("../../../topology/local.toml");
 
 struct Cli {
     ca: PathBuf,
+    /// The tree's admin token, given to every command as `CREST_TOKEN`.
+    token: String,
     root: String,
     leaves: Vec<String>,
     dir: tempfile::TempDir,
@@ -29,6 +31,7 @@ impl Cli {
         std::fs::write(&ca, &tree.ca_pem).unwrap();
         let cli = Cli {
             ca,
+            token: tree.admin_token.clone(),
             root: tree.topology.root().address.clone(),
             leaves: tree.topology.leaves().map(|l| l.address.clone()).collect(),
             dir,
@@ -39,7 +42,11 @@ impl Cli {
     /// Runs `crest ARGS` with the tree's CA and addresses; returns (success, stdout + stderr).
     async fn run(&self, args: &[&str]) -> (bool, String) {
         let mut command = Command::new(CREST);
-        command.args(args).arg("--ca").arg(&self.ca);
+        command
+            .args(args)
+            .arg("--ca")
+            .arg(&self.ca)
+            .env("CREST_TOKEN", &self.token);
         match args[0] {
             "push" => {
                 for leaf in &self.leaves {
@@ -208,6 +215,7 @@ async fn the_rough_edges_a_new_user_meets_are_explained() {
     command
         .args(["push", "--topic", "big", "--file", "-", "--ca"])
         .arg(&cli.ca)
+        .env("CREST_TOKEN", &cli.token)
         .args(cli.leaves.iter().flat_map(|leaf| ["--leaf", leaf.as_str()]))
         .stdin(std::fs::File::open(&file).unwrap());
     let (ok, text) = common::output(command).await;

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 #[path = "common/cluster.rs"]
 mod cluster;
+mod common;
 
 use cluster::{CREST, Cluster, retry};
 
@@ -511,12 +512,7 @@ async fn the_ca_and_every_certificate_rotated_under_load_on_sighup_lose_nothing_
     let new = std::fs::read(next.join("leaf-1.pem")).unwrap();
     let der = |pem: &[u8]| x509_parser::pem::parse_x509_pem(pem).unwrap().1.contents;
     assert_eq!(certificate_at(&cluster, &leaf).await, Some(der(&old)));
-    let hang_up = |cluster: &Cluster| {
-        for node in &cluster.topology.nodes {
-            let pid = rustix::process::Pid::from_raw(cluster.pid(&node.name) as i32).unwrap();
-            rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
-        }
-    };
+    let hang_up = |cluster: &Cluster| cluster.hang_up();
     // 1. Both CAs trusted.
     let (old_ca, new_ca) = (
         std::fs::read_to_string(certs.join("ca.pem")).unwrap(),
@@ -563,6 +559,190 @@ async fn the_ca_and_every_certificate_rotated_under_load_on_sighup_lose_nothing_
         let log = std::fs::read_to_string(cluster.dir.join(format!("{}.log", node.name))).unwrap();
         assert!(
             log.contains("certificates reloaded"),
+            "{}:\n{log}",
+            node.name
+        );
+    }
+    assert_logs_clean(&cluster.dir);
+}
+
+/// Runs `crest ARGS` against `cluster` (its topology and CA) with `env` added; returns
+/// (success, stdout + stderr).
+async fn crest_on(cluster: &Cluster, args: &[&str], env: &[(&str, &Path)]) -> (bool, String) {
+    let mut command = Command::new(CREST);
+    command
+        .args(args)
+        .env("CREST_TOPOLOGY", &cluster.topology_path)
+        .env("CREST_CA", cluster.dir.join("certs/ca.pem"))
+        .env_remove("CREST_TOKEN")
+        .env_remove("CREST_CREDENTIALS");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    common::output(command).await
+}
+
+/// Runs `crest ARGS` until `done` holds for its outcome, for up to 20 s (nodes re-read their
+/// access file a moment after SIGHUP).
+async fn crest_until(
+    cluster: &Cluster,
+    args: &[&str],
+    env: &[(&str, &Path)],
+    done: impl Fn(bool, &str) -> bool,
+) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, text) = crest_on(cluster, args, env).await;
+        if done(ok, &text) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "crest {args:?}: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_launched_with_an_access_file_admits_only_what_it_grants() {
+    // Goal: the three commands of the README (certs, token, launch --access) secure a tree of
+    // seven processes; tokens and client certificates made with the CLI, grants and
+    // revocations applied on SIGHUP, each refusal typed and explained.
+    let cluster = Cluster::start_secure("access");
+    let access = cluster.access.clone().unwrap();
+    let token_file = |name: &str, token: &str| {
+        let path = cluster.dir.join(format!("{name}.token"));
+        std::fs::write(&path, format!("{token}\n")).unwrap();
+        path
+    };
+    let ops = token_file("ops", cluster.token.as_deref().unwrap());
+    let as_ops = [("CREST_CREDENTIALS", ops.as_path())];
+    crest_until(
+        &cluster,
+        &["push", "--topic", "jobs/x", "hello"],
+        &as_ops,
+        |ok, _| ok,
+    )
+    .await;
+
+    // No credential.
+    let (ok, text) = crest_on(&cluster, &["push", "--topic", "jobs/x", "nope"], &[]).await;
+    assert!(!ok && text.contains("Unauthenticated"), "{text}");
+
+    // A producer granted one namespace.
+    let access_arg = access.to_str().unwrap();
+    let (ok, text) = crest_on(
+        &cluster,
+        &[
+            "token",
+            "create",
+            "app",
+            "--grant",
+            "jobs:produce",
+            "--access",
+            access_arg,
+        ],
+        &[],
+    )
+    .await;
+    assert!(ok, "{text}");
+    let app_token = text
+        .lines()
+        .find(|line| line.starts_with("crest_"))
+        .unwrap()
+        .to_string();
+    let app = token_file("app", &app_token);
+    let as_app = [("CREST_CREDENTIALS", app.as_path())];
+    cluster.hang_up();
+    crest_until(
+        &cluster,
+        &["push", "--topic", "jobs/y", "by app"],
+        &as_app,
+        |ok, _| ok,
+    )
+    .await;
+    let (ok, text) = crest_on(&cluster, &["push", "--topic", "other/y", "no"], &as_app).await;
+    assert!(
+        !ok && text.contains("Forbidden") && text.contains("\"other\""),
+        "{text}"
+    );
+    let (ok, text) = crest_on(&cluster, &["pop", "--topic", "jobs/y"], &as_app).await;
+    assert!(
+        !ok && text.contains("Forbidden") && text.contains("consume"),
+        "{text}"
+    );
+
+    // A consumer proving itself with a client certificate.
+    let topology = cluster.topology_path.to_str().unwrap();
+    let (ok, text) = crest_on(
+        &cluster,
+        &["certs", "--topology", topology, "--client", "carol"],
+        &[],
+    )
+    .await;
+    assert!(ok, "{text}");
+    let (ok, text) = crest_on(
+        &cluster,
+        &[
+            "token",
+            "grant",
+            "carol",
+            "--grant",
+            "jobs:consume",
+            "--access",
+            access_arg,
+        ],
+        &[],
+    )
+    .await;
+    assert!(ok, "{text}");
+    cluster.hang_up();
+    let carol = cluster.dir.join("certs/clients/carol.pem");
+    let as_carol = [("CREST_CREDENTIALS", carol.as_path())];
+    let popped = crest_until(
+        &cluster,
+        &["pop", "--topic", "jobs/x", "--wait-ms", "2000", "--ack"],
+        &as_carol,
+        |ok, text| ok && text.contains("hello"),
+    )
+    .await;
+    assert!(popped.contains("hello"), "{popped}");
+
+    // Listed, then revoked: refused once the nodes re-read the file.
+    let (ok, listing) = crest_on(&cluster, &["token", "list", "--access", access_arg], &[]).await;
+    assert!(ok, "{listing}");
+    assert!(
+        !listing.contains(&app_token[23..]),
+        "secrets are not listed: {listing}"
+    );
+    assert!(listing.contains("jobs:consume"), "{listing}");
+    let id = listing
+        .lines()
+        .find(|line| line.split_whitespace().nth(1) == Some("app"))
+        .and_then(|line| line.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let (ok, text) = crest_on(
+        &cluster,
+        &["token", "revoke", &id, "--access", access_arg],
+        &[],
+    )
+    .await;
+    assert!(ok, "{text}");
+    cluster.hang_up();
+    let text = crest_until(
+        &cluster,
+        &["push", "--topic", "jobs/z", "late"],
+        &as_app,
+        |ok, text| !ok && text.contains("Unauthenticated"),
+    )
+    .await;
+    assert!(text.contains("revoked"), "{text}");
+    for node in &cluster.topology.nodes {
+        let log = std::fs::read_to_string(cluster.dir.join(format!("{}.log", node.name))).unwrap();
+        assert!(
+            log.contains("access file reloaded"),
             "{}:\n{log}",
             node.name
         );

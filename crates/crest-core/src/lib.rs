@@ -16,6 +16,7 @@
 //! - [`machine`]: the driver contract shared by the three roles;
 //! - [`leaf`], [`aggregator`], [`root`]: the state machines.
 
+pub mod access;
 pub mod aggregator;
 mod ahead;
 mod codec;

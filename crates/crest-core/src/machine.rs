@@ -197,6 +197,15 @@ pub trait Machine: Send {
     fn handle_disconnected(&mut self, now: Time, conn: ConnId);
     /// A message arrived on a connection.
     fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire);
+    /// The host authenticated the client on `conn` as `principal` (before handing over its
+    /// `Hello`; again when the principal's grants change). The machine checks what that
+    /// connection asks against the principal's grants ([`crate::access`]).
+    fn handle_principal(
+        &mut self,
+        _conn: ConnId,
+        _principal: std::sync::Arc<crate::access::Principal>,
+    ) {
+    }
     /// The time given by `poll_timeout` has come.
     fn handle_timeout(&mut self, now: Time);
     /// A storage operation finished durably.

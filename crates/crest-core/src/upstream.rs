@@ -49,6 +49,7 @@ impl Upstream {
             conn,
             msg: Wire::Hello(Hello {
                 protocol: PROTOCOL_VERSION,
+                token: None,
                 peer,
             }),
         }

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 /// First byte written on a control stream.
 pub const STREAM_CONTROL: u8 = 0xC0;
 /// First byte written on a data stream.
@@ -87,6 +87,21 @@ pub struct Hello {
     pub protocol: u16,
     /// Who is connecting.
     pub peer: PeerKind,
+    /// A client's API token (`crest token create`), when it does not present a client
+    /// certificate; nodes ignore it on links between nodes.
+    #[serde(default)]
+    pub token: Option<Secret>,
+}
+
+/// A credential: kept out of logs (its `Debug` shows only its length).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({} bytes)", self.0.len())
+    }
 }
 
 /// A node's answer to an accepted [`Hello`].
@@ -144,6 +159,37 @@ pub enum ErrorCode {
 impl fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
+    }
+}
+
+impl ErrorCode {
+    /// Every code.
+    pub const ALL: [ErrorCode; 15] = [
+        ErrorCode::MalformedFrame,
+        ErrorCode::FrameTooLarge,
+        ErrorCode::ChecksumMismatch,
+        ErrorCode::UnsupportedProtocol,
+        ErrorCode::UnexpectedMessage,
+        ErrorCode::InvalidArgument,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::BatchTooLarge,
+        ErrorCode::TopicLimit,
+        ErrorCode::QueueFull,
+        ErrorCode::Overloaded,
+        ErrorCode::Unavailable,
+        ErrorCode::StorageFailed,
+        ErrorCode::Unauthenticated,
+        ErrorCode::Forbidden,
+    ];
+}
+
+impl std::str::FromStr for ErrorCode {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        ErrorCode::ALL
+            .into_iter()
+            .find(|code| code.to_string() == text)
+            .ok_or_else(|| format!("unknown error code {text:?}"))
     }
 }
 

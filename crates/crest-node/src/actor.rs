@@ -12,7 +12,8 @@
 //! events are bounded by `connections_max`; there is at most one pending timer message per
 //! deadline.
 
-use crate::admission::{Admission, Refusal};
+use crate::access::{Access, Credential};
+use crate::admission::{Admission, Admitted, Refusal};
 use crate::storage::{Storage, Submitted};
 use crest_core::machine::{ConnId, Link, Machine, NodeStats};
 use crest_core::metrics::Report;
@@ -181,6 +182,10 @@ pub(crate) enum NodeMsg {
         token: u64,
         bodies: Vec<Result<crest_core::record::MessageBody, String>>,
     },
+    /// A new access file (`None`: clients are no longer authenticated): open client
+    /// connections get their principal's new grants, or are closed if their credential no
+    /// longer stands for anyone.
+    Access(Option<Access>),
     /// Report counters.
     Stats(RpcReplyPort<NodeStats>),
     /// The node's QUIC links as the transport sees them.
@@ -203,6 +208,7 @@ impl NodeMsg {
             NodeMsg::Tick => "tick",
             NodeMsg::Stored(..) => "stored",
             NodeMsg::Read { .. } => "read",
+            NodeMsg::Access(_) => "access",
             NodeMsg::Stats(_) => "stats",
             NodeMsg::Links(_) => "links",
             NodeMsg::Report(_) => "report",
@@ -232,6 +238,8 @@ pub(crate) struct NodeState {
     conns: HashMap<ConnId, ConnHandle>,
     /// Incoming connections that have not said `Hello` yet.
     unintroduced: HashSet<ConnId>,
+    /// What each authenticated client connection proved.
+    credentials: HashMap<ConnId, Credential>,
     /// The armed timer: its deadline and the task that will send `Tick`.
     timer: Option<(Time, JoinHandle<()>)>,
     /// Last time handed to the machine: time never goes backwards.
@@ -317,6 +325,34 @@ impl NodeState {
         self.close(conn, &text);
     }
 
+    /// Applies a new access file to the open client connections (see [`NodeMsg::Access`]).
+    fn reload_access(&mut self, access: Option<Access>) {
+        let mut refused = Vec::new();
+        for (conn, credential) in &self.credentials {
+            let principal = match &access {
+                None => Ok(crest_core::access::Principal::anonymous()),
+                Some(access) => access.resolve(credential),
+            };
+            match principal {
+                Ok(principal) => self.machine.handle_principal(*conn, Arc::new(principal)),
+                Err(text) => refused.push((*conn, text)),
+            }
+        }
+        for (conn, text) in refused {
+            self.credentials.remove(&conn);
+            // Nothing more is granted to what it sends before the close lands.
+            let nobody = crest_core::access::Principal {
+                name: "revoked".into(),
+                grants: crest_core::access::Grants::default(),
+                receipt_key: None,
+            };
+            self.machine.handle_principal(conn, Arc::new(nobody));
+            let code = crest_core::wire::ErrorCode::Unauthenticated;
+            self.refuse(conn, Refusal { code, text });
+        }
+        self.admission.access = access;
+    }
+
     fn close(&mut self, conn: ConnId, reason: &str) {
         if let Some(handle) = self.conns.get(&conn) {
             handle.connection.close(1u32.into(), reason.as_bytes());
@@ -362,6 +398,7 @@ impl Actor for NodeActor {
             admission: args.admission,
             conns: HashMap::new(),
             unintroduced: HashSet::new(),
+            credentials: HashMap::new(),
             timer: None,
             last_now: Time::ZERO,
         })
@@ -392,6 +429,7 @@ impl Actor for NodeActor {
             }
             NodeMsg::Disconnected { conn } => {
                 state.unintroduced.remove(&conn);
+                state.credentials.remove(&conn);
                 if state.conns.remove(&conn).is_some() {
                     state.machine.handle_disconnected(now, conn);
                 }
@@ -399,9 +437,17 @@ impl Actor for NodeActor {
             NodeMsg::Frame { conn, msg, permit } => {
                 if let Some(handle) = state.conns.get(&conn) {
                     match state.admission.check(&handle.connection, handle.link, &msg) {
-                        Ok(()) => {
-                            if matches!(msg, Wire::Hello(_)) {
-                                state.unintroduced.remove(&conn);
+                        Ok(admitted) => {
+                            // Only a connection's first `Hello` proves who it is; the machine
+                            // refuses any later one.
+                            let first_hello =
+                                matches!(msg, Wire::Hello(_)) && state.unintroduced.remove(&conn);
+                            if let (true, Admitted::Client(credential, principal)) =
+                                (first_hello, admitted)
+                            {
+                                tracing::debug!(conn, principal = %principal.name, "client authenticated");
+                                state.credentials.insert(conn, credential);
+                                state.machine.handle_principal(conn, Arc::new(principal));
                             }
                             state.machine.handle_message(now, conn, msg);
                         }
@@ -443,6 +489,7 @@ impl Actor for NodeActor {
             NodeMsg::Read { token, bodies } => {
                 state.machine.handle_storage_read(now, token, bodies)
             }
+            NodeMsg::Access(access) => state.reload_access(access),
             NodeMsg::Stats(reply) => {
                 let _ = reply.send(state.machine.stats());
             }

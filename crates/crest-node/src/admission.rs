@@ -1,8 +1,11 @@
 //! Who may say what `Hello` to a node: a peer claiming to be a node of the tree must present a
 //! certificate made out to that node's name, and the topology must place that node where it
 //! claims to be (a child of this node with that role, or the root on a leaf's direct link).
-//! Producers and consumers are not checked here.
+//! A producer or consumer must prove a principal of the access file, if the node has one
+//! ([`crate::access`]): a client certificate naming it, or an API token in its `Hello`.
 
+use crate::access::{Access, Credential};
+use crest_core::access::Principal;
 use crest_core::machine::Link;
 use crest_core::topology::Topology;
 use crest_core::wire::{ErrorCode, PeerKind, Role, Wire};
@@ -16,6 +19,18 @@ pub(crate) struct Admission {
     children: HashMap<String, Role>,
     /// The root's name, if this node is a leaf the root may link to directly.
     root: Option<String>,
+    /// The principals clients must prove (`None`: clients are not authenticated).
+    pub(crate) access: Option<Access>,
+}
+
+/// Who a peer admitted by [`Admission::check`] is.
+pub(crate) enum Admitted {
+    /// A node of the tree, or a message after the `Hello`.
+    Peer,
+    /// A client of a node without access control.
+    Anonymous,
+    /// A client that proved `credential`, standing for `principal`.
+    Client(Credential, Principal),
 }
 
 /// Why a peer was refused: the code and text of the error it is sent.
@@ -27,7 +42,7 @@ pub(crate) struct Refusal {
 
 impl Admission {
     /// What node `name` of `topology` admits.
-    pub(crate) fn for_node(topology: &Topology, name: &str) -> Admission {
+    pub(crate) fn for_node(topology: &Topology, name: &str, access: Option<Access>) -> Admission {
         let children = topology
             .nodes
             .iter()
@@ -41,19 +56,20 @@ impl Admission {
             name: name.to_string(),
             children,
             root: is_leaf.then(|| topology.root().name.clone()),
+            access,
         }
     }
 
-    /// Checks `msg` arriving on `connection` (a `Hello` claiming a node of the tree); every
-    /// other message passes.
+    /// Checks `msg` arriving on `connection` (a `Hello` claiming a node of the tree, or a
+    /// client's); every other message passes.
     pub(crate) fn check(
         &self,
         connection: &quinn::Connection,
         link: Link,
         msg: &Wire,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Admitted, Refusal> {
         let (Link::Incoming, Wire::Hello(hello)) = (link, msg) else {
-            return Ok(());
+            return Ok(Admitted::Peer);
         };
         let forbidden = |text: String| Refusal {
             code: ErrorCode::Forbidden,
@@ -78,11 +94,42 @@ impl Admission {
                     )));
                 }
             },
-            PeerKind::Producer | PeerKind::Consumer => return Ok(()),
+            PeerKind::Producer | PeerKind::Consumer => {
+                return self.authenticate(connection, hello.token.as_ref().map(|t| &t.0));
+            }
         };
-        crest_transport::tls::peer_is(connection, claimed).map_err(|text| Refusal {
+        crest_transport::tls::peer_is(connection, claimed)
+            .map(|()| Admitted::Peer)
+            .map_err(|text| Refusal {
+                code: ErrorCode::Unauthenticated,
+                text,
+            })
+    }
+
+    /// Which principal a client proves: its client certificate's, else its token's.
+    fn authenticate(
+        &self,
+        connection: &quinn::Connection,
+        token: Option<&String>,
+    ) -> Result<Admitted, Refusal> {
+        let Some(access) = &self.access else {
+            return Ok(Admitted::Anonymous);
+        };
+        let unauthenticated = |text: String| Refusal {
             code: ErrorCode::Unauthenticated,
             text,
-        })
+        };
+        let credential = match (crest_transport::tls::client_name(connection), token) {
+            (Some(name), _) => Credential::Certificate(name),
+            (None, Some(token)) => access.check_token(token).map_err(unauthenticated)?,
+            (None, None) => {
+                return Err(unauthenticated(format!(
+                    "{:?} requires a credential: an API token (CREST_TOKEN) or a client certificate",
+                    self.name
+                )));
+            }
+        };
+        let principal = access.resolve(&credential).map_err(unauthenticated)?;
+        Ok(Admitted::Client(credential, principal))
     }
 }

@@ -12,6 +12,7 @@
 //! it, closes the endpoint (peers see the connections end at once), stops the actor and waits
 //! for it.
 
+pub mod access;
 mod actor;
 mod admission;
 mod http;
@@ -87,6 +88,9 @@ pub struct StartOptions {
     /// binding its `listen` and `http` addresses (socket activation by a service manager;
     /// tests that hold the ports they chose until the nodes take them).
     pub sockets: Option<SocketBook>,
+    /// The principals producers and consumers must prove ([`access`]); `None`: any client
+    /// that trusts the CA may do anything.
+    pub access: Option<access::Access>,
 }
 
 /// See [`StartOptions::sockets`].
@@ -262,6 +266,13 @@ impl NodeHandle {
             .map_err(|e| NodeError::Actor(e.to_string()))
     }
 
+    /// Applies a new access file: new clients are checked against it, open client
+    /// connections get their principal's new grants, and those whose token was revoked (or
+    /// whose principal was removed) are closed.
+    pub fn reload_access(&self, access: Option<access::Access>) {
+        let _ = self.actor.send_message(NodeMsg::Access(access));
+    }
+
     /// The node's QUIC connections as the transport sees them (as in `/stats`).
     ///
     /// # Errors
@@ -294,6 +305,11 @@ impl NodeHandle {
         // Give close frames a moment to leave, without waiting out peers that are gone.
         let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
     }
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_seconds() -> u64 {
+    now_millis() / 1000
 }
 
 fn now_millis() -> u64 {
@@ -440,7 +456,7 @@ pub async fn start_node(
     let args = NodeArgs {
         machine,
         storage,
-        admission: admission::Admission::for_node(topology, name),
+        admission: admission::Admission::for_node(topology, name, options.access.clone()),
     };
     let (actor, actor_task) = Actor::spawn(None, NodeActor, args)
         .await
@@ -576,9 +592,32 @@ pub struct LocalTree {
     ca: CertificateAuthority,
     /// Where leaves keep their logs (`DATA_ROOT/NAME`), if anywhere.
     data_root: Option<PathBuf>,
+    /// The tree's access file: one principal, `admin`, with every permission.
+    access_file: access::AccessFile,
+    /// The API token of the `admin` principal (clients present it: `CREST_TOKEN`).
+    pub admin_token: String,
+    /// Whether clients must prove a principal ([`LocalTree::start_open`]: not).
+    secure: bool,
 }
 
+/// The principal a [`LocalTree`] creates, with every permission on every namespace.
+pub const LOCAL_ADMIN: &str = "admin";
+
 impl LocalTree {
+    /// The tree's access file (to add principals: [`LocalTree::reload_access`]).
+    pub fn access_file(&self) -> &access::AccessFile {
+        &self.access_file
+    }
+
+    /// Replaces the access file of every node (as `SIGHUP` does for `crest launch`).
+    pub fn reload_access(&mut self, file: access::AccessFile) {
+        let access = access::Access::new(file.clone());
+        for node in &self.nodes {
+            node.reload_access(Some(access.clone()));
+        }
+        self.access_file = file;
+    }
+
     /// The CA that signed every node's certificate (to issue more, say for a test's peer).
     pub fn ca(&self) -> &CertificateAuthority {
         &self.ca
@@ -604,6 +643,18 @@ impl LocalTree {
         LocalTree::start_on(topology, data_root, None).await
     }
 
+    /// As [`LocalTree::start_with`], but the nodes serve clients without credentials (as
+    /// `crest launch` without `--access`): to measure what authentication costs.
+    ///
+    /// # Errors
+    /// [`NodeError`] from the first node that fails to start (the others are stopped).
+    pub async fn start_open(
+        topology: &Topology,
+        data_root: Option<&Path>,
+    ) -> Result<LocalTree, NodeError> {
+        LocalTree::start_all(topology, data_root, None, false).await
+    }
+
     /// As [`LocalTree::start_with`], each node listening on its socket in `sockets` if it has
     /// one there (bound by the caller to the node's `listen` address).
     ///
@@ -614,8 +665,25 @@ impl LocalTree {
         data_root: Option<&Path>,
         sockets: Option<SocketBook>,
     ) -> Result<LocalTree, NodeError> {
+        LocalTree::start_all(topology, data_root, sockets, true).await
+    }
+
+    async fn start_all(
+        topology: &Topology,
+        data_root: Option<&Path>,
+        sockets: Option<SocketBook>,
+        secure: bool,
+    ) -> Result<LocalTree, NodeError> {
         let data_root = data_root.map(Path::to_path_buf);
         let ca = CertificateAuthority::generate()?;
+        let mut access_file = access::AccessFile::new();
+        access_file
+            .grant(LOCAL_ADMIN, &crest_core::access::Grants::everything())
+            .map_err(NodeError::Actor)?;
+        let admin_token = access_file
+            .create_token(LOCAL_ADMIN, unix_seconds())
+            .map_err(NodeError::Actor)?;
+        let access = secure.then(|| access::Access::new(access_file.clone()));
         // Parents start before their children, so that a node listening on port 0 (tests)
         // is bound, and its real address known, before anyone dials it.
         let mut topology = topology.clone();
@@ -637,7 +705,7 @@ impl LocalTree {
         let (direct_links, direct_links_start) = tokio::sync::watch::channel(false);
         for name in order {
             let spec = topology.node(&name).expect("from the topology").clone();
-            let mut options = LocalTree::options(data_root.as_deref(), &name);
+            let mut options = LocalTree::options(data_root.as_deref(), &name, access.clone());
             options.addresses = Some(addresses.clone());
             options.direct_links_start = Some(direct_links_start.clone());
             options.sockets = sockets.clone();
@@ -682,16 +750,24 @@ impl LocalTree {
             topology,
             ca,
             data_root,
+            access_file,
+            admin_token,
+            secure,
         })
     }
 
-    fn options(data_root: Option<&Path>, name: &str) -> StartOptions {
+    fn options(
+        data_root: Option<&Path>,
+        name: &str,
+        access: Option<access::Access>,
+    ) -> StartOptions {
         StartOptions {
             data_dir: data_root.map(|root| root.join(name)),
             recovery: RecoveryMode::default(),
             addresses: None,
             direct_links_start: None,
             sockets: None,
+            access,
         }
     }
 
@@ -749,7 +825,10 @@ impl LocalTree {
         // The old socket may take a moment to be released.
         let mut attempts = 0;
         let node = loop {
-            let options = LocalTree::options(self.data_root.as_deref(), name);
+            let access = self
+                .secure
+                .then(|| access::Access::new(self.access_file.clone()));
+            let options = LocalTree::options(self.data_root.as_deref(), name, access);
             match start_node(&self.topology, name, &tls, &options).await {
                 Ok(node) => break node,
                 Err(NodeError::Transport(error)) if attempts < 50 => {

@@ -117,7 +117,7 @@ async fn read_frames(
 }
 
 /// Accepts connections until shutdown: at most `node_connections_max` at once from peers
-/// that presented a certificate of the cluster (nodes), and `connections_max` from the others
+/// that presented a node certificate of the cluster, and `connections_max` from the others
 /// (producers and consumers), so that idle clients cannot keep the tree's own links out. At
 /// most as many handshakes as both budgets together are under way at once. A connection
 /// that has not said `Hello` within `hello_timeout_ms` is closed.
@@ -143,7 +143,9 @@ pub(crate) async fn accept_loop(ctx: NetContext, endpoint: quinn::Endpoint) {
         tokio::spawn(async move {
             let setup = async {
                 let connection = incoming.await.map_err(|e| e.to_string())?;
-                let node = connection.peer_identity().is_some();
+                // A client certificate names a principal, not a node: clients' budget.
+                let node = connection.peer_identity().is_some()
+                    && crest_transport::tls::client_name(&connection).is_none();
                 let (budget, name) = if node {
                     (nodes, "node_connections_max")
                 } else {

@@ -440,7 +440,7 @@ pub(crate) async fn connect_root(config: &ConsumerConfig) -> Result<Link, Client
     Link::connect(
         &config.root,
         PeerKind::Consumer,
-        &config.tls.ca_pem,
+        &config.tls,
         &settings,
         config.requests_in_flight_max,
     )

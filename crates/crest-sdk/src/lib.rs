@@ -2,13 +2,15 @@
 //! settles deliveries, [`Admin`] manages dead-letter queues and reads stats.
 //!
 //! Both speak the crest protocol over QUIC with TLS 1.3, trusting the cluster CA given in
-//! [`ClientTls`]. Nothing of the node implementation (actors) appears in this API.
+//! [`ClientTls`], and prove a principal with its [`Credential`] (an API token or a client
+//! certificate) to trees with access control. Nothing of the node implementation (actors) appears in this API.
 //!
 //! ```no_run
-//! # async fn demo(ca_pem: String) -> Result<(), crest_sdk::ClientError> {
+//! # async fn demo(ca_pem: String, token: String) -> Result<(), crest_sdk::ClientError> {
 //! use crest_sdk::{ClientTls, Consumer, ConsumerConfig, Producer, ProducerConfig};
 //! use std::time::Duration;
-//! let tls = ClientTls { ca_pem };
+//! let tls = ClientTls::new(ca_pem).with_token(token); // `crest token create`, or `crest local`'s
+
 //! let producer = Producer::connect(ProducerConfig::new(vec!["127.0.0.1:7411".into()], tls.clone())).await?;
 //! let id = producer.push("jobs", crest_sdk::tier::HIGH, "hello").await?;
 //! let consumer = Consumer::connect(ConsumerConfig::new("127.0.0.1:7400", tls)).await?;
@@ -25,6 +27,7 @@ mod producer;
 
 pub use admin::{Admin, AdminAnswer};
 pub use consumer::{Consumer, ConsumerConfig, Heartbeat, PopOptions};
+pub use crest_core::access::{DEFAULT_NAMESPACE, Permission, namespace};
 pub use crest_core::id::{LeafId, MessageId, Receipt};
 pub use crest_core::key::tier;
 pub use crest_core::time::Time;
@@ -33,14 +36,99 @@ pub use crest_core::wire::{
 };
 pub use producer::{BatchHandle, Message, Producer, ProducerConfig, PushHandle};
 
-/// What a client trusts: the cluster CA.
+/// What a client trusts, the cluster CA, and how it proves who it is.
 #[derive(Clone, Debug)]
 pub struct ClientTls {
     /// The cluster CA certificate (PEM).
     pub ca_pem: String,
+    /// The client's credential, for trees with access control.
+    pub credential: Credential,
+}
+
+/// How a client proves its principal to a tree with access control (`crest token create`,
+/// `crest certs --client NAME`).
+#[derive(Clone, Default)]
+pub enum Credential {
+    /// None: accepted only by trees without access control.
+    #[default]
+    None,
+    /// An API token (`crest_ID_SECRET`).
+    Token(String),
+    /// A client certificate and its key (PEM).
+    Certificate {
+        /// The certificate (PEM).
+        cert_pem: String,
+        /// Its private key (PEM).
+        key_pem: String,
+    },
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::None => f.write_str("None"),
+            Credential::Token(_) => f.write_str("Token(..)"),
+            Credential::Certificate { .. } => f.write_str("Certificate { .. }"),
+        }
+    }
+}
+
+impl Credential {
+    /// Reads a credentials file: an API token (its first line), or PEM holding a client
+    /// certificate and its private key.
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`] naming the file and what is wrong with it.
+    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Credential, ClientError> {
+        let path = path.as_ref();
+        let error = |what: String| {
+            ClientError::Connect(format!("reading credentials {}: {what}", path.display()))
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+        if text.contains("-----BEGIN") {
+            let blocks = |label: &str| {
+                text.split_inclusive("-----END")
+                    .filter(|block| block.contains(&format!("BEGIN {label}")))
+                    .count()
+            };
+            if blocks("CERTIFICATE") == 0 || !text.contains("PRIVATE KEY-----") {
+                return Err(error(
+                    "PEM credentials need a CERTIFICATE and a PRIVATE KEY block".into(),
+                ));
+            }
+            return Ok(Credential::Certificate {
+                cert_pem: text.clone(),
+                key_pem: text,
+            });
+        }
+        match text.lines().next().map(str::trim) {
+            Some(token) if !token.is_empty() => Ok(Credential::Token(token.to_string())),
+            _ => Err(error("empty: expected a token or PEM".into())),
+        }
+    }
 }
 
 impl ClientTls {
+    /// Trusts `ca_pem`, with no credential.
+    pub fn new(ca_pem: impl Into<String>) -> ClientTls {
+        ClientTls {
+            ca_pem: ca_pem.into(),
+            credential: Credential::None,
+        }
+    }
+
+    /// Presents the API token `token`.
+    pub fn with_token(mut self, token: impl Into<String>) -> ClientTls {
+        self.credential = Credential::Token(token.into());
+        self
+    }
+
+    /// Presents `credential`.
+    pub fn with_credential(mut self, credential: Credential) -> ClientTls {
+        self.credential = credential;
+        self
+    }
+
     /// Reads the CA certificate from a PEM file.
     ///
     /// # Errors
@@ -48,7 +136,7 @@ impl ClientTls {
     pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<ClientTls, ClientError> {
         let path = path.as_ref();
         std::fs::read_to_string(path)
-            .map(|ca_pem| ClientTls { ca_pem })
+            .map(ClientTls::new)
             .map_err(|e| {
                 ClientError::Connect(format!("reading CA certificate {}: {e}", path.display()))
             })

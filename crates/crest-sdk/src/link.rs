@@ -5,10 +5,11 @@
 //! ends, every waiting request fails with [`ClientError::Disconnected`].
 
 use crate::ClientError;
+use crate::{ClientTls, Credential};
 use bytes::Bytes;
 use crest_core::config::Settings;
 use crest_core::frame::encode_frame;
-use crest_core::wire::{ErrorReply, Hello, PROTOCOL_VERSION, PeerKind, Welcome, Wire};
+use crest_core::wire::{ErrorReply, Hello, PROTOCOL_VERSION, PeerKind, Secret, Welcome, Wire};
 use crest_transport::stream::{FrameReader, Outgoing, ReadEvent, open_streams, spawn_writer};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -32,17 +33,31 @@ pub(crate) struct Link {
     _endpoint: quinn::Endpoint,
 }
 
+/// The refusal a node closed `connection` with (`CODE: text`, as nodes close refused peers),
+/// if that is how it ended.
+fn refusal(connection: &quinn::Connection) -> Option<ClientError> {
+    let quinn::ConnectionError::ApplicationClosed(close) = connection.close_reason()? else {
+        return None;
+    };
+    let text = std::str::from_utf8(&close.reason).ok()?;
+    let (code, message) = text.split_once(": ")?;
+    Some(ClientError::Rejected {
+        code: code.parse().ok()?,
+        message: message.to_string(),
+    })
+}
+
 impl Link {
     /// Connects to `address`, says who we are, and waits for the node's `Welcome`.
     pub(crate) async fn connect(
         address: &str,
         peer: PeerKind,
-        ca_pem: &str,
+        tls: &ClientTls,
         settings: &Settings,
         requests_in_flight_max: usize,
     ) -> Result<Link, ClientError> {
         let limit = Duration::from_millis(settings.connect_timeout_ms);
-        let connect = Link::connect_now(address, peer, ca_pem, settings, requests_in_flight_max);
+        let connect = Link::connect_now(address, peer, tls, settings, requests_in_flight_max);
         tokio::time::timeout(limit, connect).await.map_err(|_| {
             ClientError::Connect(format!(
                 "{address}: no answer within {} ms (connect_timeout_ms)",
@@ -54,12 +69,23 @@ impl Link {
     async fn connect_now(
         address: &str,
         peer: PeerKind,
-        ca_pem: &str,
+        tls: &ClientTls,
         settings: &Settings,
         requests_in_flight_max: usize,
     ) -> Result<Link, ClientError> {
         let addr = resolve(address).await?;
-        let client = crest_transport::client_config(ca_pem, settings)?;
+        let (identity, token) = match &tls.credential {
+            Credential::None => (None, None),
+            Credential::Token(token) => (None, Some(Secret(token.clone()))),
+            Credential::Certificate { cert_pem, key_pem } => (
+                Some(crest_transport::tls::CertifiedKey {
+                    cert_pem: cert_pem.clone(),
+                    key_pem: key_pem.clone(),
+                }),
+                None,
+            ),
+        };
+        let client = crest_transport::client_config_as(&tls.ca_pem, identity.as_ref(), settings)?;
         let endpoint = crest_transport::client_endpoint(addr, client, settings)?;
         let connection =
             crest_transport::connect(&endpoint, addr, crest_transport::tls::SERVER_NAME).await?;
@@ -70,6 +96,7 @@ impl Link {
         let data = spawn_writer(streams.data.0, max, capacity);
         let hello = Wire::Hello(Hello {
             protocol: PROTOCOL_VERSION,
+            token,
             peer,
         });
         control
@@ -77,11 +104,22 @@ impl Link {
             .await
             .map_err(|_| ClientError::Disconnected("control stream closed".into()))?;
         let mut control_reader = FrameReader::new(streams.control.1, max);
-        // Bounded by `connect_timeout_ms` with the rest of the connect.
-        let welcome = match control_reader.next().await? {
+        // Bounded by `connect_timeout_ms` with the rest of the connect. A node that refuses
+        // the `Hello` answers and closes at once: the close may overtake the answer, but it
+        // carries the same code and text.
+        let first = control_reader
+            .next()
+            .await
+            .map_err(|error| refusal(&connection).unwrap_or_else(|| error.into()))?;
+        let welcome = match first {
             Some(ReadEvent::Frame(Wire::Welcome(welcome))) => welcome,
             Some(ReadEvent::Frame(Wire::Error(ErrorReply { code, message, .. }))) => {
                 return Err(ClientError::Rejected { code, message });
+            }
+            None => {
+                return Err(refusal(&connection).unwrap_or_else(|| {
+                    ClientError::Protocol("the node closed the control stream".into())
+                }));
             }
             other => {
                 return Err(ClientError::Protocol(format!(
@@ -311,7 +349,7 @@ mod tests {
             ..Settings::default()
         };
         let peer = PeerKind::Producer;
-        let error = Link::connect(&address, peer, ca.cert_pem(), &settings, 1)
+        let error = Link::connect(&address, peer, &ClientTls::new(ca.cert_pem()), &settings, 1)
             .await
             .err()
             .expect("nothing answers");

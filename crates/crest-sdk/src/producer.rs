@@ -622,7 +622,7 @@ async fn connect_leaf(address: &str, config: &ProducerConfig) -> Result<Link, Cl
     Link::connect(
         address,
         PeerKind::Producer,
-        &config.tls.ca_pem,
+        &config.tls,
         &settings,
         config.batches_in_flight_max,
     )

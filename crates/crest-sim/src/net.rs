@@ -274,6 +274,7 @@ impl Sim {
     pub(super) fn hello(peer: PeerKind) -> Wire {
         Wire::Hello(Hello {
             protocol: PROTOCOL_VERSION,
+            token: None,
             peer,
         })
     }

@@ -95,7 +95,19 @@ pub fn client_config(
     ca_pem: &str,
     settings: &Settings,
 ) -> Result<quinn::ClientConfig, TransportError> {
-    let crypto = tls::client_crypto(ca_pem, tls::Verify::AnyNode, None)?;
+    client_config_as(ca_pem, None, settings)
+}
+
+/// As [`client_config`], presenting `identity` (a client certificate) if one is given.
+///
+/// # Errors
+/// [`TransportError::Tls`] if the CA or the certificate does not parse.
+pub fn client_config_as(
+    ca_pem: &str,
+    identity: Option<&tls::CertifiedKey>,
+    settings: &Settings,
+) -> Result<quinn::ClientConfig, TransportError> {
+    let crypto = tls::client_crypto(ca_pem, tls::Verify::AnyNode, identity)?;
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     config.transport_config(transport_config(settings));
     Ok(config)

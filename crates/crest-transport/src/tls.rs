@@ -142,6 +142,61 @@ impl CertificateAuthority {
             key_pem: key.serialize_pem(),
         })
     }
+
+    /// Issues a client certificate for principal `name`, valid for `valid_for`. It names the
+    /// principal only as [`CLIENT_URI_PREFIX`]`NAME` (no DNS name) and allows client
+    /// authentication only, so it can never pass as a node's certificate.
+    ///
+    /// # Errors
+    /// [`TransportError::Tls`] if the name is not a principal's name or signing fails.
+    pub fn issue_client(
+        &self,
+        name: &str,
+        valid_for: Duration,
+    ) -> Result<CertifiedKey, TransportError> {
+        crest_core::access::check_principal_name(name).map_err(tls_error)?;
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(tls_error)?;
+        let uri = format!("{CLIENT_URI_PREFIX}{name}");
+        params.subject_alt_names = vec![rcgen::SanType::URI(
+            uri.as_str().try_into().map_err(tls_error)?,
+        )];
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let now = std::time::SystemTime::now();
+        params.not_before = (now - Duration::from_secs(60)).into();
+        params.not_after = (now + valid_for).into();
+        let key = KeyPair::generate().map_err(tls_error)?;
+        let cert = params.signed_by(&key, &self.issuer).map_err(tls_error)?;
+        Ok(CertifiedKey {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+}
+
+/// How a client certificate names its principal: a URI subject alternative name.
+pub const CLIENT_URI_PREFIX: &str = "urn:crest:client:";
+
+/// The principal named by the client certificate the peer of `connection` presented (`None`:
+/// no certificate, or a node's).
+pub fn client_name(connection: &quinn::Connection) -> Option<String> {
+    let der = peer_certificate(connection)?;
+    client_name_of(&der)
+}
+
+/// The principal a certificate (DER) names, if it is a client certificate.
+pub fn client_name_of(der: &[u8]) -> Option<String> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let names = cert.subject_alternative_name().ok()??;
+    names
+        .value
+        .general_names
+        .iter()
+        .find_map(|name| match name {
+            GeneralName::URI(uri) => uri.strip_prefix(CLIENT_URI_PREFIX).map(str::to_string),
+            _ => None,
+        })
 }
 
 fn tls_error(error: impl std::fmt::Display) -> TransportError {

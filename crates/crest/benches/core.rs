@@ -145,6 +145,7 @@ fn welcome(credits: u32) -> Wire {
 fn hello(peer: PeerKind) -> Wire {
     Wire::Hello(Hello {
         protocol: PROTOCOL_VERSION,
+        token: None,
         peer,
     })
 }

@@ -201,6 +201,7 @@ fn connected_leaf(config: LeafConfig, now: Time) -> Leaf {
     leaf.handle_connected(now, 2, Link::Incoming);
     let hello = Hello {
         protocol: PROTOCOL_VERSION,
+        token: None,
         peer: PeerKind::Producer,
     };
     leaf.handle_message(now, 2, Wire::Hello(hello));
@@ -342,9 +343,7 @@ async fn durable_push(messages: usize) -> f64 {
     let leaf = tree.topology.leaves().next().unwrap().address.clone();
     let config = ProducerConfig::new(
         vec![leaf],
-        ClientTls {
-            ca_pem: tree.ca_pem.clone(),
-        },
+        ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone()),
     );
     let producer = Producer::connect(config).await.unwrap();
     let payload = Bytes::from(vec![7u8; PAYLOAD_BYTES]);

@@ -22,9 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !tree.wait_connected(Duration::from_secs(10)).await {
         return Err("the tree did not connect".into());
     }
-    let tls = ClientTls {
-        ca_pem: tree.ca_pem.clone(),
-    };
+    let tls = ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone());
     println!("tree up: root at {}", tree.topology.root().address);
 
     // One producer per leaf: the messages end up spread over all four leaves.

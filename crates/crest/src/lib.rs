@@ -23,3 +23,7 @@ pub const DEFAULT_TOPOLOGY: &str = include_str!("../../../topology/local.toml");
 /// Where `crest local` writes the CA certificate of its ephemeral cluster, and where client
 /// commands look for it by default.
 pub const LOCAL_CA_PATH: &str = ".crest/local/ca.pem";
+
+/// Where `crest local` writes the API token of its `admin` principal, and where client
+/// commands trusting [`LOCAL_CA_PATH`] look for a credential by default.
+pub const LOCAL_TOKEN_PATH: &str = ".crest/local/admin.token";

@@ -133,9 +133,7 @@ fn sum_of(samples: &[(String, f64)], prefix: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
     let tree = tree().await;
-    let tls = ClientTls {
-        ca_pem: tree.ca_pem.clone(),
-    };
+    let tls = ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone());
     let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls.clone()))
         .await
         .unwrap();
@@ -362,9 +360,7 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
     // Durable leaves, so the page has the leaves' log syncs to draw too.
     let data = tempfile::tempdir().unwrap();
     let tree = tree_in(Some(data.path())).await;
-    let tls = ClientTls {
-        ca_pem: tree.ca_pem.clone(),
-    };
+    let tls = ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone());
     // Load: a producer and a consumer running while the page is open.
     let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls.clone()))
         .await
@@ -533,6 +529,7 @@ async fn a_child_s_strings_are_shown_as_text_on_the_dashboard() {
     };
     let hello = Wire::Hello(Hello {
         protocol: PROTOCOL_VERSION,
+        token: None,
         peer: PeerKind::Node {
             name: "agg-2".into(),
             role: Role::Aggregator,

@@ -50,9 +50,7 @@ async fn start_tree(data_root: Option<&Path>) -> LocalTree {
 }
 
 fn tls(tree: &LocalTree) -> ClientTls {
-    ClientTls {
-        ca_pem: tree.ca_pem.clone(),
-    }
+    ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone())
 }
 
 async fn producer(tree: &LocalTree) -> Producer {

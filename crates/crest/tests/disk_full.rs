@@ -117,9 +117,7 @@ fn topology() -> Topology {
 }
 
 async fn connect_consumer(tree: &LocalTree) -> Consumer {
-    let tls = ClientTls {
-        ca_pem: tree.ca_pem.clone(),
-    };
+    let tls = ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone());
     Consumer::connect(ConsumerConfig::from_topology(&tree.topology, tls))
         .await
         .unwrap()
@@ -141,9 +139,7 @@ async fn pop_all(consumer: &Consumer, count: usize) -> Vec<Receipt> {
 }
 
 async fn producer(tree: &LocalTree) -> Producer {
-    let tls = ClientTls {
-        ca_pem: tree.ca_pem.clone(),
-    };
+    let tls = ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone());
     Producer::connect(ProducerConfig::from_topology(&tree.topology, tls))
         .await
         .unwrap()

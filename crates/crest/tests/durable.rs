@@ -39,9 +39,7 @@ fn topology() -> Topology {
 }
 
 fn tls(tree: &LocalTree) -> ClientTls {
-    ClientTls {
-        ca_pem: tree.ca_pem.clone(),
-    }
+    ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone())
 }
 
 /// The payload of message `n`: 600 bytes that name it.

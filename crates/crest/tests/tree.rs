@@ -9,7 +9,7 @@ use crest::core::frame::encode_frame;
 use crest::core::rng::SplitMix64;
 use crest::core::topology::Topology;
 use crest::core::wire::{
-    ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Role, Wire,
+    ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Role, Secret, Wire,
 };
 use crest::node::{LocalTree, NodeSockets, SocketBook};
 use crest::sdk::{
@@ -20,24 +20,12 @@ use crest::transport::stream::{FrameReader, ReadEvent, open_streams};
 use std::collections::HashSet;
 use std::time::Duration;
 
-const WAIT: Duration = Duration::from_secs(10);
+mod common;
 
-async fn start_tree() -> LocalTree {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../topology/local.toml"
-    ))
-    .unwrap();
-    let topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
-    let tree = LocalTree::start(&topology).await.unwrap();
-    assert!(tree.wait_connected(WAIT).await, "tree connects");
-    tree
-}
+use common::{WAIT, start_tree};
 
 fn tls(tree: &LocalTree) -> ClientTls {
-    ClientTls {
-        ca_pem: tree.ca_pem.clone(),
-    }
+    ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone())
 }
 
 /// One producer per leaf, so pushes land on known leaves.
@@ -436,6 +424,7 @@ impl RawClient {
         encode_frame(
             &Wire::Hello(Hello {
                 protocol: PROTOCOL_VERSION,
+                token: Some(Secret(tree.admin_token.clone())),
                 peer,
             }),
             max,
@@ -800,6 +789,7 @@ async fn hello_as(
     let mut hello = Vec::new();
     let msg = Wire::Hello(Hello {
         protocol: PROTOCOL_VERSION,
+        token: Some(Secret(tree.admin_token.clone())),
         peer,
     });
     encode_frame(&msg, max, &mut hello).unwrap();
@@ -858,6 +848,10 @@ async fn a_peer_claiming_a_node_s_place_must_prove_it_and_be_where_the_topology_
     assert!(text.contains("not made out to \"agg-1\""), "{text}");
     let text = refusal(hello_as(&tree, &leaf, Some(&leaf_2), posing_root).await);
     assert!(text.contains("not made out to \"root\""), "{text}");
+    // A client certificate issued for the name "agg-1" names a principal, not a node.
+    let client = tree.ca().issue_client("agg-1", hour).unwrap();
+    let text = refusal(hello_as(&tree, &root, Some(&client), agg("agg-1")).await);
+    assert!(text.contains("not made out to \"agg-1\""), "{text}");
 
     // A real node's certificate, but not where the topology puts it: leaf-2 is no child of
     // the root, and agg-1 is no leaf.

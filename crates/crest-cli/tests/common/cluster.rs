@@ -22,6 +22,10 @@ pub(crate) struct Cluster {
     /// Each node's QUIC socket and HTTP listener, by name.
     pub(crate) sockets: HashMap<String, (UdpSocket, TcpListener)>,
     pub(crate) children: Vec<(String, Child)>,
+    /// The access file every node is launched with, if any ([`Cluster::start_secure`]).
+    pub(crate) access: Option<PathBuf>,
+    /// The token of a principal with every permission, when there is an access file.
+    pub(crate) token: Option<String>,
 }
 
 impl Drop for Cluster {
@@ -50,6 +54,51 @@ impl Cluster {
     /// `topology/local.toml` on free ports with `settings` (TOML lines) added or replacing the
     /// topology's own, and nothing else changed.
     pub(crate) fn start_exactly(name: &str, settings: &str) -> Cluster {
+        let mut cluster = Cluster::prepare(name, settings);
+        for node in cluster.topology.nodes.clone() {
+            cluster.launch(&node.name);
+        }
+        cluster
+    }
+
+    /// As [`Cluster::start`], secured as the README says: `crest certs`, then `crest token
+    /// create` for an `ops` principal with every permission, then every node launched with
+    /// `--access`.
+    pub(crate) fn start_secure(name: &str) -> Cluster {
+        let mut cluster = Cluster::prepare(name, "");
+        let access = cluster.dir.join("access.toml");
+        let output = Command::new(CREST)
+            .args([
+                "token",
+                "create",
+                "ops",
+                "--grant",
+                "*:produce,consume,admin",
+            ])
+            .arg("--access")
+            .arg(&access)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let token = String::from_utf8(output.stdout).unwrap().trim().to_string();
+        cluster.access = Some(access);
+        cluster.token = Some(token);
+        for node in cluster.topology.nodes.clone() {
+            cluster.launch(&node.name);
+        }
+        cluster
+    }
+
+    /// Sends SIGHUP to every node: each re-reads its certificates and access file.
+    pub(crate) fn hang_up(&self) {
+        for node in &self.topology.nodes {
+            let pid = rustix::process::Pid::from_raw(self.pid(&node.name) as i32).unwrap();
+            rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+        }
+    }
+
+    /// The topology on free ports, its certificates made, no node launched yet.
+    fn prepare(name: &str, settings: &str) -> Cluster {
         let dir = std::env::temp_dir().join(format!("crest-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -99,17 +148,15 @@ impl Cluster {
         std::fs::write(&topology_path, &text).unwrap();
         let topology = Topology::parse(&text).unwrap();
         certs(&topology_path);
-        let mut cluster = Cluster {
+        Cluster {
             dir,
             topology_path,
             topology,
             sockets,
             children: Vec::new(),
-        };
-        for node in cluster.topology.nodes.clone() {
-            cluster.launch(&node.name);
+            access: None,
+            token: None,
         }
-        cluster
     }
 
     pub(crate) fn launch(&mut self, node: &str) {
@@ -128,9 +175,13 @@ impl Cluster {
                 },
             ])
             .unwrap();
-        let child = command
+        command
             .args(["launch", "--node", node, "--topology"])
-            .arg(&self.topology_path)
+            .arg(&self.topology_path);
+        if let Some(access) = &self.access {
+            command.arg("--access").arg(access);
+        }
+        let child = command
             .env("LISTEN_FDS", "2")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -153,7 +204,11 @@ impl Cluster {
     }
 
     pub(crate) fn tls(&self) -> ClientTls {
-        ClientTls::from_file(self.dir.join("certs/ca.pem")).unwrap()
+        let tls = ClientTls::from_file(self.dir.join("certs/ca.pem")).unwrap();
+        match &self.token {
+            Some(token) => tls.with_token(token.clone()),
+            None => tls,
+        }
     }
 
     pub(crate) async fn producer(&self) -> Producer {

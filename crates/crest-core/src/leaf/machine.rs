@@ -243,7 +243,12 @@ impl Machine for Leaf {
         }
     }
 
+    fn handle_principal(&mut self, conn: ConnId, principal: Arc<crate::access::Principal>) {
+        self.principals.insert(conn, principal);
+    }
+
     fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
+        self.principals.remove(&conn);
         if self.upstream.disconnected(conn) {
             for topic in self.topics.values_mut() {
                 topic.offers.reset();

@@ -440,6 +440,9 @@ pub struct Leaf {
     answers: VecDeque<Answer>,
     /// A recovery under way.
     recovery: Option<Box<Recovery>>,
+    /// The principal of each producer connection the host authenticated: a push needs
+    /// `produce` on the namespace of each of its messages ([`crate::access`]).
+    principals: HashMap<ConnId, Arc<crate::access::Principal>>,
 }
 
 /// Live leases (`leaf/leases.rs`).
@@ -559,6 +562,7 @@ impl Leaf {
         Leaf {
             next_seq: config.first_seq.clamp(1, MESSAGE_SEQ_MAX),
             tokens: ChaCha12Rng::from_seed(config.token_key),
+            principals: HashMap::new(),
             upstream,
             clients,
             live: LiveIds::default(),

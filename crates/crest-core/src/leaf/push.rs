@@ -147,6 +147,23 @@ impl Leaf {
     }
 
     pub(super) fn handle_push(&mut self, now: Time, conn: ConnId, push: Push) {
+        let refused = self.principals.get(&conn).and_then(|principal| {
+            let permission = crate::access::Permission::Produce;
+            push.messages
+                .iter()
+                .find(|m| !principal.may(&m.topic, permission))
+                .map(|m| {
+                    (
+                        ErrorCode::Forbidden,
+                        principal.refusal(&m.topic, permission),
+                    )
+                })
+        });
+        if let Some((code, message)) = refused {
+            self.counters.pushes_refused += 1;
+            self.send(conn, Wire::error(Some(push.request), code, message));
+            return;
+        }
         if let Err((code, message)) = self.validate_push(now, &push) {
             self.counters.pushes_refused += 1;
             self.send(conn, Wire::error(Some(push.request), code, message));

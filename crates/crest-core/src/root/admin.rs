@@ -1,6 +1,7 @@
 //! Admin requests: fanned out to the leaves concerned, their answers merged.
 
 use super::*;
+use crate::access::namespace;
 use crate::config::FRAME_OVERHEAD_BYTES;
 use crate::id::LeafId;
 use crate::machine::ConnId;
@@ -42,6 +43,16 @@ impl Root {
                 Wire::error(Some(admin.request), ErrorCode::InvalidArgument, text),
             );
             return;
+        }
+        if let Some(topic) = admin.op.topic() {
+            // A topic's stats need a permission in its namespace, dead letters `admin`.
+            let permitted = match admin.op {
+                AdminOp::Stats { .. } => self.permit_any(conn, admin.request, topic),
+                _ => self.permit(conn, admin.request, topic, Permission::Admin),
+            };
+            if !permitted {
+                return;
+            }
         }
         if self.requests.admins.len() >= self.settings.root_pending_requests_max as usize {
             let text = "too many admin requests waiting at the root; retry";
@@ -161,6 +172,13 @@ impl Root {
         }
         let mut admin = self.requests.admins.remove(&admin_id).expect("present");
         admin.unreachable.sort_unstable();
+        if let (AdminResult::Stats(stats), Some(principal)) =
+            (&mut admin.result, self.principals.get(&admin.conn))
+        {
+            stats
+                .topics
+                .retain(|t| principal.grants.any_in(namespace(&t.topic)));
+        }
         let mut more = false;
         if let AdminResult::DeadLetters(all) = &mut admin.result {
             if let Some(cut) = admin.cut {

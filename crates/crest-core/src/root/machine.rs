@@ -60,6 +60,7 @@ impl Machine for Root {
                     conn,
                     Wire::Hello(crate::wire::Hello {
                         protocol: crate::wire::PROTOCOL_VERSION,
+                        token: None,
                         peer: crate::wire::PeerKind::Root { name },
                     }),
                 );
@@ -68,6 +69,7 @@ impl Machine for Root {
     }
 
     fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
+        self.principals.remove(&conn);
         if self.direct.conns.contains_key(&conn) {
             self.direct_gone(conn);
             self.serve_dirty(now);
@@ -84,6 +86,10 @@ impl Machine for Root {
             }
         }
         self.serve_dirty(now);
+    }
+
+    fn handle_principal(&mut self, conn: ConnId, principal: Arc<Principal>) {
+        self.principals.insert(conn, principal);
     }
 
     fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire) {

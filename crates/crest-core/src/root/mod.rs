@@ -22,6 +22,15 @@
 //! operation, and the consumer gets one result per receipt once every leaf answered (or its
 //! route failed).
 //!
+//! # Access
+//! A client connection the host authenticated carries a [`Principal`]: a pop needs `consume`
+//! on its topic's namespace, a dead-letter operation `admin`, a topic's stats any permission
+//! there; the stats of every topic list only the namespaces the principal holds a permission
+//! in. The lease token
+//! of each delivery is masked with the principal's receipt key on its way out and unmasked
+//! with the settling principal's key on its way back: another principal's receipt unmasks to
+//! a token its leaf never issued, answered `Stale` like any other wrong token.
+//!
 //! # Admin
 //! Dead-letter and stats operations fan out as `LeafAdmin` to every leaf concerned (the leaves
 //! owning the named ids, or every leaf of the tree); the answers are merged, and leaves that
@@ -43,6 +52,7 @@ mod machine;
 mod pop;
 mod settle;
 
+use crate::access::{Permission, Principal};
 use crate::ahead::AheadBuffer;
 use crate::config::Settings;
 use crate::downstream::{Downstream, Topic, TopicMap, TopicSet};
@@ -52,9 +62,12 @@ use crate::machine::{ConnId, Outbox, Transmit};
 use crate::metrics::Reporter;
 use crate::time::Time;
 use crate::window::{Slot, Window};
-use crate::wire::{AdminResult, Delivery, ReceiptError, Reserve, ReserveItem, Role, Wire};
+use crate::wire::{
+    AdminResult, Delivery, ErrorCode, ReceiptError, Reserve, ReserveItem, Role, Wire,
+};
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 /// How a root is set up.
 #[derive(Clone, Debug)]
@@ -326,6 +339,8 @@ pub struct Root {
     /// Direct links to leaves.
     direct: DirectLinks,
     ahead: ReserveAhead,
+    /// The principal of each client connection the host authenticated ([`crate::access`]).
+    principals: HashMap<ConnId, Arc<Principal>>,
 }
 
 /// Pops waiting for an answer (`root/pop.rs`).
@@ -412,11 +427,50 @@ impl Root {
                 round_trip_us: 1_000,
                 ..ReserveAhead::default()
             },
+            principals: HashMap::default(),
         }
     }
 
     fn send(&mut self, conn: ConnId, msg: Wire) {
         self.outbox.send(conn, msg);
+    }
+
+    /// Refuses `request` of `conn` with `Forbidden` unless its principal (if the host gave
+    /// one) may do `permission` on `topic`.
+    fn permit(&mut self, conn: ConnId, request: u64, topic: &str, permission: Permission) -> bool {
+        let Some(principal) = self.principals.get(&conn) else {
+            return true;
+        };
+        if principal.may(topic, permission) {
+            return true;
+        }
+        let text = principal.refusal(topic, permission);
+        self.send(conn, Wire::error(Some(request), ErrorCode::Forbidden, text));
+        false
+    }
+
+    /// As [`Root::permit`], for any permission at all on `topic`'s namespace.
+    fn permit_any(&mut self, conn: ConnId, request: u64, topic: &str) -> bool {
+        let Some(principal) = self.principals.get(&conn) else {
+            return true;
+        };
+        let namespace = crate::access::namespace(topic);
+        if principal.grants.any_in(namespace) {
+            return true;
+        }
+        let text = format!(
+            "principal {:?} holds no permission in namespace {namespace:?}",
+            principal.name
+        );
+        self.send(conn, Wire::error(Some(request), ErrorCode::Forbidden, text));
+        false
+    }
+
+    /// The receipt mask of `conn`'s principal for message `id` (0 without one).
+    fn receipt_mask(&self, conn: ConnId, id: crate::id::MessageId) -> u64 {
+        self.principals
+            .get(&conn)
+            .map_or(0, |principal| principal.receipt_mask(id))
     }
 
     /// The connection that reaches `leaf`: its direct link if welcomed, else the child that

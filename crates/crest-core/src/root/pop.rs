@@ -63,6 +63,9 @@ impl Root {
             self.send(conn, Wire::error(Some(pop.request), code, message));
             return;
         }
+        if !self.permit(conn, pop.request, &pop.topic, Permission::Consume) {
+            return;
+        }
         let id = self.pops.next_id;
         self.pops.next_id += 1;
         let topic = self.children.topic(&pop.topic);
@@ -295,7 +298,10 @@ impl Root {
         deliveries.sort_by_key(|(key, _)| *key);
         let deliveries = deliveries
             .into_iter()
-            .map(|(_, delivery)| delivery)
+            .map(|(_, mut delivery)| {
+                delivery.token ^= self.receipt_mask(pop.conn, delivery.id);
+                delivery
+            })
             .collect();
         self.send(
             pop.conn,

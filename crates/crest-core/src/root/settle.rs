@@ -70,7 +70,8 @@ impl Root {
         self.requests.next_tag += 1;
         let mut results = vec![None; count];
         let mut groups: BTreeMap<(ConnId, LeafId), (Vec<usize>, Vec<Receipt>)> = BTreeMap::new();
-        for (slot, receipt) in ack.receipts.into_iter().enumerate() {
+        for (slot, mut receipt) in ack.receipts.into_iter().enumerate() {
+            receipt.token ^= self.receipt_mask(conn, receipt.id);
             match self.route(receipt.id.leaf()) {
                 Ok(child) => {
                     let group = groups.entry((child, receipt.id.leaf())).or_default();

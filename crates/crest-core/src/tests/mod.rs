@@ -59,9 +59,17 @@ macro_rules! pass_through {
         fn report(&mut self, now: Time) -> crate::metrics::Report {
             self.inner.report(now)
         }
+        fn handle_principal(
+            &mut self,
+            conn: ConnId,
+            principal: std::sync::Arc<crate::access::Principal>,
+        ) {
+            self.inner.handle_principal(conn, principal)
+        }
     };
 }
 
+mod access;
 mod bodies;
 mod delivery;
 mod flow;
@@ -164,13 +172,27 @@ impl Harness {
 
     /// Connects a client that says `peer` in its Hello; returns the client's end.
     fn client(&mut self, node: usize, peer: PeerKind) -> ConnId {
+        self.client_as(node, peer, None)
+    }
+
+    /// [`Harness::client`], authenticated by the host as `principal` if one is given.
+    fn client_as(
+        &mut self,
+        node: usize,
+        peer: PeerKind,
+        principal: Option<crate::access::Principal>,
+    ) -> ConnId {
         let (c, n) = self.pair(Owner::Client, Owner::Node(node));
         self.inbox.insert(c, VecDeque::new());
         self.nodes[node].handle_connected(self.now, n, Link::Incoming);
+        if let Some(principal) = principal {
+            self.nodes[node].handle_principal(n, std::sync::Arc::new(principal));
+        }
         self.send(
             c,
             Wire::Hello(Hello {
                 protocol: PROTOCOL_VERSION,
+                token: None,
                 peer,
             }),
         );

@@ -1,0 +1,317 @@
+//! Client identity and permissions over real QUIC: tokens and client certificates prove a
+//! principal of the access file; leaves check `produce`, the root `consume` and `admin`;
+//! receipts settle only for the principal they were delivered to.
+//!
+//! Each test runs `topology/local.toml` in this process with ephemeral ports; [`LocalTree`]
+//! creates an access file whose `admin` principal may do everything, and each test adds the
+//! principals it needs with [`LocalTree::reload_access`], as `SIGHUP` does for `crest launch`.
+
+use crest::core::access::Grants;
+use crest::node::LocalTree;
+use crest::node::access::AccessFile;
+use crest::sdk::{
+    Admin, ClientError, ClientTls, Consumer, ConsumerConfig, Credential, ErrorCode, Producer,
+    ProducerConfig, ReceiptError,
+};
+use crest::transport::tls::CertificateAuthority;
+use std::time::Duration;
+
+mod common;
+
+use common::{WAIT, start_tree};
+
+/// Adds principal `name` with `grants` (`NAMESPACE:PERM,...`) to `file`; returns a token.
+fn add(file: &mut AccessFile, name: &str, grants: &[&str]) -> String {
+    let mut all = Grants::default();
+    for grant in grants {
+        let (namespace, permissions) = Grants::parse_one(grant).unwrap();
+        all.add(&namespace, &permissions);
+    }
+    file.grant(name, &all).unwrap();
+    file.create_token(name, 0).unwrap()
+}
+
+fn tls(tree: &LocalTree, credential: Credential) -> ClientTls {
+    ClientTls::new(tree.ca_pem.clone()).with_credential(credential)
+}
+
+async fn producer(tree: &LocalTree, credential: Credential) -> Result<Producer, ClientError> {
+    let leaf = tree.topology.node("leaf-1").unwrap().address.clone();
+    Producer::connect(ProducerConfig::new(vec![leaf], tls(tree, credential))).await
+}
+
+async fn consumer(tree: &LocalTree, credential: Credential) -> Result<Consumer, ClientError> {
+    Consumer::connect(ConsumerConfig::from_topology(
+        &tree.topology,
+        tls(tree, credential),
+    ))
+    .await
+}
+
+fn admin_token(tree: &LocalTree) -> Credential {
+    Credential::Token(tree.admin_token.clone())
+}
+
+/// The code of a refusal, with its text.
+fn refused<T>(result: Result<T, ClientError>) -> (ErrorCode, String) {
+    match result {
+        Err(ClientError::Rejected { code, message }) => (code, message),
+        Err(other) => panic!("expected a refusal, got {other:?}"),
+        Ok(_) => panic!("expected a refusal, got success"),
+    }
+}
+
+async fn depth(tree: &LocalTree, topic: &str) -> u64 {
+    let admin = Admin::connect(ConsumerConfig::from_topology(
+        &tree.topology,
+        tls(tree, admin_token(tree)),
+    ))
+    .await
+    .unwrap();
+    let stats = admin.stats(Some(topic)).await.unwrap().value;
+    stats
+        .topic(topic)
+        .map_or(0, |t| t.ready_total() + t.delayed + t.in_flight)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_a_valid_credential_are_refused_as_unauthenticated() {
+    // Goal: no credential, a malformed or wrong token, and a certificate from another CA are
+    // each refused before anything is done, with a typed error that says why.
+    let tree = start_tree().await;
+    let (code, text) = refused(producer(&tree, Credential::None).await);
+    assert_eq!(code, ErrorCode::Unauthenticated, "{text}");
+    assert!(text.contains("requires a credential"), "{text}");
+    let (code, text) = refused(consumer(&tree, Credential::None).await);
+    assert_eq!(code, ErrorCode::Unauthenticated, "{text}");
+
+    let malformed = Credential::Token("hunter2".into());
+    let (code, text) = refused(consumer(&tree, malformed).await);
+    assert_eq!(code, ErrorCode::Unauthenticated);
+    assert!(text.contains("malformed"), "{text}");
+    // The admin token's id with another secret.
+    let id = tree.admin_token.split('_').nth(1).unwrap();
+    let wrong = Credential::Token(format!("crest_{id}_{}", "0".repeat(64)));
+    let (code, text) = refused(producer(&tree, wrong).await);
+    assert_eq!(code, ErrorCode::Unauthenticated);
+    assert!(text.contains("wrong secret"), "{text}");
+
+    // A client certificate from a CA the tree does not trust fails the TLS handshake.
+    let stranger = CertificateAuthority::generate()
+        .unwrap()
+        .issue_client("admin", Duration::from_secs(3600))
+        .unwrap();
+    let foreign = Credential::Certificate {
+        cert_pem: stranger.cert_pem,
+        key_pem: stranger.key_pem,
+    };
+    match consumer(&tree, foreign).await {
+        Err(ClientError::Connect(text) | ClientError::Disconnected(text)) => {
+            assert!(
+                text.to_lowercase().contains("certificate") || text.contains("alert"),
+                "{text}"
+            );
+        }
+        other => panic!("a foreign certificate was not refused: {:?}", other.err()),
+    }
+    // Nothing was pushed by any of them, and the admin token works.
+    assert_eq!(depth(&tree, "jobs").await, 0);
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_principal_may_do_only_what_it_is_granted_in_each_namespace() {
+    // Goal: pushes need `produce` on the message's namespace (refused at the leaf), pops
+    // `consume`, dead-letter operations `admin` (refused at the root); each refusal is
+    // `Forbidden`, names the namespace and the permission, and changes nothing.
+    let tree = start_tree().await;
+    let mut file = tree.access_file().clone();
+    let writer = add(&mut file, "writer", &["orders:produce"]);
+    let reader = add(&mut file, "reader", &["orders:consume"]);
+    let mut tree = tree;
+    tree.reload_access(file);
+
+    let writer = producer(&tree, Credential::Token(writer)).await.unwrap();
+    writer.push("orders/eu", 1, "ok").await.unwrap();
+    let (code, text) = refused(writer.push("billing/eu", 1, "no").await);
+    assert_eq!(code, ErrorCode::Forbidden, "{text}");
+    assert!(
+        text.contains("\"writer\"") && text.contains("produce") && text.contains("\"billing\""),
+        "{text}"
+    );
+    let (code, _) = refused(writer.push("jobs", 1, "no").await);
+    assert_eq!(
+        code,
+        ErrorCode::Forbidden,
+        "the default namespace was not granted"
+    );
+
+    let reader_token = Credential::Token(reader);
+    let reader = consumer(&tree, reader_token.clone()).await.unwrap();
+    let (code, text) = refused(reader.pop("billing/eu", 1, Duration::ZERO).await);
+    assert_eq!(code, ErrorCode::Forbidden);
+    assert!(
+        text.contains("consume") && text.contains("\"billing\""),
+        "{text}"
+    );
+    let admin = Admin::connect(ConsumerConfig::from_topology(
+        &tree.topology,
+        tls(&tree, reader_token),
+    ))
+    .await
+    .unwrap();
+    let (code, text) = refused(admin.purge("orders/eu", &[]).await);
+    assert_eq!(code, ErrorCode::Forbidden);
+    assert!(
+        text.contains("admin") && text.contains("\"orders\""),
+        "{text}"
+    );
+    // Its stats list only the namespaces it holds something in.
+    producer(&tree, admin_token(&tree))
+        .await
+        .unwrap()
+        .push("billing/eu", 1, "by admin")
+        .await
+        .unwrap();
+    let stats = admin.stats(None).await.unwrap().value;
+    let topics: Vec<&str> = stats.topics.iter().map(|t| t.topic.as_str()).collect();
+    assert_eq!(topics, ["orders/eu"]);
+
+    // Nothing refused changed anything: one message in each namespace, and the reader
+    // gets the one it may.
+    assert_eq!(depth(&tree, "orders/eu").await, 1);
+    assert_eq!(depth(&tree, "billing/eu").await, 1);
+    assert_eq!(depth(&tree, "jobs").await, 0);
+    let popped = reader.pop("orders/eu", 10, WAIT).await.unwrap();
+    assert_eq!(popped.len(), 1);
+    reader.ack(&popped[0].receipt()).await.unwrap();
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_settle_only_for_the_principal_they_were_delivered_to() {
+    // Goal: a receipt obtained by another principal (both may consume the namespace) cannot
+    // ack, nack or extend the delivery; the message stays leased to its holder, who acks it.
+    let mut tree = start_tree().await;
+    let mut file = tree.access_file().clone();
+    let alice = add(&mut file, "alice", &["jobs:consume"]);
+    let mallory = add(&mut file, "mallory", &["jobs:consume"]);
+    tree.reload_access(file);
+    producer(&tree, admin_token(&tree))
+        .await
+        .unwrap()
+        .push("jobs/a", 1, "for alice")
+        .await
+        .unwrap();
+    let alice = consumer(&tree, Credential::Token(alice)).await.unwrap();
+    let mallory = consumer(&tree, Credential::Token(mallory)).await.unwrap();
+    let delivered = alice.pop("jobs/a", 1, WAIT).await.unwrap();
+    let receipt = delivered[0].receipt();
+    let stale = |result: Result<(), ClientError>| {
+        assert!(
+            matches!(result, Err(ClientError::Receipt(ReceiptError::Stale))),
+            "{result:?}"
+        );
+    };
+    stale(mallory.extend(&receipt, Duration::from_secs(60)).await);
+    stale(mallory.nack(&receipt, Duration::ZERO, None).await);
+    stale(mallory.ack(&receipt).await);
+    assert!(
+        mallory
+            .pop("jobs/a", 1, Duration::from_millis(200))
+            .await
+            .unwrap()
+            .is_empty(),
+        "still leased to alice"
+    );
+    alice.ack(&receipt).await.unwrap();
+    assert_eq!(depth(&tree, "jobs/a").await, 0);
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_closes_its_connections_and_is_refused_after() {
+    // Goal: revoking a token and reloading the access file closes the connections that
+    // proved it, refuses new ones, and leaves other principals' alone.
+    let mut tree = start_tree().await;
+    let mut file = tree.access_file().clone();
+    let token = add(&mut file, "temp", &["*:produce,consume"]);
+    tree.reload_access(file.clone());
+    let temp = consumer(&tree, Credential::Token(token.clone()))
+        .await
+        .unwrap();
+    assert!(
+        temp.pop("jobs", 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let admin = consumer(&tree, admin_token(&tree)).await.unwrap();
+
+    let id = token.split('_').nth(1).unwrap();
+    assert!(file.revoke(id));
+    tree.reload_access(file);
+    // Its open connection is closed (the consumer's reconnect is refused in turn).
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        match temp.pop("jobs", 1, Duration::ZERO).await {
+            Ok(_) => assert!(std::time::Instant::now() < deadline, "still served"),
+            Err(ClientError::Rejected { code, message }) => {
+                assert_eq!(code, ErrorCode::Unauthenticated, "{message}");
+                break;
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (code, text) = refused(consumer(&tree, Credential::Token(token)).await);
+    assert_eq!(code, ErrorCode::Unauthenticated);
+    assert!(text.contains("unknown or revoked"), "{text}");
+    assert!(admin.pop("jobs", 1, Duration::ZERO).await.is_ok());
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_proves_its_principal_and_cannot_pass_as_a_node() {
+    // Goal: `crest certs --client NAME`'s certificate authenticates principal NAME without a
+    // token; the same certificate cannot claim a node's place in the tree.
+    let mut tree = start_tree().await;
+    let mut file = tree.access_file().clone();
+    file.grant("carol", &{
+        let mut grants = Grants::default();
+        let (namespace, permissions) = Grants::parse_one("orders:produce,consume").unwrap();
+        grants.add(&namespace, &permissions);
+        grants
+    })
+    .unwrap();
+    tree.reload_access(file);
+    let issued = tree
+        .ca()
+        .issue_client("carol", Duration::from_secs(3600))
+        .unwrap();
+    // As `crest certs --client` writes it: certificate and key in one file.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("carol.pem");
+    std::fs::write(&path, format!("{}{}", issued.cert_pem, issued.key_pem)).unwrap();
+    let credential = Credential::from_file(&path).unwrap();
+    let carol = producer(&tree, credential.clone()).await.unwrap();
+    carol.push("orders/x", 1, "by cert").await.unwrap();
+    let (code, _) = refused(carol.push("jobs", 1, "no").await);
+    assert_eq!(code, ErrorCode::Forbidden);
+    let consumer = consumer(&tree, credential).await.unwrap();
+    assert_eq!(consumer.pop("orders/x", 1, WAIT).await.unwrap().len(), 1);
+
+    // A principal's certificate the access file does not know.
+    let stranger = tree
+        .ca()
+        .issue_client("dave", Duration::from_secs(3600))
+        .unwrap();
+    let stranger = Credential::Certificate {
+        cert_pem: stranger.cert_pem,
+        key_pem: stranger.key_pem,
+    };
+    let (code, text) = refused(producer(&tree, stranger).await);
+    assert_eq!(code, ErrorCode::Unauthenticated);
+    assert!(text.contains("\"dave\""), "{text}");
+    tree.shutdown().await;
+}
