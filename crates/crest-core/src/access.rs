@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::hash::Hasher;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// The namespace of topics whose name has no `/`.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -157,7 +158,7 @@ impl Grants {
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Principal {
     /// The principal's name (its token's owner, or its client certificate's name).
-    pub name: String,
+    pub name: Arc<str>,
     /// Its permissions.
     pub grants: Grants,
     /// Masks the lease tokens of the receipts the root delivers to this principal; a receipt
@@ -200,6 +201,47 @@ impl Principal {
         hasher.write_u64(id.0);
         hasher.finish()
     }
+}
+
+/// How many requests each principal has waiting, against a cap ([`Settings`]'s
+/// `principal_*_max`).
+///
+/// [`Settings`]: crate::config::Settings
+#[derive(Default, Debug)]
+pub(crate) struct Tally(std::collections::HashMap<Arc<str>, u32>);
+
+impl Tally {
+    /// Counts one more request of `principal` unless it holds `max` already (`None`, a
+    /// connection without a principal, is not counted).
+    pub(crate) fn take(&mut self, principal: Option<&Arc<str>>, max: u32) -> bool {
+        let Some(name) = principal else {
+            return true;
+        };
+        let held = self.0.entry(name.clone()).or_default();
+        if *held >= max {
+            return false;
+        }
+        *held += 1;
+        true
+    }
+
+    /// Counts one request of `principal` fewer.
+    pub(crate) fn give(&mut self, principal: Option<&Arc<str>>) {
+        let Some(name) = principal else {
+            return;
+        };
+        if let Some(held) = self.0.get_mut(name) {
+            *held -= 1;
+            if *held == 0 {
+                self.0.remove(name);
+            }
+        }
+    }
+}
+
+/// The refusal of a request over a principal's cap.
+pub(crate) fn over_cap(principal: &str, what: &str, setting: &str, max: u32) -> String {
+    format!("principal {principal:?} has {max} {what} waiting already ({setting}); retry")
 }
 
 #[cfg(test)]
@@ -252,7 +294,7 @@ mod tests {
     #[test]
     fn receipt_masks_differ_by_principal_and_undo_themselves() {
         let principal = |key: u8| Principal {
-            name: format!("p{key}"),
+            name: format!("p{key}").into(),
             grants: Grants::default(),
             receipt_key: Some([key; 16]),
         };

@@ -125,6 +125,18 @@ pub struct Settings {
     /// An incoming connection that has not said `Hello` this long after it opened is closed,
     /// in milliseconds.
     pub hello_timeout_ms: u64,
+    /// Most connections one principal (a client of an access file) may hold to one node at
+    /// once; more are refused `Overloaded`, so that one client cannot take every slot of
+    /// `connections_max`.
+    pub principal_connections_max: u32,
+    /// Most pops (long-polls) of one principal the root holds waiting at once; more are
+    /// refused `Overloaded`, so that one client cannot take every slot of
+    /// `root_pending_pops_max`.
+    pub principal_pops_max: u32,
+    /// Most requests of one principal waiting at once: acks, nacks, extends and admin
+    /// requests at the root, push batches waiting for the log at a leaf; more are refused
+    /// `Overloaded`.
+    pub principal_requests_max: u32,
     /// A client connection with no traffic for this long is closed, in milliseconds.
     pub idle_timeout_ms: u64,
     /// How long a client (the SDK, the CLI) waits for a connection to a node to be made —
@@ -321,6 +333,9 @@ impl Default for Settings {
             connections_max: 1024,
             node_connections_max: 256,
             hello_timeout_ms: 5_000,
+            principal_connections_max: 256,
+            principal_pops_max: 1_024,
+            principal_requests_max: 1_024,
             idle_timeout_ms: 10_000,
             connect_timeout_ms: 2_000,
             keep_alive_ms: 1_000,
@@ -382,7 +397,7 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 29] = [
+        let positive: [(&'static str, u64); 32] = [
             (
                 "compaction_batch_messages",
                 self.compaction_batch_messages.into(),
@@ -433,6 +448,12 @@ impl Settings {
             ("connections_max", self.connections_max.into()),
             ("node_connections_max", self.node_connections_max.into()),
             ("hello_timeout_ms", self.hello_timeout_ms),
+            (
+                "principal_connections_max",
+                self.principal_connections_max.into(),
+            ),
+            ("principal_pops_max", self.principal_pops_max.into()),
+            ("principal_requests_max", self.principal_requests_max.into()),
         ];
         for (name, value) in positive {
             if value == 0 {

@@ -327,7 +327,7 @@ impl Access {
         let mut receipt_key = [0u8; 16];
         receipt_key.copy_from_slice(&tag.as_ref()[..16]);
         Some(Principal {
-            name: name.to_string(),
+            name: name.into(),
             grants: entry.grants.clone(),
             receipt_key: Some(receipt_key),
         })
@@ -397,7 +397,7 @@ mod tests {
         let access = Access::new(file.clone());
         let credential = access.check_token(&token).unwrap();
         let principal = access.resolve(&credential).unwrap();
-        assert_eq!(principal.name, "alice");
+        assert_eq!(&*principal.name, "alice");
         assert!(principal.may("orders/eu", crest_core::access::Permission::Produce));
         let id = file.tokens[0].id.clone();
         assert!(file.revoke(&id));

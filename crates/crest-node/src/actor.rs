@@ -238,8 +238,10 @@ pub(crate) struct NodeState {
     conns: HashMap<ConnId, ConnHandle>,
     /// Incoming connections that have not said `Hello` yet.
     unintroduced: HashSet<ConnId>,
-    /// What each authenticated client connection proved.
-    credentials: HashMap<ConnId, Credential>,
+    /// What each authenticated client connection proved, and the principal it stands for.
+    credentials: HashMap<ConnId, (Credential, Arc<str>)>,
+    /// Connections per principal (`principal_connections_max`).
+    per_principal: HashMap<Arc<str>, u32>,
     /// The armed timer: its deadline and the task that will send `Tick`.
     timer: Option<(Time, JoinHandle<()>)>,
     /// Last time handed to the machine: time never goes backwards.
@@ -325,10 +327,53 @@ impl NodeState {
         self.close(conn, &text);
     }
 
+    /// Counts an authenticated client's connection against its principal's
+    /// `principal_connections_max` and hands its principal to the machine, or says why not.
+    fn admit_client(
+        &mut self,
+        conn: ConnId,
+        credential: Credential,
+        principal: crest_core::access::Principal,
+    ) -> Result<(), Refusal> {
+        let max = self.admission.principal_connections_max;
+        let held = self
+            .per_principal
+            .entry(principal.name.clone())
+            .or_default();
+        if *held >= max {
+            return Err(Refusal {
+                code: crest_core::wire::ErrorCode::Overloaded,
+                text: format!(
+                    "principal {:?} holds {max} connections to this node already (principal_connections_max)",
+                    principal.name
+                ),
+            });
+        }
+        *held += 1;
+        tracing::debug!(conn, principal = %principal.name, "client authenticated");
+        self.credentials
+            .insert(conn, (credential, principal.name.clone()));
+        self.machine.handle_principal(conn, Arc::new(principal));
+        Ok(())
+    }
+
+    /// Stops counting `conn` as its principal's (it closed, or its credential was revoked).
+    fn forget_client(&mut self, conn: ConnId) {
+        let Some((_, name)) = self.credentials.remove(&conn) else {
+            return;
+        };
+        if let Some(held) = self.per_principal.get_mut(&name) {
+            *held -= 1;
+            if *held == 0 {
+                self.per_principal.remove(&name);
+            }
+        }
+    }
+
     /// Applies a new access file to the open client connections (see [`NodeMsg::Access`]).
     fn reload_access(&mut self, access: Option<Access>) {
         let mut refused = Vec::new();
-        for (conn, credential) in &self.credentials {
+        for (conn, (credential, _)) in &self.credentials {
             let principal = match &access {
                 None => Ok(crest_core::access::Principal::anonymous()),
                 Some(access) => access.resolve(credential),
@@ -339,7 +384,7 @@ impl NodeState {
             }
         }
         for (conn, text) in refused {
-            self.credentials.remove(&conn);
+            self.forget_client(conn);
             // Nothing more is granted to what it sends before the close lands.
             let nobody = crest_core::access::Principal {
                 name: "revoked".into(),
@@ -399,6 +444,7 @@ impl Actor for NodeActor {
             conns: HashMap::new(),
             unintroduced: HashSet::new(),
             credentials: HashMap::new(),
+            per_principal: HashMap::new(),
             timer: None,
             last_now: Time::ZERO,
         })
@@ -429,7 +475,7 @@ impl Actor for NodeActor {
             }
             NodeMsg::Disconnected { conn } => {
                 state.unintroduced.remove(&conn);
-                state.credentials.remove(&conn);
+                state.forget_client(conn);
                 if state.conns.remove(&conn).is_some() {
                     state.machine.handle_disconnected(now, conn);
                 }
@@ -444,12 +490,13 @@ impl Actor for NodeActor {
                                 matches!(msg, Wire::Hello(_)) && state.unintroduced.remove(&conn);
                             if let (true, Admitted::Client(credential, principal)) =
                                 (first_hello, admitted)
+                                && let Err(refusal) =
+                                    state.admit_client(conn, credential, principal)
                             {
-                                tracing::debug!(conn, principal = %principal.name, "client authenticated");
-                                state.credentials.insert(conn, credential);
-                                state.machine.handle_principal(conn, Arc::new(principal));
+                                state.refuse(conn, refusal);
+                            } else {
+                                state.machine.handle_message(now, conn, msg);
                             }
-                            state.machine.handle_message(now, conn, msg);
                         }
                         Err(refusal) => state.refuse(conn, refusal),
                     }

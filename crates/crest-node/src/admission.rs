@@ -21,6 +21,8 @@ pub(crate) struct Admission {
     root: Option<String>,
     /// The principals clients must prove (`None`: clients are not authenticated).
     pub(crate) access: Option<Access>,
+    /// Most connections one principal may hold to this node (`principal_connections_max`).
+    pub(crate) principal_connections_max: u32,
 }
 
 /// Who a peer admitted by [`Admission::check`] is.
@@ -57,6 +59,9 @@ impl Admission {
             children,
             root: is_leaf.then(|| topology.root().name.clone()),
             access,
+            principal_connections_max: topology
+                .node(name)
+                .map_or(u32::MAX, |node| node.settings.principal_connections_max),
         }
     }
 

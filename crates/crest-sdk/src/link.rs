@@ -36,8 +36,18 @@ pub(crate) struct Link {
 /// The refusal a node closed `connection` with (`CODE: text`, as nodes close refused peers),
 /// if that is how it ended.
 fn refusal(connection: &quinn::Connection) -> Option<ClientError> {
-    let quinn::ConnectionError::ApplicationClosed(close) = connection.close_reason()? else {
-        return None;
+    let close = match connection.close_reason()? {
+        quinn::ConnectionError::ApplicationClosed(close) => close,
+        // TLS 1.3 lets a client finish its handshake before the server checks the client's
+        // certificate: a refused certificate shows as a TLS alert after the connect.
+        quinn::ConnectionError::ConnectionClosed(close)
+            if (0x100..0x200).contains(&u64::from(close.error_code)) =>
+        {
+            return Some(ClientError::Connect(format!(
+                "the node refused the TLS handshake (a client certificate of another CA, or expired?): {close}"
+            )));
+        }
+        _ => return None,
     };
     let text = std::str::from_utf8(&close.reason).ok()?;
     let (code, message) = text.split_once(": ")?;
@@ -89,7 +99,9 @@ impl Link {
         let endpoint = crest_transport::client_endpoint(addr, client, settings)?;
         let connection =
             crest_transport::connect(&endpoint, addr, crest_transport::tls::SERVER_NAME).await?;
-        let streams = open_streams(&connection).await?;
+        let streams = open_streams(&connection)
+            .await
+            .map_err(|error| refusal(&connection).unwrap_or_else(|| error.into()))?;
         let max = settings.frame_bytes_max;
         let capacity = settings.connection_send_queue_max as usize;
         let control = spawn_writer(streams.control.0, max, capacity);
@@ -99,10 +111,10 @@ impl Link {
             token,
             peer,
         });
-        control
-            .send(hello.into())
-            .await
-            .map_err(|_| ClientError::Disconnected("control stream closed".into()))?;
+        control.send(hello.into()).await.map_err(|_| {
+            refusal(&connection)
+                .unwrap_or_else(|| ClientError::Disconnected("control stream closed".into()))
+        })?;
         let mut control_reader = FrameReader::new(streams.control.1, max);
         // Bounded by `connect_timeout_ms` with the rest of the connect. A node that refuses
         // the `Hello` answers and closes at once: the close may overtake the answer, but it
@@ -265,6 +277,14 @@ impl Link {
     /// Closes the connection.
     pub(crate) fn close(&self) {
         self.connection.close(0u32.into(), b"client closed");
+    }
+}
+
+/// A link nobody holds any more closes its connection at once: the node frees its slot (and
+/// the principal's, `principal_connections_max`) without waiting out the idle timeout.
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 

@@ -399,6 +399,7 @@ impl Machine for Leaf {
         let Some(batch) = self.writes.batches.remove(&done.token) else {
             return;
         };
+        self.push_tally.give(batch.principal.as_ref());
         // One location per message the batch enqueues, or none from a store that keeps no
         // bodies (they stay in memory).
         let mut locations = done.locations.into_iter();
@@ -549,6 +550,7 @@ impl Machine for Leaf {
         let Some(batch) = self.writes.batches.remove(&token) else {
             return;
         };
+        self.push_tally.give(batch.principal.as_ref());
         self.writes.messages -= batch.messages.len() as u64;
         // Dedup keys of the lost messages are forgotten; batches that were answered with their
         // ids fail too.

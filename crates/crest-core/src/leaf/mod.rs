@@ -350,6 +350,8 @@ struct PendingBatch {
     failed: Option<String>,
     /// When the push arrived.
     received_at: Time,
+    /// Whose push it is (`principal_requests_max`).
+    principal: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -443,6 +445,8 @@ pub struct Leaf {
     /// The principal of each producer connection the host authenticated: a push needs
     /// `produce` on the namespace of each of its messages ([`crate::access`]).
     principals: HashMap<ConnId, Arc<crate::access::Principal>>,
+    /// Push batches waiting for the log, per principal (`principal_requests_max`).
+    push_tally: crate::access::Tally,
 }
 
 /// Live leases (`leaf/leases.rs`).
@@ -563,6 +567,7 @@ impl Leaf {
             next_seq: config.first_seq.clamp(1, MESSAGE_SEQ_MAX),
             tokens: ChaCha12Rng::from_seed(config.token_key),
             principals: HashMap::new(),
+            push_tally: crate::access::Tally::default(),
             upstream,
             clients,
             live: LiveIds::default(),

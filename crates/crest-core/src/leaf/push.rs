@@ -149,9 +149,17 @@ impl Leaf {
     pub(super) fn handle_push(&mut self, now: Time, conn: ConnId, push: Push) {
         let refused = self.principals.get(&conn).and_then(|principal| {
             let permission = crate::access::Permission::Produce;
+            // A batch is mostly one topic: each run of equal topics is checked once.
+            let mut allowed: Option<&str> = None;
             push.messages
                 .iter()
-                .find(|m| !principal.may(&m.topic, permission))
+                .find(|m| {
+                    if allowed == Some(m.topic.as_str()) {
+                        return false;
+                    }
+                    allowed = Some(&m.topic);
+                    !principal.may(&m.topic, permission)
+                })
                 .map(|m| {
                     (
                         ErrorCode::Forbidden,
@@ -167,6 +175,18 @@ impl Leaf {
         if let Err((code, message)) = self.validate_push(now, &push) {
             self.counters.pushes_refused += 1;
             self.send(conn, Wire::error(Some(push.request), code, message));
+            return;
+        }
+        let principal = self.principals.get(&conn).map(|p| p.name.clone());
+        let max = self.config.settings.principal_requests_max;
+        if !self.push_tally.take(principal.as_ref(), max) {
+            self.counters.pushes_refused += 1;
+            let name = principal.as_deref().unwrap_or_default();
+            let text = crate::access::over_cap(name, "push batches", "principal_requests_max", max);
+            self.send(
+                conn,
+                Wire::error(Some(push.request), ErrorCode::Overloaded, text),
+            );
             return;
         }
         self.counters.push_batches += 1;
@@ -251,6 +271,7 @@ impl Leaf {
                 messages,
                 failed: None,
                 received_at: now,
+                principal,
             },
         );
         // A batch of duplicates only still goes through the log: its acknowledgement must not

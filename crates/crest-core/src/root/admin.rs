@@ -62,6 +62,10 @@ impl Root {
             );
             return;
         }
+        let principal = self.principal_of(conn);
+        if !self.admit(conn, admin.request, principal.as_ref(), false) {
+            return;
+        }
         let subtree = self.children.subtree_leaves();
         let targets: Vec<(LeafId, Vec<crate::id::MessageId>)> = if admin.op.ids().is_empty() {
             subtree.into_iter().map(|leaf| (leaf, Vec::new())).collect()
@@ -91,6 +95,7 @@ impl Root {
             outstanding: 0,
             result,
             unreachable: Vec::new(),
+            principal,
         };
         for (leaf, ids) in targets {
             let Ok(child) = self.route(leaf) else {
@@ -171,6 +176,7 @@ impl Root {
             return;
         }
         let mut admin = self.requests.admins.remove(&admin_id).expect("present");
+        self.tallies.requests.give(admin.principal.as_ref());
         admin.unreachable.sort_unstable();
         if let (AdminResult::Stats(stats), Some(principal)) =
             (&mut admin.result, self.principals.get(&admin.conn))

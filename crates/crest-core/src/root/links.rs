@@ -196,6 +196,7 @@ impl Root {
         let pops = sorted_where(&self.pops.by_id, |p| p.conn == conn);
         for pop_id in pops {
             let pop = self.pops.by_id.remove(&pop_id).expect("present");
+            self.tallies.pops.give(pop.principal.as_ref());
             self.pops.deadlines.remove(&(pop.deadline, pop_id));
             self.pops.deadlines.remove(&(pop.order_deadline, pop_id));
             if let Some(queue) = self.pops.waiting.get_mut(&pop.topic) {
@@ -215,7 +216,20 @@ impl Root {
                 }
             }
         }
-        self.requests.acks.retain(|_, ack| ack.conn != conn);
-        self.requests.admins.retain(|_, admin| admin.conn != conn);
+        let tally = &mut self.tallies.requests;
+        self.requests.acks.retain(|_, ack| {
+            let keep = ack.conn != conn;
+            if !keep {
+                tally.give(ack.principal.as_ref());
+            }
+            keep
+        });
+        self.requests.admins.retain(|_, admin| {
+            let keep = admin.conn != conn;
+            if !keep {
+                tally.give(admin.principal.as_ref());
+            }
+            keep
+        });
     }
 }

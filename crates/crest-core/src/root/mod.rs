@@ -52,7 +52,7 @@ mod machine;
 mod pop;
 mod settle;
 
-use crate::access::{Permission, Principal};
+use crate::access::{Permission, Principal, Tally, over_cap};
 use crate::ahead::AheadBuffer;
 use crate::config::Settings;
 use crate::downstream::{Downstream, Topic, TopicMap, TopicSet};
@@ -105,6 +105,8 @@ struct PendingPop {
     granted: bool,
     /// When the pop arrived.
     arrived: Time,
+    /// Whose pop it is ([`Root::tallies`]).
+    principal: Option<Arc<str>>,
 }
 
 /// Reservations waiting for their leaf's answer, by number.
@@ -303,6 +305,7 @@ struct PendingAdmin {
     outstanding: usize,
     result: AdminResult,
     unreachable: Vec<LeafId>,
+    principal: Option<Arc<str>>,
 }
 
 #[derive(Debug)]
@@ -321,6 +324,7 @@ struct PendingAck {
     request: u64,
     results: Vec<Option<Result<(), ReceiptError>>>,
     outstanding: usize,
+    principal: Option<Arc<str>>,
 }
 
 /// See the module doc.
@@ -341,6 +345,15 @@ pub struct Root {
     ahead: ReserveAhead,
     /// The principal of each client connection the host authenticated ([`crate::access`]).
     principals: HashMap<ConnId, Arc<Principal>>,
+    /// What each principal has waiting: pops (`principal_pops_max`), and acks and admin
+    /// requests (`principal_requests_max`).
+    tallies: RootTallies,
+}
+
+#[derive(Default)]
+struct RootTallies {
+    pops: Tally,
+    requests: Tally,
 }
 
 /// Pops waiting for an answer (`root/pop.rs`).
@@ -428,6 +441,7 @@ impl Root {
                 ..ReserveAhead::default()
             },
             principals: HashMap::default(),
+            tallies: RootTallies::default(),
         }
     }
 
@@ -463,6 +477,44 @@ impl Root {
             principal.name
         );
         self.send(conn, Wire::error(Some(request), ErrorCode::Forbidden, text));
+        false
+    }
+
+    /// The name of `conn`'s principal, if the host gave one.
+    fn principal_of(&self, conn: ConnId) -> Option<Arc<str>> {
+        self.principals.get(&conn).map(|p| p.name.clone())
+    }
+
+    /// Counts a request of `principal` in `tally` (pops or requests), or refuses `request`
+    /// with `Overloaded` when the principal holds `max` already.
+    fn admit(
+        &mut self,
+        conn: ConnId,
+        request: u64,
+        principal: Option<&Arc<str>>,
+        pops: bool,
+    ) -> bool {
+        let s = &self.settings;
+        let (tally, max, what, setting) = if pops {
+            let max = s.principal_pops_max;
+            (&mut self.tallies.pops, max, "pops", "principal_pops_max")
+        } else {
+            let max = s.principal_requests_max;
+            (
+                &mut self.tallies.requests,
+                max,
+                "requests",
+                "principal_requests_max",
+            )
+        };
+        if tally.take(principal, max) {
+            return true;
+        }
+        let text = over_cap(principal.map_or("", |p| p), what, setting, max);
+        self.send(
+            conn,
+            Wire::error(Some(request), ErrorCode::Overloaded, text),
+        );
         false
     }
 

@@ -66,6 +66,10 @@ impl Root {
         if !self.permit(conn, pop.request, &pop.topic, Permission::Consume) {
             return;
         }
+        let principal = self.principal_of(conn);
+        if !self.admit(conn, pop.request, principal.as_ref(), true) {
+            return;
+        }
         let id = self.pops.next_id;
         self.pops.next_id += 1;
         let topic = self.children.topic(&pop.topic);
@@ -86,6 +90,7 @@ impl Root {
             from_ahead: false,
             granted: false,
             arrived: now,
+            principal,
         };
         self.counters.pops += 1;
         self.pops.deadlines.insert((pending.deadline, id));
@@ -270,6 +275,7 @@ impl Root {
 
     pub(super) fn answer_pop(&mut self, now: Time, pop_id: u64) {
         let pop = self.pops.by_id.remove(&pop_id).expect("pop exists");
+        self.tallies.pops.give(pop.principal.as_ref());
         if pop.deliveries.is_empty() {
             self.counters.empty_pops += 1;
         } else {

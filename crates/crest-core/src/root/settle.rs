@@ -66,6 +66,10 @@ impl Root {
             );
             return;
         }
+        let principal = self.principal_of(conn);
+        if !self.admit(conn, ack.request, principal.as_ref(), false) {
+            return;
+        }
         let ack_id = self.requests.next_tag;
         self.requests.next_tag += 1;
         let mut results = vec![None; count];
@@ -111,6 +115,7 @@ impl Root {
                 request: ack.request,
                 results,
                 outstanding,
+                principal,
             },
         );
         self.finish_ack(ack_id);
@@ -152,6 +157,7 @@ impl Root {
             return;
         }
         let ack = self.requests.acks.remove(&ack_id).expect("present");
+        self.tallies.requests.give(ack.principal.as_ref());
         let results = ack
             .results
             .into_iter()

@@ -218,3 +218,209 @@ fn grants_changed_on_a_live_connection_apply_to_its_next_request() {
     );
     assert!(forbidden(t.h.recv(c)).contains("consume"));
 }
+
+fn overloaded(reply: Wire) -> String {
+    match reply {
+        Wire::Error(error) if error.code == ErrorCode::Overloaded => error.message,
+        other => panic!("expected Overloaded, got {other:?}"),
+    }
+}
+
+fn long_poll(topic: &str, request: u64) -> Wire {
+    Wire::Pop(Pop {
+        request,
+        topic: topic.into(),
+        max: 1,
+        wait_ms: 10_000,
+        ..Pop::default()
+    })
+}
+
+#[test]
+fn one_principal_cannot_hold_more_than_its_share_of_waiting_pops_and_requests() {
+    // Goal: `principal_pops_max` bounds one principal's long-polls at the root and
+    // `principal_requests_max` its acks waiting on leaves; the refusal is `Overloaded`
+    // naming the setting, other principals are unaffected, and a slot freed is usable again.
+    let mut t = tree_with(Settings {
+        principal_pops_max: 2,
+        principal_requests_max: 2,
+        ..settings(16)
+    });
+    let [greedy, other] = ["greedy", "other"].map(|name| {
+        t.h.client_as(
+            t.root,
+            PeerKind::Consumer,
+            Some(principal(name, &["*:consume"])),
+        )
+    });
+    let requests: Vec<u64> = (0..3).map(|_| t.h.request()).collect();
+    for request in &requests {
+        t.h.send(greedy, long_poll("empty", *request));
+    }
+    let text = overloaded(t.h.recv(greedy));
+    assert!(
+        text.contains("principal_pops_max") && text.contains("\"greedy\""),
+        "{text}"
+    );
+    // Another principal still waits; a push answers the first waiting pops.
+    let request = t.h.request();
+    t.h.send(other, long_poll("empty", request));
+    assert!(t.h.try_recv(other).is_none(), "waiting");
+    t.h.push(t.producers[0], "empty", &[1, 1, 1]);
+    let answered = (0..2)
+        .map(|_| t.h.recv(greedy))
+        .filter(|w| matches!(w, Wire::PopReply(r) if r.deliveries.len() == 1))
+        .count();
+    assert_eq!(answered, 2);
+    assert!(matches!(t.h.recv(other), Wire::PopReply(_)));
+    // Its slots are free again.
+    let request = t.h.request();
+    t.h.send(greedy, long_poll("empty", request));
+    assert!(t.h.try_recv(greedy).is_none(), "admitted and waiting");
+
+    // Acks: three sent before any leaf answers; the third is over the cap.
+    let mut t = tree_with(Settings {
+        principal_requests_max: 2,
+        ..settings(16)
+    });
+    let greedy = t.h.client_as(
+        t.root,
+        PeerKind::Consumer,
+        Some(principal("greedy", &["*:consume"])),
+    );
+    t.h.push(t.producers[0], "jobs", &[1, 2, 3]);
+    let receipts: Vec<Receipt> =
+        t.h.pop(greedy, "jobs", 3)
+            .iter()
+            .map(|d| d.receipt())
+            .collect();
+    for receipt in &receipts {
+        let request = t.h.request();
+        t.h.send_later(
+            greedy,
+            Wire::Ack(Ack {
+                request,
+                op: Settle::Ack,
+                receipts: vec![*receipt],
+            }),
+        );
+    }
+    t.h.run();
+    let replies: Vec<Wire> = (0..3).map(|_| t.h.recv(greedy)).collect();
+    let refused: Vec<String> = replies
+        .iter()
+        .filter_map(|w| match w {
+            Wire::Error(e) if e.code == ErrorCode::Overloaded => Some(e.message.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refused.len(), 1, "{replies:?}");
+    assert!(refused[0].contains("principal_requests_max"), "{refused:?}");
+    // The refused ack changed nothing: its message is still leased, and acking it now works.
+    let last = receipts
+        .iter()
+        .find(|r| t.h.ack(greedy, vec![**r]) == [Ok(())])
+        .copied();
+    assert!(last.is_some(), "one receipt was left to ack");
+}
+
+/// A leaf whose log writes are held (not handed to the harness) while `stalled` is set.
+struct Stalled {
+    inner: Box<dyn Machine>,
+    now: Time,
+    held: VecDeque<crate::machine::StorageOp>,
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Machine for Stalled {
+    inputs_noting_now!();
+    pass_through!();
+    fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
+        self.inner.handle_storage_done(now, done)
+    }
+    fn poll_storage(&mut self) -> Option<crate::machine::StorageOp> {
+        while let Some(op) = self.inner.poll_storage() {
+            self.held.push_back(op);
+        }
+        if self.stalled.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        self.held.pop_front()
+    }
+}
+
+#[test]
+fn one_principal_cannot_hold_more_than_its_share_of_pushes_waiting_for_the_log() {
+    // Goal: `principal_requests_max` bounds one principal's push batches waiting at a leaf
+    // for its log; the refused batch stores nothing; another principal is unaffected.
+    let mut h = Harness::new();
+    let settings = Settings {
+        principal_requests_max: 2,
+        ..settings(16)
+    };
+    let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let root = h.add(root_node(settings.clone(), vec![LeafId(1)]));
+    let leaf = h.add(Box::new(Stalled {
+        inner: Box::new(Leaf::new(LeafConfig {
+            name: "leaf-1".into(),
+            id: LeafId(1),
+            settings,
+            token_key: token_key_from_seed(1),
+            first_seq: 1,
+        })),
+        now: Time::ZERO,
+        held: VecDeque::new(),
+        stalled: stalled.clone(),
+    }));
+    h.link(leaf, root);
+    let [greedy, other] = ["greedy", "other"].map(|name| {
+        h.client_as(
+            leaf,
+            PeerKind::Producer,
+            Some(principal(name, &["*:produce"])),
+        )
+    });
+    stalled.store(true, std::sync::atomic::Ordering::Relaxed);
+    let push = |h: &mut Harness, from: ConnId, payload: &'static str| {
+        let request = h.request();
+        let message = PushMessage {
+            topic: "jobs".into(),
+            payload: Bytes::from_static(payload.as_bytes()),
+            ..PushMessage::default()
+        };
+        h.send(
+            from,
+            Wire::Push(Push {
+                request,
+                messages: vec![message],
+            }),
+        );
+    };
+    for payload in ["one", "two", "three"] {
+        push(&mut h, greedy, payload);
+    }
+    let text = overloaded(h.recv(greedy));
+    assert!(
+        text.contains("principal_requests_max") && text.contains("push batches"),
+        "{text}"
+    );
+    push(&mut h, other, "other");
+    assert!(
+        h.try_recv(other).is_none(),
+        "waiting for the log, not refused"
+    );
+    stalled.store(false, std::sync::atomic::Ordering::Relaxed);
+    h.run();
+    for _ in 0..2 {
+        assert!(matches!(h.recv(greedy), Wire::PushAck(_)));
+    }
+    assert!(matches!(h.recv(other), Wire::PushAck(_)));
+    let consumer = h.client(root, PeerKind::Consumer);
+    let payloads: Vec<Bytes> = h
+        .pop(consumer, "jobs", 10)
+        .into_iter()
+        .map(|d| d.payload)
+        .collect();
+    assert_eq!(payloads.len(), 3, "{payloads:?}");
+    assert!(!payloads.contains(&Bytes::from_static(b"three")));
+}
