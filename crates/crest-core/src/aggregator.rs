@@ -490,9 +490,10 @@ impl Machine for Aggregator {
             match msg {
                 Wire::Hello(hello) => {
                     let outcome = self.children.hello(conn, hello, &[PeerKindTag::Node], now);
+                    let reason = outcome.close_reason();
                     self.send(conn, outcome.reply);
                     if outcome.close {
-                        self.outbox.close(conn, "handshake refused");
+                        self.outbox.close(conn, reason);
                     }
                     if let Some(old) = outcome.superseded {
                         self.handle_disconnected(now, old);

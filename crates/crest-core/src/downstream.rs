@@ -54,6 +54,17 @@ pub(crate) struct HelloOutcome {
     pub(crate) superseded: Option<ConnId>,
 }
 
+impl HelloOutcome {
+    /// The reason a refused connection is closed with: the refusal's `CODE: text`, which the
+    /// peer reads when the close overtakes the answer.
+    pub(crate) fn close_reason(&self) -> String {
+        match &self.reply {
+            Wire::Error(error) => format!("{}: {}", error.code, error.message),
+            _ => "handshake refused".into(),
+        }
+    }
+}
+
 /// See the module doc.
 pub(crate) struct Downstream {
     name: String,

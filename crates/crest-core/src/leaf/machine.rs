@@ -285,9 +285,10 @@ impl Machine for Leaf {
                 Wire::Hello(hello) => {
                     let accepts = [PeerKindTag::Producer, PeerKindTag::Root];
                     let outcome = self.clients.hello(conn, hello, &accepts, now);
+                    let reason = outcome.close_reason();
                     self.send(conn, outcome.reply);
                     if outcome.close {
-                        self.outbox.close(conn, "handshake refused");
+                        self.outbox.close(conn, reason);
                     }
                 }
                 Wire::Push(push) if is_producer => self.handle_push(now, conn, push),

@@ -173,9 +173,10 @@ impl Machine for Root {
             (_, Wire::Hello(hello)) => {
                 let accepts = [PeerKindTag::Node, PeerKindTag::Consumer];
                 let outcome = self.children.hello(conn, hello, &accepts, now);
+                let reason = outcome.close_reason();
                 self.send(conn, outcome.reply);
                 if outcome.close {
-                    self.outbox.close(conn, "handshake refused");
+                    self.outbox.close(conn, reason);
                 }
                 if let Some(old) = outcome.superseded {
                     self.child_gone(now, old);

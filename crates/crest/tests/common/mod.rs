@@ -3,6 +3,7 @@
 
 use crest::core::topology::Topology;
 use crest::node::LocalTree;
+use crest::sdk::{ClientTls, Consumer, ConsumerConfig, Producer, ProducerConfig};
 use std::time::Duration;
 
 /// How long a test waits for a condition before failing.
@@ -19,4 +20,26 @@ pub(crate) async fn start_tree() -> LocalTree {
     let tree = LocalTree::start(&topology).await.unwrap();
     assert!(tree.wait_connected(WAIT).await, "tree connects");
     tree
+}
+
+/// What a client of `tree` trusts and proves: its CA and its admin token.
+pub(crate) fn tls(tree: &LocalTree) -> ClientTls {
+    ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone())
+}
+
+/// One producer per leaf, so pushes land on known leaves.
+pub(crate) async fn producers(tree: &LocalTree) -> Vec<Producer> {
+    let mut producers = Vec::new();
+    for leaf in tree.topology.leaves() {
+        let config = ProducerConfig::new(vec![leaf.address.clone()], tls(tree));
+        producers.push(Producer::connect(config).await.unwrap());
+    }
+    producers
+}
+
+/// A consumer of the tree's root.
+pub(crate) async fn consumer(tree: &LocalTree) -> Consumer {
+    Consumer::connect(ConsumerConfig::from_topology(&tree.topology, tls(tree)))
+        .await
+        .unwrap()
 }

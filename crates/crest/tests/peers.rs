@@ -1,0 +1,281 @@
+//! Peers that are not who they say, or say things out of turn, over real QUIC on the local
+//! tree: each is refused with its typed error and the tree's own links stay up.
+
+use crest::core::frame::encode_frame;
+use crest::core::topology::Topology;
+use crest::core::wire::{Hello, PROTOCOL_VERSION, PeerKind, Pop, Role, Secret, Wire};
+use crest::node::LocalTree;
+use crest::sdk::LeafId;
+use crest::transport::stream::{FrameReader, ReadEvent, open_streams};
+use std::time::Duration;
+
+mod common;
+
+use common::{WAIT, consumer, producers, start_tree};
+
+/// Dials `address` presenting `identity` (none: as a producer or consumer does), says `Hello`
+/// as `peer`, and returns the node's first answer, or why the connection ended first.
+async fn hello_as(
+    tree: &LocalTree,
+    address: &str,
+    identity: Option<&crest::transport::tls::CertifiedKey>,
+    peer: PeerKind,
+) -> Result<Wire, String> {
+    let msg = Wire::Hello(Hello {
+        protocol: PROTOCOL_VERSION,
+        token: Some(Secret(tree.admin_token.clone())),
+        peer,
+    });
+    first_messages(tree, address, identity, &[msg]).await
+}
+
+/// Dials `address` (presenting `identity`, if any), sends `msgs` first on the control stream,
+/// and returns the first answer that is not a `Welcome`, or the reason the connection was
+/// closed.
+async fn first_messages(
+    tree: &LocalTree,
+    address: &str,
+    identity: Option<&crest::transport::tls::CertifiedKey>,
+    msgs: &[Wire],
+) -> Result<Wire, String> {
+    let settings = crest::core::config::Settings::default();
+    let client = match identity {
+        Some(identity) => {
+            crest::transport::link_client_config(&tree.ca_pem, identity, &settings).unwrap()
+        }
+        None => crest::transport::client_config(&tree.ca_pem, &settings).unwrap(),
+    };
+    let addr = address.parse().unwrap();
+    let endpoint = crest::transport::client_endpoint(addr, client, &settings).unwrap();
+    // A link asks for the node it dials by name; a client takes any node.
+    let name = tree
+        .topology
+        .nodes
+        .iter()
+        .find(|node| node.address == address)
+        .map(|node| node.name.clone())
+        .unwrap();
+    let server_name = match identity {
+        Some(_) => name.as_str(),
+        None => crest::transport::tls::SERVER_NAME,
+    };
+    let connection = crest::transport::connect(&endpoint, addr, server_name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let streams = open_streams(&connection).await.map_err(|e| e.to_string())?;
+    let max = settings.frame_bytes_max;
+    let (mut send, recv) = streams.control;
+    let mut hello = Vec::new();
+    for msg in msgs {
+        encode_frame(msg, max, &mut hello).unwrap();
+    }
+    send.write_all(&hello).await.map_err(|e| e.to_string())?;
+    // An error answering a request travels on the data stream, the others on the control one.
+    let mut control = FrameReader::new(recv, max);
+    let mut data = FrameReader::new(streams.data.1, max);
+    let answer = tokio::time::timeout(WAIT, async {
+        loop {
+            let answer = tokio::select! {
+                answer = control.next() => answer,
+                answer = data.next() => answer,
+            };
+            if !matches!(answer, Ok(Some(ReadEvent::Frame(Wire::Welcome(_))))) {
+                return answer;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    match answer {
+        Ok(Some(ReadEvent::Frame(msg))) => Ok(msg),
+        Ok(other) => Err(format!("{other:?}")),
+        Err(error) => {
+            let closed = connection.close_reason().map(|r| r.to_string());
+            Err(closed.unwrap_or_else(|| error.to_string()))
+        }
+    }
+}
+
+/// The refusal a `hello_as` got: its code, from the error answer or the close reason.
+fn refusal(answer: Result<Wire, String>) -> String {
+    match answer {
+        Ok(Wire::Error(error)) => format!("{}: {}", error.code, error.message),
+        Ok(other) => panic!("expected a refusal, got {other:?}"),
+        Err(closed) => closed,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_claiming_a_node_s_place_must_prove_it_and_be_where_the_topology_puts_it() {
+    let tree = start_tree().await;
+    let producers = producers(&tree).await;
+    let consumer = consumer(&tree).await;
+    let root = tree.topology.root().address.clone();
+    let leaf = tree.topology.node("leaf-1").unwrap().address.clone();
+    let agg = |name: &str| PeerKind::Node {
+        name: name.into(),
+        role: Role::Aggregator,
+        leaves: vec![LeafId(1), LeafId(2)],
+    };
+    let hour = Duration::from_secs(3600);
+
+    // A client without a certificate posing as a child of the root, or as the root at a leaf.
+    let text = refusal(hello_as(&tree, &root, None, agg("agg-1")).await);
+    assert!(
+        text.contains("Unauthenticated") && text.contains("no certificate"),
+        "{text}"
+    );
+    let posing_root = PeerKind::Root {
+        name: "root".into(),
+    };
+    let text = refusal(hello_as(&tree, &leaf, None, posing_root.clone()).await);
+    assert!(text.contains("Unauthenticated"), "{text}");
+
+    // A node with another node's certificate (leaf-2's, a real member) posing as agg-1 or
+    // as the root.
+    let leaf_2 = tree.ca().issue("leaf-2", &[], hour).unwrap();
+    let text = refusal(hello_as(&tree, &root, Some(&leaf_2), agg("agg-1")).await);
+    assert!(text.contains("not made out to \"agg-1\""), "{text}");
+    let text = refusal(hello_as(&tree, &leaf, Some(&leaf_2), posing_root).await);
+    assert!(text.contains("not made out to \"root\""), "{text}");
+    // A client certificate issued for the name "agg-1" names a principal, not a node.
+    let client = tree.ca().issue_client("agg-1", hour).unwrap();
+    let text = refusal(hello_as(&tree, &root, Some(&client), agg("agg-1")).await);
+    assert!(text.contains("not made out to \"agg-1\""), "{text}");
+
+    // A real node's certificate, but not where the topology puts it: leaf-2 is no child of
+    // the root, and agg-1 is no leaf.
+    let leaf_2_at_root = PeerKind::Node {
+        name: "leaf-2".into(),
+        role: Role::Leaf,
+        leaves: vec![LeafId(2)],
+    };
+    let text = refusal(hello_as(&tree, &root, Some(&leaf_2), leaf_2_at_root).await);
+    assert!(
+        text.contains("Forbidden") && text.contains("no leaf \"leaf-2\""),
+        "{text}"
+    );
+
+    // The real links stayed up: the tree serves on.
+    producers[0].push("jobs", 1, "after").await.unwrap();
+    let popped = consumer.pop("jobs", 1, WAIT).await.unwrap();
+    assert_eq!(popped.len(), 1);
+    let root_node = tree.node("root").unwrap();
+    assert_eq!(root_node.stats().await.unwrap().children, 2);
+    tree.shutdown().await;
+}
+
+/// A connection that says nothing, with what keeps it open.
+struct Silent {
+    _endpoint: quinn::Endpoint,
+    connection: quinn::Connection,
+    _streams: crest::transport::stream::StreamPair,
+}
+
+/// Dials `address` as a producer or consumer would and opens the streams, but says nothing.
+async fn silent_client(tree: &LocalTree, address: &str) -> Result<Silent, String> {
+    let settings = crest::core::config::Settings::default();
+    let client = crest::transport::client_config(&tree.ca_pem, &settings).unwrap();
+    let addr = address.parse().unwrap();
+    let endpoint = crest::transport::client_endpoint(addr, client, &settings).unwrap();
+    let connection = crest::transport::connect(&endpoint, addr, crest::transport::tls::SERVER_NAME)
+        .await
+        .map_err(|e| e.to_string())?;
+    let streams = open_streams(&connection).await.map_err(|e| e.to_string())?;
+    Ok(Silent {
+        _endpoint: endpoint,
+        connection,
+        _streams: streams,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_clients_cannot_keep_child_nodes_out_and_are_closed_without_a_hello() {
+    // Goal: clients that connect and say nothing neither use up the slots the tree's own
+    // links need nor stay for ever. Method: the root takes 3 client connections; 3 silent
+    // clients take them all; a fourth is refused; agg-1 restarted meanwhile reconnects; the
+    // silent ones are closed after `hello_timeout_ms`, and a consumer gets in again.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../topology/local.toml"
+    ))
+    .unwrap();
+    let mut topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
+    for node in &mut topology.nodes {
+        node.settings.connections_max = 3;
+        node.settings.hello_timeout_ms = 1_000;
+    }
+    let mut tree = LocalTree::start(&topology).await.unwrap();
+    assert!(tree.wait_connected(WAIT).await);
+    let root = tree.topology.root().address.clone();
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(silent_client(&tree, &root).await.unwrap());
+    }
+    let fourth = silent_client(&tree, &root).await;
+    let refused = match fourth {
+        Err(error) => error,
+        Ok(fourth) => tokio::time::timeout(WAIT, fourth.connection.closed())
+            .await
+            .expect("the fourth is closed")
+            .to_string(),
+    };
+    assert!(refused.contains("connections_max reached"), "{refused}");
+
+    tree.restart_node("agg-1").await.unwrap();
+    assert!(tree.wait_connected(WAIT).await, "agg-1 is back at the root");
+
+    for client in &silent {
+        let reason = tokio::time::timeout(WAIT, client.connection.closed())
+            .await
+            .expect("closed after hello_timeout_ms");
+        assert!(reason.to_string().contains("no Hello"), "{reason}");
+    }
+    let producers = producers(&tree).await;
+    producers[0].push("jobs", 1, "in again").await.unwrap();
+    let consumer = consumer(&tree).await;
+    assert_eq!(consumer.pop("jobs", 1, WAIT).await.unwrap().len(), 1);
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_protocol_a_request_before_hello_and_a_replayed_hello_are_refused() {
+    // Goal: a `Hello` of another protocol version, a request before any `Hello` and a second
+    // `Hello` on a connection that said one are each refused with their typed error, and the
+    // tree's own links stay up.
+    let tree = start_tree().await;
+    let producers = producers(&tree).await;
+    let consumer = consumer(&tree).await;
+    let root = tree.topology.root().address.clone();
+    let old = Wire::Hello(Hello {
+        protocol: PROTOCOL_VERSION - 1,
+        token: Some(Secret(tree.admin_token.clone())),
+        peer: PeerKind::Consumer,
+    });
+    let text = refusal(first_messages(&tree, &root, None, &[old]).await);
+    assert!(text.contains("UnsupportedProtocol"), "{text}");
+    let early = Wire::Pop(Pop {
+        request: 1,
+        topic: "jobs".into(),
+        max: 1,
+        ..Pop::default()
+    });
+    let text = refusal(first_messages(&tree, &root, None, &[early]).await);
+    assert!(text.contains("UnexpectedMessage"), "{text}");
+    let hello = Wire::Hello(Hello {
+        protocol: PROTOCOL_VERSION,
+        token: Some(Secret(tree.admin_token.clone())),
+        peer: PeerKind::Consumer,
+    });
+    let replayed = [hello.clone(), hello];
+    let text = refusal(first_messages(&tree, &root, None, &replayed).await);
+    assert!(text.contains("UnexpectedMessage"), "{text}");
+
+    producers[0].push("jobs", 1, "after").await.unwrap();
+    assert_eq!(consumer.pop("jobs", 1, WAIT).await.unwrap().len(), 1);
+    assert_eq!(
+        tree.node("root").unwrap().stats().await.unwrap().children,
+        2
+    );
+    tree.shutdown().await;
+}
