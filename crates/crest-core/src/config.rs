@@ -627,6 +627,37 @@ impl Settings {
     }
 }
 
+/// What a receiver allows in the lists of a client's `Push` and `Ack`, checked while the body
+/// is decoded, before they are allocated (each entry costs far more memory than its bytes
+/// on the wire).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeLimits {
+    /// Messages in one push (`push_batch_messages_max`).
+    pub batch_messages_max: u32,
+    /// Metadata entries on one message (`metadata_entries_max`).
+    pub metadata_entries_max: u32,
+    /// Receipts in one ack (`pop_messages_max`).
+    pub receipts_max: u32,
+}
+
+impl DecodeLimits {
+    /// No limit but the frame's length.
+    pub const NONE: DecodeLimits = DecodeLimits {
+        batch_messages_max: u32::MAX,
+        metadata_entries_max: u32::MAX,
+        receipts_max: u32::MAX,
+    };
+
+    /// The limits of a node with `settings`.
+    pub fn of(settings: &Settings) -> DecodeLimits {
+        DecodeLimits {
+            batch_messages_max: settings.push_batch_messages_max,
+            metadata_entries_max: settings.metadata_entries_max,
+            receipts_max: settings.pop_messages_max,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

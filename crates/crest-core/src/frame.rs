@@ -16,6 +16,7 @@
 //! with [`ErrorCode::ChecksumMismatch`] or [`ErrorCode::MalformedFrame`]. The stream and the
 //! connection stay open in every case, because the length prefix still delimits the frame.
 
+pub use crate::config::DecodeLimits;
 use crate::wire::{ErrorCode, Wire};
 
 /// Bytes of a frame header (length and checksum).
@@ -46,6 +47,17 @@ pub enum FrameError {
     /// The message could not be encoded (a bug, reported rather than panicking).
     #[error("could not encode message: {0}")]
     Encode(String),
+    /// A list in the body is over the receiver's limits ([`DecodeLimits`]): refused before
+    /// it was allocated.
+    #[error("{message}")]
+    Refused {
+        /// The request the body carries, answered with the refusal.
+        request: Option<u64>,
+        /// What the refusal is answered with.
+        code: ErrorCode,
+        /// Which list, how long, and the setting it is over.
+        message: String,
+    },
 }
 
 impl FrameError {
@@ -55,6 +67,15 @@ impl FrameError {
             FrameError::TooLarge { .. } => ErrorCode::FrameTooLarge,
             FrameError::Checksum { .. } => ErrorCode::ChecksumMismatch,
             FrameError::Malformed(_) | FrameError::Encode(_) => ErrorCode::MalformedFrame,
+            FrameError::Refused { code, .. } => *code,
+        }
+    }
+
+    /// The request the refused body carried, if one could be read.
+    pub fn request(&self) -> Option<u64> {
+        match self {
+            FrameError::Refused { request, .. } => *request,
+            _ => None,
         }
     }
 }
@@ -95,6 +116,18 @@ impl FrameHeader {
     /// # Errors
     /// [`FrameError::Checksum`] or [`FrameError::Malformed`].
     pub fn decode_body(&self, body: &[u8]) -> Result<Wire, FrameError> {
+        self.decode_body_within(body, DecodeLimits::NONE)
+    }
+
+    /// As [`FrameHeader::decode_body`], refusing lists over `limits` before allocating them.
+    ///
+    /// # Errors
+    /// As [`FrameHeader::decode_body`], and [`FrameError::Refused`].
+    pub fn decode_body_within(
+        &self,
+        body: &[u8],
+        limits: DecodeLimits,
+    ) -> Result<Wire, FrameError> {
         debug_assert_eq!(body.len(), self.len as usize);
         let actual = crc32fast::hash(body);
         if actual != self.crc {
@@ -103,8 +136,21 @@ impl FrameHeader {
                 actual,
             });
         }
-        if let Some(msg) = crate::codec::decode(body) {
-            return Ok(msg);
+        match crate::codec::decode(body, limits) {
+            Ok(Some(msg)) => return Ok(msg),
+            Ok(None) => {}
+            Err(crate::codec::Rejected::Malformed(why)) => return Err(FrameError::Malformed(why)),
+            Err(crate::codec::Rejected::OverLimit {
+                request,
+                code,
+                message,
+            }) => {
+                return Err(FrameError::Refused {
+                    request,
+                    code,
+                    message,
+                });
+            }
         }
         rmp_serde::from_slice(body).map_err(|error| FrameError::Malformed(error.to_string()))
     }

@@ -43,7 +43,7 @@ impl NetContext {
         let data = spawn_writer(streams.data.0, max, capacity);
         let handle = ConnHandle {
             control: control.clone(),
-            data,
+            data: data.clone(),
             connection: connection.clone(),
             link,
         };
@@ -58,14 +58,15 @@ impl NetContext {
         let permits = Arc::new(Semaphore::new(
             self.settings.connection_inflight_frames_max as usize,
         ));
+        let limits = crest_core::frame::DecodeLimits::of(&self.settings);
         for recv in [streams.control.1, streams.data.1] {
-            let reader = FrameReader::new(recv, max);
+            let reader = FrameReader::with_limits(recv, max, limits);
             tokio::spawn(read_frames(
                 self.actor.clone(),
                 conn,
                 reader,
                 permits.clone(),
-                control.clone(),
+                (control.clone(), data.clone()),
                 connection.clone(),
             ));
         }
@@ -84,7 +85,7 @@ async fn read_frames(
     conn: ConnId,
     mut reader: FrameReader,
     permits: Arc<Semaphore>,
-    control: mpsc::Sender<Outgoing>,
+    (control, data): (mpsc::Sender<Outgoing>, mpsc::Sender<Outgoing>),
     connection: quinn::Connection,
 ) {
     loop {
@@ -102,9 +103,12 @@ async fn read_frames(
             }
             Ok(Some(ReadEvent::Bad(error))) => {
                 tracing::warn!(conn, %error, "bad frame skipped");
-                let reply = Wire::error(None, error.code(), error.to_string());
-                // Best effort: a peer that floods bad frames and never reads loses the answers.
-                let _ = control.try_send(reply.into());
+                let reply = Wire::error(error.request(), error.code(), error.to_string());
+                // An answer to a request goes where the requester waits for it, the data
+                // stream. Best effort: a peer that floods bad frames and never reads loses
+                // the answers.
+                let to = if reply.is_control() { &control } else { &data };
+                let _ = to.try_send(reply.into());
             }
             Ok(None) => return,
             Err(error) => {

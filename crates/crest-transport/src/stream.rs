@@ -8,7 +8,7 @@
 
 use crate::TransportError;
 use bytes::{Buf, Bytes, BytesMut};
-use crest_core::frame::{FRAME_HEADER_BYTES, FrameError, FrameHeader, encode_frame};
+use crest_core::frame::{DecodeLimits, FRAME_HEADER_BYTES, FrameError, FrameHeader, encode_frame};
 use crest_core::wire::{STREAM_CONTROL, STREAM_DATA, Wire};
 use tokio::sync::mpsc;
 
@@ -47,6 +47,8 @@ pub enum ReadEvent {
 pub struct FrameReader {
     recv: quinn::RecvStream,
     max: u32,
+    /// What a client's lists may hold, checked while decoding.
+    limits: DecodeLimits,
     buf: BytesMut,
     /// Bytes of an oversized frame still to skip.
     skip: usize,
@@ -55,9 +57,16 @@ pub struct FrameReader {
 impl FrameReader {
     /// Reads frames of at most `max` body bytes from `recv`.
     pub fn new(recv: quinn::RecvStream, max: u32) -> FrameReader {
+        FrameReader::with_limits(recv, max, DecodeLimits::NONE)
+    }
+
+    /// As [`FrameReader::new`], refusing a client's lists over `limits` before allocating
+    /// them (a node reading its clients).
+    pub fn with_limits(recv: quinn::RecvStream, max: u32, limits: DecodeLimits) -> FrameReader {
         FrameReader {
             recv,
             max,
+            limits,
             buf: BytesMut::with_capacity(64 * 1024),
             skip: 0,
         }
@@ -87,7 +96,7 @@ impl FrameReader {
                 if self.buf.len() >= total {
                     let frame = self.buf.split_to(total);
                     return Ok(Some(
-                        match header.decode_body(&frame[FRAME_HEADER_BYTES..]) {
+                        match header.decode_body_within(&frame[FRAME_HEADER_BYTES..], self.limits) {
                             Ok(msg) => ReadEvent::Frame(msg),
                             Err(error) => ReadEvent::Bad(error),
                         },

@@ -482,6 +482,48 @@ async fn malformed_and_oversized_frames_are_answered_and_the_connection_survives
     let message = raw.expect_error(ErrorCode::FrameTooLarge).await;
     assert!(message.contains(&max.to_string()), "{message}");
 
+    // More messages, or metadata entries, than the leaf allows: refused while decoding,
+    // before the lists are allocated, answered to the request on the data stream.
+    let settings = crest::core::config::Settings::default();
+    let entry = |entries: u32| PushMessage {
+        topic: "jobs".into(),
+        metadata: (0..entries)
+            .map(|i| (i.to_string(), String::new()))
+            .collect(),
+        ..PushMessage::default()
+    };
+    for (request, messages, code) in [
+        (
+            41,
+            vec![entry(0); settings.push_batch_messages_max as usize + 1],
+            ErrorCode::BatchTooLarge,
+        ),
+        (
+            42,
+            vec![entry(settings.metadata_entries_max + 1)],
+            ErrorCode::InvalidArgument,
+        ),
+    ] {
+        let mut frame = Vec::new();
+        encode_frame(
+            &Wire::Push(Push { request, messages }),
+            max as u32,
+            &mut frame,
+        )
+        .unwrap();
+        raw.data_send.write_all(&frame).await.unwrap();
+        match raw.next_data().await {
+            Wire::Error(error) => {
+                assert_eq!(
+                    (error.request, error.code),
+                    (Some(request), code),
+                    "{error:?}"
+                );
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
     // A payload over the leaf's limit in a well-formed frame is refused by name.
     let too_big = PushMessage {
         topic: "jobs".into(),

@@ -20,13 +20,15 @@
 //!
 //! [`LogRecord::Enqueue`]: crate::record::LogRecord::Enqueue
 
+use crate::config::DecodeLimits;
 use crate::id::{LeafId, MessageId, Receipt};
 use crate::key::Key;
 use crate::record::{LogRecord, MessageHead};
 use crate::time::Time;
 use crate::wire::{
-    Ack, AckReply, Confirm, Confirmed, Delivery, Offer, OfferEntry, PopReply, Push, PushMessage,
-    ReceiptError, Reserve, ReserveDenied, ReserveItem, ReserveOutcome, Reserved, Settle, Wire,
+    Ack, AckReply, Confirm, Confirmed, Delivery, ErrorCode, Offer, OfferEntry, PopReply, Push,
+    PushMessage, ReceiptError, Reserve, ReserveDenied, ReserveItem, ReserveOutcome, Reserved,
+    Settle, Wire,
 };
 use bytes::Bytes;
 use rmp::encode as w;
@@ -349,9 +351,39 @@ fn denied_name(denied: ReserveDenied) -> &'static str {
 }
 
 /// A cursor over a body being decoded; every method answers `None` on anything but the
-/// canonical form.
+/// canonical form, or on a list over the receiver's limits (noted in `refused`).
 struct Reader<'a> {
     buf: &'a [u8],
+    limits: DecodeLimits,
+    /// The request being decoded, to answer a refusal with.
+    request: Option<u64>,
+    /// Why the body was refused before its lists were allocated.
+    refused: Option<Rejected>,
+}
+
+/// Why [`decode`] refused a body (the frame layer answers it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Rejected {
+    /// A list over the receiver's limits.
+    OverLimit {
+        request: Option<u64>,
+        code: ErrorCode,
+        message: String,
+    },
+    /// A push not in the canonical form.
+    Malformed(String),
+}
+
+impl Reader<'_> {
+    /// Notes a refusal and answers `None`, which ends the decoding.
+    fn refuse<T>(&mut self, code: ErrorCode, message: String) -> Option<T> {
+        self.refused = Some(Rejected::OverLimit {
+            request: self.request,
+            code,
+            message,
+        });
+        None
+    }
 }
 
 impl<'a> Reader<'a> {
@@ -474,6 +506,14 @@ impl<'a> Reader<'a> {
     }
 
     fn metadata(&mut self) -> Option<Vec<(String, String)>> {
+        let max = self.limits.metadata_entries_max;
+        if self.peek_count()? > max as usize {
+            let count = self.peek_count()?;
+            return self.refuse(
+                ErrorCode::InvalidArgument,
+                format!("{count} metadata entries exceed metadata_entries_max {max}"),
+            );
+        }
         // Each pair takes at least 3 bytes.
         self.list(3, |r| {
             r.fields(2)?;
@@ -505,6 +545,17 @@ impl Reader<'_> {
             metadata: self.metadata()?,
             payload: Bytes::copy_from_slice(self.bin()?),
         })
+    }
+
+    /// The length of the array that starts here, without moving past it.
+    fn peek_count(&self) -> Option<usize> {
+        Reader {
+            buf: self.buf,
+            limits: self.limits,
+            request: None,
+            refused: None,
+        }
+        .array()
     }
 
     /// A count of elements of at least `min_bytes` each that the rest of the body can hold.
@@ -545,6 +596,15 @@ impl Reader<'_> {
     fn push(&mut self) -> Option<Push> {
         self.fields(2)?;
         let request = self.uint()?;
+        self.request = Some(request);
+        let max = self.limits.batch_messages_max;
+        if self.peek_count()? > max as usize {
+            let count = self.peek_count()?;
+            return self.refuse(
+                ErrorCode::BatchTooLarge,
+                format!("batch of {count} messages exceeds push_batch_messages_max {max}"),
+            );
+        }
         // A message takes at least 10 bytes.
         let count = self.count(10)?;
         let mut messages = Vec::with_capacity(count);
@@ -668,9 +728,19 @@ impl Reader<'_> {
 
     /// `Settle::Ack` and the receipts after it; other settle operations are left to
     /// rmp-serde.
-    fn ack_receipts(&mut self) -> Option<Vec<Receipt>> {
+    /// An ack's receipts, at most `max` (a client's: checked before they are allocated).
+    fn ack_receipts(&mut self, max: Option<u32>) -> Option<Vec<Receipt>> {
         if self.str()? != SETTLE_ACK {
             return None;
+        }
+        if let Some(max) = max {
+            let count = self.peek_count()?;
+            if count > max as usize {
+                return self.refuse(
+                    ErrorCode::InvalidArgument,
+                    format!("{count} receipts is outside 1..={max} (pop_messages_max)"),
+                );
+            }
         }
         // A receipt takes at least 3 bytes.
         self.list(3, |r| {
@@ -688,16 +758,19 @@ impl Reader<'_> {
             tag: self.uint()?,
             leaf: self.leaf()?,
             op: Settle::Ack,
-            receipts: self.ack_receipts()?,
+            receipts: self.ack_receipts(None)?,
         })
     }
 
     fn ack(&mut self) -> Option<Ack> {
         self.fields(3)?;
+        let request = self.uint()?;
+        self.request = Some(request);
+        let max = self.limits.receipts_max;
         Some(Ack {
-            request: self.uint()?,
+            request,
             op: Settle::Ack,
-            receipts: self.ack_receipts()?,
+            receipts: self.ack_receipts(Some(max))?,
         })
     }
 
@@ -730,34 +803,62 @@ impl Reader<'_> {
 }
 
 /// Decodes `body` if it holds one of the messages this module writes, in the canonical form
-/// and nothing after it; `None` otherwise (the caller then decodes it with rmp-serde).
-pub(crate) fn decode(body: &[u8]) -> Option<Wire> {
-    let mut r = Reader { buf: body };
-    let msg = match r.enum_variant()? {
-        PUSH_VARIANT => Wire::Push(r.push()?),
-        RESERVED_VARIANT => Wire::Reserved(r.reserved()?),
-        POP_REPLY_VARIANT => Wire::PopReply(r.pop_reply()?),
-        OFFER_VARIANT => Wire::Offer(r.offer()?),
-        RESERVE_VARIANT => Wire::Reserve(r.reserve()?),
-        CONFIRM_VARIANT => Wire::Confirm(r.confirm()?),
-        ACK_VARIANT => Wire::Ack(r.ack()?),
-        CONFIRMED_VARIANT => {
-            let (tag, results) = r.tagged_results()?;
-            Wire::Confirmed(Confirmed { tag, results })
-        }
-        ACK_REPLY_VARIANT => {
-            let (request, results) = r.tagged_results()?;
-            Wire::AckReply(AckReply { request, results })
-        }
-        _ => return None,
+/// and nothing after it: `Ok(None)` otherwise (the caller then decodes it with rmp-serde).
+/// A client's `Push` and `Ack` are checked against `limits` before their lists are
+/// allocated; a `Push` is only ever written in the canonical form, so one in another form is
+/// refused rather than handed to rmp-serde, which would allocate before any check.
+///
+/// # Errors
+/// [`Rejected::OverLimit`] for a list over `limits`, [`Rejected::Malformed`] for a `Push`
+/// not in the canonical form.
+pub(crate) fn decode(body: &[u8], limits: DecodeLimits) -> Result<Option<Wire>, Rejected> {
+    let mut r = Reader {
+        buf: body,
+        limits,
+        request: None,
+        refused: None,
     };
-    r.buf.is_empty().then_some(msg)
+    let mut push = false;
+    let msg = match r.enum_variant() {
+        Some(PUSH_VARIANT) => {
+            push = true;
+            r.push().map(Wire::Push)
+        }
+        Some(RESERVED_VARIANT) => r.reserved().map(Wire::Reserved),
+        Some(POP_REPLY_VARIANT) => r.pop_reply().map(Wire::PopReply),
+        Some(OFFER_VARIANT) => r.offer().map(Wire::Offer),
+        Some(RESERVE_VARIANT) => r.reserve().map(Wire::Reserve),
+        Some(CONFIRM_VARIANT) => r.confirm().map(Wire::Confirm),
+        Some(ACK_VARIANT) => r.ack().map(Wire::Ack),
+        Some(CONFIRMED_VARIANT) => r
+            .tagged_results()
+            .map(|(tag, results)| Wire::Confirmed(Confirmed { tag, results })),
+        Some(ACK_REPLY_VARIANT) => r
+            .tagged_results()
+            .map(|(request, results)| Wire::AckReply(AckReply { request, results })),
+        _ => return Ok(None),
+    };
+    if let Some(refused) = r.refused {
+        return Err(refused);
+    }
+    match msg {
+        Some(msg) if r.buf.is_empty() => Ok(Some(msg)),
+        _ if push => Err(Rejected::Malformed(
+            "a Push not in the canonical form (as rmp-serde writes it)".into(),
+        )),
+        _ => Ok(None),
+    }
 }
 
 /// Decodes what [`encode_enqueue`] wrote; `None` if `body` is not that canonical form.
 #[cfg(test)]
 pub(crate) fn decode_enqueue(body: &[u8]) -> Option<LogRecord> {
-    let mut r = Reader { buf: body };
+    let mut r = Reader {
+        buf: body,
+        limits: DecodeLimits::NONE,
+        request: None,
+        refused: None,
+    };
     if r.enum_variant()? != ENQUEUE_VARIANT {
         return None;
     }

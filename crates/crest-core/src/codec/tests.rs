@@ -246,6 +246,11 @@ fn other_encoding(msg: &Wire) -> Vec<u8> {
     rmp_serde::to_vec(msg).unwrap()
 }
 
+/// What the codec decodes without limits (`None`: left to rmp-serde, or refused).
+fn decode(body: &[u8]) -> Option<Wire> {
+    super::decode(body, DecodeLimits::NONE).ok().flatten()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -355,12 +360,21 @@ fn other_encoders_forms_fall_back() {
             messages: vec![]
         }))
     );
-    // A message as a map (rmp-serde's named-struct form) is left to rmp-serde.
+    // A message as a map (rmp-serde's named-struct form) is left to rmp-serde, but a push is
+    // only ever written as arrays: in any other form it is refused, never allocated unchecked.
     let mut named = Vec::new();
     w::write_map_len(&mut named, 1).unwrap();
-    str_(&mut named, PUSH_VARIANT);
-    w::write_map_len(&mut named, 2).unwrap();
-    assert_eq!(decode(&named), None);
+    str_(&mut named, RESERVED_VARIANT);
+    w::write_map_len(&mut named, 1).unwrap();
+    assert_eq!(super::decode(&named, DecodeLimits::NONE), Ok(None));
+    let mut named_push = Vec::new();
+    w::write_map_len(&mut named_push, 1).unwrap();
+    str_(&mut named_push, PUSH_VARIANT);
+    w::write_map_len(&mut named_push, 2).unwrap();
+    assert!(matches!(
+        super::decode(&named_push, DecodeLimits::NONE),
+        Err(Rejected::Malformed(_))
+    ));
     // Trailing bytes are not a push.
     let mut trailing = Vec::new();
     encode_push(
@@ -372,4 +386,81 @@ fn other_encoders_forms_fall_back() {
     );
     trailing.push(0);
     assert_eq!(decode(&trailing), None);
+}
+
+#[test]
+fn a_client_s_lists_over_the_limits_are_refused_before_they_are_allocated() {
+    // Goal: a push with more messages, or a message with more metadata entries, than the
+    // receiver allows, and an ack with too many receipts, are refused while decoding with the
+    // code and text the validation after decoding would give, and the request's number.
+    let limits = DecodeLimits {
+        batch_messages_max: 2,
+        metadata_entries_max: 1,
+        receipts_max: 3,
+    };
+    let message = |entries: usize| PushMessage {
+        topic: "t".into(),
+        metadata: (0..entries)
+            .map(|i| (format!("k{i}"), "v".into()))
+            .collect(),
+        ..PushMessage::default()
+    };
+    let refused = |msg: Wire| {
+        let mut body = Vec::new();
+        assert!(encode(&msg, &mut body));
+        match super::decode(&body, limits) {
+            Err(Rejected::OverLimit {
+                request,
+                code,
+                message,
+            }) => (request, code, message),
+            other => panic!("{other:?}"),
+        }
+    };
+    let batch = Wire::Push(Push {
+        request: 7,
+        messages: vec![message(0); 3],
+    });
+    assert_eq!(
+        refused(batch),
+        (
+            Some(7),
+            ErrorCode::BatchTooLarge,
+            "batch of 3 messages exceeds push_batch_messages_max 2".into()
+        )
+    );
+    let metadata = Wire::Push(Push {
+        request: 8,
+        messages: vec![message(1), message(2)],
+    });
+    assert_eq!(
+        refused(metadata),
+        (
+            Some(8),
+            ErrorCode::InvalidArgument,
+            "2 metadata entries exceed metadata_entries_max 1".into()
+        )
+    );
+    let receipts = (0..4)
+        .map(|i| Receipt {
+            id: MessageId(i),
+            token: i,
+        })
+        .collect();
+    let ack = Wire::Ack(Ack {
+        request: 9,
+        op: Settle::Ack,
+        receipts,
+    });
+    let (request, code, text) = refused(ack);
+    assert_eq!((request, code), (Some(9), ErrorCode::InvalidArgument));
+    assert!(text.contains("pop_messages_max"), "{text}");
+    // Within the limits, the same decode as without.
+    let fits = Wire::Push(Push {
+        request: 10,
+        messages: vec![message(1), message(0)],
+    });
+    let mut body = Vec::new();
+    assert!(encode(&fits, &mut body));
+    assert_eq!(super::decode(&body, limits), Ok(Some(fits)));
 }
