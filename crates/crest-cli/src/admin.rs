@@ -1,4 +1,4 @@
-//! Admin commands: `crest dlq list | redrive | purge` and `crest stats`.
+//! Admin commands: `crest dlq list | redrive | purge`, `crest lease` and `crest stats`.
 
 use crate::*;
 
@@ -41,6 +41,79 @@ pub(crate) enum DlqCommand {
         /// Message ids (LEAF.SEQ).
         ids: Vec<MessageId>,
     },
+}
+
+/// Settles leases by message id, whoever holds them.
+#[derive(Subcommand)]
+pub(crate) enum LeaseCommand {
+    /// Acknowledge: the messages are deleted.
+    Ack {
+        #[command(flatten)]
+        target: LeaseTarget,
+    },
+    /// Give the messages back as failed: delivered again after the delay, or dead-lettered
+    /// after the topic's max_attempts.
+    Nack {
+        #[command(flatten)]
+        target: LeaseTarget,
+        /// Delay before the messages are delivered again, in milliseconds.
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
+        /// Why (kept with the message; shown in the dead-letter queue).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Extend the visibility timeout of the leases.
+    Extend {
+        #[command(flatten)]
+        target: LeaseTarget,
+        /// The new visibility timeout from now, in milliseconds.
+        #[arg(long)]
+        visibility_ms: u64,
+    },
+}
+
+#[derive(Args)]
+pub(crate) struct LeaseTarget {
+    #[command(flatten)]
+    root: RootArgs,
+    /// The topic of the messages.
+    #[arg(long)]
+    topic: String,
+    /// Message ids (LEAF.SEQ).
+    #[arg(required = true)]
+    ids: Vec<MessageId>,
+}
+
+pub(crate) async fn lease(command: LeaseCommand) -> Result<()> {
+    let (target, op) = match command {
+        LeaseCommand::Ack { target } => (target, Settle::Ack),
+        LeaseCommand::Nack {
+            target,
+            delay_ms,
+            reason,
+        } => (target, Settle::Nack { delay_ms, reason }),
+        LeaseCommand::Extend {
+            target,
+            visibility_ms,
+        } => (
+            target,
+            Settle::Extend {
+                lease_ms: visibility_ms,
+            },
+        ),
+    };
+    let name = op.name();
+    let admin = Admin::connect(root_config(&target.root)?).await?;
+    let answer = admin.settle(&target.topic, op, &target.ids).await?;
+    warn_unreachable(&answer.unreachable);
+    println!(
+        "{name}: settled {} of {} leases in {}",
+        answer.value,
+        target.ids.len(),
+        target.topic
+    );
+    Ok(())
 }
 
 #[derive(Args)]

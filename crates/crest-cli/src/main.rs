@@ -126,6 +126,12 @@ enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Settle leases by message id, whoever they were delivered to (needs `admin`): release
+    /// the lease of a consumer that hangs, ack for one that is gone.
+    Lease {
+        #[command(subcommand)]
+        command: LeaseCommand,
+    },
     /// Depths per topic and priority, in flight, delayed, dead letters, oldest message, and
     /// event counters, for the whole tree.
     Stats(StatsArgs),
@@ -277,6 +283,10 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
         Command::Dlq { command } => {
             init_tracing("warn");
             dlq(command).await
+        }
+        Command::Lease { command } => {
+            init_tracing("warn");
+            lease(command).await
         }
         Command::Stats(args) => {
             init_tracing("warn");

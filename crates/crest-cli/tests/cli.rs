@@ -162,6 +162,27 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
         .await;
     assert_eq!(field(&back, "attempt"), "1", "{back}");
     assert!(back.contains("acked"), "{back}");
+
+    // An admin settles a lease by message id: released, delivered again, then acked.
+    let pop_slow = ["pop", "--topic", "flaky", "--wait-ms", "5000"];
+    let slow = cli
+        .ok(&[&pop_slow[..], &["--visibility-ms", "600000"]].concat())
+        .await;
+    assert_eq!(field(&slow, "payload"), "slow", "{slow}");
+    let id = field(&slow, "id").to_string();
+    let released = cli
+        .ok(&["lease", "nack", "--topic", "flaky", "--reason", "hung", &id])
+        .await;
+    assert!(released.contains("nack: settled 1 of 1"), "{released}");
+    let again = cli.ok(&pop_slow).await;
+    assert_eq!(
+        (field(&again, "id"), field(&again, "attempt")),
+        (id.as_str(), "2")
+    );
+    let acked = cli.ok(&["lease", "ack", "--topic", "flaky", &id]).await;
+    assert!(acked.contains("ack: settled 1 of 1"), "{acked}");
+    let (success, text) = cli.run(&["ack", field(&again, "receipt")]).await;
+    assert!(!success && text.contains("already settled"), "{text}");
     tree.shutdown().await;
 }
 

@@ -208,12 +208,12 @@ impl Principal {
 ///
 /// [`Settings`]: crate::config::Settings
 #[derive(Default, Debug)]
-pub(crate) struct Tally(std::collections::HashMap<Arc<str>, u32>);
+pub struct Tally(std::collections::HashMap<Arc<str>, u32>);
 
 impl Tally {
     /// Counts one more request of `principal` unless it holds `max` already (`None`, a
     /// connection without a principal, is not counted).
-    pub(crate) fn take(&mut self, principal: Option<&Arc<str>>, max: u32) -> bool {
+    pub fn take(&mut self, principal: Option<&Arc<str>>, max: u32) -> bool {
         let Some(name) = principal else {
             return true;
         };
@@ -226,7 +226,7 @@ impl Tally {
     }
 
     /// Counts one request of `principal` fewer.
-    pub(crate) fn give(&mut self, principal: Option<&Arc<str>>) {
+    pub fn give(&mut self, principal: Option<&Arc<str>>) {
         let Some(name) = principal else {
             return;
         };

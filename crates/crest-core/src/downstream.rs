@@ -334,6 +334,14 @@ impl Downstream {
         offer: &crate::wire::Offer,
     ) -> Result<(), String> {
         crate::validate::validate_topic(&self.settings, &offer.topic)?;
+        // Each leaf holds at most `topics_max` topics, so the subtree offers at most that many
+        // per leaf: more windows than that are a child's invention.
+        let topics_max = self.settings.topics_max as usize * self.subtree.len().max(1);
+        if !self.windows.contains_key(offer.topic.as_str()) && self.windows.len() >= topics_max {
+            return Err(format!(
+                "offer on a new topic past {topics_max} topics (topics_max per leaf below)"
+            ));
+        }
         if let Some(entry) = offer
             .adds
             .iter()

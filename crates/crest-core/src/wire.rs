@@ -530,6 +530,18 @@ pub enum AdminOp {
         /// One topic, or all.
         topic: Option<String>,
     },
+    /// Settles the live leases of messages of a topic by id, whoever they were delivered to:
+    /// an admin's override of a consumer's receipt (release a stuck lease, ack a message a
+    /// lost consumer finished). Ids not leased now, or of another topic, are left alone; the
+    /// answer counts the leases settled.
+    Settle {
+        /// The topic.
+        topic: String,
+        /// What to do with each lease.
+        op: Settle,
+        /// Which messages (at least one).
+        ids: Vec<MessageId>,
+    },
 }
 
 impl AdminOp {
@@ -538,7 +550,8 @@ impl AdminOp {
         match self {
             AdminOp::DeadLetters { topic, .. }
             | AdminOp::Redrive { topic, .. }
-            | AdminOp::Purge { topic, .. } => Some(topic),
+            | AdminOp::Purge { topic, .. }
+            | AdminOp::Settle { topic, .. } => Some(topic),
             AdminOp::Stats { topic } => topic.as_deref(),
         }
     }
@@ -546,9 +559,23 @@ impl AdminOp {
     /// The message ids the operation names (empty: the whole topic).
     pub fn ids(&self) -> &[MessageId] {
         match self {
-            AdminOp::Redrive { ids, .. } | AdminOp::Purge { ids, .. } => ids,
+            AdminOp::Redrive { ids, .. }
+            | AdminOp::Purge { ids, .. }
+            | AdminOp::Settle { ids, .. } => ids,
             _ => &[],
         }
+    }
+
+    /// The same operation on `ids` only (the share of one leaf).
+    pub fn with_ids(&self, only: Vec<MessageId>) -> AdminOp {
+        let mut op = self.clone();
+        if let AdminOp::Redrive { ids, .. }
+        | AdminOp::Purge { ids, .. }
+        | AdminOp::Settle { ids, .. } = &mut op
+        {
+            *ids = only;
+        }
+        op
     }
 }
 

@@ -241,7 +241,7 @@ pub(crate) struct NodeState {
     /// What each authenticated client connection proved, and the principal it stands for.
     credentials: HashMap<ConnId, (Credential, Arc<str>)>,
     /// Connections per principal (`principal_connections_max`).
-    per_principal: HashMap<Arc<str>, u32>,
+    per_principal: crest_core::access::Tally,
     /// The armed timer: its deadline and the task that will send `Tick`.
     timer: Option<(Time, JoinHandle<()>)>,
     /// Last time handed to the machine: time never goes backwards.
@@ -336,11 +336,7 @@ impl NodeState {
         principal: crest_core::access::Principal,
     ) -> Result<(), Refusal> {
         let max = self.admission.principal_connections_max;
-        let held = self
-            .per_principal
-            .entry(principal.name.clone())
-            .or_default();
-        if *held >= max {
+        if !self.per_principal.take(Some(&principal.name), max) {
             return Err(Refusal {
                 code: crest_core::wire::ErrorCode::Overloaded,
                 text: format!(
@@ -349,7 +345,6 @@ impl NodeState {
                 ),
             });
         }
-        *held += 1;
         tracing::debug!(conn, principal = %principal.name, "client authenticated");
         self.credentials
             .insert(conn, (credential, principal.name.clone()));
@@ -359,14 +354,8 @@ impl NodeState {
 
     /// Stops counting `conn` as its principal's (it closed, or its credential was revoked).
     fn forget_client(&mut self, conn: ConnId) {
-        let Some((_, name)) = self.credentials.remove(&conn) else {
-            return;
-        };
-        if let Some(held) = self.per_principal.get_mut(&name) {
-            *held -= 1;
-            if *held == 0 {
-                self.per_principal.remove(&name);
-            }
+        if let Some((_, name)) = self.credentials.remove(&conn) {
+            self.per_principal.give(Some(&name));
         }
     }
 
@@ -444,7 +433,7 @@ impl Actor for NodeActor {
             conns: HashMap::new(),
             unintroduced: HashSet::new(),
             credentials: HashMap::new(),
-            per_principal: HashMap::new(),
+            per_principal: Default::default(),
             timer: None,
             last_now: Time::ZERO,
         })

@@ -1,4 +1,4 @@
-//! The admin client: dead-letter queues and stats of the whole tree, through the root.
+//! The admin client: dead-letter queues, stats and leases of the whole tree, through the root.
 //!
 //! Every operation fans out from the root to the leaves concerned and is merged there. A leaf
 //! that cannot be reached is left out and named in [`AdminAnswer::unreachable`]: a listing
@@ -8,7 +8,9 @@ use crate::ClientError;
 use crate::consumer::{ConsumerConfig, connect_root, unexpected};
 use crate::link::Link;
 use crest_core::id::{LeafId, MessageId};
-use crest_core::wire::{Admin as AdminRequest, AdminOp, AdminResult, DeadLetter, Stats, Wire};
+use crest_core::wire::{
+    Admin as AdminRequest, AdminOp, AdminResult, DeadLetter, Settle, Stats, Wire,
+};
 use std::time::Duration;
 
 /// How long an admin request may take.
@@ -104,6 +106,27 @@ impl Admin {
     ) -> Result<AdminAnswer<u64>, ClientError> {
         let op = AdminOp::Purge {
             topic: topic.into(),
+            ids: ids.to_vec(),
+        };
+        self.count(op).await
+    }
+
+    /// Settles the live leases of `topic`'s messages `ids` as `op` says, whoever they were
+    /// delivered to: the override of an admin (`admin` permission in the topic's namespace)
+    /// for a consumer's receipts, e.g. to release the lease of a consumer that hangs. Ids not
+    /// leased now, or of another topic, are left alone; answers how many leases were settled.
+    ///
+    /// # Errors
+    /// [`ClientError`] if the request failed as a whole.
+    pub async fn settle(
+        &self,
+        topic: &str,
+        op: Settle,
+        ids: &[MessageId],
+    ) -> Result<AdminAnswer<u64>, ClientError> {
+        let op = AdminOp::Settle {
+            topic: topic.into(),
+            op,
             ids: ids.to_vec(),
         };
         self.count(op).await

@@ -11,7 +11,7 @@ use crest::node::LocalTree;
 use crest::node::access::AccessFile;
 use crest::sdk::{
     Admin, ClientError, ClientTls, Consumer, ConsumerConfig, Credential, ErrorCode, Producer,
-    ProducerConfig, ReceiptError,
+    ProducerConfig, ReceiptError, Settle,
 };
 use crest::transport::tls::CertificateAuthority;
 use std::time::Duration;
@@ -223,6 +223,81 @@ async fn receipts_settle_only_for_the_principal_they_were_delivered_to() {
     );
     alice.ack(&receipt).await.unwrap();
     assert_eq!(depth(&tree, "jobs/a").await, 0);
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_settles_a_lease_whoever_holds_it_and_a_consumer_may_not() {
+    // Goal: a principal with `admin` in the namespace releases, then acks, leases delivered
+    // to another principal, by message id; a consumer without `admin` is refused and changes
+    // nothing; the holder's receipt is stale once the admin settled its lease.
+    let mut tree = start_tree().await;
+    let mut file = tree.access_file().clone();
+    let alice = add(&mut file, "alice", &["jobs:consume"]);
+    let ops = add(&mut file, "ops", &["jobs:admin"]);
+    tree.reload_access(file);
+    producer(&tree, admin_token(&tree))
+        .await
+        .unwrap()
+        .push("jobs/a", 1, "stuck")
+        .await
+        .unwrap();
+    let alice_consumer = consumer(&tree, Credential::Token(alice.clone()))
+        .await
+        .unwrap();
+    let config = |token: &str| {
+        ConsumerConfig::from_topology(
+            &tree.topology,
+            tls(&tree, Credential::Token(token.to_string())),
+        )
+    };
+    let first = alice_consumer.pop("jobs/a", 1, WAIT).await.unwrap();
+    let id = first[0].id;
+    let consumer_only = Admin::connect(config(&alice)).await.unwrap();
+    let (code, text) = refused(consumer_only.settle("jobs/a", Settle::Ack, &[id]).await);
+    assert_eq!(code, ErrorCode::Forbidden, "{text}");
+    assert!(text.contains("admin"), "{text}");
+
+    let ops = Admin::connect(config(&ops)).await.unwrap();
+    let release = Settle::Nack {
+        delay_ms: 0,
+        reason: Some("consumer hangs".into()),
+    };
+    // Another topic's name settles nothing.
+    assert_eq!(
+        ops.settle("jobs/b", release.clone(), &[id])
+            .await
+            .unwrap()
+            .value,
+        0
+    );
+    assert_eq!(ops.settle("jobs/a", release, &[id]).await.unwrap().value, 1);
+    assert!(matches!(
+        alice_consumer.ack(&first[0].receipt()).await,
+        Err(ClientError::Receipt(ReceiptError::Stale))
+    ));
+    let second = alice_consumer.pop("jobs/a", 1, WAIT).await.unwrap();
+    assert_eq!(
+        (second[0].id, second[0].attempt),
+        (id, 2),
+        "delivered again"
+    );
+    assert_eq!(
+        ops.settle("jobs/a", Settle::Ack, &[id])
+            .await
+            .unwrap()
+            .value,
+        1
+    );
+    assert_eq!(depth(&tree, "jobs/a").await, 0);
+    // Settled: nothing left to settle.
+    assert_eq!(
+        ops.settle("jobs/a", Settle::Ack, &[id])
+            .await
+            .unwrap()
+            .value,
+        0
+    );
     tree.shutdown().await;
 }
 

@@ -2,10 +2,16 @@
 //! tree: each is refused with its typed error and the tree's own links stay up.
 
 use crest::core::frame::encode_frame;
+use crest::core::key::Key;
+use crest::core::metrics::Report;
+use crest::core::time::Time;
 use crest::core::topology::Topology;
-use crest::core::wire::{Hello, PROTOCOL_VERSION, PeerKind, Pop, Role, Secret, Wire};
+use crest::core::wire::{
+    ErrorCode, Hello, Offer, OfferEntry, PROTOCOL_VERSION, PeerKind, Pop, Role, Secret, Stats,
+    TopicStats, Wire,
+};
 use crest::node::LocalTree;
-use crest::sdk::LeafId;
+use crest::sdk::{LeafId, MessageId};
 use crest::transport::stream::{FrameReader, ReadEvent, open_streams};
 use std::time::Duration;
 
@@ -29,6 +35,100 @@ async fn hello_as(
     first_messages(tree, address, identity, &[msg]).await
 }
 
+/// A connection to a node, its streams open.
+struct Dialed {
+    _endpoint: quinn::Endpoint,
+    connection: quinn::Connection,
+    send: quinn::SendStream,
+    control: FrameReader,
+    data: FrameReader,
+}
+
+impl Dialed {
+    /// Dials `address` presenting `identity` (none: as a producer or consumer does).
+    async fn to(
+        tree: &LocalTree,
+        address: &str,
+        identity: Option<&crest::transport::tls::CertifiedKey>,
+    ) -> Result<Dialed, String> {
+        let settings = crest::core::config::Settings::default();
+        let client = match identity {
+            Some(identity) => {
+                crest::transport::link_client_config(&tree.ca_pem, identity, &settings).unwrap()
+            }
+            None => crest::transport::client_config(&tree.ca_pem, &settings).unwrap(),
+        };
+        let addr = address.parse().unwrap();
+        let endpoint = crest::transport::client_endpoint(addr, client, &settings).unwrap();
+        // A link asks for the node it dials by name; a client takes any node.
+        let name = tree
+            .topology
+            .nodes
+            .iter()
+            .find(|node| node.address == address)
+            .map(|node| node.name.clone())
+            .unwrap();
+        let server_name = match identity {
+            Some(_) => name.as_str(),
+            None => crest::transport::tls::SERVER_NAME,
+        };
+        let connection = crest::transport::connect(&endpoint, addr, server_name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let streams = open_streams(&connection).await.map_err(|e| e.to_string())?;
+        let max = settings.frame_bytes_max;
+        let (send, recv) = streams.control;
+        Ok(Dialed {
+            _endpoint: endpoint,
+            connection,
+            send,
+            control: FrameReader::new(recv, max),
+            data: FrameReader::new(streams.data.1, max),
+        })
+    }
+
+    /// Sends `msgs` on the control stream.
+    async fn send(&mut self, msgs: &[Wire]) -> Result<(), String> {
+        let mut bytes = Vec::new();
+        for msg in msgs {
+            encode_frame(
+                msg,
+                crest::core::config::Settings::default().frame_bytes_max,
+                &mut bytes,
+            )
+            .unwrap();
+        }
+        self.send.write_all(&bytes).await.map_err(|e| e.to_string())
+    }
+
+    /// The next message `wanted` keeps (errors answering a request travel on the data
+    /// stream, the others on the control one), or the reason the connection was closed.
+    async fn next(&mut self, wanted: impl Fn(&Wire) -> bool) -> Result<Wire, String> {
+        let answer = tokio::time::timeout(WAIT, async {
+            loop {
+                let answer = tokio::select! {
+                    answer = self.control.next() => answer,
+                    answer = self.data.next() => answer,
+                };
+                match answer {
+                    Ok(Some(ReadEvent::Frame(msg))) if !wanted(&msg) => {}
+                    other => return other,
+                }
+            }
+        })
+        .await
+        .unwrap();
+        match answer {
+            Ok(Some(ReadEvent::Frame(msg))) => Ok(msg),
+            Ok(other) => Err(format!("{other:?}")),
+            Err(error) => {
+                let closed = self.connection.close_reason().map(|r| r.to_string());
+                Err(closed.unwrap_or_else(|| error.to_string()))
+            }
+        }
+    }
+}
+
 /// Dials `address` (presenting `identity`, if any), sends `msgs` first on the control stream,
 /// and returns the first answer that is not a `Welcome`, or the reason the connection was
 /// closed.
@@ -38,62 +138,9 @@ async fn first_messages(
     identity: Option<&crest::transport::tls::CertifiedKey>,
     msgs: &[Wire],
 ) -> Result<Wire, String> {
-    let settings = crest::core::config::Settings::default();
-    let client = match identity {
-        Some(identity) => {
-            crest::transport::link_client_config(&tree.ca_pem, identity, &settings).unwrap()
-        }
-        None => crest::transport::client_config(&tree.ca_pem, &settings).unwrap(),
-    };
-    let addr = address.parse().unwrap();
-    let endpoint = crest::transport::client_endpoint(addr, client, &settings).unwrap();
-    // A link asks for the node it dials by name; a client takes any node.
-    let name = tree
-        .topology
-        .nodes
-        .iter()
-        .find(|node| node.address == address)
-        .map(|node| node.name.clone())
-        .unwrap();
-    let server_name = match identity {
-        Some(_) => name.as_str(),
-        None => crest::transport::tls::SERVER_NAME,
-    };
-    let connection = crest::transport::connect(&endpoint, addr, server_name)
-        .await
-        .map_err(|e| e.to_string())?;
-    let streams = open_streams(&connection).await.map_err(|e| e.to_string())?;
-    let max = settings.frame_bytes_max;
-    let (mut send, recv) = streams.control;
-    let mut hello = Vec::new();
-    for msg in msgs {
-        encode_frame(msg, max, &mut hello).unwrap();
-    }
-    send.write_all(&hello).await.map_err(|e| e.to_string())?;
-    // An error answering a request travels on the data stream, the others on the control one.
-    let mut control = FrameReader::new(recv, max);
-    let mut data = FrameReader::new(streams.data.1, max);
-    let answer = tokio::time::timeout(WAIT, async {
-        loop {
-            let answer = tokio::select! {
-                answer = control.next() => answer,
-                answer = data.next() => answer,
-            };
-            if !matches!(answer, Ok(Some(ReadEvent::Frame(Wire::Welcome(_))))) {
-                return answer;
-            }
-        }
-    })
-    .await
-    .unwrap();
-    match answer {
-        Ok(Some(ReadEvent::Frame(msg))) => Ok(msg),
-        Ok(other) => Err(format!("{other:?}")),
-        Err(error) => {
-            let closed = connection.close_reason().map(|r| r.to_string());
-            Err(closed.unwrap_or_else(|| error.to_string()))
-        }
-    }
+    let mut dialed = Dialed::to(tree, address, identity).await?;
+    dialed.send(msgs).await?;
+    dialed.next(|msg| !matches!(msg, Wire::Welcome(_))).await
 }
 
 /// The refusal a `hello_as` got: its code, from the error answer or the close reason.
@@ -277,5 +324,130 @@ async fn another_protocol_a_request_before_hello_and_a_replayed_hello_are_refuse
         tree.node("root").unwrap().stats().await.unwrap().children,
         2
     );
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_s_hostile_offers_and_reports_are_refused_or_contained() {
+    // Goal: a real node gone rogue (leaf-4's own certificate, in leaf-4's place) gets its
+    // offers of another subtree's message and on bad topics refused as `InvalidArgument`,
+    // counted, nothing applied; its report of absurd counts merges saturating all the way to
+    // the root's; the tree serves on. Method: leaf-4 is stopped and its place at agg-2 taken
+    // over QUIC with its certificate.
+    let mut tree = start_tree().await;
+    tree.stop_node("leaf-4").await;
+    let agg_2 = tree.topology.node("agg-2").unwrap().address.clone();
+    let hour = Duration::from_secs(3600);
+    let leaf_4 = tree.ca().issue("leaf-4", &[], hour).unwrap();
+    let mut rogue = Dialed::to(&tree, &agg_2, Some(&leaf_4)).await.unwrap();
+    let hello = Wire::Hello(Hello {
+        protocol: PROTOCOL_VERSION,
+        token: None,
+        peer: PeerKind::Node {
+            name: "leaf-4".into(),
+            role: Role::Leaf,
+            leaves: vec![LeafId(4)],
+        },
+    });
+    rogue.send(&[hello]).await.unwrap();
+    let welcome = rogue.next(|_| true).await.unwrap();
+    assert!(matches!(welcome, Wire::Welcome(_)), "{welcome:?}");
+    let before = tree.node("agg-2").unwrap().stats().await.unwrap();
+
+    let offer_of = |topic: &str, leaf: u16| {
+        Wire::Offer(Offer {
+            topic: topic.into(),
+            adds: vec![OfferEntry {
+                key: Key {
+                    priority: 0,
+                    ready_at: Time::ZERO,
+                    id: MessageId::new(LeafId(leaf), 1),
+                },
+                size: 1,
+                since: Time::ZERO,
+                entered: Time::ZERO,
+            }],
+            retracts: Vec::new(),
+            frontier: None,
+            seq: 1,
+        })
+    };
+    let huge = |topic: &str| TopicStats {
+        topic: topic.into(),
+        ready: vec![(3, u64::MAX), (1, u64::MAX)],
+        delayed: u64::MAX,
+        in_flight: u64::MAX,
+        dead: u64::MAX,
+        oldest_enqueued_at: Some(Time(5)),
+    };
+    let report = Wire::Report(Report {
+        stats: Stats {
+            topics: vec![huge("rogue/z"), huge("rogue/a"), huge("rogue/z")],
+            expired: u64::MAX,
+            dead_lettered: u64::MAX,
+            deduplicated: u64::MAX,
+        },
+        ..Report::default()
+    });
+    let hostile = [
+        offer_of("jobs", 1),
+        offer_of("", 4),
+        offer_of("a\nb", 4),
+        report,
+    ];
+    rogue.send(&hostile).await.unwrap();
+    for says in [
+        "does not lead to",
+        "topic is empty",
+        "whitespace or control",
+    ] {
+        let answer = rogue.next(|msg| matches!(msg, Wire::Error(_))).await;
+        let Ok(Wire::Error(error)) = answer else {
+            panic!("a refusal, got {answer:?}")
+        };
+        assert_eq!(error.code, ErrorCode::InvalidArgument);
+        assert!(error.message.contains(says), "{}", error.message);
+    }
+    let after = tree.node("agg-2").unwrap().stats().await.unwrap();
+    assert_eq!(after.violations, before.violations + 3);
+    assert_eq!(
+        after.window_entries, before.window_entries,
+        "nothing applied"
+    );
+
+    // The absurd report reaches the root's merged report, saturated, each topic once.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let report = tree.node("root").unwrap().report().await.unwrap();
+        let names: Vec<&str> = report
+            .stats
+            .topics
+            .iter()
+            .map(|t| t.topic.as_str())
+            .collect();
+        if let Some(z) = report.stats.topic("rogue/z") {
+            assert_eq!(z.ready_total(), u64::MAX);
+            assert_eq!(report.stats.expired, u64::MAX);
+            assert_eq!(
+                names.iter().filter(|n| **n == "rogue/z").count(),
+                1,
+                "{names:?}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "report merged: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // leaf-4 is stopped: produce at leaf-1.
+    let leaf_1 = tree.topology.node("leaf-1").unwrap().address.clone();
+    let config = crest::sdk::ProducerConfig::new(vec![leaf_1], common::tls(&tree));
+    let producer = crest::sdk::Producer::connect(config).await.unwrap();
+    producer.push("jobs", 1, "after").await.unwrap();
+    let consumer = consumer(&tree).await;
+    assert_eq!(consumer.pop("jobs", 1, WAIT).await.unwrap().len(), 1);
+    drop(rogue);
     tree.shutdown().await;
 }

@@ -74,6 +74,16 @@ impl Leaf {
                 AdminResult::Count(ids.len() as u64)
             }
             AdminOp::Stats { topic } => AdminResult::Stats(self.topic_stats(topic.as_deref())),
+            AdminOp::Settle { topic, op, ids } => {
+                let receipts = self.live_receipts(topic, ids);
+                let (results, records, outcomes) = self.settle(now, op, &receipts);
+                let answer = SettleReply::Admin {
+                    tag: admin.tag,
+                    settled: results.iter().filter(|r| r.is_ok()).count() as u64,
+                };
+                self.log_settlement(now, conn, answer, records, outcomes);
+                return;
+            }
         };
         self.log(now, None, SyncWait::Linger, records);
         self.send(

@@ -458,46 +458,32 @@ impl Leaf {
     /// Settles leases. Acks and nacks are answered, and applied, once their records are
     /// durable: one refused by the log is answered `Unavailable` and changes nothing.
     pub(super) fn handle_confirm(&mut self, now: Time, conn: ConnId, confirm: Confirm) {
-        // A delete (or release) record per receipt, mostly.
-        let mut records = Vec::with_capacity(confirm.receipts.len());
-        let mut outcomes = Vec::with_capacity(confirm.receipts.len());
-        let mut results = Vec::with_capacity(confirm.receipts.len());
-        for receipt in &confirm.receipts {
-            let result = self
-                .check_receipt(now, receipt)
-                .map(|id| match &confirm.op {
-                    Settle::Ack => {
-                        let leased = self.settling(id);
-                        let outcome = Outcome::Acked;
-                        records.push(Self::outcome_record(leased, &outcome));
-                        outcomes.push((id, outcome));
-                    }
-                    Settle::Nack { delay_ms, reason } => {
-                        let reason = reason.clone().unwrap_or_else(|| "nacked".into());
-                        let leased = &self.leases.by_id[&id];
-                        let outcome = self.failure_outcome(now, leased, *delay_ms, reason);
-                        let leased = self.settling(id);
-                        records.push(Self::outcome_record(leased, &outcome));
-                        outcomes.push((id, outcome));
-                    }
-                    Settle::Extend { lease_ms } => {
-                        self.counters.extended += 1;
-                        let max = self.config.settings.lease_timeout_max_ms;
-                        let deadline = now + Duration::from_millis((*lease_ms).clamp(1, max));
-                        let leased = self.leases.by_id.get_mut(&id).expect("checked");
-                        self.leases.by_deadline.remove(&(leased.deadline, id));
-                        leased.deadline = deadline;
-                        self.leases.by_deadline.insert((deadline, id));
-                    }
-                });
-            results.push(result);
-        }
+        let (results, records, outcomes) = self.settle(now, &confirm.op, &confirm.receipts);
         let confirmed = Confirmed {
             tag: confirm.tag,
             results,
         };
+        self.log_settlement(
+            now,
+            conn,
+            SettleReply::Confirmed(confirmed),
+            records,
+            outcomes,
+        );
+    }
+
+    /// Logs the records of a settlement and answers once they are durable (at once if there
+    /// are none: extends).
+    pub(super) fn log_settlement(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        answer: SettleReply,
+        records: Vec<LogRecord>,
+        outcomes: Vec<(MessageId, Outcome)>,
+    ) {
         if records.is_empty() {
-            self.send(conn, Wire::Confirmed(confirmed));
+            self.send(conn, answer.into_wire(true));
             return;
         }
         let token = self.writes.next_token;
@@ -506,11 +492,75 @@ impl Leaf {
             token,
             Settlement {
                 conn,
-                confirmed,
+                answer,
                 outcomes,
             },
         );
         self.log(now, Some(token), SyncWait::Linger, records);
+    }
+
+    /// Receipts for the live leases of `topic`'s messages among `ids`, whoever holds them.
+    pub(super) fn live_receipts(&self, topic: &str, ids: &[MessageId]) -> Vec<Receipt> {
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .filter_map(|id| {
+                let lease = self.leases.by_id.get(&id)?;
+                (&*lease.topic == topic && !lease.settling).then_some(Receipt {
+                    id,
+                    token: lease.token,
+                })
+            })
+            .collect()
+    }
+
+    /// Checks each receipt and settles its lease as `op` says: the result per receipt, the
+    /// records to log and the outcomes to apply once they are durable.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn settle(
+        &mut self,
+        now: Time,
+        op: &Settle,
+        receipts: &[Receipt],
+    ) -> (
+        Vec<Result<(), ReceiptError>>,
+        Vec<LogRecord>,
+        Vec<(MessageId, Outcome)>,
+    ) {
+        // A delete (or release) record per receipt, mostly.
+        let mut records = Vec::with_capacity(receipts.len());
+        let mut outcomes = Vec::with_capacity(receipts.len());
+        let mut results = Vec::with_capacity(receipts.len());
+        for receipt in receipts {
+            let result = self.check_receipt(now, receipt).map(|id| match op {
+                Settle::Ack => {
+                    let leased = self.settling(id);
+                    let outcome = Outcome::Acked;
+                    records.push(Self::outcome_record(leased, &outcome));
+                    outcomes.push((id, outcome));
+                }
+                Settle::Nack { delay_ms, reason } => {
+                    let reason = reason.clone().unwrap_or_else(|| "nacked".into());
+                    let leased = &self.leases.by_id[&id];
+                    let outcome = self.failure_outcome(now, leased, *delay_ms, reason);
+                    let leased = self.settling(id);
+                    records.push(Self::outcome_record(leased, &outcome));
+                    outcomes.push((id, outcome));
+                }
+                Settle::Extend { lease_ms } => {
+                    self.counters.extended += 1;
+                    let max = self.config.settings.lease_timeout_max_ms;
+                    let deadline = now + Duration::from_millis((*lease_ms).clamp(1, max));
+                    let leased = self.leases.by_id.get_mut(&id).expect("checked");
+                    self.leases.by_deadline.remove(&(leased.deadline, id));
+                    leased.deadline = deadline;
+                    self.leases.by_deadline.insert((deadline, id));
+                }
+            });
+            results.push(result);
+        }
+        (results, records, outcomes)
     }
 
     /// The root gives back grants no consumer received: available again, attempt returned.

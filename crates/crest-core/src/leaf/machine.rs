@@ -11,7 +11,7 @@ use crate::machine::{
 use crate::metrics::{Metric, OwnReport, Report, named};
 use crate::record::MessageBody;
 use crate::time::Time;
-use crate::wire::{ErrorCode, PushAck, ReceiptError, Wire};
+use crate::wire::{ErrorCode, PushAck, Wire};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -382,7 +382,7 @@ impl Machine for Leaf {
     fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
         if let Some(settlement) = self.writes.settlements.remove(&done.token) {
             self.settled(now, settlement.outcomes);
-            self.send(settlement.conn, Wire::Confirmed(settlement.confirmed));
+            self.send(settlement.conn, settlement.answer.into_wire(true));
             // Nacked messages are offered again; acked bodies may leave a segment mostly dead.
             self.flush_offers(now, false);
             self.maybe_compact(now);
@@ -537,15 +537,10 @@ impl Machine for Leaf {
             self.compactor.step = None;
             return;
         }
-        if let Some(mut settlement) = self.writes.settlements.remove(&token) {
-            // Not applied: the leases go on, and the consumer is told to retry.
+        if let Some(settlement) = self.writes.settlements.remove(&token) {
+            // Not applied: the leases go on, and whoever asked is told so.
             self.unsettled(&settlement.outcomes);
-            for result in &mut settlement.confirmed.results {
-                if result.is_ok() {
-                    *result = Err(ReceiptError::Unavailable);
-                }
-            }
-            self.send(settlement.conn, Wire::Confirmed(settlement.confirmed));
+            self.send(settlement.conn, settlement.answer.into_wire(false));
             return;
         }
         let Some(batch) = self.writes.batches.remove(&token) else {

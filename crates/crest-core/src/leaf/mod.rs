@@ -493,9 +493,47 @@ struct Settlement {
     conn: ConnId,
     /// The answer, sent once the records are durable (or with the settled receipts refused as
     /// `Unavailable` if they are not).
-    confirmed: Confirmed,
+    answer: SettleReply,
     /// The leases it ends and how, applied once the records are durable.
     outcomes: Vec<(MessageId, Outcome)>,
+}
+
+/// Who waits for a settlement: the root with a consumer's receipts, or an admin's request.
+#[derive(Debug)]
+enum SettleReply {
+    Confirmed(Confirmed),
+    /// An admin's [`AdminOp::Settle`](crate::wire::AdminOp::Settle): the count of leases
+    /// settled.
+    Admin {
+        tag: u64,
+        settled: u64,
+    },
+}
+
+impl SettleReply {
+    /// The answer to send, once the records are `durable` or failed to be.
+    fn into_wire(self, durable: bool) -> Wire {
+        match self {
+            SettleReply::Confirmed(mut confirmed) => {
+                if !durable {
+                    // Not applied: the leases go on, and the consumer is told to retry.
+                    for result in &mut confirmed.results {
+                        if result.is_ok() {
+                            *result = Err(crate::wire::ReceiptError::Unavailable);
+                        }
+                    }
+                }
+                Wire::Confirmed(confirmed)
+            }
+            SettleReply::Admin { tag, settled } => {
+                Wire::LeafAdminReply(crate::wire::LeafAdminReply {
+                    tag,
+                    result: durable.then_some(crate::wire::AdminResult::Count(settled)),
+                    more: false,
+                })
+            }
+        }
+    }
 }
 
 /// How a lease ends, decided when its settlement (or its expiry) arrives, so that the record

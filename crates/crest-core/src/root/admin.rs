@@ -24,13 +24,18 @@ impl Root {
                 s.pop_messages_max
             ));
         }
-        if let AdminOp::DeadLetters { limit, .. } = op
-            && (*limit == 0 || *limit > s.pop_messages_max)
-        {
-            return Err(format!(
-                "limit {limit} is outside 1..={} (pop_messages_max)",
-                s.pop_messages_max
-            ));
+        match op {
+            AdminOp::DeadLetters { limit, .. } if *limit == 0 || *limit > s.pop_messages_max => {
+                return Err(format!(
+                    "limit {limit} is outside 1..={} (pop_messages_max)",
+                    s.pop_messages_max
+                ));
+            }
+            AdminOp::Settle { ids, .. } if ids.is_empty() => {
+                return Err("settling leases needs the ids of their messages".into());
+            }
+            AdminOp::Settle { op, .. } => self.validate_settle_op(op)?,
+            _ => {}
         }
         Ok(())
     }
@@ -47,8 +52,8 @@ impl Root {
         if let Some(topic) = admin.op.topic() {
             // A topic's stats need a permission in its namespace, dead letters `admin`.
             let permitted = match admin.op {
-                AdminOp::Stats { .. } => self.permit_any(conn, admin.request, topic),
-                _ => self.permit(conn, admin.request, topic, Permission::Admin),
+                AdminOp::Stats { .. } => self.permit(conn, admin.request, topic, None),
+                _ => self.permit(conn, admin.request, topic, Some(Permission::Admin)),
             };
             if !permitted {
                 return;
@@ -84,7 +89,9 @@ impl Root {
             AdminOp::DeadLetters { limit, .. } => {
                 (*limit as usize, AdminResult::DeadLetters(Vec::new()))
             }
-            AdminOp::Redrive { .. } | AdminOp::Purge { .. } => (0, AdminResult::Count(0)),
+            AdminOp::Redrive { .. } | AdminOp::Purge { .. } | AdminOp::Settle { .. } => {
+                (0, AdminResult::Count(0))
+            }
             AdminOp::Stats { .. } => (0, AdminResult::Stats(Stats::default())),
         };
         let mut pending = PendingAdmin {
@@ -102,16 +109,10 @@ impl Root {
                 pending.unreachable.push(leaf);
                 continue;
             };
-            let op = match &admin.op {
-                AdminOp::Redrive { topic, .. } if !ids.is_empty() => AdminOp::Redrive {
-                    topic: topic.clone(),
-                    ids,
-                },
-                AdminOp::Purge { topic, .. } if !ids.is_empty() => AdminOp::Purge {
-                    topic: topic.clone(),
-                    ids,
-                },
-                other => other.clone(),
+            let op = if ids.is_empty() {
+                admin.op.clone()
+            } else {
+                admin.op.with_ids(ids)
             };
             let tag = self.requests.next_tag;
             self.requests.next_tag += 1;

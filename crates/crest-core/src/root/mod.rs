@@ -449,33 +449,29 @@ impl Root {
         self.outbox.send(conn, msg);
     }
 
-    /// Refuses `request` of `conn` with `Forbidden` unless its principal (if the host gave
-    /// one) may do `permission` on `topic`.
-    fn permit(&mut self, conn: ConnId, request: u64, topic: &str, permission: Permission) -> bool {
+    /// Whether `conn`'s principal may do `permission` (`None`: anything at all) on `topic`'s
+    /// namespace; if not, `request` is refused `Forbidden`. A connection without a principal
+    /// (a tree without access control) may do everything.
+    fn permit(
+        &mut self,
+        conn: ConnId,
+        request: u64,
+        topic: &str,
+        permission: Option<Permission>,
+    ) -> bool {
         let Some(principal) = self.principals.get(&conn) else {
             return true;
         };
-        if principal.may(topic, permission) {
-            return true;
-        }
-        let text = principal.refusal(topic, permission);
-        self.send(conn, Wire::error(Some(request), ErrorCode::Forbidden, text));
-        false
-    }
-
-    /// As [`Root::permit`], for any permission at all on `topic`'s namespace.
-    fn permit_any(&mut self, conn: ConnId, request: u64, topic: &str) -> bool {
-        let Some(principal) = self.principals.get(&conn) else {
-            return true;
+        let text = match permission {
+            Some(permission) if principal.may(topic, permission) => return true,
+            Some(permission) => principal.refusal(topic, permission),
+            None if principal.grants.any_in(crate::access::namespace(topic)) => return true,
+            None => format!(
+                "principal {:?} holds no permission in namespace {:?}",
+                principal.name,
+                crate::access::namespace(topic)
+            ),
         };
-        let namespace = crate::access::namespace(topic);
-        if principal.grants.any_in(namespace) {
-            return true;
-        }
-        let text = format!(
-            "principal {:?} holds no permission in namespace {namespace:?}",
-            principal.name
-        );
         self.send(conn, Wire::error(Some(request), ErrorCode::Forbidden, text));
         false
     }

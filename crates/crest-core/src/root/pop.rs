@@ -63,7 +63,7 @@ impl Root {
             self.send(conn, Wire::error(Some(pop.request), code, message));
             return;
         }
-        if !self.permit(conn, pop.request, &pop.topic, Permission::Consume) {
+        if !self.permit(conn, pop.request, &pop.topic, Some(Permission::Consume)) {
             return;
         }
         let principal = self.principal_of(conn);

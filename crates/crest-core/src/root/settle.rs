@@ -17,7 +17,12 @@ impl Root {
                 s.pop_messages_max
             ));
         }
-        match &ack.op {
+        self.validate_settle_op(&ack.op)
+    }
+
+    pub(super) fn validate_settle_op(&self, op: &Settle) -> Result<(), String> {
+        let s = &self.settings;
+        match op {
             Settle::Ack => {}
             Settle::Nack { delay_ms, reason } => {
                 if *delay_ms > s.delay_max_ms {

@@ -71,3 +71,37 @@ fn a_child_s_offer_of_another_subtree_s_message_or_a_bad_topic_is_refused() {
         );
     }
 }
+
+#[test]
+fn a_child_cannot_make_its_parent_hold_more_topics_than_the_leaves_below_may() {
+    // Goal: a parent holds a window per topic its children offer; a child offering ever new
+    // topics is refused past `topics_max` per leaf of the parent's subtree, so the windows
+    // stay bounded. Method: topics_max 2 and an aggregator of two leaves: a rogue leaf-3 offers
+    // four topics, the fifth is refused, and an offer on a topic already held still applies.
+    let mut t = tree_with(Settings {
+        topics_max: 2,
+        ..Settings::default()
+    });
+    let node = t.aggs[1];
+    let child = t.h.client(
+        node,
+        PeerKind::Node {
+            name: "leaf-3".into(),
+            role: Role::Leaf,
+            leaves: vec![LeafId(3)],
+        },
+    );
+    let before = t.h.nodes[node].stats();
+    for topic in ["a", "b", "c", "d"] {
+        t.h.send(child, offer_of(topic, 3));
+    }
+    t.h.send(child, offer_of("e", 3));
+    let Wire::Error(error) = t.h.recv(child) else {
+        panic!("a refusal")
+    };
+    assert_eq!(error.code, ErrorCode::InvalidArgument);
+    assert!(error.message.contains("past 4 topics"), "{}", error.message);
+    let after = t.h.nodes[node].stats();
+    assert_eq!(after.violations, before.violations + 1);
+    assert_eq!(after.window_entries, before.window_entries + 4);
+}
