@@ -174,6 +174,27 @@ pub struct Settings {
     pub quic_initial_window_bytes: u64,
     /// First delay before reconnecting to a parent, in milliseconds (doubles per failure).
     pub reconnect_backoff_initial_ms: u64,
+    /// How often the leader of a replica group tells its followers it is alive, in
+    /// milliseconds.
+    pub replica_heartbeat_ms: u64,
+    /// A follower that hears nothing from its leader for this long (up to twice as long,
+    /// drawn at random so that followers do not all stand at once) stands for election, in
+    /// milliseconds: with the heartbeat, what bounds the time a group is without a leader.
+    pub replica_election_timeout_ms: u64,
+    /// Most log entries (each one leader write, a batch of records) sent to a follower in one
+    /// message.
+    pub replica_append_entries_max: u64,
+    /// A replica snapshots its state after this many log entries since the last snapshot, and
+    /// then lets go of the entries before it (but this many): a follower further behind is
+    /// sent the snapshot.
+    pub replica_snapshot_after_entries: u64,
+    /// Most log entries a replica keeps in memory (the rest are read from its log on disk).
+    pub replica_log_cache_entries: u64,
+    /// Most bytes of log entries a replica keeps in memory.
+    pub replica_log_cache_bytes: u64,
+    /// Most bytes of one message between the replicas of a group (a batch of entries, a
+    /// snapshot chunk, or their answers).
+    pub replica_rpc_bytes_max: u64,
     /// When a leaf acknowledges pushes (leaves with a data directory).
     pub durability: Durability,
     /// A log segment is sealed and a new one started past this size, in bytes.
@@ -345,6 +366,13 @@ impl Default for Settings {
             udp_payload_max: UDP_PAYLOAD_MAX_DEFAULT,
             quic_initial_window_bytes: 1024 * 1024,
             reconnect_backoff_initial_ms: 50,
+            replica_heartbeat_ms: 100,
+            replica_election_timeout_ms: 500,
+            replica_append_entries_max: 256,
+            replica_snapshot_after_entries: 100_000,
+            replica_log_cache_entries: 4_096,
+            replica_log_cache_bytes: 64 * 1024 * 1024,
+            replica_rpc_bytes_max: 64 * 1024 * 1024,
             durability: Durability::Fsync,
             wal_segment_bytes_max: 64 * 1024 * 1024,
             wal_preallocate: true,
@@ -397,7 +425,23 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 32] = [
+        let positive: [(&'static str, u64); 39] = [
+            ("replica_heartbeat_ms", self.replica_heartbeat_ms),
+            (
+                "replica_election_timeout_ms",
+                self.replica_election_timeout_ms,
+            ),
+            (
+                "replica_append_entries_max",
+                self.replica_append_entries_max,
+            ),
+            (
+                "replica_snapshot_after_entries",
+                self.replica_snapshot_after_entries,
+            ),
+            ("replica_log_cache_entries", self.replica_log_cache_entries),
+            ("replica_log_cache_bytes", self.replica_log_cache_bytes),
+            ("replica_rpc_bytes_max", self.replica_rpc_bytes_max),
             (
                 "compaction_batch_messages",
                 self.compaction_batch_messages.into(),
@@ -494,6 +538,16 @@ impl Settings {
                     self.wal_segment_bytes_max,
                     self.wal_write_batch_bytes_max,
                     self.frame_bytes_max
+                ),
+            );
+        }
+        if self.replica_election_timeout_ms <= self.replica_heartbeat_ms {
+            return fail(
+                "replica_election_timeout_ms",
+                format!(
+                    "{} must exceed replica_heartbeat_ms {}, or followers stand for election \
+                     while their leader is alive",
+                    self.replica_election_timeout_ms, self.replica_heartbeat_ms
                 ),
             );
         }

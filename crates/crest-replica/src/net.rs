@@ -1,0 +1,252 @@
+//! Raft's RPCs between the replicas of a group, over QUIC with the cluster's mutual TLS.
+//!
+//! Each replica listens on its group address with its node certificate; a replica dials
+//! another by that one's node name, and a listener serves only peers whose certificate names
+//! a member of its group. Each RPC is one bidirectional stream: the request, MessagePack,
+//! then the answer; so a slow snapshot chunk never holds up a heartbeat. Requests and
+//! answers are bounded by `rpc_bytes_max`.
+
+use crate::{Raft, ReplicaId, TypeConfig};
+use openraft::BasicNode;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// A request from one replica to another.
+#[derive(Serialize, Deserialize)]
+enum Request {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<ReplicaId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// Its answer.
+#[derive(Serialize, Deserialize)]
+enum Response {
+    Append(Result<AppendEntriesResponse<ReplicaId>, RaftError<ReplicaId>>),
+    Vote(Result<VoteResponse<ReplicaId>, RaftError<ReplicaId>>),
+    Snapshot(
+        Result<InstallSnapshotResponse<ReplicaId>, RaftError<ReplicaId, InstallSnapshotError>>,
+    ),
+}
+
+/// The members of a group: number → node name.
+pub(crate) type Names = Arc<BTreeMap<ReplicaId, String>>;
+
+/// Dials the other replicas (openraft asks it for one [`Peer`] per replica).
+pub(crate) struct Network {
+    pub(crate) endpoint: quinn::Endpoint,
+    pub(crate) names: Names,
+    pub(crate) rpc_bytes_max: usize,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: ReplicaId, node: &BasicNode) -> Peer {
+        Peer {
+            endpoint: self.endpoint.clone(),
+            target,
+            address: node.addr.parse().ok(),
+            name: self.names.get(&target).cloned().unwrap_or_default(),
+            connection: None,
+            rpc_bytes_max: self.rpc_bytes_max,
+        }
+    }
+}
+
+/// One other replica, and the connection to it once made.
+pub(crate) struct Peer {
+    endpoint: quinn::Endpoint,
+    target: ReplicaId,
+    address: Option<SocketAddr>,
+    name: String,
+    connection: Option<quinn::Connection>,
+    rpc_bytes_max: usize,
+}
+
+/// Why an RPC got no answer: the peer could not be reached at all (openraft backs off), or
+/// the exchange failed on the way.
+enum CallError {
+    Unreachable(String),
+    Network(String),
+}
+
+impl CallError {
+    fn into_rpc<E: std::error::Error>(self) -> RPCError<ReplicaId, BasicNode, E> {
+        match self {
+            CallError::Unreachable(text) => {
+                RPCError::Unreachable(Unreachable::new(&std::io::Error::other(text)))
+            }
+            CallError::Network(text) => {
+                RPCError::Network(NetworkError::new(&std::io::Error::other(text)))
+            }
+        }
+    }
+}
+
+impl Peer {
+    async fn connection(&mut self) -> Result<quinn::Connection, CallError> {
+        if let Some(connection) = &self.connection
+            && connection.close_reason().is_none()
+        {
+            return Ok(connection.clone());
+        }
+        let address = self.address.ok_or_else(|| {
+            CallError::Unreachable(format!("replica {} has no valid address", self.target))
+        })?;
+        let connection = crest_transport::connect(&self.endpoint, address, &self.name)
+            .await
+            .map_err(|e| CallError::Unreachable(e.to_string()))?;
+        self.connection = Some(connection.clone());
+        Ok(connection)
+    }
+
+    async fn call(&mut self, request: &Request, option: &RPCOption) -> Result<Response, CallError> {
+        let exchange = async {
+            let connection = self.connection().await?;
+            let network = |e: &dyn std::fmt::Display| CallError::Network(e.to_string());
+            let (mut send, mut recv) = connection.open_bi().await.map_err(|e| network(&e))?;
+            let bytes = rmp_serde::to_vec(request).map_err(|e| network(&e))?;
+            send.write_all(&bytes).await.map_err(|e| network(&e))?;
+            send.finish().map_err(|e| network(&e))?;
+            let answer = recv
+                .read_to_end(self.rpc_bytes_max)
+                .await
+                .map_err(|e| network(&e))?;
+            rmp_serde::from_slice(&answer).map_err(|e| network(&e))
+        };
+        match tokio::time::timeout(option.hard_ttl(), exchange).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(error)) => {
+                if matches!(error, CallError::Network(_)) {
+                    self.connection = None;
+                }
+                Err(error)
+            }
+            Err(_) => Err(CallError::Network(format!(
+                "replica {} did not answer within {:?}",
+                self.target,
+                option.hard_ttl()
+            ))),
+        }
+    }
+
+    fn unexpected<E: std::error::Error>(&self) -> RPCError<ReplicaId, BasicNode, E> {
+        CallError::Network(format!("replica {} answered another request", self.target)).into_rpc()
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        AppendEntriesResponse<ReplicaId>,
+        RPCError<ReplicaId, BasicNode, RaftError<ReplicaId>>,
+    > {
+        match self.call(&Request::Append(rpc), &option).await {
+            Ok(Response::Append(Ok(answer))) => Ok(answer),
+            Ok(Response::Append(Err(error))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, error)))
+            }
+            Ok(_) => Err(self.unexpected()),
+            Err(error) => Err(error.into_rpc()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<ReplicaId>,
+        RPCError<ReplicaId, BasicNode, RaftError<ReplicaId, InstallSnapshotError>>,
+    > {
+        match self.call(&Request::Snapshot(rpc), &option).await {
+            Ok(Response::Snapshot(Ok(answer))) => Ok(answer),
+            Ok(Response::Snapshot(Err(error))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, error)))
+            }
+            Ok(_) => Err(self.unexpected()),
+            Err(error) => Err(error.into_rpc()),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<ReplicaId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<ReplicaId>, RPCError<ReplicaId, BasicNode, RaftError<ReplicaId>>> {
+        match self.call(&Request::Vote(rpc), &option).await {
+            Ok(Response::Vote(Ok(answer))) => Ok(answer),
+            Ok(Response::Vote(Err(error))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, error)))
+            }
+            Ok(_) => Err(self.unexpected()),
+            Err(error) => Err(error.into_rpc()),
+        }
+    }
+}
+
+/// Serves the RPCs of the group's other replicas on `endpoint` until it is closed. A peer
+/// whose certificate names no member of `names` is closed at once.
+pub(crate) async fn serve(
+    endpoint: quinn::Endpoint,
+    raft: Raft,
+    names: Names,
+    rpc_bytes_max: usize,
+) {
+    while let Some(incoming) = endpoint.accept().await {
+        let raft = raft.clone();
+        let names = names.clone();
+        tokio::spawn(async move {
+            let Ok(connection) = incoming.await else {
+                return;
+            };
+            let member = names
+                .values()
+                .any(|name| crest_transport::tls::peer_is(&connection, name).is_ok());
+            if !member {
+                connection.close(1u32.into(), b"Forbidden: not a replica of this group");
+                return;
+            }
+            while let Ok((send, recv)) = connection.accept_bi().await {
+                tokio::spawn(answer(raft.clone(), send, recv, rpc_bytes_max));
+            }
+        });
+    }
+}
+
+/// Answers one RPC; a request that does not decode gets its stream reset.
+async fn answer(raft: Raft, mut send: quinn::SendStream, mut recv: quinn::RecvStream, max: usize) {
+    let Ok(bytes) = recv.read_to_end(max).await else {
+        return;
+    };
+    let Ok(request) = rmp_serde::from_slice::<Request>(&bytes) else {
+        let _ = send.reset(2u32.into());
+        return;
+    };
+    let response = match request {
+        Request::Append(rpc) => Response::Append(raft.append_entries(rpc).await),
+        Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
+        Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
+    };
+    let Ok(bytes) = rmp_serde::to_vec(&response) else {
+        let _ = send.reset(3u32.into());
+        return;
+    };
+    if send.write_all(&bytes).await.is_ok() {
+        let _ = send.finish();
+    }
+}
