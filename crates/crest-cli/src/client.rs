@@ -48,9 +48,10 @@ impl CredentialArgs {
 pub(crate) struct RootArgs {
     #[command(flatten)]
     pub(crate) client: ClientArgs,
-    /// Root address (host:port); default: the topology's root.
+    /// Root address (host:port), repeatable: the root first, then roots standing by for it,
+    /// tried in turn when one cannot be reached; default: the topology's roots.
     #[arg(long)]
-    pub(crate) root: Option<String>,
+    pub(crate) root: Vec<String>,
 }
 
 #[derive(Args)]
@@ -234,21 +235,22 @@ pub(crate) async fn push(args: PushArgs) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn root_address(args: &RootArgs) -> Result<String> {
-    match &args.root {
-        Some(root) => Ok(root.clone()),
-        None => Ok(load_topology(args.client.topology.as_deref())?
-            .root()
-            .address
-            .clone()),
+/// The roots to try, the root first: `--root`, else the topology's.
+pub(crate) fn root_addresses(args: &RootArgs) -> Result<Vec<String>> {
+    if !args.root.is_empty() {
+        return Ok(args.root.clone());
     }
+    Ok(load_topology(args.client.topology.as_deref())?
+        .roots()
+        .map(|root| root.address.clone())
+        .collect())
 }
 
 pub(crate) fn root_config(args: &RootArgs) -> Result<ConsumerConfig> {
-    Ok(ConsumerConfig::new(
-        root_address(args)?,
-        client_tls(&args.client)?,
-    ))
+    Ok(ConsumerConfig {
+        roots: root_addresses(args)?,
+        ..ConsumerConfig::new(String::new(), client_tls(&args.client)?)
+    })
 }
 
 pub(crate) async fn pop(args: PopArgs) -> Result<()> {

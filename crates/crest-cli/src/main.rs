@@ -150,6 +150,10 @@ enum Command {
         /// Seed: the same seed and files give the same report, byte for byte.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Run this many seeds from --seed on, one line each, and fail naming every seed
+        /// that broke an invariant (a swarm: e.g. `--seeds 1000` overnight).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        seeds: u64,
         /// Also write the report (with its time series) as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -296,9 +300,16 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
             topology,
             workload,
             seed,
+            seeds,
             json,
             set,
-        } => sim(topology.as_deref(), &workload, seed, json.as_deref(), &set),
+        } => sim(
+            topology.as_deref(),
+            &workload,
+            seed..seed.saturating_add(seeds),
+            json.as_deref(),
+            &set,
+        ),
         Command::Bench(args) => {
             init_tracing("warn");
             bench(*args).await

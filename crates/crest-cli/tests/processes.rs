@@ -162,6 +162,37 @@ async fn killing_the_root_or_an_aggregator_loses_nothing_the_leaves_hold() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_standing_by_serves_once_the_root_is_killed() {
+    // Goal: with `root-b` standing by, SIGKILL of the root moves the aggregators and the
+    // consumer to it; every message is delivered exactly once, acks of the old root's
+    // deliveries included.
+    let mut cluster = Cluster::start_with_standby_root("standby");
+    let producer = cluster.producer().await;
+    let pushed: HashSet<MessageId> = push(&producer, 300).await.into_iter().collect();
+    // A consumer that notices a silent root within 2 s moves on to root-b as soon.
+    let config = crest::sdk::ConsumerConfig {
+        idle_timeout: Duration::from_secs(2),
+        ..crest::sdk::ConsumerConfig::from_topology(&cluster.topology, cluster.tls())
+    };
+    let consumer = cluster::retry(|| Consumer::connect(config.clone())).await;
+    let mut seen = HashSet::new();
+    take(&consumer, &mut seen, 100).await;
+    // Delivered by the root, acknowledged after it is gone.
+    let held = consumer
+        .pop("jobs", 10, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(!held.is_empty());
+    cluster.kill("root");
+    let receipts: Vec<Receipt> = held.iter().map(Delivery::receipt).collect();
+    ack_until_applied(&consumer, receipts).await;
+    seen.extend(held.iter().map(|d| d.id));
+    drain(&consumer, &mut seen, pushed.len()).await;
+    assert_eq!(seen, pushed, "every message delivered exactly once");
+    assert_logs_clean(&cluster.dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaf_killed_again_and_again_loses_no_acknowledged_message() {
     // Goal: invariant 1 (fsync mode): an acknowledged push survives any crash of its leaf.
     // Method: one producer pushes to leaf-1 without pause, recording every acknowledged id;

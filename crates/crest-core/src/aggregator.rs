@@ -22,13 +22,15 @@
 //! The leaf retracts what the root took from it, which the aggregator finds already gone.
 
 use crate::config::Settings;
-use crate::downstream::{Downstream, PeerKindTag, TopicMap, TopicSet};
+use crate::downstream::{Downstream, PeerKindTag, Topic, TopicMap, TopicSet};
 use crate::id::LeafId;
+use crate::key::Key;
 use crate::machine::{ConnId, Link, Machine, NodeStats, Outbox, Transmit};
 use crate::metrics::{Metric, OwnReport, Report, Reporter, named};
 use crate::offer::{Candidate, FlushPolicy, OfferSet};
 use crate::time::Time;
 use crate::upstream::Upstream;
+use crate::window::Slot;
 use crate::wire::{
     Confirm, Confirmed, ErrorCode, LeafAdmin, LeafAdminReply, Offer, Release, Reserve,
     ReserveDenied, ReserveOutcome, Reserved, Role, Stats, Wire,
@@ -85,6 +87,12 @@ pub struct Aggregator {
     offers: TopicMap<OfferSet>,
     /// Requests forwarded to each child and not answered yet.
     forwarded: HashMap<ConnId, Forwarded>,
+    /// Entries taken on a notice (the root reserved them on its direct link to the leaf)
+    /// whose child has not retracted them yet: the leaf retracts an entry when the reserve
+    /// reaches it. If the root is lost before its reserve reached the leaf, the leaf never
+    /// hears of it and still counts the entry as offered here: when the parent session ends,
+    /// these go back into the window, to be offered to the next root.
+    noticed: HashMap<Key, (Topic, Slot)>,
     /// The parent session's first report is still to come. It waits until every leaf below
     /// is known (or waited for long enough: `absent_child_wait_ms`): the parent counts this
     /// subtree as unknown until that report, so it is not served a part of it as the whole.
@@ -125,6 +133,7 @@ impl Aggregator {
             children,
             offers: Default::default(),
             forwarded: HashMap::default(),
+            noticed: HashMap::default(),
             unreported: false,
             dirty: Default::default(),
             outbox: Outbox::default(),
@@ -146,6 +155,9 @@ impl Aggregator {
             .get_mut(&topic)
             .expect("created above");
         let delta = window.apply(child, &offer, credits);
+        for key in &offer.retracts {
+            self.noticed.remove(key);
+        }
         let offers = self.offers.entry(topic.clone()).or_default();
         for key in &delta.removed {
             offers.remove(key);
@@ -182,7 +194,10 @@ impl Aggregator {
             }
             let mut offers = self.offers.get_mut(&topic);
             for item in &reserve.items {
-                window.take(&item.key);
+                let taken = window.take(&item.key);
+                if let (Some(slot), true) = (taken, reserve.direct) {
+                    self.noticed.insert(item.key, (topic.clone(), slot));
+                }
                 if let Some(offers) = offers.as_deref_mut() {
                     offers.take(&item.key, reserve.offer_seq);
                 }
@@ -310,6 +325,33 @@ impl Aggregator {
         self.report_tick(now);
     }
 
+    /// Puts the entries taken on notices back into their windows and offered sets (see
+    /// [`Aggregator::noticed`]). One whose reserve did reach its leaf is retracted by it soon
+    /// after, and a reserve of it in between is refused by the leaf: no message is lost or
+    /// leased twice either way.
+    fn restore_noticed(&mut self, now: Time) {
+        let mut noticed: Vec<(Key, (Topic, Slot))> = self.noticed.drain().collect();
+        // In key order, so that runs repeat whatever the hashing.
+        noticed.sort_by_key(|(key, _)| *key);
+        for (key, (topic, slot)) in noticed {
+            // The window may have gone idle and been dropped meanwhile.
+            let topic = self.children.topic(&topic);
+            let window = self.children.windows.get_mut(&topic).expect("made above");
+            if !window.restore(key, slot) {
+                continue;
+            }
+            self.offers.entry(topic.clone()).or_default().insert(
+                key,
+                Candidate {
+                    size: slot.size,
+                    since: slot.since,
+                    entered: now,
+                },
+            );
+            self.dirty.insert(topic);
+        }
+    }
+
     fn send_up(&mut self, msg: Wire) {
         // Answers for a parent session that ended are dropped: the root that asked is gone,
         // and the leases they carry expire at their leaves.
@@ -399,9 +441,12 @@ impl Machine for Aggregator {
             }
             // The root that asked is gone: nobody waits for the answers any more.
             self.forwarded.clear();
+            self.restore_noticed(now);
             return;
         }
         self.reporter.child_gone(conn);
+        // The child offers everything again on its next session.
+        self.noticed.retain(|_, (_, slot)| slot.child != conn);
         let removed = self.children.disconnect(conn, now);
         if removed.is_some() {
             // The parent learns that the leaves below are waited for before it learns that

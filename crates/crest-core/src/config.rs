@@ -692,6 +692,9 @@ pub struct DecodeLimits {
     pub metadata_entries_max: u32,
     /// Receipts in one ack (`pop_messages_max`).
     pub receipts_max: u32,
+    /// Adds, and retracts, in one offer of a child (`credits_per_topic`: a child holds no
+    /// more than its credit in its parent's window, so it never adds or takes back more).
+    pub offer_entries_max: u32,
 }
 
 impl DecodeLimits {
@@ -700,6 +703,7 @@ impl DecodeLimits {
         batch_messages_max: u32::MAX,
         metadata_entries_max: u32::MAX,
         receipts_max: u32::MAX,
+        offer_entries_max: u32::MAX,
     };
 
     /// The limits of a node with `settings`.
@@ -708,6 +712,7 @@ impl DecodeLimits {
             batch_messages_max: settings.push_batch_messages_max,
             metadata_entries_max: settings.metadata_entries_max,
             receipts_max: settings.pop_messages_max,
+            offer_entries_max: settings.credits_per_topic,
         }
     }
 }

@@ -14,6 +14,11 @@
 //! listen = "127.0.0.1:7400"  # where the node binds (UDP)
 //! address = "10.0.0.1:7400"  # where others reach it; defaults to `listen`
 //!
+//! [[node]]                   # optional: a standby root (any number, after the root)
+//! name = "root-standby"
+//! role = "root"
+//! listen = "10.0.0.2:7400"
+//!
 //! [[node]]
 //! name = "leaf-1"
 //! role = "leaf"
@@ -25,9 +30,16 @@
 //! settings = { lease_timeout_ms = 60000 }   # per-node overrides
 //! ```
 //!
-//! Parsing checks the shape of the tree: one root without a parent, every other node's parent
+//! Parsing checks the shape of the tree: a root without a parent, every other node's parent
 //! exists and is not a leaf, no cycles, unique names, addresses and leaf ids, and valid
 //! settings for every node. Errors name the node and the field.
+//!
+//! The first root in the file is *the* root; the nodes that name it as their parent are its
+//! children. Roots after it stand by: they run the same way, and the root's children go to
+//! one of them when they cannot reach the root (and back when that one fails), and so do
+//! consumers. A root's state is soft (rebuilt from its children's offers), so whichever root
+//! a child is with serves its messages; a leaf grants one live lease per message whichever
+//! root asks.
 
 use crate::config::Settings;
 use crate::id::LeafId;
@@ -232,11 +244,8 @@ impl Topology {
 
     fn check_tree(&self) -> Result<(), TopologyError> {
         let roots: Vec<&NodeSpec> = self.nodes.iter().filter(|n| n.role == Role::Root).collect();
-        if roots.len() != 1 {
-            return Err(TopologyError::Tree(format!(
-                "needs exactly one root, found {}",
-                roots.len()
-            )));
+        if roots.is_empty() {
+            return Err(TopologyError::Tree("needs a root".into()));
         }
         if !self.nodes.iter().any(|n| n.role == Role::Leaf) {
             return Err(TopologyError::Tree("needs at least one leaf".into()));
@@ -277,6 +286,12 @@ impl Topology {
                     None => return Err(fail(format!("parent {parent:?} is not in the topology"))),
                     Some(p) if p.role == Role::Leaf => {
                         return Err(fail(format!("parent {parent:?} is a leaf")));
+                    }
+                    Some(p) if p.role == Role::Root && p.name != roots[0].name => {
+                        return Err(fail(format!(
+                            "parent {parent:?} stands by for root {:?}: name {:?} as the parent",
+                            roots[0].name, roots[0].name
+                        )));
                     }
                     Some(_) => {}
                 },
@@ -320,12 +335,29 @@ impl Topology {
         self.nodes.iter().find(|n| n.name == name)
     }
 
-    /// The root.
+    /// The root: the first in the file.
     pub fn root(&self) -> &NodeSpec {
         self.nodes
             .iter()
             .find(|n| n.role == Role::Root)
-            .expect("validated: one root")
+            .expect("validated: a root")
+    }
+
+    /// Every root: the root, then those standing by for it, in file order.
+    pub fn roots(&self) -> impl Iterator<Item = &NodeSpec> {
+        self.nodes.iter().filter(|n| n.role == Role::Root)
+    }
+
+    /// The parents `node` may have, in the order it tries them: its parent, then, for a child
+    /// of the root, the roots standing by.
+    pub fn parents_of(&self, node: &NodeSpec) -> Vec<&NodeSpec> {
+        let Some(parent) = node.parent.as_deref().and_then(|name| self.node(name)) else {
+            return Vec::new();
+        };
+        if parent.role != Role::Root {
+            return vec![parent];
+        }
+        self.roots().collect()
     }
 
     /// All leaves, in file order.
@@ -342,6 +374,17 @@ impl Topology {
             .filter(move |n| on && n.parent.as_deref() != Some(root.name.as_str()))
     }
 
+    /// The nodes below `name`: those naming it as their parent (for any root, the root's).
+    pub fn children_of(&self, name: &str) -> impl Iterator<Item = &NodeSpec> {
+        let name = match self.node(name) {
+            Some(node) if node.role == Role::Root => self.root().name.clone(),
+            _ => name.to_string(),
+        };
+        self.nodes
+            .iter()
+            .filter(move |n| n.parent.as_deref() == Some(name.as_str()))
+    }
+
     /// Ids of every leaf at or below `name`.
     pub fn subtree_leaves(&self, name: &str) -> Vec<LeafId> {
         let mut children: HashMap<&str, Vec<&NodeSpec>> = HashMap::new();
@@ -351,7 +394,12 @@ impl Topology {
             }
         }
         let mut leaves = Vec::new();
-        let mut stack: Vec<&NodeSpec> = self.node(name).into_iter().collect();
+        // A root standing by has the root's subtree.
+        let start = match self.node(name) {
+            Some(node) if node.role == Role::Root => Some(self.root()),
+            other => other,
+        };
+        let mut stack: Vec<&NodeSpec> = start.into_iter().collect();
         while let Some(node) = stack.pop() {
             leaves.extend(node.leaf_id);
             stack.extend(children.get(node.name.as_str()).into_iter().flatten());
@@ -449,5 +497,47 @@ mod tests {
             "parent = \"a\"\n        [[node]]\n        name = \"a\"",
         );
         assert!(Topology::parse(&cycle).is_err());
+    }
+
+    #[test]
+    fn roots_standing_by_take_the_root_s_children_and_subtree() {
+        // Goal: roots after the first stand by: the root's children may go to them, they
+        // have its subtree, and no node may name one as its parent.
+        let text = format!(
+            "{SMALL}\n[[node]]\nname = \"root-b\"\nrole = \"root\"\nlisten = \"127.0.0.1:7420\"\n"
+        );
+        let topology = Topology::parse(&text).unwrap();
+        assert_eq!(topology.root().name, "root");
+        let roots: Vec<&str> = topology.roots().map(|n| n.name.as_str()).collect();
+        assert_eq!(roots, ["root", "root-b"]);
+        let agg = topology.node("agg").unwrap();
+        let parents: Vec<&str> = topology
+            .parents_of(agg)
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(parents, ["root", "root-b"]);
+        let a = topology.node("a").unwrap();
+        assert_eq!(
+            topology.parents_of(a)[0].name,
+            "agg",
+            "below an aggregator: one"
+        );
+        assert_eq!(topology.parents_of(a).len(), 1);
+        let children: Vec<&str> = topology
+            .children_of("root-b")
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(children, ["agg", "b"]);
+        assert_eq!(
+            topology.subtree_leaves("root-b"),
+            vec![LeafId(1), LeafId(9)]
+        );
+        let wrong = text.replace("parent = \"root\"\n    \"#", "");
+        let wrong = format!(
+            "{wrong}\n[[node]]\nname = \"c\"\nrole = \"leaf\"\nlisten = \"127.0.0.1:7421\"\nparent = \"root-b\"\n"
+        );
+        let error = Topology::parse(&wrong).unwrap_err().to_string();
+        assert!(error.contains("stands by for root \"root\""), "{error}");
     }
 }

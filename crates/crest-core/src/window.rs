@@ -99,6 +99,17 @@ impl Window {
         Some(slot)
     }
 
+    /// Puts back an entry taken from it (see the aggregator's notices) unless it is here
+    /// again; its child must still be connected.
+    pub(crate) fn restore(&mut self, key: Key, slot: Slot) -> bool {
+        if self.entries.contains_key(&key) {
+            return false;
+        }
+        self.children.entry(slot.child).or_default().held += 1;
+        self.entries.insert(key, slot);
+        true
+    }
+
     /// The number of the latest offer applied from `child` (0: none).
     pub(crate) fn applied(&self, child: ConnId) -> u64 {
         self.children.get(&child).map_or(0, |view| view.applied)

@@ -17,8 +17,9 @@ pub(crate) struct Admission {
     name: String,
     /// The nodes the topology places directly below this one, with their roles.
     children: HashMap<String, Role>,
-    /// The root's name, if this node is a leaf the root may link to directly.
-    root: Option<String>,
+    /// The roots' names (the root and those standing by), if this node is a leaf a root may
+    /// link to directly.
+    roots: Vec<String>,
     /// The principals clients must prove (`None`: clients are not authenticated).
     pub(crate) access: Option<Access>,
     /// Most connections one principal may hold to this node (`principal_connections_max`).
@@ -45,10 +46,9 @@ pub(crate) struct Refusal {
 impl Admission {
     /// What node `name` of `topology` admits.
     pub(crate) fn for_node(topology: &Topology, name: &str, access: Option<Access>) -> Admission {
+        // Roots standing by take the root's children.
         let children = topology
-            .nodes
-            .iter()
-            .filter(|node| node.parent.as_deref() == Some(name))
+            .children_of(name)
             .map(|node| (node.name.clone(), node.role))
             .collect();
         let is_leaf = topology
@@ -57,7 +57,11 @@ impl Admission {
         Admission {
             name: name.to_string(),
             children,
-            root: is_leaf.then(|| topology.root().name.clone()),
+            roots: if is_leaf {
+                topology.roots().map(|root| root.name.clone()).collect()
+            } else {
+                Vec::new()
+            },
             access,
             principal_connections_max: topology
                 .node(name)
@@ -90,15 +94,15 @@ impl Admission {
                 }
                 name
             }
-            PeerKind::Root { name } => match &self.root {
-                Some(root) if root == name => name,
-                _ => {
+            PeerKind::Root { name } => {
+                if !self.roots.contains(name) {
                     return Err(forbidden(format!(
-                        "{name:?} is not the root that may link to {:?}",
+                        "{name:?} is not a root that may link to {:?}",
                         self.name
                     )));
                 }
-            },
+                name
+            }
             PeerKind::Producer | PeerKind::Consumer => {
                 return self.authenticate(connection, hello.token.as_ref().map(|t| &t.0));
             }

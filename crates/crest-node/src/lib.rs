@@ -506,14 +506,21 @@ pub async fn start_node(
         ));
     }
     tokio::spawn(net::accept_loop(ctx.clone(), endpoint.clone()));
-    if let Some(parent) = &spec.parent {
-        let address = topology.node(parent).expect("validated").address.clone();
-        let address = Arc::new(move || address.clone());
+    let parents = topology.parents_of(spec);
+    if !parents.is_empty() {
+        // A child of the root tries the roots standing by when it cannot reach it.
+        let targets: Vec<net::Target> = parents
+            .into_iter()
+            .map(|parent| {
+                let address = parent.address.clone();
+                let address: net::Address = Arc::new(move || address.clone());
+                (parent.name.clone(), address)
+            })
+            .collect();
         tokio::spawn(net::link_loop(
             ctx.clone(),
             endpoint.clone(),
-            parent.clone(),
-            address,
+            targets,
             Link::Parent,
         ));
     }
@@ -524,7 +531,7 @@ pub async fn start_node(
             let (name, fixed) = (leaf.name.clone(), leaf.address.clone());
             let book = options.addresses.clone();
             let peer = name.clone();
-            let address = Arc::new(move || {
+            let address: net::Address = Arc::new(move || {
                 let learnt = book.as_ref().and_then(|book| {
                     let book = book.read().unwrap_or_else(|poisoned| poisoned.into_inner());
                     book.get(&name).cloned()
@@ -540,7 +547,7 @@ pub async fn start_node(
                 {
                     return;
                 }
-                net::link_loop(ctx, endpoint, peer, address, link).await;
+                net::link_loop(ctx, endpoint, vec![(peer, address)], link).await;
             });
         }
     }
@@ -687,7 +694,7 @@ impl LocalTree {
         // Parents start before their children, so that a node listening on port 0 (tests)
         // is bound, and its real address known, before anyone dials it.
         let mut topology = topology.clone();
-        let mut order: Vec<String> = vec![topology.root().name.clone()];
+        let mut order: Vec<String> = topology.roots().map(|root| root.name.clone()).collect();
         let mut index = 0;
         while index < order.len() {
             let parent = order[index].clone();

@@ -190,27 +190,40 @@ pub(crate) async fn accept_loop(ctx: NetContext, endpoint: quinn::Endpoint) {
     }
 }
 
-/// Keeps a session with node `name` at `address` — this node's parent ([`Link::Parent`]), or a
-/// leaf the root links to directly ([`Link::Leaf`]): connect, serve until the connection
-/// ends, reconnect; until shutdown. A session that lasted reconnects at once (its peer may be
-/// back already: a restarted node resets its predecessor's connections at their first
-/// packet); failed attempts and sessions that end as soon as they start back off, doubling,
-/// within the settings.
+/// Where a node is reached, looked up at each attempt (a test's tree learns its nodes'
+/// ephemeral ports as they start).
+pub(crate) type Address = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
+
+/// A node to keep a session with: its name (its certificate's) and where it is reached.
+pub(crate) type Target = (String, Address);
+
+/// Keeps a session with one of `targets` — this node's parent ([`Link::Parent`]; for a child
+/// of the root, the root and then the roots standing by), or a leaf the root links to
+/// directly ([`Link::Leaf`]): connect, serve until the connection ends, reconnect; until
+/// shutdown. A session that lasted reconnects at once to the same node (it may be back
+/// already: a restarted node resets its predecessor's connections at their first packet); a
+/// failed attempt moves on to the next target, and once every target failed in turn, the
+/// next round waits, doubling within the settings.
 pub(crate) async fn link_loop(
     ctx: NetContext,
     endpoint: quinn::Endpoint,
-    name: String,
-    address: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+    targets: Vec<Target>,
     link: Link,
 ) {
     let peer = match link {
         Link::Parent => "parent",
         _ => "leaf",
     };
+    if targets.is_empty() {
+        return;
+    }
     let initial = Duration::from_millis(ctx.settings.reconnect_backoff_initial_ms);
     let max = Duration::from_millis(ctx.settings.reconnect_backoff_max_ms);
     let mut backoff = initial;
+    let mut current = 0;
+    let mut failed_in_turn = 0;
     loop {
+        let (name, address) = &targets[current];
         let address = address();
         let attempt = async {
             let addr = resolve(&address).await?;
@@ -220,7 +233,7 @@ pub(crate) async fn link_loop(
                 .read()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .clone();
-            let connection = crest_transport::connect_with(&endpoint, config, addr, &name)
+            let connection = crest_transport::connect_with(&endpoint, config, addr, name)
                 .await
                 .map_err(|e| e.to_string())?;
             let streams = open_streams(&connection).await.map_err(|e| e.to_string())?;
@@ -232,7 +245,8 @@ pub(crate) async fn link_loop(
         };
         match result {
             Ok((connection, streams)) => {
-                tracing::info!(peer, %address, "connected");
+                failed_in_turn = 0;
+                tracing::info!(peer, %name, %address, "connected");
                 let connected_at = tokio::time::Instant::now();
                 ctx.attach(connection.clone(), streams, link);
                 tokio::select! {
@@ -251,7 +265,15 @@ pub(crate) async fn link_loop(
                     continue;
                 }
             }
-            Err(error) => tracing::debug!(peer, %address, %error, "cannot connect"),
+            Err(error) => {
+                tracing::debug!(peer, %name, %address, %error, "cannot connect");
+                current = (current + 1) % targets.len();
+                failed_in_turn += 1;
+                if failed_in_turn < targets.len() {
+                    continue;
+                }
+                failed_in_turn = 0;
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}

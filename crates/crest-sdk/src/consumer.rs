@@ -36,8 +36,9 @@ pub(crate) const RETRY_MAX: Duration = Duration::from_secs(1);
 /// How a consumer connects.
 #[derive(Clone, Debug)]
 pub struct ConsumerConfig {
-    /// The root's address (`host:port`).
-    pub root: String,
+    /// The root's address (`host:port`), then those of the roots standing by for it: a
+    /// consumer that cannot reach the one it uses moves on to the next.
+    pub roots: Vec<String>,
     /// Trust.
     pub tls: ClientTls,
     /// Requests in flight at once on the connection.
@@ -46,23 +47,38 @@ pub struct ConsumerConfig {
     pub tries_max: u32,
     /// Pause before the second try; doubled for each further one, up to 1 s.
     pub retry_initial: Duration,
+    /// A connection to a root that stays silent this long is given up (keep-alives go every
+    /// second): what bounds the time a consumer takes to notice a root that vanished, and
+    /// move on to one standing by. Default: the settings' `idle_timeout_ms` (10 s).
+    pub idle_timeout: Duration,
 }
 
 impl ConsumerConfig {
     /// Defaults for the given root.
     pub fn new(root: impl Into<String>, tls: ClientTls) -> ConsumerConfig {
         ConsumerConfig {
-            root: root.into(),
+            roots: vec![root.into()],
             tls,
             requests_in_flight_max: 64,
             tries_max: 4,
             retry_initial: Duration::from_millis(50),
+            idle_timeout: Duration::from_millis(Settings::default().idle_timeout_ms),
         }
     }
 
-    /// The root of a topology.
+    /// The roots of a topology: the root, then those standing by.
     pub fn from_topology(topology: &Topology, tls: ClientTls) -> ConsumerConfig {
-        ConsumerConfig::new(topology.root().address.clone(), tls)
+        ConsumerConfig {
+            roots: topology.roots().map(|root| root.address.clone()).collect(),
+            ..ConsumerConfig::new(String::new(), tls)
+        }
+    }
+
+    /// Adds a root standing by, tried when the ones before it cannot be reached.
+    #[must_use]
+    pub fn with_standby(mut self, root: impl Into<String>) -> ConsumerConfig {
+        self.roots.push(root.into());
+        self
     }
 }
 
@@ -99,8 +115,9 @@ pub struct Consumer {
 
 struct Inner {
     config: ConsumerConfig,
-    /// The current connection, replaced by the first request after it ended.
-    link: tokio::sync::Mutex<Arc<Link>>,
+    /// The current connection and which of the roots it is to, replaced by the first request
+    /// after it ended.
+    link: tokio::sync::Mutex<(Arc<Link>, usize)>,
     /// Set by [`Consumer::close`]: no reconnection after it.
     closed: std::sync::atomic::AtomicBool,
 }
@@ -111,11 +128,11 @@ impl Consumer {
     /// # Errors
     /// [`ClientError`] if the root cannot be reached or refuses us.
     pub async fn connect(config: ConsumerConfig) -> Result<Consumer, ClientError> {
-        let link = Arc::new(connect_root(&config).await?);
+        let (link, root) = connect_root(&config, 0).await?;
         Ok(Consumer {
             inner: Arc::new(Inner {
                 config,
-                link: tokio::sync::Mutex::new(link),
+                link: tokio::sync::Mutex::new((Arc::new(link), root)),
                 closed: std::sync::atomic::AtomicBool::new(false),
             }),
         })
@@ -124,13 +141,15 @@ impl Consumer {
     /// The connection to the root, made again if the last one ended.
     async fn link(&self) -> Result<Arc<Link>, ClientError> {
         let mut link = self.inner.link.lock().await;
-        if link.is_closed() {
+        if link.0.is_closed() {
             if self.inner.closed.load(std::sync::atomic::Ordering::Relaxed) {
                 return Err(ClientError::Closed);
             }
-            *link = Arc::new(connect_root(&self.inner.config).await?);
+            // The root it was using first: it may be back already (a restart).
+            let (made, root) = connect_root(&self.inner.config, link.1).await?;
+            *link = (Arc::new(made), root);
         }
-        Ok(link.clone())
+        Ok(link.0.clone())
     }
 
     /// Pops up to `max` deliveries of `topic`, most urgent first, waiting up to `wait` for
@@ -366,7 +385,7 @@ impl Consumer {
             .closed
             .store(true, std::sync::atomic::Ordering::Relaxed);
         if let Ok(link) = self.inner.link.try_lock() {
-            link.close();
+            link.0.close();
         }
     }
 }
@@ -435,16 +454,41 @@ impl Drop for Heartbeat {
     }
 }
 
-pub(crate) async fn connect_root(config: &ConsumerConfig) -> Result<Link, ClientError> {
-    let settings = Settings::default();
-    Link::connect(
-        &config.root,
-        PeerKind::Consumer,
-        &config.tls,
-        &settings,
-        config.requests_in_flight_max,
-    )
-    .await
+/// Connects to the first of the roots that answers, from the `first`-th on (in turn); says
+/// which. A root that refuses us (a credential, a protocol version) is not passed over: the
+/// others would say the same.
+pub(crate) async fn connect_root(
+    config: &ConsumerConfig,
+    first: usize,
+) -> Result<(Link, usize), ClientError> {
+    let settings = Settings {
+        idle_timeout_ms: millis(config.idle_timeout).max(1),
+        ..Settings::default()
+    };
+    let count = config.roots.len();
+    if count == 0 {
+        return Err(ClientError::InvalidArgument("no root address".into()));
+    }
+    let mut failure = None;
+    for turn in 0..count {
+        let index = (first + turn) % count;
+        let made = Link::connect(
+            &config.roots[index],
+            PeerKind::Consumer,
+            &config.tls,
+            &settings,
+            config.requests_in_flight_max,
+        )
+        .await;
+        match made {
+            Ok(link) => return Ok((link, index)),
+            Err(error @ (ClientError::Connect(_) | ClientError::Disconnected(_))) => {
+                failure = Some(error);
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Err(failure.expect("at least one root was tried"))
 }
 
 pub(crate) fn unexpected(expected: &str, got: &Wire) -> ClientError {

@@ -129,9 +129,31 @@ impl Sim {
         let config = self.configs[node].clone();
         self.nodes[node] = match config {
             NodeConfig::Leaf(config) => {
+                let torn = self.disk.torn_writes;
                 let log = &mut self.logs[node];
-                log.retain(|(durable_at, _)| *durable_at <= now);
-                let ops: Vec<_> = log.drain(..).map(|(_, op)| op).collect();
+                let durable = log.partition_point(|(durable_at, _)| *durable_at <= now);
+                let mut ops: Vec<_> = log.drain(..).map(|(_, op)| op).collect();
+                let pending = ops.split_off(durable);
+                if torn {
+                    // The tear falls somewhere in the records written after the last sync.
+                    let records: Vec<crest_core::record::LogRecord> = pending
+                        .into_iter()
+                        .filter_map(|op| match op {
+                            crest_core::machine::StorageOp::Append { records, .. } => Some(records),
+                            _ => None,
+                        })
+                        .flatten()
+                        .collect();
+                    let kept = self.rng.below(records.len() as u64 + 1) as usize;
+                    self.torn_records += kept as u64;
+                    if kept > 0 {
+                        ops.push(crest_core::machine::StorageOp::Append {
+                            token: None,
+                            records: records.into_iter().take(kept).collect(),
+                            wait: crest_core::machine::SyncWait::Now,
+                        });
+                    }
+                }
                 let operations = crest_core::machine::replay(&ops);
                 // What survives is the log as recovery sees it.
                 log.extend(operations.iter().map(|records| {

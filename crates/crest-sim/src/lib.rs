@@ -82,6 +82,8 @@ enum Event {
     Timer { node: usize, life: u32 },
     /// A leaf's storage operation is durable.
     Stored { node: usize, life: u32, token: u64 },
+    /// A node's storage operation failed (the disk model's `append_failures`).
+    StoreFailed { node: usize, life: u32, token: u64 },
     /// A node crashes.
     Crash {
         node: usize,
@@ -193,6 +195,10 @@ struct Sim {
     partitions: u64,
     partition_disconnects: u64,
     packets_lost: u64,
+    /// Appends and checkpoints the disk model failed.
+    disk_failures: u64,
+    /// Records that survived a crash from appends not yet durable (torn writes).
+    torn_records: u64,
     /// Links of the tree idle this long end (the nodes' `link_idle_timeout_ms`).
     idle_timeout: Duration,
     /// The root's index.

@@ -86,6 +86,19 @@ impl Sim {
             while let Some(op) = self.nodes[node].poll_storage() {
                 progressed = true;
                 let at = self.now + Duration::from_micros(self.disk.fsync_us);
+                let fails = !matches!(op, crest_core::machine::StorageOp::Read { .. })
+                    && self.disk.append_failures > 0.0
+                    && self.rng.unit() < self.disk.append_failures;
+                if fails {
+                    // Nothing of it reaches the log; a waiter hears of it when the sync would
+                    // have come.
+                    self.disk_failures += 1;
+                    if let Some(token) = op.token() {
+                        let life = self.lives[node];
+                        self.schedule(at, Event::StoreFailed { node, life, token });
+                    }
+                    continue;
+                }
                 if let Some(token) = op.token() {
                     let life = self.lives[node];
                     self.schedule(at, Event::Stored { node, life, token });

@@ -79,6 +79,10 @@ pub struct SimReport {
     pub partition_disconnects: u64,
     /// Packets lost (and retransmitted).
     pub packets_lost: u64,
+    /// Appends and checkpoints the disk model failed.
+    pub disk_failures: u64,
+    /// Records that survived a crash from appends not yet durable (torn writes).
+    pub torn_records: u64,
     /// Leases granted while another lease of the same message was live: must be 0.
     pub lease_violations: u64,
     /// The first of those, described.
@@ -150,15 +154,17 @@ impl SimReport {
             "  windows above the leaves: at most {} entries (bound {})",
             self.window_entries_max, self.window_entries_bound
         );
-        if self.crashes + self.partitions + self.packets_lost > 0 {
+        if self.crashes + self.partitions + self.packets_lost + self.disk_failures > 0 {
             let _ = writeln!(
                 out,
                 "  faults: crashes {}  partitions {} ({} connections ended)  packets lost {}  \
-                 unexpected duplicates {}  lease violations {}",
+                 disk failures {}  torn records {}  unexpected duplicates {}  lease violations {}",
                 self.crashes,
                 self.partitions,
                 self.partition_disconnects,
                 self.packets_lost,
+                self.disk_failures,
+                self.torn_records,
                 self.unexpected_duplicates,
                 self.lease_violations
             );

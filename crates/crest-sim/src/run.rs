@@ -97,6 +97,8 @@ impl Sim {
             partitions: 0,
             partition_disconnects: 0,
             packets_lost: 0,
+            disk_failures: 0,
+            torn_records: 0,
             idle_timeout: Duration::from_millis(topology.root().settings.link_idle_timeout_ms),
             root: 0,
             leaf_ids: topology.nodes.iter().map(|n| n.leaf_id).collect(),
@@ -374,6 +376,14 @@ impl Sim {
                 self.nodes[node].handle_storage_done(now, StorageDone::new(token));
                 self.drain(node);
             }
+            Event::StoreFailed { node, life, token } => {
+                if life != self.lives[node] || !self.up[node] {
+                    return false;
+                }
+                let now = self.now;
+                self.nodes[node].handle_storage_failed(now, token, "simulated disk failure");
+                self.drain(node);
+            }
             Event::Crash {
                 node,
                 restart_after,
@@ -469,6 +479,8 @@ impl Sim {
             partitions: self.partitions,
             partition_disconnects: self.partition_disconnects,
             packets_lost: self.packets_lost,
+            disk_failures: self.disk_failures,
+            torn_records: self.torn_records,
             lease_violations: self.lease_violations,
             lease_violation: self.lease_violation,
             unexpected_duplicates: self

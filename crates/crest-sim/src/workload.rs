@@ -109,16 +109,27 @@ pub struct RandomFaults {
 }
 
 /// Disk model.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct DiskModel {
     /// Time from an append to its durability, µs.
     pub fsync_us: u64,
+    /// Share of appends (and checkpoints) that fail, as a full or failing disk does: nothing
+    /// of a failed one is stored, and the leaf is told of those it waits for (in `[0, 0.5]`).
+    pub append_failures: f64,
+    /// A crash tears the write under way: of the appends not yet durable, the records before
+    /// a point drawn at random survive (as a torn tail of the log leaves whole records before
+    /// the tear), instead of none of them.
+    pub torn_writes: bool,
 }
 
 impl Default for DiskModel {
     fn default() -> Self {
-        DiskModel { fsync_us: 500 }
+        DiskModel {
+            fsync_us: 500,
+            append_failures: 0.0,
+            torn_writes: false,
+        }
     }
 }
 
@@ -340,6 +351,9 @@ impl Workload {
         }
         if !(0.0..=0.5).contains(&self.link.loss) {
             return Err("link.loss must be in [0, 0.5]".into());
+        }
+        if !(0.0..=0.5).contains(&self.disk.append_failures) {
+            return Err("disk.append_failures must be in [0, 0.5]".into());
         }
         for (i, partition) in self.partitions.iter().enumerate() {
             if partition.nodes.is_empty() {

@@ -389,24 +389,49 @@ async fn a_child_s_hostile_offers_and_reports_are_refused_or_contained() {
         },
         ..Report::default()
     });
+    // More entries than the credit agg-2 grants, refused while decoding.
+    let credits = crest::core::config::Settings::default().credits_per_topic;
+    let Wire::Offer(mut flood) = offer_of("jobs", 4) else {
+        unreachable!()
+    };
+    flood.adds = (1..=u64::from(credits) + 1)
+        .map(|seq| OfferEntry {
+            key: Key {
+                priority: 0,
+                ready_at: Time::ZERO,
+                id: MessageId::new(LeafId(4), seq),
+            },
+            ..flood.adds[0]
+        })
+        .collect();
     let hostile = [
         offer_of("jobs", 1),
         offer_of("", 4),
         offer_of("a\nb", 4),
+        Wire::Offer(flood),
         report,
     ];
     rogue.send(&hostile).await.unwrap();
-    for says in [
-        "does not lead to",
-        "topic is empty",
-        "whitespace or control",
-    ] {
+    // The flood is answered by the connection's reader, the others by the node: in any order.
+    let mut refusals = Vec::new();
+    for _ in 0..4 {
         let answer = rogue.next(|msg| matches!(msg, Wire::Error(_))).await;
         let Ok(Wire::Error(error)) = answer else {
             panic!("a refusal, got {answer:?}")
         };
-        assert_eq!(error.code, ErrorCode::InvalidArgument);
-        assert!(error.message.contains(says), "{}", error.message);
+        assert_eq!(error.code, ErrorCode::InvalidArgument, "{}", error.message);
+        refusals.push(error.message);
+    }
+    for says in [
+        "does not lead to",
+        "topic is empty",
+        "whitespace or control",
+        "credits_per_topic",
+    ] {
+        assert!(
+            refusals.iter().any(|m| m.contains(says)),
+            "{says}: {refusals:?}"
+        );
     }
     let after = tree.node("agg-2").unwrap().stats().await.unwrap();
     assert_eq!(after.violations, before.violations + 3);

@@ -654,6 +654,52 @@ async fn a_restarted_root_loses_nothing_a_leaf_holds() {
     tree.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_standing_by_serves_once_the_root_is_gone() {
+    // Goal: with a second root standing by, stopping the root moves its children (and the
+    // consumer, given both roots) to the standby, which serves every message the leaves hold;
+    // acks of deliveries made by the old root reach their leaves through the new one.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../topology/local.toml"
+    ))
+    .unwrap();
+    let text =
+        format!("{text}\n[[node]]\nname = \"root-b\"\nrole = \"root\"\nlisten = \"127.0.0.1:0\"\n");
+    let topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
+    assert_eq!(topology.roots().count(), 2);
+    let mut tree = LocalTree::start(&topology).await.unwrap();
+    assert!(tree.wait_connected(WAIT).await);
+    let producers = producers(&tree).await;
+    let pushed = push_everywhere(&producers, 100, 3).await;
+    let consumer = consumer(&tree).await;
+    let early = consumer.pop("jobs", 10, WAIT).await.unwrap();
+    assert_eq!(early.len(), 10);
+    let standby = tree.node("root-b").unwrap();
+    assert_eq!(standby.stats().await.unwrap().children, 0, "it stands by");
+
+    tree.stop_node("root").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tree.node("root-b").unwrap().stats().await.unwrap().children < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "children moved");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Delivered by the old root, acknowledged through the new one.
+    let receipts: Vec<Receipt> = early.iter().map(Delivery::receipt).collect();
+    let results = consumer.ack_many(&receipts).await.unwrap();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let rest = pop_and_ack(&consumer, pushed.len() - early.len()).await;
+    let mut ids: Vec<MessageId> = early.iter().chain(&rest).map(|d| d.id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        pushed.len(),
+        "every message served by the standby"
+    );
+    tree.shutdown().await;
+}
+
 /// Pops "jobs" and acknowledges each batch (every ack must succeed) until `count` deliveries
 /// came, or `WAIT` passed; returns them.
 async fn pop_and_ack(consumer: &Consumer, count: usize) -> Vec<Delivery> {

@@ -97,8 +97,22 @@ impl Cluster {
         }
     }
 
+    /// As [`Cluster::start`], with a second root, `root-b`, standing by.
+    pub(crate) fn start_with_standby_root(name: &str) -> Cluster {
+        let mut cluster = Cluster::prepare_nodes(name, "", &["root-b"]);
+        for node in cluster.topology.nodes.clone() {
+            cluster.launch(&node.name);
+        }
+        cluster
+    }
+
     /// The topology on free ports, its certificates made, no node launched yet.
     fn prepare(name: &str, settings: &str) -> Cluster {
+        Cluster::prepare_nodes(name, settings, &[])
+    }
+
+    /// As [`Cluster::prepare`], with roots `standby` standing by after the topology's.
+    fn prepare_nodes(name: &str, settings: &str, standby: &[&str]) -> Cluster {
         let dir = std::env::temp_dir().join(format!("crest-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -143,6 +157,16 @@ impl Cluster {
             }
         }
         text = text.replace("[settings]\n", &format!("[settings]\n{settings}"));
+        for root in standby {
+            let quic = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let http = TcpListener::bind("127.0.0.1:0").unwrap();
+            text.push_str(&format!(
+                "\n[[node]]\nname = \"{root}\"\nrole = \"root\"\nlisten = \"{}\"\nhttp = \"{}\"\n",
+                quic.local_addr().unwrap(),
+                http.local_addr().unwrap()
+            ));
+            sockets.insert(root.to_string(), (quic, http));
+        }
         text.push_str("\n[tls]\nca = \"certs/ca.pem\"\ncert_dir = \"certs\"\n");
         let topology_path = dir.join("topology.toml");
         std::fs::write(&topology_path, &text).unwrap();

@@ -675,9 +675,25 @@ impl Reader<'_> {
         Some(LeafId(self.uint()?.try_into().ok()?))
     }
 
+    /// Refuses an offer's list of `what` that holds more than a child's credit.
+    fn within_credit(&mut self, what: &str) -> Option<()> {
+        let max = self.limits.offer_entries_max;
+        let count = self.peek_count()?;
+        if count > max as usize {
+            return self.refuse(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "an offer of {count} {what} exceeds the credit of {max} (credits_per_topic)"
+                ),
+            );
+        }
+        Some(())
+    }
+
     fn offer(&mut self) -> Option<Offer> {
         self.fields(5)?;
         let topic = self.str()?.to_owned();
+        self.within_credit("entries")?;
         // An entry takes at least 8 bytes, a key 4.
         let adds = self.list(8, |r| {
             r.fields(4)?;
@@ -688,6 +704,7 @@ impl Reader<'_> {
                 entered: Time(r.uint()?),
             })
         })?;
+        self.within_credit("retracts")?;
         let retracts = self.list(4, Self::key)?;
         let frontier = if self.is_nil() {
             None

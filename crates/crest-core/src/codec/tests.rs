@@ -397,6 +397,7 @@ fn a_client_s_lists_over_the_limits_are_refused_before_they_are_allocated() {
         batch_messages_max: 2,
         metadata_entries_max: 1,
         receipts_max: 3,
+        offer_entries_max: 2,
     };
     let message = |entries: usize| PushMessage {
         topic: "t".into(),
@@ -455,6 +456,37 @@ fn a_client_s_lists_over_the_limits_are_refused_before_they_are_allocated() {
     let (request, code, text) = refused(ack);
     assert_eq!((request, code), (Some(9), ErrorCode::InvalidArgument));
     assert!(text.contains("pop_messages_max"), "{text}");
+    // A child's offer adding, or taking back, more than its credit.
+    let entry = |seq: u64| OfferEntry {
+        key: Key {
+            priority: 0,
+            ready_at: Time::ZERO,
+            id: MessageId(seq),
+        },
+        size: 1,
+        since: Time::ZERO,
+        entered: Time::ZERO,
+    };
+    let offer = |adds: u64, retracts: u64| {
+        Wire::Offer(Offer {
+            topic: "t".into(),
+            adds: (0..adds).map(entry).collect(),
+            retracts: (0..retracts).map(|seq| entry(seq).key).collect(),
+            frontier: None,
+            seq: 1,
+        })
+    };
+    for (adds, retracts, says) in [(3, 0, "3 entries"), (0, 3, "3 retracts")] {
+        let (request, code, text) = refused(offer(adds, retracts));
+        assert_eq!((request, code), (None, ErrorCode::InvalidArgument));
+        assert!(
+            text.contains(says) && text.contains("credits_per_topic"),
+            "{text}"
+        );
+    }
+    let mut body = Vec::new();
+    assert!(encode(&offer(2, 2), &mut body));
+    assert_eq!(super::decode(&body, limits), Ok(Some(offer(2, 2))));
     // Within the limits, the same decode as without.
     let fits = Wire::Push(Push {
         request: 10,

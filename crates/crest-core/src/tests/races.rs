@@ -183,3 +183,45 @@ fn reserves_on_a_lost_direct_link_go_again_through_the_tree_and_strand_nothing()
         assert_eq!(node.stats().violations, 0, "node {index}");
     }
 }
+
+#[test]
+fn a_root_lost_before_its_direct_reserve_reached_the_leaf_strands_nothing() {
+    // Goal: the root sends a reserve on its direct link and the notice of it to the leaf's
+    // aggregator, and is lost before the reserve reaches the leaf. The aggregator took the
+    // entries on the notice; the leaf, which never saw the reserve, still counts them as
+    // offered there. The next root must still be offered them. (The simulator's swarm of
+    // failing disks and crashes found entries stranded so.)
+    let mut t = direct_tree(4);
+    let ids = t.h.push(t.producers[0], "jobs", &[1, 2, 3]);
+    let agg = t.aggs[0];
+    let (_, leaf_end) = t.h.ends[&t.direct[0]];
+    pop_later(&mut t, 2);
+    t.h.run_until(|to, msg| to == leaf_end && matches!(msg, Wire::Reserve(_)));
+    // The reserve to the leaf is lost with the root; the notice reaches the aggregator.
+    t.h.queue
+        .retain(|(to, msg)| !(*to == leaf_end && matches!(msg, Wire::Reserve(_))));
+    t.h.run();
+    assert_eq!(counter(&mut t.h, agg, "reserve_notices"), 1);
+    t.h.kill(t.root);
+    t.h.nodes[t.root] = root_node(settings(4), (1..=4).map(LeafId).collect());
+    for agg in t.aggs {
+        t.h.link(agg, t.root);
+    }
+    for (i, leaf) in t.leaves.into_iter().enumerate() {
+        t.h.direct(t.root, leaf, LeafId(i as u16 + 1));
+    }
+    t.consumer = t.h.client(t.root, PeerKind::Consumer);
+    let mut delivered = Vec::new();
+    loop {
+        let more = t.h.pop(t.consumer, "jobs", 8);
+        if more.is_empty() {
+            break;
+        }
+        delivered.extend(more.iter().map(|d| d.id));
+    }
+    delivered.sort();
+    assert_eq!(delivered, ids, "the next root is offered every message");
+    for (index, node) in t.h.nodes.iter().enumerate() {
+        assert_eq!(node.stats().violations, 0, "node {index}");
+    }
+}
