@@ -174,6 +174,10 @@ pub struct Settings {
     pub quic_initial_window_bytes: u64,
     /// First delay before reconnecting to a parent, in milliseconds (doubles per failure).
     pub reconnect_backoff_initial_ms: u64,
+    /// A child of the root that went to a root standing by dials the root this often, and
+    /// goes back to it as soon as it answers, in milliseconds: after a cut heals or the root
+    /// is back, the tree gathers under one root again.
+    pub root_fail_back_ms: u64,
     /// How often the leader of a replica group tells its followers it is alive, in
     /// milliseconds.
     pub replica_heartbeat_ms: u64,
@@ -366,6 +370,7 @@ impl Default for Settings {
             udp_payload_max: UDP_PAYLOAD_MAX_DEFAULT,
             quic_initial_window_bytes: 1024 * 1024,
             reconnect_backoff_initial_ms: 50,
+            root_fail_back_ms: 2_000,
             replica_heartbeat_ms: 100,
             replica_election_timeout_ms: 500,
             replica_append_entries_max: 256,
@@ -425,7 +430,8 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 39] = [
+        let positive: [(&'static str, u64); 40] = [
+            ("root_fail_back_ms", self.root_fail_back_ms),
             ("replica_heartbeat_ms", self.replica_heartbeat_ms),
             (
                 "replica_election_timeout_ms",

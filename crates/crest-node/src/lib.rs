@@ -332,6 +332,7 @@ fn machine_for(
             name: spec.name.clone(),
             settings,
             subtree,
+            standby: spec.name != topology.root().name,
         })),
         Role::Aggregator => Box::new(Aggregator::new(AggregatorConfig {
             name: spec.name.clone(),

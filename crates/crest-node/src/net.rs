@@ -259,6 +259,13 @@ pub(crate) async fn link_loop(
                         }
                         tracing::warn!(peer, %address, %reason, "connection lost");
                     }
+                    () = fail_back(&ctx, &endpoint, &targets[0], current) => {
+                        tracing::info!(peer, from = %name, to = %targets[0].0, "going back");
+                        connection.close(0u32.into(), b"going back to the root");
+                        current = 0;
+                        backoff = initial;
+                        continue;
+                    }
                 }
                 if connected_at.elapsed() >= max {
                     backoff = initial;
@@ -280,6 +287,32 @@ pub(crate) async fn link_loop(
             () = ctx.shutdown.cancelled() => return,
         }
         backoff = (backoff * 2).min(max);
+    }
+}
+
+/// Returns once `first` — the root, for a child of the root that went to a root standing by
+/// (`current` is not 0) — answers a dial again; tried every `root_fail_back_ms`. Never for a
+/// session with the first target itself.
+async fn fail_back(ctx: &NetContext, endpoint: &quinn::Endpoint, first: &Target, current: usize) {
+    if current == 0 {
+        return std::future::pending().await;
+    }
+    let every = Duration::from_millis(ctx.settings.root_fail_back_ms);
+    loop {
+        tokio::time::sleep(every).await;
+        let (name, address) = first;
+        let Ok(addr) = resolve(&address()).await else {
+            continue;
+        };
+        let config = ctx
+            .link_client
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        if let Ok(probe) = crest_transport::connect_with(endpoint, config, addr, name).await {
+            probe.close(0u32.into(), b"probe: coming back");
+            return;
+        }
     }
 }
 

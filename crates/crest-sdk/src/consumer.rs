@@ -23,7 +23,7 @@ use crate::{ClientError, ClientTls};
 use crest_core::config::Settings;
 use crest_core::id::Receipt;
 use crest_core::topology::Topology;
-use crest_core::wire::{Ack, Delivery, PeerKind, Pop, ReceiptError, Settle, Wire};
+use crest_core::wire::{Ack, Delivery, ErrorCode, PeerKind, Pop, ReceiptError, Settle, Wire};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -138,6 +138,13 @@ impl Consumer {
         })
     }
 
+    /// Leaves the root in use for the next one: the next request connects there first.
+    async fn move_on(&self) {
+        let mut link = self.inner.link.lock().await;
+        link.0.close();
+        link.1 = (link.1 + 1) % self.inner.config.roots.len();
+    }
+
     /// The connection to the root, made again if the last one ended.
     async fn link(&self) -> Result<Arc<Link>, ClientError> {
         let mut link = self.inner.link.lock().await;
@@ -201,6 +208,13 @@ impl Consumer {
                 .await;
             match answer {
                 Err(error) if retryable(&error) && tries.again().await => {}
+                // A root standing by that no node is with: the others may have them.
+                Err(ClientError::Rejected {
+                    code: ErrorCode::Unavailable,
+                    ..
+                }) if self.inner.config.roots.len() > 1 && tries.again().await => {
+                    self.move_on().await;
+                }
                 answer => break answer?,
             }
         };

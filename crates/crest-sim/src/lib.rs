@@ -65,6 +65,9 @@ pub enum SimError {
     /// The workload names a leaf the topology does not have, or is otherwise invalid.
     #[error("workload: {0}")]
     Workload(String),
+    /// The topology has what the simulator does not model.
+    #[error("topology: {0}")]
+    Topology(String),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

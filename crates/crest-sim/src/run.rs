@@ -55,6 +55,11 @@ impl Plan {
 /// [`SimError::Workload`] if the workload is invalid or names nodes the topology does not have.
 pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimReport, SimError> {
     workload.validate().map_err(SimError::Workload)?;
+    if topology.roots().count() > 1 {
+        return Err(SimError::Topology(
+            "roots standing by are not simulated: give the simulator one root".into(),
+        ));
+    }
     let plan = Plan::new(Time::from_millis(1_000_000), workload);
     let mut sim = Sim::new(topology, workload, seed, plan.start);
     let (index, bound) = sim.add_nodes(topology, seed);
@@ -147,6 +152,7 @@ impl Sim {
                     name: spec.name.clone(),
                     settings: settings.clone(),
                     subtree,
+                    standby: false,
                 }),
                 Role::Aggregator => NodeConfig::Aggregator(AggregatorConfig {
                     name: spec.name.clone(),

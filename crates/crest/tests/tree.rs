@@ -697,6 +697,26 @@ async fn a_root_standing_by_serves_once_the_root_is_gone() {
         pushed.len(),
         "every message served by the standby"
     );
+
+    // The root is back: the aggregators go back to it (`root_fail_back_ms`), and the
+    // consumer, refused by the standby that no node is with any more, follows.
+    tree.restart_node("root").await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tree.node("root").unwrap().stats().await.unwrap().children < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "children went back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tree.node("root-b").unwrap().stats().await.unwrap().children > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the standby let them go"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let later = push_everywhere(&producers, 10, 3).await;
+    let back = pop_and_ack(&consumer, later.len()).await;
+    assert_eq!(back.len(), later.len(), "served by the root again");
     tree.shutdown().await;
 }
 

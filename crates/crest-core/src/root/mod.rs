@@ -78,6 +78,9 @@ pub struct RootConfig {
     pub settings: Settings,
     /// Every leaf in the tree, per the topology.
     pub subtree: Vec<LeafId>,
+    /// A root standing by (not the first of the topology): while no child is with it, it
+    /// refuses pops `Unavailable`, so that consumers move on to the root that has them.
+    pub standby: bool,
 }
 
 #[derive(Debug)]
@@ -338,6 +341,8 @@ pub struct Root {
     outbox: Outbox,
     violations: u64,
     name: String,
+    /// See [`RootConfig::standby`].
+    standby: bool,
     reporter: Reporter,
     counters: RootCounters,
     /// Direct links to leaves.
@@ -404,6 +409,7 @@ impl Root {
     /// Creates a root with no children connected.
     pub fn new(config: RootConfig) -> Root {
         let name = config.name.clone();
+        let standby = config.standby;
         let reporter = Reporter::new(&config.settings);
         let children = Downstream::new(
             config.name,
@@ -433,6 +439,7 @@ impl Root {
             outbox: Outbox::default(),
             violations: 0,
             name,
+            standby,
             reporter,
             counters: RootCounters::default(),
             direct: DirectLinks::default(),

@@ -66,6 +66,17 @@ impl Root {
         if !self.permit(conn, pop.request, &pop.topic, Some(Permission::Consume)) {
             return;
         }
+        if self.standby && self.children.children() == 0 {
+            let text = format!(
+                "root {:?} stands by and no node is with it: pop at another root",
+                self.name
+            );
+            self.send(
+                conn,
+                Wire::error(Some(pop.request), ErrorCode::Unavailable, text),
+            );
+            return;
+        }
         let principal = self.principal_of(conn);
         if !self.admit(conn, pop.request, principal.as_ref(), true) {
             return;

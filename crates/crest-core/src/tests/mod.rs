@@ -441,6 +441,7 @@ fn root_node(settings: Settings, subtree: Vec<LeafId>) -> Box<dyn Machine> {
         name: "root".into(),
         settings,
         subtree,
+        standby: false,
     }))
 }
 
