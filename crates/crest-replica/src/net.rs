@@ -141,8 +141,26 @@ impl Peer {
         }
     }
 
-    fn unexpected<E: std::error::Error>(&self) -> RPCError<ReplicaId, BasicNode, E> {
-        CallError::Network(format!("replica {} answered another request", self.target)).into_rpc()
+    /// Sends `request` and takes what `pick` finds in the answer: the peer's result, its
+    /// refusal, or why there was none.
+    async fn rpc<T, E: std::error::Error>(
+        &mut self,
+        request: Request,
+        option: &RPCOption,
+        pick: fn(Response) -> Option<Result<T, E>>,
+    ) -> Result<T, RPCError<ReplicaId, BasicNode, E>> {
+        match self.call(&request, option).await.map(pick) {
+            Ok(Some(Ok(answer))) => Ok(answer),
+            Ok(Some(Err(error))) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, error)))
+            }
+            Ok(None) => Err(CallError::Network(format!(
+                "replica {} answered another request",
+                self.target
+            ))
+            .into_rpc()),
+            Err(error) => Err(error.into_rpc()),
+        }
     }
 }
 
@@ -155,14 +173,11 @@ impl RaftNetwork<TypeConfig> for Peer {
         AppendEntriesResponse<ReplicaId>,
         RPCError<ReplicaId, BasicNode, RaftError<ReplicaId>>,
     > {
-        match self.call(&Request::Append(rpc), &option).await {
-            Ok(Response::Append(Ok(answer))) => Ok(answer),
-            Ok(Response::Append(Err(error))) => {
-                Err(RPCError::RemoteError(RemoteError::new(self.target, error)))
-            }
-            Ok(_) => Err(self.unexpected()),
-            Err(error) => Err(error.into_rpc()),
-        }
+        self.rpc(Request::Append(rpc), &option, |answer| match answer {
+            Response::Append(result) => Some(result),
+            _ => None,
+        })
+        .await
     }
 
     async fn install_snapshot(
@@ -173,14 +188,11 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<ReplicaId>,
         RPCError<ReplicaId, BasicNode, RaftError<ReplicaId, InstallSnapshotError>>,
     > {
-        match self.call(&Request::Snapshot(rpc), &option).await {
-            Ok(Response::Snapshot(Ok(answer))) => Ok(answer),
-            Ok(Response::Snapshot(Err(error))) => {
-                Err(RPCError::RemoteError(RemoteError::new(self.target, error)))
-            }
-            Ok(_) => Err(self.unexpected()),
-            Err(error) => Err(error.into_rpc()),
-        }
+        self.rpc(Request::Snapshot(rpc), &option, |answer| match answer {
+            Response::Snapshot(result) => Some(result),
+            _ => None,
+        })
+        .await
     }
 
     async fn vote(
@@ -188,14 +200,11 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<ReplicaId>,
         option: RPCOption,
     ) -> Result<VoteResponse<ReplicaId>, RPCError<ReplicaId, BasicNode, RaftError<ReplicaId>>> {
-        match self.call(&Request::Vote(rpc), &option).await {
-            Ok(Response::Vote(Ok(answer))) => Ok(answer),
-            Ok(Response::Vote(Err(error))) => {
-                Err(RPCError::RemoteError(RemoteError::new(self.target, error)))
-            }
-            Ok(_) => Err(self.unexpected()),
-            Err(error) => Err(error.into_rpc()),
-        }
+        self.rpc(Request::Vote(rpc), &option, |answer| match answer {
+            Response::Vote(result) => Some(result),
+            _ => None,
+        })
+        .await
     }
 }
 

@@ -43,10 +43,7 @@ impl Root {
     pub(super) fn handle_admin(&mut self, now: Time, conn: ConnId, admin: Admin) {
         self.counters.admin_requests += 1;
         if let Err(text) = self.validate_admin(&admin.op) {
-            self.send(
-                conn,
-                Wire::error(Some(admin.request), ErrorCode::InvalidArgument, text),
-            );
+            self.refuse(conn, admin.request, ErrorCode::InvalidArgument, text);
             return;
         }
         if let Some(topic) = admin.op.topic() {
@@ -61,10 +58,7 @@ impl Root {
         }
         if self.requests.admins.len() >= self.settings.root_pending_requests_max as usize {
             let text = "too many admin requests waiting at the root; retry";
-            self.send(
-                conn,
-                Wire::error(Some(admin.request), ErrorCode::Overloaded, text),
-            );
+            self.refuse(conn, admin.request, ErrorCode::Overloaded, text);
             return;
         }
         let principal = self.principal_of(conn);

@@ -197,10 +197,7 @@ impl Machine for Root {
                     _ => unreachable!("matched above"),
                 };
                 let text = format!("{} before Hello", msg.name());
-                self.send(
-                    conn,
-                    Wire::error(Some(request), ErrorCode::UnexpectedMessage, text),
-                );
+                self.refuse(conn, request, ErrorCode::UnexpectedMessage, text);
             }
             (_, Wire::Error(_)) => self.violations += 1,
             (_, other) => self.reject_unexpected(conn, &other),

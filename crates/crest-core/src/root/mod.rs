@@ -479,8 +479,13 @@ impl Root {
                 crate::access::namespace(topic)
             ),
         };
-        self.send(conn, Wire::error(Some(request), ErrorCode::Forbidden, text));
+        self.refuse(conn, request, ErrorCode::Forbidden, text);
         false
+    }
+
+    /// Answers `request` of `conn` with an error.
+    fn refuse(&mut self, conn: ConnId, request: u64, code: ErrorCode, text: impl Into<String>) {
+        self.send(conn, Wire::error(Some(request), code, text));
     }
 
     /// The name of `conn`'s principal, if the host gave one.
@@ -514,10 +519,7 @@ impl Root {
             return true;
         }
         let text = over_cap(principal.map_or("", |p| p), what, setting, max);
-        self.send(
-            conn,
-            Wire::error(Some(request), ErrorCode::Overloaded, text),
-        );
+        self.refuse(conn, request, ErrorCode::Overloaded, text);
         false
     }
 

@@ -60,7 +60,7 @@ impl Root {
 
     pub(super) fn handle_pop(&mut self, now: Time, conn: ConnId, pop: Pop) {
         if let Err((code, message)) = self.validate_pop(&pop) {
-            self.send(conn, Wire::error(Some(pop.request), code, message));
+            self.refuse(conn, pop.request, code, message);
             return;
         }
         if !self.permit(conn, pop.request, &pop.topic, Some(Permission::Consume)) {
@@ -71,10 +71,7 @@ impl Root {
                 "root {:?} stands by and no node is with it: pop at another root",
                 self.name
             );
-            self.send(
-                conn,
-                Wire::error(Some(pop.request), ErrorCode::Unavailable, text),
-            );
+            self.refuse(conn, pop.request, ErrorCode::Unavailable, text);
             return;
         }
         let principal = self.principal_of(conn);

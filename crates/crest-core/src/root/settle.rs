@@ -56,19 +56,13 @@ impl Root {
     pub(super) fn handle_ack(&mut self, now: Time, conn: ConnId, ack: Ack) {
         self.counters.settle_requests += 1;
         if let Err(text) = self.validate_settle(&ack) {
-            self.send(
-                conn,
-                Wire::error(Some(ack.request), ErrorCode::InvalidArgument, text),
-            );
+            self.refuse(conn, ack.request, ErrorCode::InvalidArgument, text);
             return;
         }
         let count = ack.receipts.len();
         if self.requests.acks.len() >= self.settings.root_pending_requests_max as usize {
             let text = "too many acknowledgements waiting at the root; retry";
-            self.send(
-                conn,
-                Wire::error(Some(ack.request), ErrorCode::Overloaded, text),
-            );
+            self.refuse(conn, ack.request, ErrorCode::Overloaded, text);
             return;
         }
         let principal = self.principal_of(conn);
