@@ -420,6 +420,10 @@ impl Machine for Aggregator {
         self.children.clock(now);
         match link {
             Link::Parent => {
+                // As at a leaf: a former session whose end was not reported yet ends now.
+                if let Some(former) = self.upstream.current() {
+                    self.handle_disconnected(now, former);
+                }
                 let hello = self.upstream.connected(conn);
                 self.outbox.push(hello);
             }

@@ -80,6 +80,11 @@ impl Upstream {
         true
     }
 
+    /// The parent connection, established or not.
+    pub(crate) fn current(&self) -> Option<ConnId> {
+        self.conn
+    }
+
     /// Whether `conn` is the parent connection.
     pub(crate) fn is(&self, conn: ConnId) -> bool {
         self.conn == Some(conn)

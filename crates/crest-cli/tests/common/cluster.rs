@@ -34,7 +34,12 @@ impl Drop for Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // A failing test leaves the nodes' logs behind for whoever reads the failure.
+        if std::thread::panicking() {
+            eprintln!("the nodes' logs are kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -184,7 +189,12 @@ impl Cluster {
     }
 
     pub(crate) fn launch(&mut self, node: &str) {
-        let log = std::fs::File::create(self.dir.join(format!("{node}.log"))).unwrap();
+        // Appended to, so a node launched again keeps what it logged before it was killed.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{node}.log")))
+            .unwrap();
         let (quic, http) = &self.sockets[node];
         let mut command = Command::new(CREST);
         command

@@ -227,9 +227,15 @@ impl Machine for Leaf {
         );
     }
 
-    fn handle_connected(&mut self, _now: Time, conn: ConnId, link: Link) {
+    fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link) {
         match link {
             Link::Parent => {
+                // The driver reports a lost connection from a task of its own, so the former
+                // session may not have ended here yet: it ends now, and what was offered on it
+                // is offered again on this one.
+                if let Some(former) = self.upstream.current() {
+                    self.handle_disconnected(now, former);
+                }
                 let hello = self.upstream.connected(conn);
                 self.outbox.push(hello);
             }

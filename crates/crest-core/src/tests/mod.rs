@@ -236,6 +236,14 @@ impl Harness {
 
     /// Tears down every connection of node `node`, as when its process is killed.
     fn kill(&mut self, node: usize) {
+        self.kill_telling_late(node, &[]);
+    }
+
+    /// Tears down every connection of node `node` like [`Harness::kill`], except that the nodes
+    /// in `late` are not told yet: returns their ends, for the test to report the loss later
+    /// (the node driver reports a lost connection from a task of its own).
+    fn kill_telling_late(&mut self, node: usize, late: &[usize]) -> Vec<(usize, ConnId)> {
+        let mut untold = Vec::new();
         let mut ends: Vec<ConnId> = self
             .ends
             .iter()
@@ -244,8 +252,20 @@ impl Harness {
             .collect();
         ends.sort_unstable();
         for end in ends {
-            self.disconnect(end);
+            let (_, other) = self.ends[&end];
+            match self.ends[&other].0 {
+                Owner::Node(far) if late.contains(&far) => {
+                    self.ends.remove(&end);
+                    self.ends.remove(&other);
+                    self.queue.retain(|(to, _)| *to != end && *to != other);
+                    self.nodes[node].handle_disconnected(self.now, end);
+                    untold.push((far, other));
+                }
+                _ => self.disconnect(end),
+            }
         }
+        self.run();
+        untold
     }
 
     /// Delivers everything in flight, in order, until the tree is quiet (bounded).

@@ -225,3 +225,60 @@ fn a_root_lost_before_its_direct_reserve_reached_the_leaf_strands_nothing() {
         assert_eq!(node.stats().violations, 0, "node {index}");
     }
 }
+
+#[test]
+fn a_parent_session_whose_end_is_reported_after_the_next_began_strands_nothing() {
+    // Goal: the node driver reports a lost connection from a task of its own, so a child that
+    // reconnects at once may see its new parent connection before the old one's end. What it
+    // had offered on the old session must be offered again on the new one. Method: an
+    // aggregator, then the root, is replaced; its children connect to the new one and only
+    // then learn that the old connection ended. (A process test that kills an aggregator found
+    // a leaf's messages stranded so: offered on the old session, never again.)
+    let mut t = tree(4);
+    let ids = t.h.push(t.producers[0], "jobs", &[1, 2, 3]);
+    let mut delivered: Vec<MessageId> =
+        t.h.pop(t.consumer, "jobs", 1)
+            .iter()
+            .map(|d| d.id)
+            .collect();
+    let agg = t.aggs[0];
+    let late = t.h.kill_telling_late(agg, &t.leaves);
+    assert_eq!(late.len(), 2, "both leaves of the aggregator are told late");
+    t.h.nodes[agg] = Box::new(Aggregator::new(AggregatorConfig {
+        name: "agg-0".into(),
+        settings: settings(4),
+        subtree: vec![LeafId(1), LeafId(2)],
+    }));
+    t.h.link(agg, t.root);
+    for leaf in &t.leaves[..2] {
+        t.h.link(*leaf, agg);
+    }
+    for (leaf, end) in late {
+        t.h.nodes[leaf].handle_disconnected(t.h.now, end);
+    }
+    t.h.run();
+    delivered.extend(t.h.pop(t.consumer, "jobs", 1).iter().map(|d| d.id));
+    assert_eq!(
+        delivered.len(),
+        2,
+        "the new aggregator is offered the leaf's messages"
+    );
+
+    let late = t.h.kill_telling_late(t.root, &t.aggs);
+    assert_eq!(late.len(), 2, "both aggregators are told late");
+    t.h.nodes[t.root] = root_node(settings(4), (1..=4).map(LeafId).collect());
+    for agg in t.aggs {
+        t.h.link(agg, t.root);
+    }
+    for (agg, end) in late {
+        t.h.nodes[agg].handle_disconnected(t.h.now, end);
+    }
+    t.h.run();
+    t.consumer = t.h.client(t.root, PeerKind::Consumer);
+    delivered.extend(t.h.pop(t.consumer, "jobs", 8).iter().map(|d| d.id));
+    delivered.sort();
+    assert_eq!(delivered, ids, "the new root is offered the rest");
+    for (index, node) in t.h.nodes.iter().enumerate() {
+        assert_eq!(node.stats().violations, 0, "node {index}");
+    }
+}
