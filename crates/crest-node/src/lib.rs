@@ -17,6 +17,7 @@ mod actor;
 mod admission;
 mod http;
 mod net;
+pub mod replica;
 mod storage;
 
 pub use actor::{LinkStats, LinkTotals, Links};

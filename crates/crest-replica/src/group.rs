@@ -178,11 +178,35 @@ impl Group {
             .await
             .unwrap_or(false)
             && raft.metrics().borrow().last_log_index.is_none();
-        if pristine {
-            // Refused (harmlessly) when another member formed the group first and reached us.
-            if let Err(error) = raft.initialize(members).await {
-                tracing::debug!(%error, "group already formed");
-            }
+        let first = config.members.iter().map(|m| m.id).min() == Some(me.id);
+        if pristine && first {
+            // A replica with nothing on disk is either new or wiped. A wiped one must not form
+            // the group again (it would vote a second time in a term it forgot), so only the
+            // first member forms it, and only once no leader reached it for two election
+            // timeouts: the leader of a group that exists replicates to every member.
+            let raft = raft.clone();
+            let wait = Duration::from_millis(2 * s.replica_election_timeout_ms);
+            tokio::spawn(async move {
+                let mut metrics = raft.metrics();
+                let reached = tokio::time::timeout(wait, async {
+                    loop {
+                        {
+                            let now = metrics.borrow();
+                            if now.current_leader.is_some() || now.last_log_index.is_some() {
+                                return;
+                            }
+                        }
+                        if metrics.changed().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                })
+                .await
+                .is_ok();
+                if !reached && let Err(error) = raft.initialize(members).await {
+                    tracing::debug!(%error, "group already formed");
+                }
+            });
         }
         Ok(Group {
             raft,

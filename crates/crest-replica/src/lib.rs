@@ -25,7 +25,7 @@ mod net;
 mod state_machine;
 
 pub use group::{Group, GroupConfig, GroupError, Member, WriteError};
-pub use openraft::{LogId, ServerState, StoredMembership};
+pub use openraft::{CommittedLeaderId, LogId, ServerState, StoredMembership};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -75,12 +75,14 @@ pub trait Journal: Send + 'static {
     /// An I/O error reading it.
     fn position(&mut self) -> std::io::Result<Position>;
 
-    /// Applies one committed entry (`batch` `None`: an entry of Raft's own, a new term's first
-    /// entry or a membership change, which only moves the position).
+    /// Applies committed entries, in order: each is the position it moves the journal to and
+    /// the leader's batch (`None`: an entry of Raft's own, a new term's first entry or a
+    /// membership change, which only moves the position). Answers one [`Applied`] per entry.
+    /// Entries come in groups, so a journal can make a whole group durable at once.
     ///
     /// # Errors
     /// An I/O error: the replica stops applying (Raft treats its state machine as broken).
-    fn apply(&mut self, position: &Position, batch: Option<&Batch>) -> std::io::Result<Applied>;
+    fn apply(&mut self, entries: Vec<(Position, Option<Batch>)>) -> std::io::Result<Vec<Applied>>;
 
     /// Writes everything the journal holds to `into`, a snapshot for a replica that is too
     /// far behind for the log; answers the position it holds.

@@ -150,29 +150,30 @@ impl<J: Journal> RaftStateMachine<TypeConfig> for StateMachine<J> {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let mut journal = self.journal.lock().unwrap_or_else(|p| p.into_inner());
-        let mut membership = journal
-            .position()
-            .map_err(|e| StorageIOError::read_state_machine(&e))?
-            .1;
-        let mut answers = Vec::new();
-        for entry in entries {
-            let log_id = entry.log_id;
-            let batch = match entry.payload {
-                EntryPayload::Normal(batch) => Some(batch),
-                EntryPayload::Membership(changed) => {
-                    membership = StoredMembership::new(Some(log_id), changed);
-                    None
-                }
-                EntryPayload::Blank => None,
-            };
-            let position: Position = (Some(log_id), membership.clone());
-            let applied = journal
-                .apply(&position, batch.as_ref())
-                .map_err(|e| StorageIOError::apply(log_id, &e))?;
-            answers.push(applied);
-        }
-        Ok(answers)
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let Some(last) = entries.last().map(|entry| entry.log_id) else {
+            return Ok(Vec::new());
+        };
+        self.with_journal(move |journal| {
+            let mut membership = journal.position()?.1;
+            let mut group = Vec::with_capacity(entries.len());
+            for entry in entries {
+                let log_id = entry.log_id;
+                let batch = match entry.payload {
+                    EntryPayload::Normal(batch) => Some(batch),
+                    EntryPayload::Membership(changed) => {
+                        membership = StoredMembership::new(Some(log_id), changed);
+                        None
+                    }
+                    EntryPayload::Blank => None,
+                };
+                let position: Position = (Some(log_id), membership.clone());
+                group.push((position, batch));
+            }
+            journal.apply(group)
+        })
+        .await
+        .map_err(|e| StorageIOError::apply(last, &e).into())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {

@@ -4,18 +4,15 @@
 
 use bytes::Bytes;
 use crest_core::config::Settings;
-use crest_replica::{
-    Applied, Batch, Group, GroupConfig, Journal, Member, Position, ReplicaId, WriteError,
-};
-use crest_transport::tls::CertificateAuthority;
-use std::collections::BTreeMap;
-use std::net::{SocketAddr, UdpSocket};
-use std::path::PathBuf;
+use crest_replica::{Applied, Batch, Journal, Position, ReplicaId, WriteError};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long a test waits for a condition before failing.
-const WAIT: Duration = Duration::from_secs(15);
+#[path = "common/cluster.rs"]
+mod cluster;
+
+use cluster::WAIT;
 
 /// What a replica applied: the batches in order, and the position after the last.
 #[derive(Default)]
@@ -39,14 +36,18 @@ impl Journal for Recorder {
         Ok(self.0.lock().unwrap().position.clone().unwrap_or_default())
     }
 
-    fn apply(&mut self, position: &Position, batch: Option<&Batch>) -> std::io::Result<Applied> {
+    fn apply(&mut self, entries: Vec<(Position, Option<Batch>)>) -> std::io::Result<Vec<Applied>> {
         let mut applies = self.0.lock().unwrap();
-        if let Some(batch) = batch {
-            applies.batches.push(batch.0.clone());
+        let mut answers = Vec::new();
+        for (position, batch) in entries {
+            if let Some(batch) = batch {
+                applies.batches.push(batch.0);
+            }
+            applies.position = Some(position);
+            let count = applies.batches.len() as u64;
+            answers.push(Applied(Bytes::copy_from_slice(&count.to_le_bytes())));
         }
-        applies.position = Some(position.clone());
-        let count = applies.batches.len() as u64;
-        Ok(Applied(Bytes::copy_from_slice(&count.to_le_bytes())))
+        Ok(answers)
     }
 
     fn snapshot(&mut self, into: &mut std::fs::File) -> std::io::Result<Position> {
@@ -65,125 +66,39 @@ impl Journal for Recorder {
     }
 }
 
-/// Three replicas' certificates, addresses, directories and journals; the running ones.
-struct Cluster {
-    ca: CertificateAuthority,
-    settings: Settings,
-    members: Vec<Member>,
-    dirs: BTreeMap<ReplicaId, PathBuf>,
-    journals: BTreeMap<ReplicaId, Recorder>,
-    running: BTreeMap<ReplicaId, Group>,
-    _root: tempfile::TempDir,
+type Cluster = cluster::Cluster<Recorder, Recorder>;
+
+/// Three replicas whose journals record what they apply.
+async fn recording(settings: Settings) -> Cluster {
+    let make: cluster::Factory<Recorder, Recorder> = Box::new(|_, _| {
+        let journal = Recorder::default();
+        (journal.clone(), journal)
+    });
+    Cluster::start(settings, make).await
 }
 
-impl Cluster {
-    async fn start(settings: Settings) -> Cluster {
-        let ca = CertificateAuthority::generate().unwrap();
-        let root = tempfile::tempdir().unwrap();
-        let sockets: Vec<UdpSocket> = (0..3)
-            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let members: Vec<Member> = sockets
-            .iter()
-            .enumerate()
-            .map(|(i, socket)| Member {
-                id: i as u64 + 1,
-                name: format!("leaf-1-{}", i + 1),
-                address: socket.local_addr().unwrap(),
-            })
-            .collect();
-        let dirs = members
-            .iter()
-            .map(|m| (m.id, root.path().join(&m.name)))
-            .collect();
-        let mut cluster = Cluster {
-            ca,
-            settings,
-            members,
-            dirs,
-            journals: BTreeMap::new(),
-            running: BTreeMap::new(),
-            _root: root,
-        };
-        for (socket, id) in sockets.into_iter().zip(1..) {
-            cluster.run(id, Some(socket)).await;
+async fn write(cluster: &Cluster, id: ReplicaId, text: &str) -> Result<Applied, WriteError> {
+    cluster.running[&id]
+        .write(Batch(Bytes::copy_from_slice(text.as_bytes())))
+        .await
+        .map(|(_, applied)| applied)
+}
+
+/// Waits until replica `id` applied exactly `expected`.
+async fn applied(cluster: &Cluster, id: ReplicaId, expected: &[Bytes]) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let batches = cluster.journals[&id].batches();
+        if batches == expected {
+            return;
         }
-        cluster
-    }
-
-    /// Starts replica `id` with a fresh journal (what a restarted process has in memory).
-    async fn run(&mut self, id: ReplicaId, socket: Option<UdpSocket>) {
-        let member = &self.members[id as usize - 1];
-        let socket = socket.unwrap_or_else(|| UdpSocket::bind(member.address).unwrap());
-        let config = GroupConfig {
-            dir: self.dirs[&id].clone(),
-            me: id,
-            members: self.members.clone(),
-            identity: self
-                .ca
-                .issue(&member.name, &[], Duration::from_secs(3600))
-                .unwrap(),
-            ca_pem: self.ca.cert_pem().to_string(),
-            settings: self.settings.clone(),
-        };
-        let journal = Recorder::default();
-        self.journals.insert(id, journal.clone());
-        let group = Group::start(config, journal, Some(socket)).await.unwrap();
-        self.running.insert(id, group);
-    }
-
-    async fn stop(&mut self, id: ReplicaId) {
-        if let Some(group) = self.running.remove(&id) {
-            group.shutdown().await;
-        }
-    }
-
-    /// Waits until the running replicas agree on a leader among them.
-    async fn leader(&self) -> ReplicaId {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let leaders: Vec<Option<ReplicaId>> =
-                self.running.values().map(Group::leader).collect();
-            if let Some(Some(leader)) = leaders.first()
-                && leaders.iter().all(|l| *l == Some(*leader))
-                && self.running.contains_key(leader)
-            {
-                return *leader;
-            }
-            assert!(Instant::now() < deadline, "no agreed leader: {leaders:?}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    async fn write(&self, id: ReplicaId, text: &str) -> Result<Applied, WriteError> {
-        self.running[&id]
-            .write(Batch(Bytes::copy_from_slice(text.as_bytes())))
-            .await
-            .map(|(_, applied)| applied)
-    }
-
-    /// Waits until replica `id` applied exactly `expected`.
-    async fn applied(&self, id: ReplicaId, expected: &[Bytes]) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let batches = self.journals[&id].batches();
-            if batches == expected {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "replica {id} applied {} batches, not the {} expected",
-                batches.len(),
-                expected.len()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    async fn shutdown(mut self) {
-        for id in self.running.keys().copied().collect::<Vec<_>>() {
-            self.stop(id).await;
-        }
+        assert!(
+            Instant::now() < deadline,
+            "replica {id} applied {} batches, not the {} expected",
+            batches.len(),
+            expected.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -197,22 +112,21 @@ fn texts(range: std::ops::Range<u32>) -> Vec<Bytes> {
 async fn a_group_commits_through_its_leader_and_every_replica_applies_the_same_batches() {
     // Goal: writes to the leader are committed and applied in the same order by all three
     // replicas; a follower refuses writes, naming the leader.
-    let cluster = Cluster::start(Settings::default()).await;
+    let cluster = recording(Settings::default()).await;
     let leader = cluster.leader().await;
     let expected = texts(0..100);
     for (i, text) in expected.iter().enumerate() {
-        let applied = cluster
-            .write(leader, std::str::from_utf8(text).unwrap())
+        let applied = write(&cluster, leader, std::str::from_utf8(text).unwrap())
             .await
             .unwrap();
         assert_eq!(applied.0.as_ref(), (i as u64 + 1).to_le_bytes());
     }
     for id in 1..=3 {
-        cluster.applied(id, &expected).await;
+        applied(&cluster, id, &expected).await;
     }
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     assert_eq!(
-        cluster.write(follower, "refused").await,
+        write(&cluster, follower, "refused").await,
         Err(WriteError::NotLeader {
             leader: Some(leader)
         })
@@ -225,13 +139,12 @@ async fn when_the_leader_stops_another_takes_over_with_every_committed_write() {
     // Goal: the leader stopped, the two others elect one of themselves in a later term; it
     // holds every write the old leader committed and commits new ones; the old leader, back
     // on its log, follows and catches up.
-    let mut cluster = Cluster::start(Settings::default()).await;
+    let mut cluster = recording(Settings::default()).await;
     let first = cluster.leader().await;
     let term = cluster.running[&first].term();
     let before = texts(0..50);
     for text in &before {
-        cluster
-            .write(first, std::str::from_utf8(text).unwrap())
+        write(&cluster, first, std::str::from_utf8(text).unwrap())
             .await
             .unwrap();
     }
@@ -241,16 +154,15 @@ async fn when_the_leader_stops_another_takes_over_with_every_committed_write() {
     assert!(cluster.running[&second].term() > term);
     let after = texts(50..100);
     for text in &after {
-        cluster
-            .write(second, std::str::from_utf8(text).unwrap())
+        write(&cluster, second, std::str::from_utf8(text).unwrap())
             .await
             .unwrap();
     }
     let all: Vec<Bytes> = before.iter().chain(&after).cloned().collect();
-    cluster.applied(second, &all).await;
+    applied(&cluster, second, &all).await;
     cluster.run(first, None).await;
     assert_eq!(cluster.leader().await, second, "the old leader follows");
-    cluster.applied(first, &all).await;
+    applied(&cluster, first, &all).await;
     cluster.shutdown().await;
 }
 
@@ -263,22 +175,20 @@ async fn a_replica_whose_data_was_deleted_catches_up_from_a_snapshot() {
         replica_snapshot_after_entries: 20,
         ..Settings::default()
     };
-    let mut cluster = Cluster::start(settings).await;
+    let mut cluster = recording(settings).await;
     let leader = cluster.leader().await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     let expected = texts(0..120);
     for text in &expected[..100] {
-        cluster
-            .write(leader, std::str::from_utf8(text).unwrap())
+        write(&cluster, leader, std::str::from_utf8(text).unwrap())
             .await
             .unwrap();
     }
-    cluster.applied(follower, &expected[..100]).await;
+    applied(&cluster, follower, &expected[..100]).await;
     cluster.stop(follower).await;
     std::fs::remove_dir_all(&cluster.dirs[&follower]).unwrap();
     for text in &expected[100..] {
-        cluster
-            .write(leader, std::str::from_utf8(text).unwrap())
+        write(&cluster, leader, std::str::from_utf8(text).unwrap())
             .await
             .unwrap();
     }
@@ -290,7 +200,7 @@ async fn a_replica_whose_data_was_deleted_catches_up_from_a_snapshot() {
         .map(|id| id.index);
     assert!(snapshot.is_some_and(|index| index >= 20), "{snapshot:?}");
     cluster.run(follower, None).await;
-    cluster.applied(follower, &expected).await;
+    applied(&cluster, follower, &expected).await;
     cluster.shutdown().await;
 }
 
@@ -298,14 +208,15 @@ async fn a_replica_whose_data_was_deleted_catches_up_from_a_snapshot() {
 async fn a_leader_without_a_majority_commits_nothing() {
     // Goal: with both followers stopped the leader cannot commit: the write does not
     // complete and nothing is applied; once one follower is back, the group commits again.
-    let mut cluster = Cluster::start(Settings::default()).await;
+    let mut cluster = recording(Settings::default()).await;
     let leader = cluster.leader().await;
-    cluster.write(leader, "committed").await.unwrap();
+    write(&cluster, leader, "committed").await.unwrap();
     let followers: Vec<ReplicaId> = (1..=3).filter(|id| *id != leader).collect();
     for id in &followers {
         cluster.stop(*id).await;
     }
-    let alone = tokio::time::timeout(Duration::from_secs(2), cluster.write(leader, "alone")).await;
+    let alone =
+        tokio::time::timeout(Duration::from_secs(2), write(&cluster, leader, "alone")).await;
     assert!(
         !matches!(alone, Ok(Ok(_))),
         "a lone replica committed: {alone:?}"
@@ -316,7 +227,7 @@ async fn a_leader_without_a_majority_commits_nothing() {
     );
     cluster.run(followers[0], None).await;
     let leader = cluster.leader().await;
-    cluster.write(leader, "again").await.unwrap();
+    write(&cluster, leader, "again").await.unwrap();
     let applied = cluster.journals[&leader].batches();
     assert_eq!(applied.first(), Some(&Bytes::from_static(b"committed")));
     assert_eq!(applied.last(), Some(&Bytes::from_static(b"again")));
@@ -334,7 +245,7 @@ fn texts_of(texts: &[&str]) -> Vec<Bytes> {
 async fn only_members_of_the_group_are_served() {
     // Goal: a node of the cluster that is not a replica of this group (its certificate names
     // another node) is closed without an answer.
-    let cluster = Cluster::start(Settings::default()).await;
+    let cluster = recording(Settings::default()).await;
     let settings = Settings::default();
     let stranger = cluster
         .ca

@@ -383,6 +383,32 @@ fn scan_segment_file_in_chunks(
     )
 }
 
+/// How many bytes from its start segment file `seq` (`len` bytes long) holds in valid records
+/// ([`Scan::valid_len`]), checking and decoding each record but keeping none: what a copy of
+/// the log needs of a segment, without its preallocated tail.
+///
+/// # Errors
+/// A read that failed.
+pub fn segment_valid_len(file: &File, len: u64, seq: u64, max: u32) -> io::Result<u64> {
+    let mut source = FileSource {
+        file,
+        len: usize::try_from(len).unwrap_or(usize::MAX),
+        chunk: SCAN_CHUNK_BYTES,
+        start: 0,
+        window: Vec::new(),
+        scratch: Vec::new(),
+    };
+    let scan = scan_file(
+        &mut source,
+        SEGMENT_MAGIC,
+        seq,
+        max,
+        SEGMENT_HEADER_BYTES,
+        &|body, offset| decode_segment_record(body, seq, offset).map(drop),
+    )?;
+    Ok(scan.valid_len)
+}
+
 /// Bytes a file scan reads at once.
 pub const SCAN_CHUNK_BYTES: usize = 1 << 20;
 

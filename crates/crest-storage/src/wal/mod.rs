@@ -355,6 +355,8 @@ struct Append {
 
 enum Job {
     Append(Append),
+    /// Reported as done, with no locations, once every job before it was.
+    Barrier(u64),
     Checkpoint {
         records: Vec<LogRecord>,
         includes: Vec<u64>,
@@ -422,6 +424,18 @@ impl WalHandle {
                 token,
                 wait,
             }))
+            .map_err(|_| StorageError::Closed)
+    }
+
+    /// Queues a barrier: the writer reports `token` done (with no locations) once everything
+    /// queued before it was written and any checkpoint before it taken, and writes nothing
+    /// for it. Whoever copies the log's files waits for one first.
+    ///
+    /// # Errors
+    /// [`StorageError::Closed`] if the writer has stopped.
+    pub fn barrier(&self, token: u64) -> Result<(), StorageError> {
+        self.tx
+            .send(Job::Barrier(token))
             .map_err(|_| StorageError::Closed)
     }
 

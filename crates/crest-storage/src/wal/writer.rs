@@ -113,6 +113,11 @@ impl Wal {
             for job in jobs {
                 match job {
                     Job::Append(append) => group.push(append),
+                    Job::Barrier(token) => {
+                        self.flush(&mut group, &mut buf, &mut on_complete);
+                        self.ready.push((token, Ok(Vec::new())));
+                        self.report(&mut on_complete);
+                    }
                     Job::Checkpoint {
                         records,
                         includes,

@@ -1,0 +1,329 @@
+//! A leaf's log kept by a group of three replicas on loopback (real QUIC with mutual TLS, real
+//! Raft logs and crest logs on disk): the leader's storage operations come back complete with
+//! the bodies' locations, and every replica's crest log is the same, byte for byte, so any of
+//! them can take over as the leaf.
+
+use bytes::Bytes;
+use crest_core::config::Settings;
+use crest_core::id::{LeafId, MessageId};
+use crest_core::machine::{StorageOp, SyncWait};
+use crest_core::record::{Location, LogRecord, MessageBody, MessageHead};
+use crest_core::time::Time;
+use crest_node::replica::{LeafJournal, Outcome, ReplicatedStore};
+use crest_replica::ReplicaId;
+use crest_storage::wal::{BodyReader, WalOptions};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[path = "../../crest-replica/tests/common/cluster.rs"]
+mod cluster;
+
+use cluster::WAIT;
+
+type Cluster = cluster::Cluster<LeafJournal, ()>;
+
+fn log_dir(replica: &Path) -> PathBuf {
+    replica.join("log")
+}
+
+/// Three replicas of a leaf's log. `RUST_LOG` shows what openraft says.
+async fn leaf_group(settings: Settings) -> Cluster {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+    let wal_settings = settings.clone();
+    let make: cluster::Factory<LeafJournal, ()> = Box::new(move |_, dir| {
+        let options = WalOptions::new(log_dir(dir), &wal_settings);
+        (LeafJournal::open(options, 4096).unwrap(), ())
+    });
+    Cluster::start(settings, make).await
+}
+
+/// The leader's store, and the outcomes it reports, in order.
+fn store_of(
+    cluster: &Cluster,
+    leader: ReplicaId,
+) -> (ReplicatedStore, std::sync::mpsc::Receiver<Outcome>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let raft = cluster.running[&leader].raft().clone();
+    let store = ReplicatedStore::start(raft, 64, move |outcome| {
+        let _ = tx.send(outcome);
+    })
+    .unwrap();
+    (store, rx)
+}
+
+fn body(seq: u64) -> Bytes {
+    Bytes::from(format!("body {seq}").into_bytes())
+}
+
+fn enqueue(seq: u64) -> LogRecord {
+    LogRecord::Enqueue {
+        head: MessageHead {
+            id: MessageId::new(LeafId(1), seq),
+            topic: "jobs".into(),
+            priority: (seq % 5) as u32,
+            ready_at: Time(seq),
+            enqueued_at: Time(seq),
+            expires_at: None,
+            dedup_key: None,
+        },
+        metadata: vec![],
+        payload: body(seq),
+    }
+}
+
+/// Pushes messages `seqs` through `store`, one append each (with a lease record nobody waits
+/// for after each), and waits for every append's outcome: where its body is.
+fn push(
+    store: &ReplicatedStore,
+    outcomes: &std::sync::mpsc::Receiver<Outcome>,
+    seqs: std::ops::Range<u64>,
+) -> BTreeMap<u64, Location> {
+    for seq in seqs.clone() {
+        let append = StorageOp::Append {
+            token: Some(seq),
+            records: vec![enqueue(seq)],
+            wait: SyncWait::Now,
+        };
+        store.submit(append).unwrap();
+        let lease = StorageOp::Append {
+            token: None,
+            records: vec![LogRecord::Lease {
+                id: MessageId::new(LeafId(1), seq),
+                attempt: 1,
+                deadline: Time(seq + 1000),
+            }],
+            wait: SyncWait::Linger,
+        };
+        store.submit(lease).unwrap();
+    }
+    let mut placed = BTreeMap::new();
+    for seq in seqs {
+        let done = outcomes
+            .recv_timeout(WAIT)
+            .expect("an outcome for every append")
+            .unwrap_or_else(|(token, reason)| panic!("append {token} failed: {reason}"));
+        assert_eq!(done.token, seq, "outcomes come in the order appended");
+        assert_eq!(done.locations.len(), 1, "one body per append");
+        placed.insert(seq, done.locations[0]);
+    }
+    placed
+}
+
+/// Waits until every running replica applied as far as the leader.
+async fn caught_up(cluster: &Cluster, leader: ReplicaId) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let target = cluster.running[&leader].applied();
+        let applied: Vec<Option<u64>> = cluster.running.values().map(|g| g.applied()).collect();
+        if applied.iter().all(|a| *a == target) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replicas at {applied:?}, leader at {target:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Every body at the place the leader answered for it, read from replica `id`'s own log.
+fn assert_bodies(cluster: &Cluster, id: ReplicaId, placed: &BTreeMap<u64, Location>) {
+    let mut reader = BodyReader::new(log_dir(&cluster.dirs[&id]));
+    for (seq, location) in placed {
+        let read = reader
+            .read(location)
+            .unwrap_or_else(|e| panic!("replica {id}, {seq}: {e}"));
+        assert_eq!(
+            read,
+            MessageBody {
+                metadata: vec![],
+                payload: body(*seq)
+            },
+            "replica {id}, message {seq}"
+        );
+    }
+}
+
+/// The segments of the log in `dir`, by name: their bytes through the last valid record (a
+/// segment is preallocated, and a copy leaves the unwritten tail out).
+fn segments(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut found = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().to_string();
+        if crest_storage::format::parse_checkpoint_name(&name).is_some() {
+            found.insert(name, std::fs::read(entry.path()).unwrap());
+            continue;
+        }
+        let Some(seq) = crest_storage::format::parse_segment_name(&name) else {
+            continue;
+        };
+        let file = std::fs::File::open(entry.path()).unwrap();
+        let len = file.metadata().unwrap().len();
+        let max = Settings::default().frame_bytes_max;
+        let valid = crest_storage::format::segment_valid_len(&file, len, seq, max).unwrap();
+        let mut bytes = std::fs::read(entry.path()).unwrap();
+        bytes.truncate(valid as usize);
+        found.insert(name, bytes);
+    }
+    found
+}
+
+fn log_files(cluster: &Cluster, id: ReplicaId) -> BTreeMap<String, Vec<u8>> {
+    segments(&log_dir(&cluster.dirs[&id]))
+}
+
+fn assert_same_logs(cluster: &Cluster, checkpoints: usize) {
+    let ids: Vec<ReplicaId> = cluster.running.keys().copied().collect();
+    let first = log_files(cluster, ids[0]);
+    assert!(!first.is_empty(), "replica {} has a log", ids[0]);
+    let taken = first
+        .keys()
+        .filter(|name| crest_storage::format::parse_checkpoint_name(name).is_some())
+        .count();
+    assert_eq!(taken, checkpoints, "checkpoints in {:?}", first.keys());
+    for id in &ids[1..] {
+        let other = log_files(cluster, *id);
+        assert_eq!(
+            first.keys().collect::<Vec<_>>(),
+            other.keys().collect::<Vec<_>>(),
+            "replicas {} and {id} have the same segments",
+            ids[0]
+        );
+        for (name, bytes) in &first {
+            assert!(
+                other[name] == *bytes,
+                "segment {name} differs between replicas {} and {id}",
+                ids[0]
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_of_a_leaf_keeps_the_same_log_and_a_new_leader_goes_on_with_it() {
+    // Goal: appends through the group complete, in order, with where each body lies in the
+    // leader's log; every replica's log holds the bodies at those same places (the logs are
+    // identical); after the leader stops, another takes appends, and the stopped replica,
+    // started again, catches up to the same log.
+    let mut cluster = leaf_group(Settings::default()).await;
+    let leader = cluster.leader().await;
+    let (store, outcomes) = store_of(&cluster, leader);
+    let mut placed = push(&store, &outcomes, 1..41);
+    caught_up(&cluster, leader).await;
+    for id in cluster.running.keys() {
+        assert_bodies(&cluster, *id, &placed);
+    }
+    assert_same_logs(&cluster, 0);
+
+    drop(store);
+    cluster.stop(leader).await;
+    let next = cluster.leader().await;
+    assert_ne!(next, leader);
+    let (store, outcomes) = store_of(&cluster, next);
+    placed.extend(push(&store, &outcomes, 41..61));
+    cluster.run(leader, None).await;
+    caught_up(&cluster, next).await;
+    for id in cluster.running.keys() {
+        assert_bodies(&cluster, *id, &placed);
+    }
+    assert_same_logs(&cluster, 0);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_disk_was_wiped_gets_the_leader_s_log_from_a_snapshot() {
+    // Goal: a replica that lost its directory rejoins; the group's log no longer reaches back
+    // to the first append (snapshots every 16 entries purge it), so it is sent a snapshot of
+    // the leaf's log, and then the entries after it. Its log ends up the same as the others'.
+    let settings = Settings {
+        replica_snapshot_after_entries: 16,
+        ..Settings::default()
+    };
+    let mut cluster = leaf_group(settings).await;
+    let leader = cluster.leader().await;
+    let (store, outcomes) = store_of(&cluster, leader);
+    let follower = *cluster.running.keys().find(|id| **id != leader).unwrap();
+    cluster.stop(follower).await;
+    std::fs::remove_dir_all(&cluster.dirs[&follower]).unwrap();
+    let mut placed = push(&store, &outcomes, 1..81);
+    // A checkpoint of the leaf's state, which keeps the bodies where they are: every replica
+    // takes it at the same place in its log.
+    let index = placed
+        .iter()
+        .map(|(seq, location)| {
+            let LogRecord::Enqueue { head, .. } = enqueue(*seq) else {
+                unreachable!()
+            };
+            LogRecord::Index {
+                head,
+                size: body(*seq).len() as u32,
+                location: *location,
+            }
+        })
+        .collect();
+    let segments = placed.values().map(|l| l.segment).collect::<BTreeSet<_>>();
+    store
+        .submit(StorageOp::Checkpoint {
+            records: index,
+            includes: vec![],
+            segments: segments.into_iter().collect(),
+        })
+        .unwrap();
+    placed.extend(push(&store, &outcomes, 81..86));
+    cluster.run(follower, None).await;
+    placed.extend(push(&store, &outcomes, 86..91));
+    caught_up(&cluster, leader).await;
+    for id in cluster.running.keys() {
+        assert_bodies(&cluster, *id, &placed);
+    }
+    assert_same_logs(&cluster, 1);
+    cluster.shutdown().await;
+}
+
+#[test]
+fn a_leaf_journal_s_snapshot_restores_the_same_log_elsewhere() {
+    // Goal: what a replica sends one too far behind is its whole log, and the receiver ends
+    // up with the same files and position.
+    let dirs = tempfile::tempdir().unwrap();
+    let settings = Settings::default();
+    let open = |name: &str| {
+        let options = WalOptions::new(dirs.path().join(name), &settings);
+        LeafJournal::open(options, 64).unwrap()
+    };
+    let mut source = open("source");
+    let membership = crest_replica::StoredMembership::default();
+    let entries: Vec<(crest_replica::Position, Option<crest_replica::Batch>)> = (1..=20u64)
+        .map(|seq| {
+            let op = crest_node::replica::Operation::Append {
+                token: Some(seq),
+                records: vec![enqueue(seq)],
+            };
+            let id = crest_replica::LogId::new(crest_replica::CommittedLeaderId::new(1, 1), seq);
+            ((Some(id), membership.clone()), Some(op.encode().unwrap()))
+        })
+        .collect();
+    let last = entries.last().unwrap().0.clone();
+    let applied = crest_replica::Journal::apply(&mut source, entries).unwrap();
+    assert_eq!(applied.len(), 20);
+    let snapshot_path = dirs.path().join("snapshot");
+    let mut file = std::fs::File::create(&snapshot_path).unwrap();
+    let position = crest_replica::Journal::snapshot(&mut source, &mut file).unwrap();
+    assert_eq!(position, last);
+    let mut target = open("target");
+    let mut file = std::fs::File::open(&snapshot_path).unwrap();
+    crest_replica::Journal::restore(&mut target, &mut file, &position).unwrap();
+    assert_eq!(crest_replica::Journal::position(&mut target).unwrap(), last);
+    let (source, target) = (
+        segments(&dirs.path().join("source")),
+        segments(&dirs.path().join("target")),
+    );
+    assert!(
+        !source.is_empty() && source.values().all(|bytes| bytes.len() > 64),
+        "records in the log"
+    );
+    assert_eq!(source, target);
+}
