@@ -15,7 +15,7 @@ use crest_storage::wal::{Completion, WalHandle, WalOptions};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 /// One storage operation of the leader's leaf as it travels in the group's log. Reads stay
@@ -93,8 +93,12 @@ const WRITER_WAIT: Duration = Duration::from_secs(60);
 /// The file beside a replica's log that holds the journal's [`Position`].
 const POSITION_FILE: &str = "replica-position";
 
-/// A replica's crest log as the group's [`Journal`]; see the module doc.
-pub struct LeafJournal {
+/// A replica's crest log as the group's [`Journal`]; see the module doc. Clones share it: the
+/// group applies through one, the node recovers its leaf through another.
+#[derive(Clone)]
+pub struct LeafJournal(Arc<Mutex<JournalState>>);
+
+struct JournalState {
     options: WalOptions,
     wal: Option<WalHandle>,
     completions: mpsc::Receiver<Vec<Completion>>,
@@ -116,10 +120,73 @@ impl LeafJournal {
     /// # Errors
     /// The log cannot be opened or its position read.
     pub fn open(options: WalOptions, tokens_kept: usize) -> std::io::Result<LeafJournal> {
+        JournalState::open(options, tokens_kept)
+            .map(|state| LeafJournal(Arc::new(Mutex::new(state))))
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, JournalState> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The log's directory.
+    pub fn dir(&self) -> PathBuf {
+        self.state().options.dir.clone()
+    }
+
+    /// Hands every operation of this replica's log, in order, to `each` (a leaf's
+    /// `replay_operation`): what the replica just elected leader does, once it applied every
+    /// committed entry, to rebuild its leaf exactly as a restarted leaf does. The group applies
+    /// nothing meanwhile.
+    ///
+    /// # Errors
+    /// The log cannot be read; the writer is then stopped and the replica must not lead.
+    pub fn recover(
+        &self,
+        each: impl FnMut(Vec<LogRecord>),
+    ) -> std::io::Result<crest_storage::wal::Recovered> {
+        let mut state = self.state();
+        if let Some(wal) = state.wal.take() {
+            wal.close().map_err(std::io::Error::other)?;
+        }
+        let (wal, recovered) = crest_storage::wal::open_with(state.options.clone(), each)
+            .map_err(std::io::Error::other)?;
+        state.start(wal)?;
+        Ok(recovered)
+    }
+}
+
+impl Journal for LeafJournal {
+    fn position(&mut self) -> std::io::Result<Position> {
+        self.state().position()
+    }
+
+    fn apply(&mut self, entries: Vec<(Position, Option<Batch>)>) -> std::io::Result<Vec<Applied>> {
+        self.state().apply(entries)
+    }
+
+    fn snapshot(&mut self, into: &mut std::fs::File) -> std::io::Result<Position> {
+        self.state().snapshot(into)
+    }
+
+    fn restore(&mut self, from: &mut std::fs::File, position: &Position) -> std::io::Result<()> {
+        self.state().restore(from, position)
+    }
+}
+
+impl JournalState {
+    /// Opens the log in `options.dir` (creating it) and starts its writer. `tokens_kept`
+    /// bounds the appends a checkpoint can name (older ones make it abandoned: the log stays
+    /// whole).
+    ///
+    /// # Errors
+    /// The log cannot be opened or its position read.
+    fn open(options: WalOptions, tokens_kept: usize) -> std::io::Result<JournalState> {
         std::fs::create_dir_all(&options.dir)?;
         let position = read_position(&options.dir)?;
         let (completions_tx, completions) = mpsc::channel();
-        let mut journal = LeafJournal {
+        let mut journal = JournalState {
             options,
             wal: None,
             completions,
@@ -134,16 +201,17 @@ impl LeafJournal {
         Ok(journal)
     }
 
-    /// The log's directory.
-    pub fn dir(&self) -> &Path {
-        &self.options.dir
-    }
-
     fn start_writer(&mut self) -> std::io::Result<()> {
         // Opening checks the log whole (a torn tail is cut, as for any leaf); the leaf that
         // later runs on it recovers it again.
         let (wal, _) = crest_storage::wal::open_with(self.options.clone(), |_| {})
             .map_err(std::io::Error::other)?;
+        self.start(wal)
+    }
+
+    fn start(&mut self, wal: crest_storage::wal::Wal) -> std::io::Result<()> {
+        // Completions of a former writer that nobody waited for are of no interest now.
+        while self.completions.try_recv().is_ok() {}
         let tx = self.completions_tx.clone();
         let handle = wal
             .start(move |done| {
@@ -238,6 +306,18 @@ impl LeafJournal {
     }
 }
 
+impl Drop for JournalState {
+    fn drop(&mut self) {
+        // The writer syncs what it holds and releases the directory's lock before this
+        // returns, so the replica can be started again at once.
+        if let Some(wal) = self.wal.take()
+            && let Err(error) = wal.close()
+        {
+            tracing::warn!(%error, "the replica's log writer did not stop cleanly");
+        }
+    }
+}
+
 fn read_position(dir: &Path) -> std::io::Result<Position> {
     match std::fs::read(dir.join(POSITION_FILE)) {
         Ok(bytes) => rmp_serde::from_slice(&bytes)
@@ -247,8 +327,8 @@ fn read_position(dir: &Path) -> std::io::Result<Position> {
     }
 }
 
-impl Journal for LeafJournal {
-    fn position(&mut self) -> std::io::Result<Position> {
+impl JournalState {
+    fn position(&self) -> std::io::Result<Position> {
         Ok(self.position.clone())
     }
 

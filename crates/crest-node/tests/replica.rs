@@ -21,7 +21,7 @@ mod cluster;
 
 use cluster::WAIT;
 
-type Cluster = cluster::Cluster<LeafJournal, ()>;
+type Cluster = cluster::Cluster<LeafJournal, LeafJournal>;
 
 fn log_dir(replica: &Path) -> PathBuf {
     replica.join("log")
@@ -33,9 +33,10 @@ async fn leaf_group(settings: Settings) -> Cluster {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .try_init();
     let wal_settings = settings.clone();
-    let make: cluster::Factory<LeafJournal, ()> = Box::new(move |_, dir| {
+    let make: cluster::Factory<LeafJournal, LeafJournal> = Box::new(move |_, dir| {
         let options = WalOptions::new(log_dir(dir), &wal_settings);
-        (LeafJournal::open(options, 4096).unwrap(), ())
+        let journal = LeafJournal::open(options, 4096).unwrap();
+        (journal.clone(), journal)
     });
     Cluster::start(settings, make).await
 }
@@ -225,6 +226,28 @@ async fn every_replica_of_a_leaf_keeps_the_same_log_and_a_new_leader_goes_on_wit
     assert_ne!(next, leader);
     let (store, outcomes) = store_of(&cluster, next);
     placed.extend(push(&store, &outcomes, 41..61));
+    // The new leader rebuilds its leaf from its own log, as a restarted leaf does: every
+    // message acknowledged through either leader is there.
+    let mut leaf = crest_core::leaf::Leaf::recovering(crest_core::leaf::LeafConfig {
+        name: "leaf-1".into(),
+        id: LeafId(1),
+        settings: Settings::default(),
+        token_key: crest_core::leaf::token_key_from_seed(1),
+        first_seq: 1,
+    });
+    let recovered = cluster.journals[&next]
+        .recover(|records| leaf.replay_operation(records))
+        .unwrap();
+    assert!(recovered.truncated.is_empty(), "{:?}", recovered.truncated);
+    let leaf = leaf.recovered(Time::from_millis(1));
+    use crest_core::machine::Machine;
+    assert_eq!(
+        leaf.stats().messages,
+        60,
+        "the new leader's leaf holds every message"
+    );
+    // What a restarted process has: nothing of the stopped replica's journal.
+    cluster.journals.remove(&leader);
     cluster.run(leader, None).await;
     caught_up(&cluster, next).await;
     for id in cluster.running.keys() {
