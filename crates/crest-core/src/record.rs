@@ -91,6 +91,12 @@ pub enum LogRecord {
         attempt: u32,
         /// The lease deadline.
         deadline: Time,
+        /// The lease's token, so that whoever rebuilds the leaf from its log (a restart, or
+        /// another replica of its group taking over) knows the lease and honours its receipt.
+        /// 0: not known (logs written before tokens were logged, and the attempt counts a
+        /// checkpoint keeps for messages not leased).
+        #[serde(default)]
+        token: u64,
     },
     /// A message was acknowledged, purged or expired: it is gone.
     Delete {

@@ -83,6 +83,51 @@ pub enum AccessError {
     },
 }
 
+/// The file in a local tree's data directory that keeps its receipt key: leases outlive a
+/// restart of their leaf, and their receipts must too.
+pub const RECEIPT_KEY_FILE: &str = "receipt-key";
+
+/// The receipt key kept in `dir` ([`RECEIPT_KEY_FILE`]), or `fresh` written there (readable by
+/// its owner only) when there is none yet.
+///
+/// # Errors
+/// [`crate::NodeError::Io`] if the file cannot be read or written, or holds no valid key.
+pub fn kept_receipt_key(dir: &std::path::Path, fresh: &str) -> Result<String, crate::NodeError> {
+    let path = dir.join(RECEIPT_KEY_FILE);
+    let io = |error: std::io::Error| crate::NodeError::Io {
+        path: path.display().to_string(),
+        error,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let key = text.trim().to_string();
+            if unhex(&key).is_none_or(|bytes| bytes.len() != 32) {
+                return Err(io(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "not a receipt key (64 hex digits)",
+                )));
+            }
+            Ok(key)
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::create_dir_all(dir).map_err(io)?;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(io)?;
+            writeln!(file, "{fresh}")
+                .and_then(|()| file.sync_all())
+                .map_err(io)?;
+            Ok(fresh.to_string())
+        }
+        Err(error) => Err(io(error)),
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

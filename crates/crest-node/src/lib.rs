@@ -686,6 +686,9 @@ impl LocalTree {
         let data_root = data_root.map(Path::to_path_buf);
         let ca = CertificateAuthority::generate()?;
         let mut access_file = access::AccessFile::new();
+        if let Some(root) = &data_root {
+            access_file.receipt_key = access::kept_receipt_key(root, &access_file.receipt_key)?;
+        }
         access_file
             .grant(LOCAL_ADMIN, &crest_core::access::Grants::everything())
             .map_err(NodeError::Actor)?;

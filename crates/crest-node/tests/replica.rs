@@ -95,6 +95,7 @@ fn push(
                 id: MessageId::new(LeafId(1), seq),
                 attempt: 1,
                 deadline: Time(seq + 1000),
+                token: seq,
             }],
             wait: SyncWait::Linger,
         };

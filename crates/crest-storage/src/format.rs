@@ -64,8 +64,10 @@ use std::os::unix::fs::FileExt;
 
 /// First bytes of every segment.
 pub const SEGMENT_MAGIC: &[u8; 8] = b"CRESTWAL";
-/// Version of this format.
-pub const SEGMENT_VERSION: u32 = 3;
+/// Version of this format, which this build writes. 4: lease records carry their token.
+pub const SEGMENT_VERSION: u32 = 4;
+/// Versions this build reads: 3 (lease records without their token, read as token 0) and 4.
+pub const SEGMENT_VERSIONS_READ: std::ops::RangeInclusive<u32> = 3..=SEGMENT_VERSION;
 /// Size of the segment header.
 pub const SEGMENT_HEADER_BYTES: usize = 32;
 /// Size of a record header (length and checksum).
@@ -696,9 +698,9 @@ fn check_header(header: &[u8], magic: &[u8; 8], seq: u64) -> Result<(), String> 
         return Err("header checksum mismatch".into());
     }
     let version = u32::from_be_bytes(header[8..12].try_into().expect("4 bytes"));
-    if version != SEGMENT_VERSION {
+    if !SEGMENT_VERSIONS_READ.contains(&version) {
         return Err(format!(
-            "format version {version}, expected {SEGMENT_VERSION}"
+            "format version {version}, expected {SEGMENT_VERSIONS_READ:?}"
         ));
     }
     let found = u64::from_be_bytes(header[16..24].try_into().expect("8 bytes"));

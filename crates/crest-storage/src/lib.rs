@@ -52,9 +52,9 @@ pub enum StorageError {
     },
     /// A file of another format version: never cut or skipped, whatever the recovery mode.
     #[error(
-        "{file}: log format version {found}; this crest reads version {expected} (version 2 \
-         logs kept message bodies in memory): drain the queue with the crest that wrote it, or \
-         move the directory away"
+        "{file}: log format version {found}; this crest writes version {expected} and reads \
+         versions 3 and up (version 2 logs kept message bodies in memory): drain the queue with \
+         the crest that wrote it, or move the directory away"
     )]
     Version {
         /// The file.

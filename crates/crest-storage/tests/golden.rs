@@ -1,6 +1,6 @@
-//! Golden fixtures of the disk format (version 3): a segment and a checkpoint written by the
-//! real log writer, committed under `tests/fixtures/v3/`. Both directions are checked byte
-//! for byte:
+//! Golden fixtures of the disk format: a segment and a checkpoint written by the real log
+//! writer, committed under `tests/fixtures/vN/` for every version this build reads (3: lease
+//! records without their token; 4: with it). Both directions are checked byte for byte:
 //! - what this build writes for the fixture's records is exactly the committed files, so a
 //!   refactor cannot silently change the format (a deliberate change bumps
 //!   `SEGMENT_VERSION`, adds fixtures of the new version and keeps these, read or refused by
@@ -16,8 +16,8 @@ use crest_core::id::{LeafId, MessageId};
 use crest_core::record::{Location, LogRecord, MessageHead};
 use crest_core::time::Time;
 use crest_storage::format::{
-    SEGMENT_HEADER_BYTES, SEGMENT_VERSION, checkpoint_name, decode_body, file_version,
-    read_checkpoint, scan_segment, segment_name,
+    SEGMENT_HEADER_BYTES, SEGMENT_VERSION, SEGMENT_VERSIONS_READ, checkpoint_name, decode_body,
+    file_version, read_checkpoint, scan_segment, segment_name,
 };
 use crest_storage::wal::{Completion, WalOptions, open};
 use std::path::{Path, PathBuf};
@@ -25,8 +25,8 @@ use std::sync::mpsc;
 
 const RECORD_BYTES_MAX: u32 = 1 << 20;
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v3")
+fn fixtures(version: u32) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/v{version}"))
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -52,7 +52,9 @@ fn head(seq: u64, priority: u32, dedup_key: Option<&str>) -> MessageHead {
 }
 
 /// One storage operation of each kind a leaf logs, with every optional field set somewhere.
-fn operations() -> Vec<Vec<LogRecord>> {
+/// The fixture's operations as a log of `version` holds them (version 3 logged no lease
+/// tokens: they read back as 0).
+fn operations(version: u32) -> Vec<Vec<LogRecord>> {
     vec![
         vec![
             LogRecord::Enqueue {
@@ -70,6 +72,7 @@ fn operations() -> Vec<Vec<LogRecord>> {
             id: id(1),
             attempt: 1,
             deadline: Time(1_700_000_030_000),
+            token: if version >= 4 { 0x5eed_1ea5e } else { 0 },
         }],
         vec![LogRecord::Release {
             id: id(1),
@@ -130,7 +133,7 @@ fn write_log(dir: &Path) -> Location {
         })
         .expect("start the writer");
     let mut first_location = None;
-    for (token, records) in operations().into_iter().enumerate() {
+    for (token, records) in operations(SEGMENT_VERSION).into_iter().enumerate() {
         handle.submit(records, Some(token as u64)).expect("submit");
         let done = rx.recv().expect("a completion");
         let (_, result) = &done[0];
@@ -148,7 +151,8 @@ fn write_log(dir: &Path) -> Location {
 }
 
 #[test]
-fn this_build_writes_the_committed_v3_fixtures_byte_for_byte() {
+fn this_build_writes_the_committed_fixtures_of_its_version_byte_for_byte() {
+    let fixtures = || fixtures(SEGMENT_VERSION);
     let dir = temp_dir("write");
     write_log(&dir);
     let names = [segment_name(1), segment_name(2), checkpoint_name(2)];
@@ -164,9 +168,9 @@ fn this_build_writes_the_committed_v3_fixtures_byte_for_byte() {
             .unwrap_or_else(|e| panic!("fixture {name}: {e} (bless with CREST_BLESS=1)"));
         assert!(
             written == committed,
-            "{name}: this build writes {} bytes that differ from the committed v3 fixture ({} \
-             bytes): the disk format changed. Bump SEGMENT_VERSION and keep reading version 3, \
-             or refuse it by name",
+            "{name}: this build writes {} bytes that differ from the committed v{SEGMENT_VERSION} \
+             fixture ({} bytes): the disk format changed. Bump SEGMENT_VERSION and keep reading \
+             this one, or refuse it by name",
             written.len(),
             committed.len()
         );
@@ -175,13 +179,20 @@ fn this_build_writes_the_committed_v3_fixtures_byte_for_byte() {
 }
 
 #[test]
-fn the_committed_v3_fixtures_decode_to_their_records() {
-    let segment = std::fs::read(fixtures().join(segment_name(1))).unwrap();
-    assert_eq!(file_version(&segment), Some(3));
-    assert_eq!(
-        SEGMENT_VERSION, 3,
+fn the_committed_fixtures_of_every_version_read_decode_to_their_records() {
+    assert!(
+        fixtures(SEGMENT_VERSION).exists(),
         "a new version needs fixtures of its own"
     );
+    for version in SEGMENT_VERSIONS_READ {
+        decodes(version);
+    }
+}
+
+fn decodes(version: u32) {
+    let fixtures = || fixtures(version);
+    let segment = std::fs::read(fixtures().join(segment_name(1))).unwrap();
+    assert_eq!(file_version(&segment), Some(version));
     let scan = scan_segment(&segment, 1, RECORD_BYTES_MAX, SEGMENT_HEADER_BYTES);
     assert_eq!(scan.stop, None, "the fixture segment scans whole");
     assert_eq!(scan.valid_len, segment.len() as u64);
@@ -214,7 +225,7 @@ fn the_committed_v3_fixtures_decode_to_their_records() {
                 .collect()
         })
         .collect();
-    assert_eq!(decoded, operations());
+    assert_eq!(decoded, operations(version), "version {version}");
 
     let checkpoint = std::fs::read(fixtures().join(checkpoint_name(2))).unwrap();
     let read = read_checkpoint(&checkpoint, 2, RECORD_BYTES_MAX).expect("the checkpoint reads");
@@ -228,8 +239,15 @@ fn the_committed_v3_fixtures_decode_to_their_records() {
 }
 
 #[test]
-fn a_log_made_of_the_v3_fixtures_recovers() {
-    let dir = temp_dir("recover");
+fn a_log_made_of_the_fixtures_of_every_version_read_recovers() {
+    for version in SEGMENT_VERSIONS_READ {
+        recovers(version);
+    }
+}
+
+fn recovers(version: u32) {
+    let fixtures = || fixtures(version);
+    let dir = temp_dir(&format!("recover-v{version}"));
     std::fs::create_dir_all(&dir).unwrap();
     for name in [segment_name(1), segment_name(2), checkpoint_name(2)] {
         std::fs::copy(fixtures().join(&name), dir.join(&name)).unwrap();
@@ -253,6 +271,7 @@ fn a_log_made_of_the_v3_fixtures_recovers() {
 fn a_checkpoint_whose_replay_segment_is_missing_starts_a_new_one_after_the_kept_segments() {
     // Segment 2 (empty when the checkpoint was taken) is gone; segment 1 still holds a body
     // the checkpoint refers to. Recovery starts segment 2 again, never writing over 1.
+    let fixtures = || fixtures(SEGMENT_VERSION);
     let dir = temp_dir("missing-tail");
     std::fs::create_dir_all(&dir).unwrap();
     for name in [segment_name(1), checkpoint_name(2)] {

@@ -64,12 +64,20 @@ fn check(delivery: &Delivery) -> u32 {
     n
 }
 
-/// Segment files in every leaf's directory.
+/// The leaves' directories under `data` (beside the tree's receipt key).
+fn leaf_dirs(data: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(data)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.is_dir())
+        .collect()
+}
+
 /// Log segments of every leaf under `data`: how many, and their bytes.
 fn segments(data: &Path) -> (usize, u64) {
     let (mut count, mut bytes) = (0, 0);
-    for leaf in std::fs::read_dir(data).unwrap() {
-        for file in std::fs::read_dir(leaf.unwrap().path()).unwrap() {
+    for leaf in leaf_dirs(data) {
+        for file in std::fs::read_dir(leaf).unwrap() {
             let file = file.unwrap();
             if file.path().extension().is_some_and(|e| e == "wal") {
                 count += 1;
@@ -204,8 +212,8 @@ async fn bodies_come_back_from_the_log_segments_are_compacted_and_a_restart_find
     );
     tree.shutdown().await;
 
-    // A new incarnation of every leaf finds the held messages' bodies where its index says;
-    // their leases died with the old one, their attempts did not.
+    // A new incarnation of every leaf holds the held messages' leases (their receipts still
+    // settle them) and finds their bodies where its index says once they are nacked.
     let tree = LocalTree::start_with(&topology, Some(data.path()))
         .await
         .unwrap();
@@ -214,6 +222,27 @@ async fn bodies_come_back_from_the_log_segments_are_compacted_and_a_restart_find
         .await
         .unwrap();
     let expected: HashSet<u32> = (0..total).filter(|n| held(*n)).collect();
+    let none = consumer
+        .pop("jobs", 10, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(
+        none.is_empty(),
+        "the held messages are still leased: {}",
+        none.len()
+    );
+    let receipts: Vec<_> = first
+        .iter()
+        .filter(|d| held(check(d)))
+        .map(Delivery::receipt)
+        .collect();
+    let nack = crest::core::wire::Settle::Nack {
+        delay_ms: 0,
+        reason: None,
+    };
+    for result in consumer.settle(nack, &receipts).await.unwrap() {
+        result.unwrap();
+    }
     let rest = pop(&consumer, expected.len(), |_| true).await;
     let again: HashSet<u32> = rest.iter().map(check).collect();
     assert_eq!(again, expected);
@@ -223,8 +252,7 @@ async fn bodies_come_back_from_the_log_segments_are_compacted_and_a_restart_find
         .await
         .unwrap();
     assert!(none.is_empty(), "nothing more: {}", none.len());
-    for leaf in std::fs::read_dir(data.path()).unwrap() {
-        let dir = leaf.unwrap().path();
+    for dir in leaf_dirs(data.path()) {
         let report = crest::storage::inspect::inspect(&dir, 1 << 24).unwrap();
         assert!(!report.is_fatal(), "{}: {report:?}", dir.display());
     }

@@ -118,6 +118,13 @@ impl Leaf {
                 self.expires_at(id),
             );
             self.message_records(&mut records, head, &leased.slot, None);
+            // The lease itself, so that it outlives the log it replaces.
+            records.push(LogRecord::Lease {
+                id,
+                attempt: leased.slot.attempt,
+                deadline: leased.deadline,
+                token: leased.token,
+            });
         }
         for ((until, id), (topic, key)) in &self.dedup.by_expiry {
             records.push(LogRecord::Dedup {

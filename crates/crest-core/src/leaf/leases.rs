@@ -49,6 +49,7 @@ impl Leaf {
                     id,
                     attempt: delivery.attempt,
                     deadline: delivery.lease_deadline,
+                    token: delivery.token,
                 });
                 if !cached {
                     missing.push(outcomes.len());
@@ -121,6 +122,27 @@ impl Leaf {
         };
         self.leases.by_id.insert(key.id, leased);
         (delivery, cached)
+    }
+
+    /// Recovery: a lease the log holds that has not ended nor expired is live again, with its
+    /// token (so its receipt settles it) and deadline; its attempt is the message's already.
+    pub(super) fn restore_lease(&mut self, topic: Topic, key: Key, token: u64, deadline: Time) {
+        let leaf_topic = self.topics.get_mut(&topic).expect("recovered");
+        let Some(slot) = leaf_topic.unavailable(&key, None) else {
+            return;
+        };
+        leaf_topic.leased += 1;
+        self.dirty.insert(topic.clone());
+        self.leases.by_deadline.insert((deadline, key.id));
+        let leased = Leased {
+            topic,
+            key,
+            slot,
+            token,
+            deadline,
+            settling: false,
+        };
+        self.leases.by_id.insert(key.id, leased);
     }
 
     /// Sends an answer once the bodies at `locations` (those of the items at `missing`) are
@@ -532,6 +554,7 @@ impl Leaf {
         let mut records = Vec::with_capacity(receipts.len());
         let mut outcomes = Vec::with_capacity(receipts.len());
         let mut results = Vec::with_capacity(receipts.len());
+        let mut extended = Vec::new();
         for receipt in receipts {
             let result = self.check_receipt(now, receipt).map(|id| match op {
                 Settle::Ack => {
@@ -556,9 +579,21 @@ impl Leaf {
                     self.leases.by_deadline.remove(&(leased.deadline, id));
                     leased.deadline = deadline;
                     self.leases.by_deadline.insert((deadline, id));
+                    // Logged, so whoever rebuilds the leaf ends the lease at the new deadline;
+                    // answered at once, like the grant (a crash that loses the record ends the
+                    // lease at its former deadline: a delivery again, never a loss).
+                    extended.push(LogRecord::Lease {
+                        id,
+                        attempt: leased.slot.attempt,
+                        deadline,
+                        token: leased.token,
+                    });
                 }
             });
             results.push(result);
+        }
+        if !extended.is_empty() {
+            self.log(now, None, SyncWait::Linger, extended);
         }
         (results, records, outcomes)
     }

@@ -30,9 +30,10 @@
 //! # Storage
 //! Every state change a restart must see is emitted as a [`LogRecord`] through
 //! `poll_storage`. Push batches carry a token and are acknowledged on `handle_storage_done`;
-//! the other records carry none. Leases are not restored by recovery (their root is gone with
-//! the crash), so a lease grant logs only its attempt number and an extend logs nothing: it is
-//! answered at once.
+//! the other records carry none. A lease's grant and extends are logged with its token and
+//! deadline, and recovery restores the leases still live, so a receipt outlives a restart of
+//! its leaf (and a replica taking over from its group's leader); both are answered without
+//! waiting for their record.
 //!
 //! # Layout
 //! This file holds the leaf's state and its per-message types; each concern lives in a file:
@@ -400,6 +401,8 @@ struct Recovery {
     expiring: IdMap<Time>,
     /// Dead letters: when they died, and why.
     dead: IdMap<(Time, Box<str>)>,
+    /// Leases logged with their token and not ended since: token and deadline.
+    leases: IdMap<(u64, Time)>,
     topics: Vec<Topic>,
     /// The last topic a record named, and its index.
     last: Option<(Topic, u32)>,

@@ -355,6 +355,7 @@ impl Leaf {
                 id,
                 attempt: slot.attempt,
                 deadline: Time::ZERO,
+                token: 0,
             });
         }
         if let Some((at, reason)) = dead {

@@ -60,9 +60,12 @@ impl Leaf {
             messages,
             mut expiring,
             mut dead,
+            mut leases,
             topics,
             ..
         } = *recovery;
+        // Leases still live: restored once the topics' indexes are built.
+        let mut live_leases = Vec::new();
         // Settle every message as of `now`, gathering each topic's index to build in bulk
         // (sorting once beats a million ordered inserts), told apart by index, not by name.
         #[derive(Default)]
@@ -143,6 +146,11 @@ impl Leaf {
                 };
                 delayed.push(((key.ready_at, id), entry));
             } else {
+                if let Some((token, deadline)) = leases.remove(&id)
+                    && deadline > now
+                {
+                    live_leases.push((name.clone(), key, token, deadline));
+                }
                 gather.available.push((key, slot));
             }
         }
@@ -171,6 +179,9 @@ impl Leaf {
                 topic.dead_at.insert(id, at);
                 topic.dead.insert((at, id), dead);
             }
+        }
+        for (topic, key, token, deadline) in live_leases {
+            leaf.restore_lease(topic, key, token, deadline);
         }
         delayed.sort_unstable_by_key(|(at, _)| *at);
         leaf.delayed = SortedMap::from_sorted(delayed);
@@ -278,9 +289,19 @@ impl Leaf {
                 size,
                 location,
             } => self.recover_message(recovery, head, size, Ok(location)),
-            LogRecord::Lease { id, attempt, .. } => {
+            LogRecord::Lease {
+                id,
+                attempt,
+                deadline,
+                token,
+            } => {
                 if let Some(message) = messages.get_mut(&id) {
                     message.slot.attempt = attempt;
+                    if token == 0 {
+                        recovery.leases.remove(&id);
+                    } else {
+                        recovery.leases.insert(id, (token, deadline));
+                    }
                 }
             }
             LogRecord::Release {
@@ -292,11 +313,13 @@ impl Leaf {
                     message.slot.attempt = attempt;
                     message.ready_at = ready_at;
                 }
+                recovery.leases.remove(&id);
             }
             LogRecord::Dead { id, reason, at } => {
                 if messages.contains_key(&id) {
                     recovery.dead.insert(id, (at, reason.into()));
                 }
+                recovery.leases.remove(&id);
             }
             LogRecord::Redrive { id } => {
                 recovery.dead.remove(&id);
@@ -306,6 +329,7 @@ impl Leaf {
             }
             LogRecord::Delete { id } => {
                 messages.remove(&id);
+                recovery.leases.remove(&id);
                 if !recovery.expiring.is_empty() {
                     recovery.expiring.remove(&id);
                 }

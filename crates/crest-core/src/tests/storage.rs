@@ -39,8 +39,13 @@ fn a_leaf_rebuilt_from_its_log_holds_exactly_what_it_held() {
     let got: Vec<(MessageId, u32)> = rest.iter().map(|d| (d.id, d.attempt)).collect();
     assert_eq!(
         got,
-        vec![(ids[2], 2), (ids[0], 1), (ids[3], 1)],
-        "leased comes back with its attempt"
+        vec![(ids[0], 1), (ids[3], 1)],
+        "the leased message stays leased"
+    );
+    assert_eq!(
+        h.ack(consumer, vec![leased.receipt()]),
+        vec![Ok(())],
+        "the lease's receipt settles it on the rebuilt leaf"
     );
     let producer = h.client(rebuilt, PeerKind::Producer);
     let new = h.push(producer, "jobs", &[1]);
@@ -117,12 +122,14 @@ fn a_push_asks_for_a_sync_at_once_and_an_ack_s_delete_may_linger_for_one() {
 }
 
 #[test]
-fn an_extend_is_answered_at_once_and_logs_nothing() {
-    // Leases do not survive a restart of their leaf, so a new deadline has nothing to make
-    // durable: the extend must not wait for a sync, nor write a record a crash could lose.
+fn an_extend_is_logged_and_a_leaf_rebuilt_from_its_log_keeps_the_new_deadline() {
+    // Leases survive a restart of their leaf (and a replica taking over from its leader), so
+    // a new deadline is logged (the extend is answered at once, as the grant is). Method: extend a lease, rebuild
+    // the leaf from its log past the former deadline: the lease still holds, and its receipt
+    // acks the message.
     let mut h = Harness::new();
     let (root, node, log) = recorded_leaf_and_root(&mut h);
-    h.link(node, root);
+    let leaf_end = h.link(node, root);
     let producer = h.client(node, PeerKind::Producer);
     let consumer = h.client(root, PeerKind::Consumer);
     h.push(producer, "jobs", &[1]);
@@ -135,15 +142,26 @@ fn an_extend_is_answered_at_once_and_logs_nothing() {
     );
     assert_eq!(
         log.lock().unwrap().len(),
-        logged,
-        "the extend wrote nothing"
+        logged + 1,
+        "the extend is logged"
     );
-    // It did move the deadline: past the default timeout the lease still holds.
+    h.disconnect(leaf_end);
     h.advance(Duration::from_millis(
         Settings::default().lease_timeout_ms + 1,
     ));
+    let operations = crate::machine::replay(&log.lock().unwrap());
+    let config = LeafConfig {
+        name: "leaf-1".into(),
+        id: LeafId(1),
+        settings: settings(4),
+        token_key: token_key_from_seed(9),
+        first_seq: 1,
+    };
+    let rebuilt = h.add(Box::new(Leaf::recover(config, h.now, operations)));
+    h.link(rebuilt, root);
     assert!(h.pop(consumer, "jobs", 1).is_empty(), "still leased");
     assert_eq!(h.ack(consumer, vec![delivery.receipt()]), vec![Ok(())]);
+    assert_eq!(h.nodes[rebuilt].stats().messages, 0, "acked");
 }
 
 #[test]
@@ -190,6 +208,8 @@ fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
         1,
         "40 of 50 deleted: the log is more than twice the live state"
     );
+    // One more is leased and held across the next checkpoint.
+    let held = h.pop(consumer, "jobs", 1).remove(0);
     let kept = h.push(producer, "jobs", &[0, 0]);
     h.advance(Duration::from_millis(999));
     assert_eq!(count(), 1);
@@ -223,6 +243,11 @@ fn checkpoints_come_by_log_growth_and_by_time_and_alone_rebuild_the_leaf() {
     assert_eq!(
         first_two, kept,
         "the priority-0 messages pushed after the first checkpoint come first"
+    );
+    assert_eq!(
+        h2.ack(consumer2, vec![held.receipt()]),
+        vec![Ok(())],
+        "the lease held across the checkpoint is in it: its receipt settles it"
     );
 }
 
@@ -293,7 +318,7 @@ fn an_ack_or_nack_the_log_refuses_changes_nothing_and_a_retry_settles_it() {
         (3, 2),
         "both are still held and leased"
     );
-    // The leases go on: an extend (which logs nothing) is still accepted.
+    // The leases go on: an extend (answered without waiting for its record) is still accepted.
     let extend = Settle::Extend { lease_ms: 60_000 };
     assert_eq!(
         h.settle(consumer, extend, vec![acked, nacked]),

@@ -4,8 +4,8 @@
 use super::*;
 use crate::StorageError;
 use crate::format::{
-    SEGMENT_HEADER_BYTES, SEGMENT_VERSION, checkpoint_name, file_version, parse_checkpoint_name,
-    read_checkpoint, scan_segment_file, segment_name,
+    SEGMENT_HEADER_BYTES, SEGMENT_VERSION, SEGMENT_VERSIONS_READ, checkpoint_name, file_version,
+    parse_checkpoint_name, read_checkpoint, scan_segment_file, segment_name,
 };
 use crest_core::record::LogRecord;
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -156,7 +156,22 @@ pub(super) fn recover(
         }
         index += 1;
     }
+    // Appends go on in the last segment only if it is of this build's version: a segment holds
+    // records of its own version alone, so a build that reads only the older one can still
+    // read the segments written before.
+    let current = |seq: u64| -> Result<bool, StorageError> {
+        let path = dir.join(segment_name(seq));
+        let mut header = [0u8; SEGMENT_HEADER_BYTES];
+        let file = File::open(&path).map_err(|e| io_error(&path, e))?;
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut header, 0)
+            .map_err(|e| io_error(&path, e))?;
+        Ok(file_version(&header) == Some(SEGMENT_VERSION))
+    };
     let (seq, file, len) = match seqs.last() {
+        Some(&seq) if !current(seq)? => {
+            let (file, len) = create_segment(&options, seq + 1)?;
+            (seq + 1, file, len)
+        }
         Some(&seq) => {
             let path = dir.join(segment_name(seq));
             let file = OpenOptions::new()
@@ -279,7 +294,7 @@ pub(super) fn recover_checkpoint(
 /// Refuses a file of another format version (see [`StorageError::Version`]).
 pub(super) fn check_version(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
     match file_version(bytes) {
-        Some(found) if found != SEGMENT_VERSION => Err(StorageError::Version {
+        Some(found) if !SEGMENT_VERSIONS_READ.contains(&found) => Err(StorageError::Version {
             file: path.display().to_string(),
             found,
             expected: SEGMENT_VERSION,
