@@ -112,6 +112,12 @@ impl Leaf {
             metadata: body.metadata,
             payload: body.payload,
         };
+        self.hold(topic, key, slot, token, deadline);
+        (delivery, cached)
+    }
+
+    /// Records a live lease on `key`'s message (out of its topic's index already).
+    fn hold(&mut self, topic: Topic, key: Key, slot: Slot, token: u64, deadline: Time) {
         let leased = Leased {
             topic,
             key,
@@ -121,7 +127,6 @@ impl Leaf {
             settling: false,
         };
         self.leases.by_id.insert(key.id, leased);
-        (delivery, cached)
     }
 
     /// Recovery: a lease the log holds that has not ended nor expired is live again, with its
@@ -134,15 +139,7 @@ impl Leaf {
         leaf_topic.leased += 1;
         self.dirty.insert(topic.clone());
         self.leases.by_deadline.insert((deadline, key.id));
-        let leased = Leased {
-            topic,
-            key,
-            slot,
-            token,
-            deadline,
-            settling: false,
-        };
-        self.leases.by_id.insert(key.id, leased);
+        self.hold(topic, key, slot, token, deadline);
     }
 
     /// Sends an answer once the bodies at `locations` (those of the items at `missing`) are

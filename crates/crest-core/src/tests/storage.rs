@@ -3,6 +3,19 @@
 
 use super::*;
 
+/// Adds leaf 1 rebuilt from `log` alone, as a restart does.
+fn rebuild(h: &mut Harness, log: &SharedLog) -> usize {
+    let operations = crate::machine::replay(&log.lock().unwrap());
+    let config = LeafConfig {
+        name: "leaf-1".into(),
+        id: LeafId(1),
+        settings: settings(4),
+        token_key: token_key_from_seed(9),
+        first_seq: 1,
+    };
+    h.add(Box::new(Leaf::recover(config, h.now, operations)))
+}
+
 #[test]
 fn a_leaf_rebuilt_from_its_log_holds_exactly_what_it_held() {
     // Goal: replaying the storage operations a leaf emitted rebuilds its state. Method: run a
@@ -20,15 +33,7 @@ fn a_leaf_rebuilt_from_its_log_holds_exactly_what_it_held() {
 
     // "Crash": the leaf's session ends; a new leaf is rebuilt from the log alone.
     h.disconnect(leaf_end);
-    let operations = crate::machine::replay(&log.lock().unwrap());
-    let config = LeafConfig {
-        name: "leaf-1".into(),
-        id: LeafId(1),
-        settings: settings(4),
-        token_key: token_key_from_seed(9),
-        first_seq: 1,
-    };
-    let rebuilt = h.add(Box::new(Leaf::recover(config, h.now, operations)));
+    let rebuilt = rebuild(&mut h, &log);
     assert_eq!(
         h.nodes[rebuilt].stats().messages,
         3,
@@ -149,15 +154,7 @@ fn an_extend_is_logged_and_a_leaf_rebuilt_from_its_log_keeps_the_new_deadline() 
     h.advance(Duration::from_millis(
         Settings::default().lease_timeout_ms + 1,
     ));
-    let operations = crate::machine::replay(&log.lock().unwrap());
-    let config = LeafConfig {
-        name: "leaf-1".into(),
-        id: LeafId(1),
-        settings: settings(4),
-        token_key: token_key_from_seed(9),
-        first_seq: 1,
-    };
-    let rebuilt = h.add(Box::new(Leaf::recover(config, h.now, operations)));
+    let rebuilt = rebuild(&mut h, &log);
     h.link(rebuilt, root);
     assert!(h.pop(consumer, "jobs", 1).is_empty(), "still leased");
     assert_eq!(h.ack(consumer, vec![delivery.receipt()]), vec![Ok(())]);
