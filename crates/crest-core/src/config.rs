@@ -82,6 +82,12 @@ pub struct Settings {
     pub lease_timeout_ms: u64,
     /// Largest visibility timeout a pop may ask for, in milliseconds.
     pub lease_timeout_max_ms: u64,
+    /// Whether a leaf answers a reserve only once the records of the leases it granted are
+    /// durable (a sync per reserve; in a replicated leaf, committed by the group), so that no
+    /// crash nor deposed leader can have handed out a lease its log does not know. A grant
+    /// whose record the log refuses is undone and denied `Unavailable`. Off: grants are
+    /// answered at once and their records ride the next sync.
+    pub lease_grants_wait_for_log: bool,
     /// Most messages one pop may ask for.
     pub pop_messages_max: u32,
     /// Longest a pop may wait for a message (long-poll), in milliseconds.
@@ -346,6 +352,7 @@ impl Default for Settings {
             leaf_pending_batches_max: 1024,
             lease_timeout_ms: 30_000,
             lease_timeout_max_ms: 12 * 3600 * 1000,
+            lease_grants_wait_for_log: false,
             pop_messages_max: POP_MESSAGES_MAX_DEFAULT,
             pop_wait_max_ms: 20_000,
             pop_order_wait_ms: 50,

@@ -27,7 +27,7 @@ impl Leaf {
                     letters,
                     more,
                 };
-                self.answer(conn, waiting, missing, locations);
+                self.answer(conn, waiting, missing, locations, None);
                 return;
             }
             AdminOp::Redrive { topic, ids } => {

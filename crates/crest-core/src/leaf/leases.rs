@@ -61,7 +61,15 @@ impl Leaf {
                 result: result.map(|(delivery, _)| delivery),
             });
         }
-        self.log(now, None, SyncWait::Linger, records);
+        let logging = if self.config.settings.lease_grants_wait_for_log && !records.is_empty() {
+            let token = self.writes.next_token;
+            self.writes.next_token += 1;
+            self.log(now, Some(token), SyncWait::Now, records);
+            Some(token)
+        } else {
+            self.log(now, None, SyncWait::Linger, records);
+            None
+        };
         // Refill the parent's window before answering, on the same stream: by the time the root
         // sees the answer it already holds this leaf's next entries, so its next pop is exact.
         self.flush_offers(now, true);
@@ -72,7 +80,8 @@ impl Leaf {
                 self.leases.by_id[&id].slot.location
             })
             .collect();
-        self.answer(conn, Waiting::Reserved(outcomes), missing, locations);
+        let waiting = Waiting::Reserved(outcomes);
+        self.answer(conn, waiting, missing, locations, logging);
     }
 
     /// Leases available message `key` of `topic`; `offer_seq` is the parent's
@@ -143,13 +152,15 @@ impl Leaf {
     }
 
     /// Sends an answer once the bodies at `locations` (those of the items at `missing`) are
-    /// read from the log, after every answer queued before it.
+    /// read from the log and the append `logging` (its grants' records) is durable, after every
+    /// answer queued before it.
     pub(super) fn answer(
         &mut self,
         conn: ConnId,
         waiting: Waiting,
         missing: Vec<usize>,
         locations: Vec<Location>,
+        logging: Option<u64>,
     ) {
         let read = if locations.is_empty() {
             None
@@ -163,15 +174,60 @@ impl Leaf {
         self.answers.push_back(Answer {
             conn,
             read,
+            logging,
             missing,
             waiting,
         });
         self.send_answers();
     }
 
+    /// The lease records of an answer's grants are durable (`ok`), or were refused: then its
+    /// grants are undone (the messages available again, attempts given back) and denied
+    /// `Unavailable`. Returns whether `token` was such an append.
+    pub(super) fn grants_logged(&mut self, now: Time, token: u64, ok: bool) -> bool {
+        let Some(index) = self.answers.iter().position(|a| a.logging == Some(token)) else {
+            return false;
+        };
+        self.answers[index].logging = None;
+        if !ok {
+            let mut undone = Vec::new();
+            if let Waiting::Reserved(items) = &mut self.answers[index].waiting {
+                for item in items.iter_mut() {
+                    let Ok(delivery) = &item.result else { continue };
+                    let live = self
+                        .leases
+                        .by_id
+                        .get(&delivery.id)
+                        .is_some_and(|l| l.token == delivery.token && !l.settling);
+                    if live {
+                        undone.push(delivery.id);
+                    }
+                    item.result = Err(ReserveDenied::Unavailable);
+                }
+            }
+            for id in undone {
+                let Leased {
+                    topic,
+                    key,
+                    mut slot,
+                    ..
+                } = self.end_lease(id);
+                slot.attempt = slot.attempt.saturating_sub(1);
+                self.place(now, topic, key, slot);
+            }
+            self.flush_offers(now, false);
+        }
+        self.send_answers();
+        true
+    }
+
     /// Sends the answers at the front of the queue that wait for nothing.
     pub(super) fn send_answers(&mut self) {
-        while self.answers.front().is_some_and(|a| a.read.is_none()) {
+        while self
+            .answers
+            .front()
+            .is_some_and(|a| a.read.is_none() && a.logging.is_none())
+        {
             let answer = self.answers.pop_front().expect("checked");
             let msg = match answer.waiting {
                 Waiting::Reserved(items) => Wire::Reserved(Reserved { items }),
@@ -202,6 +258,7 @@ impl Leaf {
         let placeholder = Answer {
             conn: 0,
             read: None,
+            logging: None,
             missing: Vec::new(),
             waiting: Waiting::Reserved(Vec::new()),
         };

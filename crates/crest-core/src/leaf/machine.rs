@@ -386,6 +386,9 @@ impl Machine for Leaf {
     }
 
     fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
+        if self.grants_logged(now, done.token, true) {
+            return;
+        }
         if let Some(settlement) = self.writes.settlements.remove(&done.token) {
             self.settled(now, settlement.outcomes);
             self.send(settlement.conn, settlement.answer.into_wire(true));
@@ -541,6 +544,9 @@ impl Machine for Leaf {
             // The bodies stay where they are; the segment is tried again later.
             tracing::warn!(reason, "compaction step not written");
             self.compactor.step = None;
+            return;
+        }
+        if self.grants_logged(now, token, false) {
             return;
         }
         if let Some(settlement) = self.writes.settlements.remove(&token) {

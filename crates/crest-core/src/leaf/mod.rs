@@ -226,6 +226,8 @@ struct Answer {
     conn: ConnId,
     /// The read it waits for (`None`: ready to send).
     read: Option<u64>,
+    /// The append of its grants' lease records it waits for (`lease_grants_wait_for_log`).
+    logging: Option<u64>,
     /// Which items miss their bodies.
     missing: Vec<usize>,
     waiting: Waiting,

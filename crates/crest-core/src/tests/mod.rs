@@ -73,6 +73,7 @@ mod access;
 mod bodies;
 mod delivery;
 mod flow;
+mod grants;
 mod hostile;
 mod order;
 mod races;
