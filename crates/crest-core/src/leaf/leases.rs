@@ -185,6 +185,9 @@ impl Leaf {
     /// grants are undone (the messages available again, attempts given back) and denied
     /// `Unavailable`. Returns whether `token` was such an append.
     pub(super) fn grants_logged(&mut self, now: Time, token: u64, ok: bool) -> bool {
+        if !self.config.settings.lease_grants_wait_for_log {
+            return false;
+        }
         let Some(index) = self.answers.iter().position(|a| a.logging == Some(token)) else {
             return false;
         };
