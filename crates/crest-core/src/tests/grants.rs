@@ -122,7 +122,8 @@ fn a_grant_whose_lease_record_the_log_refuses_is_undone() {
         h.try_recv(consumer).is_none(),
         "the pop waits for the new grant"
     );
-    let again = p.held
+    let again = p
+        .held
         .lock()
         .unwrap()
         .pop()
