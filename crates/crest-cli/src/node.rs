@@ -148,16 +148,38 @@ pub(crate) async fn launch(
         sockets,
         access,
     };
-    let node = start_node(&topology, name, &tls, &options).await?;
-    if durable {
-        println!("log directory: {}", data_dir.display());
-    }
-    println!(
-        "crest node {} ({}) listening on {}{how}",
-        node.name(),
-        node.role(),
-        node.local_addr()
-    );
+    let node = match &spec.replica {
+        None => {
+            let node = start_node(&topology, name, &tls, &options).await?;
+            if durable {
+                println!("log directory: {}", data_dir.display());
+            }
+            println!(
+                "crest node {} ({}) listening on {}{how}",
+                node.name(),
+                node.role(),
+                node.local_addr()
+            );
+            Running::Node(node)
+        }
+        Some(replica) => {
+            let node = crest::node::start_replica(&topology, name, &tls, &options).await?;
+            println!(
+                "log directory: {}",
+                data_dir.join(crest::node::REPLICA_LOG_DIR).display()
+            );
+            println!(
+                "crest replica {name} of leaf {} (member {} of {}), replication on {}; \
+                 takes clients on {}{how} while it leads",
+                replica.group,
+                replica.number,
+                topology.members(&replica.group).len(),
+                replica.address,
+                spec.listen
+            );
+            Running::Replica(node)
+        }
+    };
     use tokio::signal::unix::{SignalKind, signal};
     let mut terminate = signal(SignalKind::terminate())?;
     let mut hangup = signal(SignalKind::hangup())?;
@@ -174,7 +196,7 @@ pub(crate) async fn launch(
                 if access_path.is_some() {
                     match load_access(access_path.as_deref()) {
                         Ok(access) => {
-                            node.reload_access(access);
+                            node.reload_access(access).await;
                             eprintln!("{name}: access file reloaded");
                         }
                         Err(error) => eprintln!(
@@ -182,12 +204,12 @@ pub(crate) async fn launch(
                         ),
                     }
                 }
-                let reloaded = NodeTls::from_files(&topology, name, &base_dir(topology_path))
-                    .map_err(anyhow::Error::from)
-                    .and_then(|tls| {
-                        let tls = tls.context("the topology lost its [tls] section")?;
-                        node.reload_tls(&tls).map_err(anyhow::Error::from)
-                    });
+                let reloaded = async {
+                    let tls = NodeTls::from_files(&topology, name, &base_dir(topology_path))?
+                        .context("the topology lost its [tls] section")?;
+                    node.reload_tls(&tls).await.map_err(anyhow::Error::from)
+                }
+                .await;
                 match reloaded {
                     Ok(()) => eprintln!("{name}: certificates reloaded"),
                     Err(error) => eprintln!(
@@ -199,6 +221,35 @@ pub(crate) async fn launch(
     }
     node.shutdown().await;
     Ok(())
+}
+
+/// The node `crest launch` runs: a node of the tree, or a replica of a replicated leaf.
+enum Running {
+    Node(crest::node::NodeHandle),
+    Replica(crest::node::ReplicaHandle),
+}
+
+impl Running {
+    async fn reload_access(&self, access: Option<crest::node::access::Access>) {
+        match self {
+            Running::Node(node) => node.reload_access(access),
+            Running::Replica(replica) => replica.reload_access(access).await,
+        }
+    }
+
+    async fn reload_tls(&self, tls: &NodeTls) -> Result<(), crest::node::NodeError> {
+        match self {
+            Running::Node(node) => node.reload_tls(tls),
+            Running::Replica(replica) => replica.reload_tls(tls).await,
+        }
+    }
+
+    async fn shutdown(self) {
+        match self {
+            Running::Node(node) => node.shutdown().await,
+            Running::Replica(replica) => replica.shutdown().await,
+        }
+    }
 }
 
 /// Sockets handed over by a service manager (systemd socket activation: `LISTEN_FDS`, the
@@ -214,14 +265,27 @@ fn activated_sockets(mut fds: listenfd::ListenFd) -> Result<Option<NodeSockets>>
         .context("socket activation: descriptor 3 was already taken")?;
     let http = match fds.len() {
         1 => None,
-        2 => fds
+        2 | 3 => fds
             .take_tcp_listener(1)
             .context("socket activation: descriptor 4 must be the node's HTTP (TCP) listener")?,
         n => bail!(
-            "socket activation: {n} descriptors given; a node takes its QUIC socket and at most an HTTP listener"
+            "socket activation: {n} descriptors given; a node takes its QUIC socket, an HTTP \
+             listener and, for a replica, its replication (UDP) socket"
         ),
     };
-    Ok(Some(NodeSockets { quic, http }))
+    let replication = match fds.len() {
+        3 => Some(
+            fds.take_udp_socket(2)
+                .context("socket activation: descriptor 5 must be the replica's replication (UDP) socket")?
+                .context("socket activation: descriptor 5 was already taken")?,
+        ),
+        _ => None,
+    };
+    Ok(Some(NodeSockets {
+        quic,
+        http,
+        replication,
+    }))
 }
 
 pub(crate) fn certs(

@@ -28,6 +28,14 @@
 //! data_dir = "data/leaf-1"  # where a leaf keeps its log (default: data/NAME)
 //! http = "127.0.0.1:7491"   # HTTP: /metrics, /stats, /healthz, the dashboard (default: none)
 //! settings = { lease_timeout_ms = 60000 }   # per-node overrides
+//!
+//! [[node]]                   # a replicated leaf: one node per replica, sharing a group
+//! name = "leaf-2a"
+//! role = "leaf"
+//! group = "leaf-2"           # the leaf's name in the tree; its replicas share parent and id
+//! listen = "10.0.0.21:7411"
+//! replication = "10.0.0.21:7421"   # where the group's Raft RPCs reach it (UDP)
+//! parent = "root"
 //! ```
 //!
 //! Parsing checks the shape of the tree: a root without a parent, every other node's parent
@@ -40,6 +48,10 @@
 //! consumers. A root's state is soft (rebuilt from its children's offers), so whichever root
 //! a child is with serves its messages; a leaf grants one live lease per message whichever
 //! root asks.
+//!
+//! A replicated leaf is one leaf of the tree kept by a group of replicas (ARCHITECTURE.md,
+//! "Replica groups"): the tree knows it by its group's name and id, and whichever replica
+//! leads the group serves it. Members are numbered from 1 in file order.
 
 use crate::config::Settings;
 use crate::id::LeafId;
@@ -99,8 +111,21 @@ struct RawNode {
     id: Option<u16>,
     data_dir: Option<PathBuf>,
     http: Option<String>,
+    group: Option<String>,
+    replication: Option<String>,
     #[serde(default)]
     settings: toml::Table,
+}
+
+/// A replica's place in its group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replica {
+    /// The group's name: the leaf's name in the tree.
+    pub group: String,
+    /// Its number in the group, from 1 (file order).
+    pub number: u64,
+    /// Where it takes the group's RPCs.
+    pub address: SocketAddr,
 }
 
 /// One node of the topology.
@@ -125,6 +150,15 @@ pub struct NodeSpec {
     pub settings: Settings,
     /// Where it serves HTTP (`/metrics`, `/stats`, `/healthz`, the dashboard), if anywhere.
     pub http: Option<SocketAddr>,
+    /// The replica group it belongs to, for a replica of a replicated leaf.
+    pub replica: Option<Replica>,
+}
+
+impl NodeSpec {
+    /// The name the tree knows it by: its group's for a replica, else its own.
+    pub fn tree_name(&self) -> &str {
+        self.replica.as_ref().map_or(&self.name, |r| &r.group)
+    }
 }
 
 /// A parsed, validated topology.
@@ -146,6 +180,8 @@ impl Topology {
             toml::from_str(text).map_err(|e| TopologyError::Syntax(e.to_string()))?;
         let mut nodes = Vec::with_capacity(raw.node.len());
         let mut next_leaf = 1u16;
+        // Each group's id (given by a member or the next free one) and member count so far.
+        let mut groups: HashMap<String, (Option<u16>, u64)> = HashMap::new();
         for node in raw.node {
             let fail = |problem: String| TopologyError::Node {
                 node: node.name.clone(),
@@ -171,7 +207,39 @@ impl Topology {
                 .try_into()
                 .map_err(|e: toml::de::Error| fail(format!("settings: {}", e.message())))?;
             settings.validate().map_err(|e| fail(e.to_string()))?;
-            let leaf_id = match (role, node.id) {
+            let replica = match (&node.group, &node.replication) {
+                (None, None) => None,
+                (Some(_), _) if role != Role::Leaf => {
+                    return Err(fail("only leaves are replicated (group)".into()));
+                }
+                (None, Some(_)) => {
+                    return Err(fail("replication needs a group".into()));
+                }
+                (Some(group), None) => {
+                    return Err(fail(format!(
+                        "replica of {group:?} needs a replication address"
+                    )));
+                }
+                (Some(group), Some(address)) => {
+                    let address = address
+                        .parse()
+                        .map_err(|e| fail(format!("replication {address:?}: {e}")))?;
+                    let (_, members) = groups.entry(group.clone()).or_default();
+                    *members += 1;
+                    Some(Replica {
+                        group: group.clone(),
+                        number: *members,
+                        address,
+                    })
+                }
+            };
+            // Replicas after a group's first take its id unless they name one.
+            let group_id = replica
+                .as_ref()
+                .and_then(|r| groups.get(&r.group))
+                .and_then(|(id, _)| *id);
+            let first_of_group = replica.as_ref().is_none_or(|r| r.number == 1);
+            let leaf_id = match (role, node.id.or(group_id)) {
                 (Role::Leaf, Some(0)) => {
                     return Err(fail("leaf id 0 is reserved; use 1..=65535".into()));
                 }
@@ -180,7 +248,19 @@ impl Topology {
                 (_, Some(_)) => return Err(fail("only leaves have an id".into())),
                 (_, None) => None,
             };
-            if role == Role::Leaf {
+            if let (Some(replica), Some(id)) = (&replica, leaf_id) {
+                let (group_id, _) = groups.get_mut(&replica.group).expect("inserted above");
+                match group_id {
+                    None => *group_id = Some(id.0),
+                    Some(earlier) if *earlier != id.0 => {
+                        return Err(fail(format!(
+                            "leaf id {id} differs from its group's ({earlier})"
+                        )));
+                    }
+                    Some(_) => {}
+                }
+            }
+            if role == Role::Leaf && first_of_group {
                 next_leaf = next_leaf.saturating_add(1);
             }
             let http = match &node.http {
@@ -200,6 +280,7 @@ impl Topology {
                 data_dir: node.data_dir,
                 settings,
                 http,
+                replica,
             });
         }
         let topology = Topology {
@@ -252,7 +333,8 @@ impl Topology {
         }
         let mut names = HashSet::new();
         let mut listens = HashSet::new();
-        let mut leaf_ids = HashSet::new();
+        let mut leaf_ids: HashMap<LeafId, &str> = HashMap::new();
+        let mut replication = HashSet::new();
         for node in &self.nodes {
             let fail = |problem: String| TopologyError::Node {
                 node: node.name.clone(),
@@ -273,10 +355,36 @@ impl Topology {
             if node.listen.port() != 0 && !listens.insert((node.address.as_str(), node.listen)) {
                 return Err(fail(format!("address {} used twice", node.address)));
             }
+            // The replicas of a group share its id.
             if let Some(id) = node.leaf_id
-                && !leaf_ids.insert(id)
+                && *leaf_ids.entry(id).or_insert(node.tree_name()) != node.tree_name()
             {
                 return Err(fail(format!("leaf id {id} used twice")));
+            }
+            if let Some(replica) = &node.replica {
+                if self.node(&replica.group).is_some() {
+                    return Err(fail(format!(
+                        "group {:?} is also the name of a node",
+                        replica.group
+                    )));
+                }
+                if !replication.insert(replica.address) {
+                    return Err(fail(format!(
+                        "replication address {} used twice",
+                        replica.address
+                    )));
+                }
+                let first = self
+                    .nodes
+                    .iter()
+                    .find(|n| n.replica.as_ref().is_some_and(|r| r.group == replica.group))
+                    .expect("the node itself");
+                if first.parent != node.parent {
+                    return Err(fail(format!(
+                        "parent differs from that of {:?}, the first of group {:?}",
+                        first.name, replica.group
+                    )));
+                }
             }
             match (&node.parent, node.role) {
                 (Some(_), Role::Root) => return Err(fail("the root has no parent".into())),
@@ -366,12 +474,24 @@ impl Topology {
     }
 
     /// The leaves the root links to directly for its pop path (the root's `direct_pop_path`):
-    /// every leaf whose parent is not the root itself; none with the setting off.
+    /// every leaf whose parent is not the root itself; none with the setting off. One node per
+    /// leaf of the tree: a replicated leaf's first replica ([`Topology::members`] lists all).
     pub fn direct_leaves(&self) -> impl Iterator<Item = &NodeSpec> {
         let root = self.root();
         let on = root.settings.direct_pop_path;
-        self.leaves()
-            .filter(move |n| on && n.parent.as_deref() != Some(root.name.as_str()))
+        self.leaves().filter(move |n| {
+            on && n.parent.as_deref() != Some(root.name.as_str())
+                && n.replica.as_ref().is_none_or(|r| r.number == 1)
+        })
+    }
+
+    /// The nodes that are the tree's node `tree_name`: the replicas of a group, in file order,
+    /// or the one node of that name.
+    pub fn members(&self, tree_name: &str) -> Vec<&NodeSpec> {
+        self.nodes
+            .iter()
+            .filter(|n| n.tree_name() == tree_name)
+            .collect()
     }
 
     /// The nodes below `name`: those naming it as their parent (for any root, the root's).
@@ -405,6 +525,8 @@ impl Topology {
             stack.extend(children.get(node.name.as_str()).into_iter().flatten());
         }
         leaves.sort();
+        // The replicas of a group share its id.
+        leaves.dedup();
         leaves
     }
 }
@@ -449,6 +571,105 @@ mod tests {
         assert_eq!(topology.node("agg").unwrap().settings.credits_per_topic, 8);
         assert_eq!(topology.subtree_leaves("root"), vec![LeafId(1), LeafId(9)]);
         assert_eq!(topology.subtree_leaves("agg"), vec![LeafId(1)]);
+    }
+
+    const GROUPS: &str = r#"
+        [[node]]
+        name = "root"
+        role = "root"
+        listen = "127.0.0.1:7400"
+        [[node]]
+        name = "agg"
+        role = "aggregator"
+        listen = "127.0.0.1:7401"
+        parent = "root"
+        [[node]]
+        name = "a1"
+        role = "leaf"
+        group = "a"
+        listen = "127.0.0.1:7411"
+        replication = "127.0.0.1:7421"
+        parent = "agg"
+        [[node]]
+        name = "b"
+        role = "leaf"
+        listen = "127.0.0.1:7412"
+        parent = "agg"
+        [[node]]
+        name = "a2"
+        role = "leaf"
+        group = "a"
+        listen = "127.0.0.1:7413"
+        replication = "127.0.0.1:7423"
+        parent = "agg"
+    "#;
+
+    #[test]
+    fn the_replicas_of_a_group_are_one_leaf_of_the_tree() {
+        let topology = Topology::parse(GROUPS).unwrap();
+        let (a1, a2) = (topology.node("a1").unwrap(), topology.node("a2").unwrap());
+        assert_eq!((a1.tree_name(), a2.tree_name()), ("a", "a"));
+        assert_eq!(a1.leaf_id, Some(LeafId(1)));
+        assert_eq!(a2.leaf_id, Some(LeafId(1)), "a group shares its id");
+        assert_eq!(topology.node("b").unwrap().leaf_id, Some(LeafId(2)));
+        let numbers: Vec<u64> = topology
+            .members("a")
+            .iter()
+            .map(|n| n.replica.as_ref().unwrap().number)
+            .collect();
+        assert_eq!(numbers, vec![1, 2]);
+        assert_eq!(topology.subtree_leaves("root"), vec![LeafId(1), LeafId(2)]);
+        let direct: Vec<&str> = topology.direct_leaves().map(|n| n.name.as_str()).collect();
+        assert_eq!(
+            direct,
+            vec!["a1", "b"],
+            "one direct link per leaf of the tree"
+        );
+    }
+
+    #[test]
+    fn a_group_must_agree_on_parent_and_id_and_not_share_addresses() {
+        let last_parent = GROUPS.rfind("parent = \"agg\"").unwrap();
+        let cases = [
+            (
+                format!(
+                    "{}parent = \"root\"{}",
+                    &GROUPS[..last_parent],
+                    &GROUPS[last_parent + "parent = \"agg\"".len()..]
+                ),
+                "parent differs",
+            ),
+            (
+                GROUPS.replace("name = \"a2\"", "name = \"a2\"\n        id = 7"),
+                "differs from its group's",
+            ),
+            (
+                GROUPS.replace("127.0.0.1:7423", "127.0.0.1:7421"),
+                "replication address 127.0.0.1:7421 used twice",
+            ),
+            (
+                GROUPS.replace("replication = \"127.0.0.1:7423\"", ""),
+                "needs a replication address",
+            ),
+            (
+                GROUPS.replace(
+                    "group = \"a\"\n        listen = \"127.0.0.1:7411\"",
+                    "group = \"b\"\n        listen = \"127.0.0.1:7411\"",
+                ),
+                "is also the name of a node",
+            ),
+        ];
+        for (text, expected) in cases {
+            let error = Topology::parse(&text).unwrap_err().to_string();
+            assert!(error.contains(expected), "{expected:?} in {error}");
+        }
+        let replicated_root = GROUPS.replacen(
+            "role = \"root\"",
+            "role = \"root\"\n        group = \"r\"\n        replication = \"127.0.0.1:7500\"",
+            1,
+        );
+        let error = Topology::parse(&replicated_root).unwrap_err().to_string();
+        assert!(error.contains("only leaves are replicated"), "{error}");
     }
 
     #[test]

@@ -44,6 +44,7 @@ impl Upstream {
             name: self.name.clone(),
             role: self.role,
             leaves: self.leaves.clone(),
+            replica: None,
         };
         Transmit {
             conn,

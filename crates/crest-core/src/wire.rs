@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 /// First byte written on a control stream.
 pub const STREAM_CONTROL: u8 = 0xC0;
 /// First byte written on a data stream.
@@ -66,6 +66,10 @@ pub enum PeerKind {
         role: Role,
         /// Every leaf in the child's subtree: the parent routes by these.
         leaves: Vec<LeafId>,
+        /// For the leader of a replicated leaf (`name` is then its group): which replica it
+        /// is and its term. The parent takes no leader of a term older than one it welcomed.
+        #[serde(default)]
+        replica: Option<ReplicaClaim>,
     },
     /// The root, connecting to a leaf for its pop path (see [`crate::machine::Link::Leaf`]):
     /// reserves, settles and admin requests go to the leaf, and their answers come back, on
@@ -78,6 +82,15 @@ pub enum PeerKind {
     Producer,
     /// A consumer (pops from the root).
     Consumer,
+}
+
+/// A replica of a group speaking for it as its leader; see [`PeerKind::Node`].
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ReplicaClaim {
+    /// The replica's node name: its certificate is made out to it.
+    pub name: String,
+    /// The group's Raft term in which it leads.
+    pub term: u64,
 }
 
 /// First message on a connection's control stream.

@@ -18,7 +18,7 @@ use crate::storage::{Storage, Submitted};
 use crest_core::machine::{ConnId, Link, Machine, NodeStats};
 use crest_core::metrics::Report;
 use crest_core::time::Time;
-use crest_core::wire::Wire;
+use crest_core::wire::{Hello, PeerKind, ReplicaClaim, Wire};
 use crest_storage::wal::{Completion, GroupTiming};
 use crest_transport::stream::Outgoing;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -228,6 +228,8 @@ pub(crate) struct NodeArgs {
     pub(crate) machine: Box<dyn Machine>,
     pub(crate) storage: Box<dyn Storage>,
     pub(crate) admission: Admission,
+    /// What its `Hello` upward says when it leads a replica group.
+    pub(crate) claim: Option<ReplicaClaim>,
 }
 
 /// The actor's state: the machine and the handles it drives.
@@ -235,6 +237,7 @@ pub(crate) struct NodeState {
     machine: Box<dyn Machine>,
     storage: Box<dyn Storage>,
     admission: Admission,
+    claim: Option<ReplicaClaim>,
     conns: HashMap<ConnId, ConnHandle>,
     /// Incoming connections that have not said `Hello` yet.
     unintroduced: HashSet<ConnId>,
@@ -297,10 +300,21 @@ impl NodeState {
         self.arm_timer(myself);
     }
 
-    fn transmit(&mut self, conn: ConnId, msg: Wire) {
+    fn transmit(&mut self, conn: ConnId, mut msg: Wire) {
         let Some(handle) = self.conns.get(&conn) else {
             return;
         };
+        // The machine speaks for the group; which replica it runs on is the driver's to say.
+        if let (
+            Some(claim),
+            Wire::Hello(Hello {
+                peer: PeerKind::Node { replica, .. },
+                ..
+            }),
+        ) = (&self.claim, &mut msg)
+        {
+            *replica = Some(claim.clone());
+        }
         let queue = if msg.is_control() {
             &handle.control
         } else {
@@ -430,6 +444,7 @@ impl Actor for NodeActor {
             machine: args.machine,
             storage: args.storage,
             admission: args.admission,
+            claim: args.claim,
             conns: HashMap::new(),
             unintroduced: HashSet::new(),
             credentials: HashMap::new(),

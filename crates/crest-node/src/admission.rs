@@ -15,8 +15,13 @@ use std::collections::HashMap;
 pub(crate) struct Admission {
     /// This node's name, for the refusals.
     name: String,
-    /// The nodes the topology places directly below this one, with their roles.
+    /// The nodes the topology places directly below this one, with their roles, by the name
+    /// the tree knows them by (a replicated leaf's group name).
     children: HashMap<String, Role>,
+    /// The replicas among them: each replica's group.
+    replicas: HashMap<String, String>,
+    /// The newest term in which a leader of each replicated child was welcomed.
+    terms: HashMap<String, u64>,
     /// The roots' names (the root and those standing by), if this node is a leaf a root may
     /// link to directly.
     roots: Vec<String>,
@@ -49,7 +54,14 @@ impl Admission {
         // Roots standing by take the root's children.
         let children = topology
             .children_of(name)
-            .map(|node| (node.name.clone(), node.role))
+            .map(|node| (node.tree_name().to_string(), node.role))
+            .collect();
+        let replicas = topology
+            .children_of(name)
+            .filter_map(|node| {
+                let replica = node.replica.as_ref()?;
+                Some((node.name.clone(), replica.group.clone()))
+            })
             .collect();
         let is_leaf = topology
             .node(name)
@@ -57,6 +69,8 @@ impl Admission {
         Admission {
             name: name.to_string(),
             children,
+            replicas,
+            terms: HashMap::new(),
             roots: if is_leaf {
                 topology.roots().map(|root| root.name.clone()).collect()
             } else {
@@ -72,7 +86,7 @@ impl Admission {
     /// Checks `msg` arriving on `connection` (a `Hello` claiming a node of the tree, or a
     /// client's); every other message passes.
     pub(crate) fn check(
-        &self,
+        &mut self,
         connection: &quinn::Connection,
         link: Link,
         msg: &Wire,
@@ -85,14 +99,51 @@ impl Admission {
             text,
         };
         let claimed = match &hello.peer {
-            PeerKind::Node { name, role, .. } => {
+            PeerKind::Node {
+                name,
+                role,
+                replica,
+                ..
+            } => {
                 if self.children.get(name) != Some(role) {
                     return Err(forbidden(format!(
                         "the topology has no {role} {name:?} below {:?}",
                         self.name
                     )));
                 }
-                name
+                let is_group = self.replicas.values().any(|group| group == name);
+                match replica {
+                    None if is_group => {
+                        return Err(forbidden(format!(
+                            "{name:?} is a replica group: its leader must say which replica it is"
+                        )));
+                    }
+                    None => name,
+                    Some(claim) => {
+                        if self.replicas.get(&claim.name) != Some(name) {
+                            return Err(forbidden(format!(
+                                "the topology has no replica {:?} in group {name:?}",
+                                claim.name
+                            )));
+                        }
+                        crest_transport::tls::peer_is(connection, &claim.name).map_err(|text| {
+                            Refusal {
+                                code: ErrorCode::Unauthenticated,
+                                text,
+                            }
+                        })?;
+                        let newest = self.terms.entry(name.clone()).or_insert(claim.term);
+                        if claim.term < *newest {
+                            return Err(forbidden(format!(
+                                "replica {:?} leads group {name:?} in term {}, but a leader of \
+                                 term {} was welcomed: it was deposed",
+                                claim.name, claim.term, *newest
+                            )));
+                        }
+                        *newest = claim.term;
+                        return Ok(Admitted::Peer);
+                    }
+                }
             }
             PeerKind::Root { name } => {
                 if !self.roots.contains(name) {

@@ -18,10 +18,12 @@ mod admission;
 mod http;
 mod net;
 pub mod replica;
+mod replicated;
 mod storage;
 
 pub use actor::{LinkStats, LinkTotals, Links};
 pub use http::render_prometheus;
+pub use replicated::{LOG_DIR as REPLICA_LOG_DIR, ReplicaHandle, ReplicaStatus, start_replica};
 
 use actor::{NodeActor, NodeArgs, NodeMsg};
 use crest_core::aggregator::{Aggregator, AggregatorConfig};
@@ -67,6 +69,9 @@ pub enum NodeError {
     /// The leaf's log could not be opened or recovered.
     #[error(transparent)]
     Storage(#[from] crest_storage::StorageError),
+    /// A replica of a replicated leaf could not start.
+    #[error("replica: {0}")]
+    Replica(String),
 }
 
 /// How a node keeps its data.
@@ -105,6 +110,23 @@ pub struct NodeSockets {
     /// The HTTP listener, in place of binding the node's `http` address (ignored if the node
     /// has none).
     pub http: Option<std::net::TcpListener>,
+    /// A replica's socket for its group's RPCs, in place of binding its `replication` address.
+    pub replication: Option<std::net::UdpSocket>,
+}
+
+impl NodeSockets {
+    /// Copies of the QUIC socket and HTTP listener (the same sockets), for a node that will
+    /// serve on them again after it stopped: a replica that leads its group once more.
+    ///
+    /// # Errors
+    /// The descriptors cannot be duplicated.
+    pub fn duplicate(&self) -> std::io::Result<NodeSockets> {
+        Ok(NodeSockets {
+            quic: self.quic.try_clone()?,
+            http: self.http.as_ref().map(|h| h.try_clone()).transpose()?,
+            replication: None,
+        })
+    }
 }
 
 impl NodeSockets {
@@ -113,6 +135,7 @@ impl NodeSockets {
         NodeSockets {
             quic: socket,
             http: None,
+            replication: None,
         }
     }
 }
@@ -204,8 +227,9 @@ pub struct NodeHandle {
 
 /// The threads of a leaf's storage, outliving the actor that feeds them until they drain.
 struct StorageThreads {
-    /// A handle to the log writer: the last one closed waits for it to finish.
-    wal: crest_storage::wal::WalHandle,
+    /// A handle to the log writer: the last one closed waits for it to finish (`None`: the
+    /// log belongs to the replica's journal, which outlives the node).
+    wal: Option<crest_storage::wal::WalHandle>,
     /// The body reader, which ends once the actor's sender is gone.
     reader: std::thread::JoinHandle<()>,
 }
@@ -294,7 +318,7 @@ impl NodeHandle {
         // stopped node holds no file and the directory can be opened again at once.
         if let Some(StorageThreads { wal, reader }) = self.storage_threads {
             let joined = tokio::task::spawn_blocking(move || {
-                let closed = wal.close();
+                let closed = wal.map_or(Ok(()), |wal| wal.close());
                 let _ = reader.join();
                 closed
             })
@@ -399,12 +423,47 @@ pub async fn start_node(
     let spec = topology
         .node(name)
         .ok_or_else(|| NodeError::UnknownNode(name.to_string()))?;
+    if spec.replica.is_some() {
+        return Err(NodeError::Replica(format!(
+            "{name:?} is a replica of a replicated leaf: start it with start_replica"
+        )));
+    }
+    let (machine, wal) = machine_for(topology, spec, options)?;
+    let backing = match (wal, &options.data_dir) {
+        (Some(wal), Some(dir)) => Backing::Wal(Box::new(wal), dir.clone()),
+        _ => Backing::Memory,
+    };
+    serve(topology, spec, tls, options, machine, backing, None).await
+}
+
+/// Where a serving node's leaf keeps its log records.
+pub(crate) enum Backing {
+    /// Nowhere (not a leaf, or a leaf in memory).
+    Memory,
+    /// Its own log in the directory, recovered and ready to start.
+    Wal(Box<crest_storage::wal::Wal>, PathBuf),
+    /// Its replica group's log; bodies are read from this replica's log in the directory.
+    Replicated(crest_replica::Raft, PathBuf),
+}
+
+/// Runs `machine` as node `spec`: binds its addresses, spawns its actor, accepts connections
+/// and (except the root) keeps a session with its parent, saying `Hello` with `claim` when it
+/// leads a replica group.
+pub(crate) async fn serve(
+    topology: &Topology,
+    spec: &NodeSpec,
+    tls: &NodeTls,
+    options: &StartOptions,
+    machine: Box<dyn Machine>,
+    backing: Backing,
+    claim: Option<crest_core::wire::ReplicaClaim>,
+) -> Result<NodeHandle, NodeError> {
+    let name = spec.name.as_str();
     let endpoint_config = crest_transport::NodeEndpointConfig {
         server: crest_transport::server_config(&tls.node, &tls.ca_pem, &spec.settings)?,
         client: crest_transport::link_client_config(&tls.ca_pem, &tls.node, &spec.settings)?,
         reset: crest_transport::tls::StatelessReset::for_node(&tls.node),
     };
-    let (machine, wal) = machine_for(topology, spec, options)?;
     let held = options.sockets.as_ref().and_then(|book| {
         book.lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -427,38 +486,61 @@ pub async fn start_node(
     // operation can be submitted before the actor runs, so none can complete before this is set.
     let actor_slot: Arc<OnceLock<ActorRef<NodeMsg>>> = Arc::new(OnceLock::new());
     let mut storage_threads = None;
-    let storage: Box<dyn storage::Storage> = match (wal, &options.data_dir) {
-        (Some(wal), Some(dir)) => {
+    let queue = spec.settings.wal_queue_ops_max as usize;
+    let start_reader = |dir: &PathBuf| {
+        let slot = actor_slot.clone();
+        storage::start_reader(dir.clone(), queue, move |token, bodies| {
+            if let Some(actor) = slot.get() {
+                let _ = actor.send_message(NodeMsg::Read { token, bodies });
+            }
+        })
+        .map_err(|error| NodeError::Io {
+            path: dir.display().to_string(),
+            error,
+        })
+    };
+    let storage: Box<dyn storage::Storage> = match backing {
+        Backing::Wal(wal, dir) => {
             let slot = actor_slot.clone();
             let handle = wal.start_timed(move |done, timing| {
                 if let Some(actor) = slot.get() {
                     let _ = actor.send_message(NodeMsg::Stored(done, timing));
                 }
             })?;
-            let slot = actor_slot.clone();
-            let queue = spec.settings.wal_queue_ops_max as usize;
-            let (reads, reader) =
-                storage::start_reader(dir.clone(), queue, move |token, bodies| {
-                    if let Some(actor) = slot.get() {
-                        let _ = actor.send_message(NodeMsg::Read { token, bodies });
-                    }
-                })
-                .map_err(|error| NodeError::Io {
-                    path: dir.display().to_string(),
-                    error,
-                })?;
+            let (reads, reader) = start_reader(&dir)?;
             storage_threads = Some(StorageThreads {
-                wal: handle.clone(),
+                wal: Some(handle.clone()),
                 reader,
             });
             Box::new(storage::WalStore { handle, reads })
         }
-        _ => Box::new(storage::MemoryStore),
+        Backing::Replicated(raft, dir) => {
+            let slot = actor_slot.clone();
+            let store = replica::ReplicatedStore::start(raft, queue, move |outcome| {
+                let completion = match outcome {
+                    Ok(done) => (done.token, Ok(done.locations)),
+                    Err((token, reason)) => (token, Err(reason)),
+                };
+                if let Some(actor) = slot.get() {
+                    let timing = crest_storage::wal::GroupTiming::default();
+                    let _ = actor.send_message(NodeMsg::Stored(vec![completion], timing));
+                }
+            })
+            .map_err(|error| NodeError::Io {
+                path: dir.display().to_string(),
+                error,
+            })?;
+            let (reads, reader) = start_reader(&dir)?;
+            storage_threads = Some(StorageThreads { wal: None, reader });
+            Box::new(storage::ReplicaStore { store, reads })
+        }
+        Backing::Memory => Box::new(storage::MemoryStore),
     };
     let args = NodeArgs {
         machine,
         storage,
         admission: admission::Admission::for_node(topology, name, options.access.clone()),
+        claim,
     };
     let (actor, actor_task) = Actor::spawn(None, NodeActor, args)
         .await
@@ -530,16 +612,24 @@ pub async fn start_node(
         for leaf in topology.direct_leaves() {
             let Some(id) = leaf.leaf_id else { continue };
             let link = Link::Leaf(id);
-            let (name, fixed) = (leaf.name.clone(), leaf.address.clone());
-            let book = options.addresses.clone();
-            let peer = name.clone();
-            let address: net::Address = Arc::new(move || {
-                let learnt = book.as_ref().and_then(|book| {
-                    let book = book.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-                    book.get(&name).cloned()
-                });
-                learnt.unwrap_or_else(|| fixed.clone())
-            });
+            // A replicated leaf is served by whichever replica leads its group: the link
+            // tries them in turn (the others do not listen).
+            let targets: Vec<net::Target> = topology
+                .members(leaf.tree_name())
+                .into_iter()
+                .map(|member| {
+                    let (name, fixed) = (member.name.clone(), member.address.clone());
+                    let book = options.addresses.clone();
+                    let address: net::Address = Arc::new(move || {
+                        let learnt = book.as_ref().and_then(|book| {
+                            let book = book.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+                            book.get(&name).cloned()
+                        });
+                        learnt.unwrap_or_else(|| fixed.clone())
+                    });
+                    (member.name.clone(), address)
+                })
+                .collect();
             let (ctx, endpoint) = (ctx.clone(), endpoint.clone());
             let mut start = options.direct_links_start.clone();
             tokio::spawn(async move {
@@ -549,7 +639,7 @@ pub async fn start_node(
                 {
                     return;
                 }
-                net::link_loop(ctx, endpoint, vec![(peer, address)], link).await;
+                net::link_loop(ctx, endpoint, targets, link).await;
             });
         }
     }

@@ -4,6 +4,9 @@
 //!   writer thread; completions come back to the node actor as messages. Reads of message
 //!   bodies go to a reader thread of their own (a read never waits behind a sync), and come
 //!   back as messages too.
+//! - [`ReplicaStore`]: a replicated leaf's leader: appends and checkpoints go through the
+//!   group's log ([`crate::replica::ReplicatedStore`]); bodies are read from this replica's
+//!   own log, as [`WalStore`] reads them.
 //! - [`MemoryStore`]: keeps nothing and completes every operation at once. The leaf's
 //!   messages then live only in its memory and a leaf crash loses them: for tests and for
 //!   `crest local --memory`.
@@ -88,6 +91,45 @@ pub(crate) fn start_reader(
     Ok((tx, thread))
 }
 
+/// Hands a read to the body reader.
+fn read(
+    reads: &mpsc::SyncSender<(u64, Vec<Location>)>,
+    token: u64,
+    locations: Vec<Location>,
+) -> Submitted {
+    let count = locations.len();
+    if reads.send((token, locations)).is_err() {
+        let bodies = (0..count)
+            .map(|_| Err("the log reader has stopped".to_string()))
+            .collect();
+        return Submitted::Read { token, bodies };
+    }
+    Submitted::Pending
+}
+
+/// See the module doc.
+pub(crate) struct ReplicaStore {
+    pub(crate) store: crate::replica::ReplicatedStore,
+    pub(crate) reads: mpsc::SyncSender<(u64, Vec<Location>)>,
+}
+
+impl Storage for ReplicaStore {
+    fn submit(&mut self, op: StorageOp) -> Submitted {
+        if let StorageOp::Read { token, locations } = op {
+            return read(&self.reads, token, locations);
+        }
+        let token = op.token();
+        match (self.store.submit(op), token) {
+            (Ok(()), _) => Submitted::Pending,
+            (Err(reason), Some(token)) => Submitted::Failed { token, reason },
+            (Err(reason), None) => {
+                tracing::error!(%reason, "a log record could not be replicated");
+                Submitted::Pending
+            }
+        }
+    }
+}
+
 impl Storage for WalStore {
     fn submit(&mut self, op: StorageOp) -> Submitted {
         let (records, token, wait) = match op {
@@ -106,16 +148,7 @@ impl Storage for WalStore {
                 }
                 return Submitted::Pending;
             }
-            StorageOp::Read { token, locations } => {
-                let count = locations.len();
-                if self.reads.send((token, locations)).is_err() {
-                    let bodies = (0..count)
-                        .map(|_| Err("the log reader has stopped".to_string()))
-                        .collect();
-                    return Submitted::Read { token, bodies };
-                }
-                return Submitted::Pending;
-            }
+            StorageOp::Read { token, locations } => return read(&self.reads, token, locations),
         };
         match self.handle.submit_with(records, token, wait) {
             Ok(()) => Submitted::Pending,

@@ -170,6 +170,7 @@ fn aggregator_merge(c: &mut Criterion) {
             name: format!("leaf-{leaf}"),
             role: Role::Leaf,
             leaves: vec![LeafId(leaf)],
+            replica: None,
         };
         agg.handle_message(now, conn, hello(peer));
     }

@@ -534,6 +534,7 @@ async fn a_child_s_strings_are_shown_as_text_on_the_dashboard() {
             name: "agg-2".into(),
             role: Role::Aggregator,
             leaves: vec![LeafId(3), LeafId(4)],
+            replica: None,
         },
     });
     control.write_all(&frame(&hello)).await.unwrap();

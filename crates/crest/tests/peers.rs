@@ -163,6 +163,7 @@ async fn a_peer_claiming_a_node_s_place_must_prove_it_and_be_where_the_topology_
         name: name.into(),
         role: Role::Aggregator,
         leaves: vec![LeafId(1), LeafId(2)],
+        replica: None,
     };
     let hour = Duration::from_secs(3600);
 
@@ -196,6 +197,7 @@ async fn a_peer_claiming_a_node_s_place_must_prove_it_and_be_where_the_topology_
         name: "leaf-2".into(),
         role: Role::Leaf,
         leaves: vec![LeafId(2)],
+        replica: None,
     };
     let text = refusal(hello_as(&tree, &root, Some(&leaf_2), leaf_2_at_root).await);
     assert!(
@@ -347,6 +349,7 @@ async fn a_child_s_hostile_offers_and_reports_are_refused_or_contained() {
             name: "leaf-4".into(),
             role: Role::Leaf,
             leaves: vec![LeafId(4)],
+            replica: None,
         },
     });
     rogue.send(&[hello]).await.unwrap();

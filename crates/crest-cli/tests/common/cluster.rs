@@ -26,6 +26,8 @@ pub(crate) struct Cluster {
     pub(crate) access: Option<PathBuf>,
     /// The token of a principal with every permission, when there is an access file.
     pub(crate) token: Option<String>,
+    /// Each replica's socket for its group's RPCs, by name.
+    pub(crate) replication: HashMap<String, UdpSocket>,
 }
 
 impl Drop for Cluster {
@@ -185,6 +187,56 @@ impl Cluster {
             children: Vec::new(),
             access: None,
             token: None,
+            replication: HashMap::new(),
+        }
+    }
+
+    /// The topology `template` with its placeholders `{quic:NAME}`, `{http:NAME}` and
+    /// `{replication:NAME}` replaced by loopback addresses of sockets bound and held here, its
+    /// certificates made, no node launched yet.
+    pub(crate) fn from_template(name: &str, template: &str) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("crest-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut text = template.to_string();
+        let mut sockets = HashMap::new();
+        let mut replication = HashMap::new();
+        while let Some(start) = text.find("{quic:") {
+            let end = start + text[start..].find('}').unwrap();
+            let node = text[start + "{quic:".len()..end].to_string();
+            let quic = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let http = TcpListener::bind("127.0.0.1:0").unwrap();
+            text = text
+                .replace(
+                    &format!("{{quic:{node}}}"),
+                    &quic.local_addr().unwrap().to_string(),
+                )
+                .replace(
+                    &format!("{{http:{node}}}"),
+                    &http.local_addr().unwrap().to_string(),
+                );
+            let marker = format!("{{replication:{node}}}");
+            if text.contains(&marker) {
+                let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+                text = text.replace(&marker, &socket.local_addr().unwrap().to_string());
+                replication.insert(node.clone(), socket);
+            }
+            sockets.insert(node, (quic, http));
+        }
+        text.push_str("\n[tls]\nca = \"certs/ca.pem\"\ncert_dir = \"certs\"\n");
+        let topology_path = dir.join("topology.toml");
+        std::fs::write(&topology_path, &text).unwrap();
+        let topology = Topology::parse(&text).unwrap();
+        certs(&topology_path);
+        Cluster {
+            dir,
+            topology_path,
+            topology,
+            sockets,
+            children: Vec::new(),
+            access: None,
+            token: None,
+            replication,
         }
     }
 
@@ -196,19 +248,25 @@ impl Cluster {
             .open(self.dir.join(format!("{node}.log")))
             .unwrap();
         let (quic, http) = &self.sockets[node];
+        let mut fds = vec![
+            FdMapping {
+                parent_fd: OwnedFd::from(quic.try_clone().unwrap()),
+                child_fd: 3,
+            },
+            FdMapping {
+                parent_fd: OwnedFd::from(http.try_clone().unwrap()),
+                child_fd: 4,
+            },
+        ];
+        if let Some(socket) = self.replication.get(node) {
+            fds.push(FdMapping {
+                parent_fd: OwnedFd::from(socket.try_clone().unwrap()),
+                child_fd: 5,
+            });
+        }
+        let count = fds.len().to_string();
         let mut command = Command::new(CREST);
-        command
-            .fd_mappings(vec![
-                FdMapping {
-                    parent_fd: OwnedFd::from(quic.try_clone().unwrap()),
-                    child_fd: 3,
-                },
-                FdMapping {
-                    parent_fd: OwnedFd::from(http.try_clone().unwrap()),
-                    child_fd: 4,
-                },
-            ])
-            .unwrap();
+        command.fd_mappings(fds).unwrap();
         command
             .args(["launch", "--node", node, "--topology"])
             .arg(&self.topology_path);
@@ -216,7 +274,7 @@ impl Cluster {
             command.arg("--access").arg(access);
         }
         let child = command
-            .env("LISTEN_FDS", "2")
+            .env("LISTEN_FDS", count)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)

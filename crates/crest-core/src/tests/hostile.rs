@@ -48,6 +48,7 @@ fn a_child_s_offer_of_another_subtree_s_message_or_a_bad_topic_is_refused() {
                     Role::Leaf
                 },
                 leaves,
+                replica: None,
             },
         );
         let before = t.h.nodes[node].stats();
@@ -89,6 +90,7 @@ fn a_child_cannot_make_its_parent_hold_more_topics_than_the_leaves_below_may() {
             name: "leaf-3".into(),
             role: Role::Leaf,
             leaves: vec![LeafId(3)],
+            replica: None,
         },
     );
     let before = t.h.nodes[node].stats();

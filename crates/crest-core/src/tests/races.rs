@@ -85,6 +85,7 @@ fn a_pop_granted_part_of_its_batch_takes_no_later_arrivals() {
                 name: format!("agg-{leaf}"),
                 role: crate::wire::Role::Aggregator,
                 leaves: vec![LeafId(leaf)],
+                replica: None,
             },
         )
     });

@@ -1,0 +1,396 @@
+//! A replicated leaf as real processes: three `crest launch` replicas of one leaf under a root,
+//! each with its own data directory, QUIC between them; leaders killed with SIGKILL.
+
+use crest::sdk::{Consumer, Delivery, MessageId, Producer, Receipt};
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+#[path = "common/cluster.rs"]
+mod cluster;
+
+use cluster::Cluster;
+
+const TOPOLOGY: &str = r#"
+[settings]
+checkpoint_log_bytes = 65536
+checkpoint_interval_ms = 500
+
+[[node]]
+name = "root"
+role = "root"
+listen = "{quic:root}"
+http = "{http:root}"
+
+[[node]]
+name = "leaf-1a"
+role = "leaf"
+group = "leaf-1"
+listen = "{quic:leaf-1a}"
+http = "{http:leaf-1a}"
+replication = "{replication:leaf-1a}"
+parent = "root"
+
+[[node]]
+name = "leaf-1b"
+role = "leaf"
+group = "leaf-1"
+listen = "{quic:leaf-1b}"
+http = "{http:leaf-1b}"
+replication = "{replication:leaf-1b}"
+parent = "root"
+
+[[node]]
+name = "leaf-1c"
+role = "leaf"
+group = "leaf-1"
+listen = "{quic:leaf-1c}"
+http = "{http:leaf-1c}"
+replication = "{replication:leaf-1c}"
+parent = "root"
+"#;
+
+const REPLICAS: [&str; 3] = ["leaf-1a", "leaf-1b", "leaf-1c"];
+
+/// Pushes `count` messages until each is acknowledged (a push refused or unanswered while the
+/// group elects is sent again as a new message); answers the acknowledged ids.
+async fn push(producer: &Producer, count: usize) -> Vec<MessageId> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut ids = Vec::new();
+    while ids.len() < count {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {count} pushes acknowledged within 60 s",
+            ids.len()
+        );
+        let mut handles = Vec::new();
+        for i in ids.len()..count {
+            let message =
+                crest::sdk::Message::new("jobs", format!("m{i}")).priority((i % 5) as u32);
+            handles.push(producer.send(message).await.unwrap());
+        }
+        for handle in handles {
+            if let Ok(id) = handle.acked().await {
+                ids.push(id);
+            }
+        }
+    }
+    ids
+}
+
+/// Pops and acks until `count` distinct messages were seen in all; fails on a second delivery
+/// of an acknowledged message, or after 60 s.
+async fn take(consumer: &Consumer, seen: &mut HashSet<MessageId>, count: usize) {
+    take_until(consumer, seen, |seen| seen.len() >= count).await
+}
+
+async fn take_until(
+    consumer: &Consumer,
+    seen: &mut HashSet<MessageId>,
+    done: impl Fn(&HashSet<MessageId>) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !done(seen) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} messages delivered, and not all that were expected within 60 s",
+            seen.len()
+        );
+        let batch = consumer
+            .pop("jobs", 32, Duration::from_millis(500))
+            .await
+            .unwrap();
+        let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
+        ack_until_applied(consumer, receipts).await;
+        for delivery in batch {
+            assert!(
+                seen.insert(delivery.id),
+                "{} delivered again after its ack",
+                delivery.id
+            );
+        }
+    }
+}
+
+/// Acks until every receipt is applied: an ack refused as unavailable while the group elects
+/// did nothing and its lease is live (the new leader knows it), so it is sent again.
+async fn ack_until_applied(consumer: &Consumer, mut receipts: Vec<Receipt>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut retry = false;
+    while !receipts.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acks still refused after 30 s: {receipts:?}"
+        );
+        let results = consumer.ack_many(&receipts).await.unwrap();
+        let mut pending = Vec::new();
+        for (receipt, result) in receipts.iter().zip(&results) {
+            match result {
+                Ok(()) => {}
+                Err(crest::sdk::ReceiptError::Settled) if retry => {}
+                Err(crest::sdk::ReceiptError::Unavailable | crest::sdk::ReceiptError::TimedOut) => {
+                    pending.push(*receipt)
+                }
+                Err(error) => panic!("ack of {} refused: {error:?}", receipt.id),
+            }
+        }
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        receipts = pending;
+        retry = true;
+    }
+}
+
+/// A node's log with the terminal's colour codes taken out.
+fn plain_log(cluster: &Cluster, node: &str) -> String {
+    let raw = std::fs::read_to_string(cluster.dir.join(format!("{node}.log"))).unwrap_or_default();
+    let mut plain = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+/// The highest term in which `node` said it leads its group.
+fn led_in(cluster: &Cluster, node: &str) -> Option<u64> {
+    plain_log(cluster, node)
+        .lines()
+        .filter(|line| line.contains("leads its group"))
+        .filter_map(|line| {
+            let rest = &line[line.find(" term=")? + " term=".len()..];
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .max()
+}
+
+/// The running replica that leads in the newest term, once one does (within 30 s).
+async fn current_leader(cluster: &Cluster) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let running = REPLICAS
+            .iter()
+            .filter(|name| cluster.children.iter().any(|(child, _)| child == *name));
+        let newest = running
+            .filter_map(|name| Some((led_in(cluster, name)?, name.to_string())))
+            .max();
+        if let Some((_, name)) = newest {
+            return name;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no replica leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `node`'s log has applied what `other`'s has (both record the same position
+/// once the group is idle and the one has caught up).
+async fn caught_up(cluster: &Cluster, node: &str, other: &str) {
+    let position = |name: &str| {
+        std::fs::read(
+            cluster
+                .dir
+                .join("data")
+                .join(name)
+                .join(crest::node::REPLICA_LOG_DIR)
+                .join("replica-position"),
+        )
+        .ok()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while position(node).is_none() || position(node) != position(other) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{node} did not catch up with {other} within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn assert_no_panic(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let log = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                !log.contains("panicked"),
+                "{} shows a panic",
+                path.display()
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_replicated_leaf_s_leader_loses_no_acknowledged_message() {
+    // Goal: the leader of a three-replica leaf killed with SIGKILL, twice, and brought back
+    // each time with its data directory deleted: every acknowledged push is delivered once,
+    // pops resume under the new leader, acks of the old leader's deliveries apply, and the
+    // wiped replica catches up from the others.
+    let mut cluster = Cluster::from_template("replicas", TOPOLOGY);
+    for node in ["root", "leaf-1a", "leaf-1b", "leaf-1c"] {
+        cluster.launch(node);
+    }
+    let producer = cluster.producer().await;
+    let consumer = cluster.consumer().await;
+    let mut acked: HashSet<MessageId> = push(&producer, 300).await.into_iter().collect();
+    let mut seen = HashSet::new();
+    take(&consumer, &mut seen, 50).await;
+    for round in 0..2 {
+        let leader = current_leader(&cluster).await;
+        // Delivered by this leader, acknowledged after it is gone.
+        let held = consumer
+            .pop("jobs", 10, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(!held.is_empty(), "round {round}: nothing to pop");
+        cluster.kill(&leader);
+        let killed = tokio::time::Instant::now();
+        let before = seen.len();
+        take(&consumer, &mut seen, before + 1).await;
+        eprintln!(
+            "round {round}: {leader} killed; the next pop came {:?} later",
+            killed.elapsed()
+        );
+        ack_until_applied(&consumer, held.iter().map(Delivery::receipt).collect()).await;
+        for delivery in &held {
+            assert!(seen.insert(delivery.id), "{} delivered twice", delivery.id);
+        }
+        acked.extend(push(&producer, 100).await);
+        let successor = current_leader(&cluster).await;
+        assert_ne!(successor, leader);
+        std::fs::remove_dir_all(cluster.dir.join("data").join(&leader)).unwrap();
+        cluster.launch(&leader);
+        caught_up(&cluster, &leader, &successor).await;
+    }
+    take_until(&consumer, &mut seen, |seen| acked.is_subset(seen)).await;
+    let lost: Vec<&MessageId> = acked.difference(&seen).collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged messages lost, e.g. {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+    assert_no_panic(&cluster.dir);
+}
+
+/// Dials the root as node `cert` (its certificate and key from `crest certs`), says `Hello`
+/// as the leader of group `leaf-1` with `claim`, and answers the root's refusal, or `Ok` if
+/// it was welcomed.
+async fn hello_as_leader(
+    cluster: &Cluster,
+    cert: &str,
+    claim: Option<crest::core::wire::ReplicaClaim>,
+) -> Result<(), String> {
+    use crest::core::wire::{Hello, PROTOCOL_VERSION, PeerKind, Role, Wire};
+    use crest::transport::stream::{FrameReader, ReadEvent, open_streams};
+    let certs = cluster.dir.join("certs");
+    let read = |file: String| std::fs::read_to_string(certs.join(file)).unwrap();
+    let identity = crest::transport::tls::CertifiedKey {
+        cert_pem: read(format!("{cert}.pem")),
+        key_pem: read(format!("{cert}.key")),
+    };
+    let settings = crest::core::config::Settings::default();
+    let config =
+        crest::transport::link_client_config(&read("ca.pem".into()), &identity, &settings).unwrap();
+    let root: std::net::SocketAddr = cluster.topology.root().address.parse().unwrap();
+    let endpoint = crest::transport::client_endpoint(root, config, &settings).unwrap();
+    let connection = crest::transport::connect(&endpoint, root, "root")
+        .await
+        .unwrap();
+    let streams = open_streams(&connection).await.unwrap();
+    let (mut send, recv) = streams.control;
+    let hello = Wire::Hello(Hello {
+        protocol: PROTOCOL_VERSION,
+        token: None,
+        peer: PeerKind::Node {
+            name: "leaf-1".into(),
+            role: Role::Leaf,
+            leaves: vec![crest::sdk::LeafId(1)],
+            replica: claim,
+        },
+    });
+    let mut frame = Vec::new();
+    crest::core::frame::encode_frame(&hello, settings.frame_bytes_max, &mut frame).unwrap();
+    send.write_all(&frame).await.unwrap();
+    let mut control = FrameReader::new(recv, settings.frame_bytes_max);
+    let answer = tokio::time::timeout(Duration::from_secs(10), control.next())
+        .await
+        .unwrap();
+    match answer {
+        Ok(Some(ReadEvent::Frame(Wire::Welcome(_)))) => Ok(()),
+        Ok(Some(ReadEvent::Frame(Wire::Error(error)))) => {
+            Err(format!("{}: {}", error.code, error.message))
+        }
+        other => Err(connection
+            .close_reason()
+            .map_or_else(|| format!("{other:?}"), |reason| reason.to_string())),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_root_takes_a_replicated_leaf_only_from_a_member_in_its_newest_term() {
+    // Goal: a parent welcomes a group's leader only with a certificate of a member of that
+    // group, and never with a term older than the newest it welcomed (a deposed leader cannot
+    // take the group's place back); the group's real session is undisturbed.
+    let mut cluster = Cluster::from_template("replica-claims", TOPOLOGY);
+    for node in ["root", "leaf-1a", "leaf-1b", "leaf-1c"] {
+        cluster.launch(node);
+    }
+    let producer = cluster.producer().await;
+    let consumer = cluster.consumer().await;
+    let leader = current_leader(&cluster).await;
+    let term = led_in(&cluster, &leader).unwrap();
+    let follower = REPLICAS.iter().find(|name| **name != leader).unwrap();
+    let claim = |name: &str, term: u64| {
+        Some(crest::core::wire::ReplicaClaim {
+            name: name.into(),
+            term,
+        })
+    };
+
+    let text = hello_as_leader(&cluster, follower, None).await.unwrap_err();
+    assert!(
+        text.contains("Forbidden") && text.contains("must say which replica"),
+        "{text}"
+    );
+    let text = hello_as_leader(&cluster, "root", claim("root", term + 1))
+        .await
+        .unwrap_err();
+    assert!(
+        text.contains("Forbidden") && text.contains("no replica \"root\""),
+        "{text}"
+    );
+    let other = REPLICAS.iter().find(|name| **name != *follower).unwrap();
+    let text = hello_as_leader(&cluster, other, claim(follower, term + 1))
+        .await
+        .unwrap_err();
+    assert!(
+        text.contains("Unauthenticated") && text.contains("not made out to"),
+        "{text}"
+    );
+    let text = hello_as_leader(&cluster, follower, claim(follower, term - 1))
+        .await
+        .unwrap_err();
+    assert!(
+        text.contains("Forbidden") && text.contains("deposed"),
+        "{text}"
+    );
+
+    // The group's leader still serves through the root.
+    let pushed: HashSet<MessageId> = push(&producer, 20).await.into_iter().collect();
+    let mut seen = HashSet::new();
+    take_until(&consumer, &mut seen, |seen| pushed.is_subset(seen)).await;
+    assert_no_panic(&cluster.dir);
+}

@@ -1,0 +1,412 @@
+//! A replica of a replicated leaf: its group's Raft, its journal, and the leaf node it runs
+//! while it leads.
+//!
+//! Every replica runs its group member at once: it votes, takes the leader's entries and writes
+//! them to its own log ([`LeafJournal`]). A replica serves the leaf only while it leads and
+//! has applied every entry committed before its term (its term's first entry is applied):
+//! it then rebuilds the leaf from its own log, as a restarted leaf does, and starts the node
+//! (client port, HTTP, the session with the parent, saying `Hello` for the group with its
+//! term). It stops serving as soon as it no longer leads in that term, or has heard from no
+//! majority for an election timeout (a leader cut off from its group; another is being
+//! elected). A follower listens on neither the client nor the HTTP address: producers, the
+//! root's direct links and the parent find the group's leader by trying its replicas.
+
+use crate::replica::LeafJournal;
+use crate::{Backing, NodeError, NodeHandle, NodeTls, StartOptions, now_millis, serve};
+use crest_core::leaf::{Leaf, LeafConfig};
+use crest_core::topology::{NodeSpec, Topology};
+use crest_core::wire::ReplicaClaim;
+use crest_replica::{Group, GroupConfig, Member, ServerState};
+use crest_storage::wal::WalOptions;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The subdirectory of a replica's data directory that holds its crest log (the group's Raft
+/// log and snapshots are beside it).
+pub const LOG_DIR: &str = "log";
+
+/// A running replica; see the module doc.
+pub struct ReplicaHandle {
+    name: String,
+    spec: NodeSpec,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    supervisor: tokio::task::JoinHandle<()>,
+}
+
+/// What the supervisor and the handle share.
+struct Shared {
+    /// The node it runs while it leads, and the term it leads in.
+    serving: tokio::sync::Mutex<Option<(u64, NodeHandle)>>,
+    /// What the next node starts with (reloads change it).
+    options: Mutex<StartOptions>,
+    tls: Mutex<NodeTls>,
+    /// Where the group stands, as last seen.
+    status: Mutex<ReplicaStatus>,
+}
+
+/// Where a replica stands in its group.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    /// Its number in the group.
+    pub number: u64,
+    /// The group's term as it knows it.
+    pub term: u64,
+    /// The leader it knows of (a member number).
+    pub leader: Option<u64>,
+    /// The term it serves the leaf in, if it does.
+    pub serving: Option<u64>,
+    /// The index of the last entry it applied to its log.
+    pub applied: Option<u64>,
+}
+
+impl ReplicaHandle {
+    /// The replica's node name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The group's name: the leaf's name in the tree.
+    pub fn group(&self) -> &str {
+        self.spec.tree_name()
+    }
+
+    /// Where the replica takes clients while it leads.
+    pub fn listen_addr(&self) -> std::net::SocketAddr {
+        self.spec.listen
+    }
+
+    /// Where the replica stands in its group.
+    pub fn status(&self) -> ReplicaStatus {
+        lock(&self.shared.status).clone()
+    }
+
+    /// Waits until the replica serves the leaf, or `timeout` passes; answers the term.
+    pub async fn wait_serving(&self, timeout: Duration) -> Option<u64> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(term) = self.status().serving {
+                return Some(term);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The measurements of the leaf, while this replica serves it.
+    ///
+    /// # Errors
+    /// [`NodeError::Replica`] on a replica that does not serve; [`NodeError::Actor`] as for
+    /// [`NodeHandle::report`].
+    pub async fn report(&self) -> Result<crest_core::metrics::Report, NodeError> {
+        match &*self.shared.serving.lock().await {
+            Some((_, node)) => node.report().await,
+            None => Err(NodeError::Replica(format!(
+                "{} does not lead group {}",
+                self.name,
+                self.group()
+            ))),
+        }
+    }
+
+    /// Applies a new access file, now if it serves and to every node it runs later.
+    pub async fn reload_access(&self, access: Option<crate::access::Access>) {
+        lock(&self.shared.options).access = access.clone();
+        if let Some((_, node)) = &*self.shared.serving.lock().await {
+            node.reload_access(access);
+        }
+    }
+
+    /// Uses `tls` for the leaf node it serves now and later (the group's own connections keep
+    /// the material the replica started with until it restarts).
+    ///
+    /// # Errors
+    /// As [`NodeHandle::reload_tls`].
+    pub async fn reload_tls(&self, tls: &NodeTls) -> Result<(), NodeError> {
+        if let Some((_, node)) = &*self.shared.serving.lock().await {
+            node.reload_tls(tls)?;
+        }
+        *lock(&self.shared.tls) = tls.clone();
+        Ok(())
+    }
+
+    /// Stops the replica: the node it serves, its group member and its log.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        let _ = self.supervisor.await;
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Starts replica `name` of `topology` (a node with a `group`): opens its log, joins its
+/// group, and serves the leaf whenever it leads.
+///
+/// # Errors
+/// [`NodeError`] if the node is not a replica, has no data directory, or its log or group
+/// cannot start.
+pub async fn start_replica(
+    topology: &Topology,
+    name: &str,
+    tls: &NodeTls,
+    options: &StartOptions,
+) -> Result<ReplicaHandle, NodeError> {
+    let spec = topology
+        .node(name)
+        .ok_or_else(|| NodeError::UnknownNode(name.to_string()))?
+        .clone();
+    let replica = spec
+        .replica
+        .clone()
+        .ok_or_else(|| NodeError::Replica(format!("{name:?} is in no replica group")))?;
+    let dir = options.data_dir.clone().ok_or_else(|| {
+        NodeError::Replica(format!(
+            "{name:?}: a replica keeps its log on disk and needs a data directory"
+        ))
+    })?;
+    let settings = &spec.settings;
+    let wal_options = WalOptions {
+        recovery: options.recovery,
+        ..WalOptions::new(dir.join(LOG_DIR), settings)
+    };
+    // A checkpoint names the appends it does not reflect; they are among those the log
+    // writer may hold queued.
+    let journal =
+        LeafJournal::open(wal_options, settings.wal_queue_ops_max as usize).map_err(|error| {
+            NodeError::Io {
+                path: dir.join(LOG_DIR).display().to_string(),
+                error,
+            }
+        })?;
+    let members = topology
+        .members(&replica.group)
+        .into_iter()
+        .filter_map(|node| {
+            let replica = node.replica.as_ref()?;
+            Some(Member {
+                id: replica.number,
+                name: node.name.clone(),
+                address: replica.address,
+            })
+        })
+        .collect();
+    // A replication socket handed over (socket activation, a test's held port) is the
+    // group's; the node's own sockets stay in the book for the terms it leads.
+    let replication_socket = options.sockets.as_ref().and_then(|book| {
+        book.lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get_mut(name)
+            .and_then(|sockets| sockets.replication.take())
+    });
+    let group = Group::start(
+        GroupConfig {
+            dir: dir.clone(),
+            me: replica.number,
+            members,
+            identity: tls.node.clone(),
+            ca_pem: tls.ca_pem.clone(),
+            settings: settings.clone(),
+        },
+        journal.clone(),
+        replication_socket,
+    )
+    .await
+    .map_err(|error| NodeError::Replica(error.to_string()))?;
+    tracing::info!(
+        node = name,
+        group = %replica.group,
+        number = replica.number,
+        replication = %replica.address,
+        "replica started"
+    );
+    let shared = Arc::new(Shared {
+        serving: tokio::sync::Mutex::new(None),
+        options: Mutex::new(options.clone()),
+        tls: Mutex::new(tls.clone()),
+        status: Mutex::new(ReplicaStatus {
+            number: replica.number,
+            ..ReplicaStatus::default()
+        }),
+    });
+    let shutdown = CancellationToken::new();
+    let supervisor = tokio::spawn(supervise(Supervisor {
+        topology: topology.clone(),
+        spec: spec.clone(),
+        dir: dir.join(LOG_DIR),
+        group,
+        journal,
+        shared: shared.clone(),
+        shutdown: shutdown.clone(),
+    }));
+    Ok(ReplicaHandle {
+        name: name.to_string(),
+        spec,
+        shared,
+        shutdown,
+        supervisor,
+    })
+}
+
+struct Supervisor {
+    topology: Topology,
+    spec: NodeSpec,
+    /// The replica's crest log.
+    dir: PathBuf,
+    group: Group,
+    journal: LeafJournal,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+}
+
+/// Starts and stops the leaf node as the replica gains and loses the lead; see the module doc.
+async fn supervise(s: Supervisor) {
+    let settings = &s.spec.settings;
+    let mut ticker = tokio::time::interval(Duration::from_millis(settings.replica_heartbeat_ms));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut metrics = s.group.raft().metrics();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            changed = metrics.changed() => if changed.is_err() { break },
+            () = s.shutdown.cancelled() => break,
+        }
+        let m = metrics.borrow_and_update().clone();
+        // A leader's first entry of its term is applied once every entry committed before
+        // it is: its log then holds everything the group acknowledged.
+        let caught_up = m
+            .last_applied
+            .is_some_and(|applied| applied.leader_id.term == m.current_term);
+        let heard_from_majority = m
+            .millis_since_quorum_ack
+            .is_some_and(|ms| ms < settings.replica_election_timeout_ms);
+        let leads = (m.state == ServerState::Leader && caught_up && heard_from_majority)
+            .then_some(m.current_term);
+        let serving_term = s
+            .shared
+            .serving
+            .lock()
+            .await
+            .as_ref()
+            .map(|(term, _)| *term);
+        if serving_term.is_some() && serving_term != leads {
+            if let Some((term, node)) = s.shared.serving.lock().await.take() {
+                tracing::warn!(
+                    node = %s.spec.name,
+                    term,
+                    state = ?m.state,
+                    current_term = m.current_term,
+                    "no longer leads its group: stops serving the leaf"
+                );
+                node.shutdown().await;
+            }
+        }
+        if let (Some(term), None) = (leads, s.shared.serving.lock().await.as_ref()) {
+            match lead(&s, term).await {
+                Ok(node) => *s.shared.serving.lock().await = Some((term, node)),
+                Err(error) => {
+                    tracing::error!(node = %s.spec.name, term, %error, "cannot serve the leaf");
+                }
+            }
+        }
+        let serving = s
+            .shared
+            .serving
+            .lock()
+            .await
+            .as_ref()
+            .map(|(term, _)| *term);
+        let mut status = lock(&s.shared.status);
+        status.term = m.current_term;
+        status.leader = m.current_leader;
+        status.serving = serving;
+        status.applied = m.last_applied.map(|id| id.index);
+    }
+    if let Some((_, node)) = s.shared.serving.lock().await.take() {
+        node.shutdown().await;
+    }
+    s.group.shutdown().await;
+    lock(&s.shared.status).serving = None;
+    drop(s.journal);
+}
+
+/// Rebuilds the leaf from this replica's log and starts serving it in `term`.
+async fn lead(s: &Supervisor, term: u64) -> Result<NodeHandle, NodeError> {
+    let spec = &s.spec;
+    let mut settings = spec.settings.clone();
+    // A deposed leader must not grant a lease its successor does not know of: a grant
+    // counts once its record is committed.
+    settings.lease_grants_wait_for_log = true;
+    let config = LeafConfig {
+        name: spec.tree_name().to_string(),
+        id: spec.leaf_id.expect("validated: leaves have ids"),
+        settings,
+        token_key: rand::random(),
+        first_seq: now_millis(),
+    };
+    let started = std::time::Instant::now();
+    let journal = s.journal.clone();
+    let (leaf, operations) = tokio::task::spawn_blocking(move || {
+        let mut leaf = Leaf::recovering(config);
+        let mut operations = 0u64;
+        let recovered = journal.recover(|records| {
+            operations += 1;
+            leaf.replay_operation(records);
+        })?;
+        for cut in &recovered.truncated {
+            tracing::warn!("log recovery: {cut}");
+        }
+        Ok::<_, std::io::Error>((leaf, operations))
+    })
+    .await
+    .map_err(|error| NodeError::Replica(error.to_string()))?
+    .map_err(|error| NodeError::Io {
+        path: s.dir.display().to_string(),
+        error,
+    })?;
+    let leaf = leaf.recovered(crest_core::time::Time::from_millis(now_millis()));
+    tracing::info!(
+        node = %spec.name,
+        group = %spec.tree_name(),
+        term,
+        operations,
+        messages = crest_core::machine::Machine::stats(&leaf).messages,
+        elapsed = ?started.elapsed(),
+        "leads its group: leaf rebuilt from the log, serving"
+    );
+    let options = lock(&s.shared.options).clone();
+    let tls = lock(&s.shared.tls).clone();
+    // The node takes its sockets from the book, and closes them when it stops: keep copies
+    // for the next term this replica leads.
+    let kept = options.sockets.as_ref().and_then(|book| {
+        let book = book.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        book.get(&spec.name).map(crate::NodeSockets::duplicate)
+    });
+    let claim = ReplicaClaim {
+        name: spec.name.clone(),
+        term,
+    };
+    let node = serve(
+        &s.topology,
+        spec,
+        &tls,
+        &options,
+        Box::new(leaf),
+        Backing::Replicated(s.group.raft().clone(), s.dir.clone()),
+        Some(claim),
+    )
+    .await;
+    if let (Some(book), Some(Ok(sockets))) = (&options.sockets, kept) {
+        book.lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(spec.name.clone(), sockets);
+    }
+    node
+}
