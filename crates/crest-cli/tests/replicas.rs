@@ -11,44 +11,9 @@ mod cluster;
 
 use cluster::Cluster;
 
-const TOPOLOGY: &str = r#"
-[settings]
-checkpoint_log_bytes = 65536
-checkpoint_interval_ms = 500
-
-[[node]]
-name = "root"
-role = "root"
-listen = "{quic:root}"
-http = "{http:root}"
-
-[[node]]
-name = "leaf-1a"
-role = "leaf"
-group = "leaf-1"
-listen = "{quic:leaf-1a}"
-http = "{http:leaf-1a}"
-replication = "{replication:leaf-1a}"
-parent = "root"
-
-[[node]]
-name = "leaf-1b"
-role = "leaf"
-group = "leaf-1"
-listen = "{quic:leaf-1b}"
-http = "{http:leaf-1b}"
-replication = "{replication:leaf-1b}"
-parent = "root"
-
-[[node]]
-name = "leaf-1c"
-role = "leaf"
-group = "leaf-1"
-listen = "{quic:leaf-1c}"
-http = "{http:leaf-1c}"
-replication = "{replication:leaf-1c}"
-parent = "root"
-"#;
+/// A root and leaf-1 as a group of three replicas, with the placeholders of
+/// [`Cluster::from_template`].
+const TOPOLOGY: &str = include_str!("common/replicated.toml");
 
 const REPLICAS: [&str; 3] = ["leaf-1a", "leaf-1b", "leaf-1c"];
 
@@ -142,80 +107,8 @@ async fn ack_until_applied(consumer: &Consumer, mut receipts: Vec<Receipt>) {
     }
 }
 
-/// A node's log with the terminal's colour codes taken out.
-fn plain_log(cluster: &Cluster, node: &str) -> String {
-    let raw = std::fs::read_to_string(cluster.dir.join(format!("{node}.log"))).unwrap_or_default();
-    let mut plain = String::with_capacity(raw.len());
-    let mut chars = raw.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            plain.push(c);
-        }
-    }
-    plain
-}
-
-/// The highest term in which `node` said it leads its group.
-fn led_in(cluster: &Cluster, node: &str) -> Option<u64> {
-    plain_log(cluster, node)
-        .lines()
-        .filter(|line| line.contains("leads its group"))
-        .filter_map(|line| {
-            let rest = &line[line.find(" term=")? + " term=".len()..];
-            rest.split(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse()
-                .ok()
-        })
-        .max()
-}
-
-/// The running replica that leads in the newest term, once one does (within 30 s).
 async fn current_leader(cluster: &Cluster) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let running = REPLICAS
-            .iter()
-            .filter(|name| cluster.children.iter().any(|(child, _)| child == *name));
-        let newest = running
-            .filter_map(|name| Some((led_in(cluster, name)?, name.to_string())))
-            .max();
-        if let Some((_, name)) = newest {
-            return name;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no replica leads");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Waits until `node`'s log has applied what `other`'s has (both record the same position
-/// once the group is idle and the one has caught up).
-async fn caught_up(cluster: &Cluster, node: &str, other: &str) {
-    let position = |name: &str| {
-        std::fs::read(
-            cluster
-                .dir
-                .join("data")
-                .join(name)
-                .join(crest::node::REPLICA_LOG_DIR)
-                .join("replica-position"),
-        )
-        .ok()
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while position(node).is_none() || position(node) != position(other) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{node} did not catch up with {other} within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    cluster.leader_among(&REPLICAS).await
 }
 
 fn assert_no_panic(dir: &Path) {
@@ -272,7 +165,7 @@ async fn killing_a_replicated_leaf_s_leader_loses_no_acknowledged_message() {
         assert_ne!(successor, leader);
         std::fs::remove_dir_all(cluster.dir.join("data").join(&leader)).unwrap();
         cluster.launch(&leader);
-        caught_up(&cluster, &leader, &successor).await;
+        cluster.caught_up(&leader, &successor).await;
     }
     take_until(&consumer, &mut seen, |seen| acked.is_subset(seen)).await;
     let lost: Vec<&MessageId> = acked.difference(&seen).collect();
@@ -351,7 +244,7 @@ async fn the_root_takes_a_replicated_leaf_only_from_a_member_in_its_newest_term(
     let producer = cluster.producer().await;
     let consumer = cluster.consumer().await;
     let leader = current_leader(&cluster).await;
-    let term = led_in(&cluster, &leader).unwrap();
+    let term = cluster.led_in(&leader).unwrap();
     let follower = REPLICAS.iter().find(|name| **name != leader).unwrap();
     let claim = |name: &str, term: u64| {
         Some(crest::core::wire::ReplicaClaim {

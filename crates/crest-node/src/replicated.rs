@@ -8,8 +8,10 @@
 //! (client port, HTTP, the session with the parent, saying `Hello` for the group with its
 //! term). It stops serving as soon as it no longer leads in that term, or has heard from no
 //! majority for an election timeout (a leader cut off from its group; another is being
-//! elected). A follower listens on neither the client nor the HTTP address: producers, the
-//! root's direct links and the parent find the group's leader by trying its replicas.
+//! elected). A follower refuses every connection on the client address at once (QUIC's
+//! `CONNECTION_REFUSED`, before any handshake) and does not serve HTTP: producers and the
+//! root's direct links find the group's leader by trying its replicas, each refusal costing
+//! a round trip rather than a connect timeout.
 
 use crate::replica::LeafJournal;
 use crate::{Backing, NodeError, NodeHandle, NodeTls, StartOptions, now_millis, serve};
@@ -198,14 +200,31 @@ pub async fn start_replica(
             })
         })
         .collect();
-    // A replication socket handed over (socket activation, a test's held port) is the
-    // group's; the node's own sockets stay in the book for the terms it leads.
-    let replication_socket = options.sockets.as_ref().and_then(|book| {
+    // The replica holds its client socket for its whole life: the follower's refusals and
+    // every term's node use it in turn (a socket handed over by socket activation or a test,
+    // else one bound here). A replication socket handed over is the group's.
+    let handed = options.sockets.as_ref().and_then(|book| {
         book.lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get_mut(name)
-            .and_then(|sockets| sockets.replication.take())
+            .remove(name)
     });
+    let mut own = match handed {
+        Some(sockets) => sockets,
+        None => crate::NodeSockets {
+            quic: std::net::UdpSocket::bind(spec.listen).map_err(|error| NodeError::Io {
+                path: format!("listen address {}", spec.listen),
+                error,
+            })?,
+            http: None,
+            replication: None,
+        },
+    };
+    let replication_socket = own.replication.take();
+    let mut options = options.clone();
+    options.sockets = Some(Arc::new(Mutex::new(std::collections::HashMap::from([(
+        name.to_string(),
+        own,
+    )]))));
     let group = Group::start(
         GroupConfig {
             dir: dir.clone(),
@@ -229,7 +248,7 @@ pub async fn start_replica(
     );
     let shared = Arc::new(Shared {
         serving: tokio::sync::Mutex::new(None),
-        options: Mutex::new(options.clone()),
+        options: Mutex::new(options),
         tls: Mutex::new(tls.clone()),
         status: Mutex::new(ReplicaStatus {
             number: replica.number,
@@ -272,6 +291,7 @@ async fn supervise(s: Supervisor) {
     let mut ticker = tokio::time::interval(Duration::from_millis(settings.replica_heartbeat_ms));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut metrics = s.group.raft().metrics();
+    let mut refusing: Option<quinn::Endpoint> = None;
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -308,6 +328,20 @@ async fn supervise(s: Supervisor) {
                 node.shutdown().await;
             }
         }
+        let serving_now = s.shared.serving.lock().await.is_some();
+        match (leads, serving_now, &refusing) {
+            (Some(_), false, Some(endpoint)) => {
+                endpoint.close(0u32.into(), b"leading");
+                refusing = None;
+            }
+            (None, false, None) => match refuse_clients(&s) {
+                Ok(endpoint) => refusing = Some(endpoint),
+                Err(error) => {
+                    tracing::warn!(node = %s.spec.name, %error, "cannot refuse clients as a follower");
+                }
+            },
+            _ => {}
+        }
         if let (Some(term), None) = (leads, s.shared.serving.lock().await.as_ref()) {
             match lead(&s, term).await {
                 Ok(node) => *s.shared.serving.lock().await = Some((term, node)),
@@ -332,9 +366,47 @@ async fn supervise(s: Supervisor) {
     if let Some((_, node)) = s.shared.serving.lock().await.take() {
         node.shutdown().await;
     }
+    if let Some(endpoint) = refusing {
+        endpoint.close(0u32.into(), b"stopped");
+    }
     s.group.shutdown().await;
     lock(&s.shared.status).serving = None;
     drop(s.journal);
+}
+
+/// Refuses every connection to the client address while this replica follows: a producer
+/// or the root dialing it learns at once that it is not the group's leader.
+fn refuse_clients(s: &Supervisor) -> Result<quinn::Endpoint, NodeError> {
+    let socket = {
+        let options = lock(&s.shared.options);
+        let book = options
+            .sockets
+            .as_ref()
+            .expect("a replica holds its sockets");
+        let book = book.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let sockets = book
+            .get(&s.spec.name)
+            .ok_or_else(|| NodeError::Replica("its client socket is gone".into()))?;
+        sockets.quic.try_clone().map_err(|error| NodeError::Io {
+            path: format!("listen address {}", s.spec.listen),
+            error,
+        })?
+    };
+    let tls = lock(&s.shared.tls).clone();
+    let settings = &s.spec.settings;
+    let config = crest_transport::NodeEndpointConfig {
+        server: crest_transport::server_config(&tls.node, &tls.ca_pem, settings)?,
+        client: crest_transport::link_client_config(&tls.ca_pem, &tls.node, settings)?,
+        reset: crest_transport::tls::StatelessReset::for_node(&tls.node),
+    };
+    let endpoint = crest_transport::node_endpoint_on(socket, &config, settings)?;
+    let accepting = endpoint.clone();
+    tokio::spawn(async move {
+        while let Some(incoming) = accepting.accept().await {
+            incoming.refuse();
+        }
+    });
+    Ok(endpoint)
 }
 
 /// Rebuilds the leaf from this replica's log and starts serving it in `term`.

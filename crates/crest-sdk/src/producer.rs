@@ -394,9 +394,24 @@ impl Producer {
         let mut receivers = Vec::new();
         let mut payload_bytes_max = usize::MAX;
         let mut unreachable = None;
-        for address in &config.leaves {
+        // Every leaf is dialed at once: one that does not answer (its host is down, or it is
+        // a replica that does not lead its group) costs `connect_timeout` once, not once each.
+        let mut dials = tokio::task::JoinSet::new();
+        for (index, address) in config.leaves.iter().enumerate() {
+            let (address, config) = (address.clone(), config.clone());
+            dials.spawn(async move { (index, connect_leaf(&address, &config).await) });
+        }
+        let mut dialed: Vec<Option<Result<Link, ClientError>>> =
+            config.leaves.iter().map(|_| None).collect();
+        while let Some(joined) = dials.join_next().await {
+            let (index, result) =
+                joined.map_err(|error| ClientError::Connect(format!("dialing a leaf: {error}")))?;
+            dialed[index] = Some(result);
+        }
+        for (address, result) in config.leaves.iter().zip(dialed) {
             let health = Health::new();
-            let link = match connect_leaf(address, &config).await {
+            let result = result.expect("every dial was joined");
+            let link = match result {
                 Ok(link) => {
                     payload_bytes_max =
                         payload_bytes_max.min(link.welcome().payload_bytes_max as usize);

@@ -313,6 +313,82 @@ impl Cluster {
         child.id()
     }
 
+    /// A node's log with the terminal's colour codes taken out.
+    pub(crate) fn plain_log(&self, node: &str) -> String {
+        let raw = std::fs::read_to_string(self.dir.join(format!("{node}.log"))).unwrap_or_default();
+        let mut plain = String::with_capacity(raw.len());
+        let mut chars = raw.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            } else {
+                plain.push(c);
+            }
+        }
+        plain
+    }
+
+    /// The highest term in which `node` said it leads its group.
+    pub(crate) fn led_in(&self, node: &str) -> Option<u64> {
+        self.plain_log(node)
+            .lines()
+            .filter(|line| line.contains("leads its group"))
+            .filter_map(|line| {
+                let rest = &line[line.find(" term=")? + " term=".len()..];
+                rest.split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .max()
+    }
+
+    /// Waits until `node`'s log has applied what `other`'s has (both record the same position
+    /// once the group is idle and the one has caught up).
+    pub(crate) async fn caught_up(&self, node: &str, other: &str) {
+        let position = |name: &str| {
+            std::fs::read(
+                self.dir
+                    .join("data")
+                    .join(name)
+                    .join(crest::node::REPLICA_LOG_DIR)
+                    .join("replica-position"),
+            )
+            .ok()
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while position(node).is_none() || position(node) != position(other) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{node} did not catch up with {other} within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The running replica of `replicas` that leads in the newest term, once one does (within
+    /// 30 s).
+    pub(crate) async fn leader_among(&self, replicas: &[&str]) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let running = replicas
+                .iter()
+                .filter(|name| self.children.iter().any(|(child, _)| child == *name));
+            let newest = running
+                .filter_map(|name| Some((self.led_in(name)?, name.to_string())))
+                .max();
+            if let Some((_, name)) = newest {
+                return name;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no replica leads");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub(crate) async fn consumer(&self) -> Consumer {
         retry(|| Consumer::connect(ConsumerConfig::from_topology(&self.topology, self.tls()))).await
     }
