@@ -2,8 +2,9 @@
 //! killed with SIGKILL: `cargo bench -p crest-cli --bench replica_failover [-- KILLS]`
 //! (default 20).
 //!
-//! A root and a leaf of three replicas run as four `crest launch` processes
-//! (`tests/common/replicated.toml`: default settings, checkpoints every 500 ms). Each round
+//! A root, an aggregator and a leaf of three replicas below it run as five `crest launch`
+//! processes (`tests/common/replicated.toml`: default settings, checkpoints every 500 ms; the
+//! root links to the leader directly). Each round
 //! pushes 20 messages, kills the group's leader, and pops until a message comes: the time from
 //! the SIGKILL to that pop is the failover time. The rest is drained and acknowledged, the
 //! killed replica launched again on its data directory, and the next round waits until it
@@ -34,20 +35,27 @@ fn main() {
             "replica-failover",
             include_str!("../tests/common/replicated.toml"),
         );
-        for node in ["root", "leaf-1a", "leaf-1b", "leaf-1c"] {
+        for node in ["root", "agg-1", "leaf-1a", "leaf-1b", "leaf-1c"] {
             cluster.launch(node);
         }
         let producer = cluster.producer().await;
         let consumer = cluster.consumer().await;
         let mut times = Vec::new();
         for round in 0..kills {
-            let mut handles = Vec::new();
-            for i in 0..MESSAGES_PER_ROUND {
-                let message = Message::new("jobs", format!("round {round} {i}"));
-                handles.push(producer.send(message).await.unwrap());
-            }
-            for handle in handles {
-                handle.acked().await.unwrap();
+            // A push refused while the producer has not found the new leader yet (every
+            // replica it tried was down or refused) is sent again.
+            let mut acked = 0;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while acked < MESSAGES_PER_ROUND {
+                assert!(Instant::now() < deadline, "pushes refused for 60 s");
+                let mut handles = Vec::new();
+                for i in acked..MESSAGES_PER_ROUND {
+                    let message = Message::new("jobs", format!("round {round} {i}"));
+                    handles.push(producer.send(message).await.unwrap());
+                }
+                for handle in handles {
+                    acked += usize::from(handle.acked().await.is_ok());
+                }
             }
             let leader = cluster.leader_among(&REPLICAS).await;
             cluster.kill(&leader);

@@ -1,5 +1,6 @@
-//! A replicated leaf as real processes: three `crest launch` replicas of one leaf under a root,
-//! each with its own data directory, QUIC between them; leaders killed with SIGKILL.
+//! A replicated leaf as real processes: three `crest launch` replicas of one leaf under an
+//! aggregator and a root, each replica with its own data directory, QUIC between them;
+//! leaders killed with SIGKILL.
 
 use crest::sdk::{Consumer, Delivery, MessageId, Producer, Receipt};
 use std::collections::HashSet;
@@ -132,7 +133,7 @@ async fn killing_a_replicated_leaf_s_leader_loses_no_acknowledged_message() {
     // pops resume under the new leader, acks of the old leader's deliveries apply, and the
     // wiped replica catches up from the others.
     let mut cluster = Cluster::from_template("replicas", TOPOLOGY);
-    for node in ["root", "leaf-1a", "leaf-1b", "leaf-1c"] {
+    for node in ["root", "agg-1", "leaf-1a", "leaf-1b", "leaf-1c"] {
         cluster.launch(node);
     }
     let producer = cluster.producer().await;
@@ -178,8 +179,9 @@ async fn killing_a_replicated_leaf_s_leader_loses_no_acknowledged_message() {
     assert_no_panic(&cluster.dir);
 }
 
-/// Dials the root as node `cert` (its certificate and key from `crest certs`), says `Hello`
-/// as the leader of group `leaf-1` with `claim`, and answers the root's refusal, or `Ok` if
+/// Dials agg-1, the group's parent, as node `cert` (its certificate and key from `crest
+/// certs`), says `Hello` as the leader of group `leaf-1` with `claim`, and answers agg-1's
+/// refusal, or `Ok` if
 /// it was welcomed.
 async fn hello_as_leader(
     cluster: &Cluster,
@@ -197,9 +199,15 @@ async fn hello_as_leader(
     let settings = crest::core::config::Settings::default();
     let config =
         crest::transport::link_client_config(&read("ca.pem".into()), &identity, &settings).unwrap();
-    let root: std::net::SocketAddr = cluster.topology.root().address.parse().unwrap();
-    let endpoint = crest::transport::client_endpoint(root, config, &settings).unwrap();
-    let connection = crest::transport::connect(&endpoint, root, "root")
+    let parent: std::net::SocketAddr = cluster
+        .topology
+        .node("agg-1")
+        .unwrap()
+        .address
+        .parse()
+        .unwrap();
+    let endpoint = crest::transport::client_endpoint(parent, config, &settings).unwrap();
+    let connection = crest::transport::connect(&endpoint, parent, "agg-1")
         .await
         .unwrap();
     let streams = open_streams(&connection).await.unwrap();
@@ -233,12 +241,12 @@ async fn hello_as_leader(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_root_takes_a_replicated_leaf_only_from_a_member_in_its_newest_term() {
+async fn a_parent_takes_a_replicated_leaf_only_from_a_member_in_its_newest_term() {
     // Goal: a parent welcomes a group's leader only with a certificate of a member of that
     // group, and never with a term older than the newest it welcomed (a deposed leader cannot
     // take the group's place back); the group's real session is undisturbed.
     let mut cluster = Cluster::from_template("replica-claims", TOPOLOGY);
-    for node in ["root", "leaf-1a", "leaf-1b", "leaf-1c"] {
+    for node in ["root", "agg-1", "leaf-1a", "leaf-1b", "leaf-1c"] {
         cluster.launch(node);
     }
     let producer = cluster.producer().await;
@@ -281,7 +289,7 @@ async fn the_root_takes_a_replicated_leaf_only_from_a_member_in_its_newest_term(
         "{text}"
     );
 
-    // The group's leader still serves through the root.
+    // The group's leader still serves through its parent.
     let pushed: HashSet<MessageId> = push(&producer, 20).await.into_iter().collect();
     let mut seen = HashSet::new();
     take_until(&consumer, &mut seen, |seen| pushed.is_subset(seen)).await;
