@@ -433,7 +433,7 @@ pub async fn start_node(
         (Some(wal), Some(dir)) => Backing::Wal(Box::new(wal), dir.clone()),
         _ => Backing::Memory,
     };
-    serve(topology, spec, tls, options, machine, backing, None).await
+    serve(topology, spec, tls, options, machine, backing, None, None).await
 }
 
 /// Where a serving node's leaf keeps its log records.
@@ -446,9 +446,10 @@ pub(crate) enum Backing {
     Replicated(crest_replica::Raft, PathBuf),
 }
 
-/// Runs `machine` as node `spec`: binds its addresses, spawns its actor, accepts connections
-/// and (except the root) keeps a session with its parent, saying `Hello` with `claim` when it
-/// leads a replica group.
+/// Runs `machine` as node `spec`: binds its addresses (or serves on `endpoint`, one already
+/// bound to its QUIC address), spawns its actor, accepts connections and (except the root)
+/// keeps a session with its parent, saying `Hello` with `claim` when it leads a replica group.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     topology: &Topology,
     spec: &NodeSpec,
@@ -457,6 +458,7 @@ pub(crate) async fn serve(
     machine: Box<dyn Machine>,
     backing: Backing,
     claim: Option<crest_core::wire::ReplicaClaim>,
+    endpoint: Option<quinn::Endpoint>,
 ) -> Result<NodeHandle, NodeError> {
     let name = spec.name.as_str();
     let endpoint_config = crest_transport::NodeEndpointConfig {
@@ -469,12 +471,16 @@ pub(crate) async fn serve(
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(name)
     });
-    let (endpoint, held_http) = match held {
-        Some(held) => (
+    let (endpoint, held_http) = match (endpoint, held) {
+        (Some(endpoint), held) => {
+            endpoint.set_server_config(Some(endpoint_config.server.clone()));
+            (endpoint, held.and_then(|held| held.http))
+        }
+        (None, Some(held)) => (
             crest_transport::node_endpoint_on(held.quic, &endpoint_config, &spec.settings)?,
             held.http,
         ),
-        None => (
+        (None, None) => (
             crest_transport::node_endpoint(spec.listen, &endpoint_config, &spec.settings)?,
             None,
         ),

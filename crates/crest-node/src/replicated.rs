@@ -291,7 +291,7 @@ async fn supervise(s: Supervisor) {
     let mut ticker = tokio::time::interval(Duration::from_millis(settings.replica_heartbeat_ms));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut metrics = s.group.raft().metrics();
-    let mut refusing: Option<quinn::Endpoint> = None;
+    let mut refusing: Option<Refuser> = None;
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -329,21 +329,30 @@ async fn supervise(s: Supervisor) {
             }
         }
         let serving_now = s.shared.serving.lock().await.is_some();
-        match (leads, serving_now, &refusing) {
-            (Some(_), false, Some(endpoint)) => {
-                endpoint.close(0u32.into(), b"leading");
-                refusing = None;
-            }
-            (None, false, None) => match refuse_clients(&s) {
-                Ok(endpoint) => refusing = Some(endpoint),
+        if leads.is_none() && !serving_now && refusing.is_none() {
+            match refuse_clients(&s) {
+                Ok(refuser) => refusing = Some(refuser),
                 Err(error) => {
                     tracing::warn!(node = %s.spec.name, %error, "cannot refuse clients as a follower");
                 }
-            },
-            _ => {}
+            }
         }
         if let (Some(term), None) = (leads, s.shared.serving.lock().await.as_ref()) {
-            match lead(&s, term).await {
+            // The node serves on the endpoint that refused until now: a second endpoint on
+            // the same socket would go on taking (and refusing) some of its packets until
+            // its driver noticed it was dropped.
+            let endpoint = match refusing.take() {
+                Some(Refuser {
+                    endpoint,
+                    accepting,
+                }) => {
+                    accepting.abort();
+                    let _ = accepting.await;
+                    Some(endpoint)
+                }
+                None => None,
+            };
+            match lead(&s, term, endpoint).await {
                 Ok(node) => *s.shared.serving.lock().await = Some((term, node)),
                 Err(error) => {
                     tracing::error!(node = %s.spec.name, term, %error, "cannot serve the leaf");
@@ -366,7 +375,12 @@ async fn supervise(s: Supervisor) {
     if let Some((_, node)) = s.shared.serving.lock().await.take() {
         node.shutdown().await;
     }
-    if let Some(endpoint) = refusing {
+    if let Some(Refuser {
+        endpoint,
+        accepting,
+    }) = refusing
+    {
+        accepting.abort();
         endpoint.close(0u32.into(), b"stopped");
     }
     s.group.shutdown().await;
@@ -374,9 +388,15 @@ async fn supervise(s: Supervisor) {
     drop(s.journal);
 }
 
+/// The endpoint on a follower's client address and the task that refuses what it accepts.
+struct Refuser {
+    endpoint: quinn::Endpoint,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
 /// Refuses every connection to the client address while this replica follows: a producer
 /// or the root dialing it learns at once that it is not the group's leader.
-fn refuse_clients(s: &Supervisor) -> Result<quinn::Endpoint, NodeError> {
+fn refuse_clients(s: &Supervisor) -> Result<Refuser, NodeError> {
     let socket = {
         let options = lock(&s.shared.options);
         let book = options
@@ -400,17 +420,24 @@ fn refuse_clients(s: &Supervisor) -> Result<quinn::Endpoint, NodeError> {
         reset: crest_transport::tls::StatelessReset::for_node(&tls.node),
     };
     let endpoint = crest_transport::node_endpoint_on(socket, &config, settings)?;
-    let accepting = endpoint.clone();
-    tokio::spawn(async move {
-        while let Some(incoming) = accepting.accept().await {
+    let refusing = endpoint.clone();
+    let accepting = tokio::spawn(async move {
+        while let Some(incoming) = refusing.accept().await {
             incoming.refuse();
         }
     });
-    Ok(endpoint)
+    Ok(Refuser {
+        endpoint,
+        accepting,
+    })
 }
 
 /// Rebuilds the leaf from this replica's log and starts serving it in `term`.
-async fn lead(s: &Supervisor, term: u64) -> Result<NodeHandle, NodeError> {
+async fn lead(
+    s: &Supervisor,
+    term: u64,
+    endpoint: Option<quinn::Endpoint>,
+) -> Result<NodeHandle, NodeError> {
     let spec = &s.spec;
     let mut settings = spec.settings.clone();
     // A deposed leader must not grant a lease its successor does not know of: a grant
@@ -473,6 +500,7 @@ async fn lead(s: &Supervisor, term: u64) -> Result<NodeHandle, NodeError> {
         Box::new(leaf),
         Backing::Replicated(s.group.raft().clone(), s.dir.clone()),
         Some(claim),
+        endpoint,
     )
     .await;
     if let (Some(book), Some(Ok(sockets))) = (&options.sockets, kept) {

@@ -16,7 +16,10 @@
 //! tries the leaf again. A batch already sent when its connection breaks (or that is not
 //! acknowledged within `ack_timeout`) goes to the other leaves the same way, and the lane is
 //! avoided: a leaf whose host vanished costs its in-flight batches about `leaf_idle_timeout`
-//! (1 s) of latency, not an error. Such a batch may have been stored by the leaf that did not
+//! (1 s) of latency, not an error. A batch that no leaf takes (none answers, or each is
+//! avoided) tries the leaves in turn every `leaf_retry_initial`, up to `leaf_wait_max` (10 s),
+//! before its pushes fail: a replicated leaf electing its next leader, or a lone leaf
+//! restarting, delays pushes. Such a batch may have been stored by the leaf that did not
 //! answer, so it may be delivered twice (at-least-once; a message with a dedup key is not sent
 //! elsewhere: it fails instead). [`Producer::connect`] needs one reachable leaf, not all.
 //!
@@ -126,6 +129,10 @@ pub struct ProducerConfig {
     pub leaf_retry_initial: Duration,
     /// The longest a leaf is avoided before it is tried again.
     pub leaf_retry_max: Duration,
+    /// How long a batch that no leaf takes (each was just refused, unreachable or is being
+    /// avoided) waits for one that answers before its pushes fail: a replicated leaf electing
+    /// a new leader, or a leaf restarting, delays pushes instead of failing them.
+    pub leaf_wait_max: Duration,
     /// A connection to a leaf with no traffic for this long is given up (keep-alives go every
     /// fifth of it): how long a leaf whose host vanished goes unnoticed.
     pub leaf_idle_timeout: Duration,
@@ -145,6 +152,7 @@ impl ProducerConfig {
             ack_timeout: Duration::from_secs(30),
             leaf_retry_initial: Duration::from_millis(100),
             leaf_retry_max: Duration::from_secs(5),
+            leaf_wait_max: Duration::from_secs(10),
             leaf_idle_timeout: Duration::from_secs(1),
         }
     }
@@ -174,15 +182,21 @@ enum Job {
     One {
         message: PushMessage,
         reply: Reply,
+        since: Waiting,
         _queued: OwnedSemaphorePermit,
     },
     Many {
         messages: Vec<PushMessage>,
         bytes: usize,
         reply: BatchReply,
+        since: Waiting,
         _queued: OwnedSemaphorePermit,
     },
 }
+
+/// Since when a batch has been waiting for a leaf that takes it (`leaf_wait_max`); `None`
+/// until no leaf took it once.
+type Waiting = Option<tokio::time::Instant>;
 
 impl Job {
     fn len(&self) -> usize {
@@ -471,6 +485,7 @@ impl Producer {
         let (reply, rx) = oneshot::channel();
         self.lanes[lane]
             .queue(1, |permit| Job::One {
+                since: None,
                 message,
                 reply,
                 _queued: permit,
@@ -566,6 +581,7 @@ impl Producer {
         let count = messages.len();
         self.lanes[lane]
             .queue(count, |permit| Job::Many {
+                since: None,
                 messages,
                 bytes,
                 reply,
@@ -646,8 +662,8 @@ async fn connect_leaf(address: &str, config: &ProducerConfig) -> Result<Link, Cl
 
 /// Whom a push batch answers: a reply per message sent alone, one per part of a batch.
 enum Answer {
-    One(Reply),
-    Many(BatchReply, usize),
+    One(Reply, Waiting),
+    Many(BatchReply, usize, Waiting),
 }
 
 /// Answers everyone of a push batch: `ids` in the order of its messages, or `error`.
@@ -657,10 +673,10 @@ fn answer(answers: Vec<Answer>, result: Result<Vec<MessageId>, ClientError>) {
             let mut ids = ids.into_iter();
             for answer in answers {
                 match answer {
-                    Answer::One(reply) => {
+                    Answer::One(reply, _) => {
                         let _ = reply.send(ids.next().ok_or(ClientError::Closed));
                     }
-                    Answer::Many(reply, count) => {
+                    Answer::Many(reply, count, _) => {
                         let _ = reply.send(Ok(ids.by_ref().take(count).collect()));
                     }
                 }
@@ -669,10 +685,10 @@ fn answer(answers: Vec<Answer>, result: Result<Vec<MessageId>, ClientError>) {
         Err(error) => {
             for answer in answers {
                 match answer {
-                    Answer::One(reply) => {
+                    Answer::One(reply, _) => {
                         let _ = reply.send(Err(error.clone()));
                     }
-                    Answer::Many(reply, _) => {
+                    Answer::Many(reply, _, _) => {
                         let _ = reply.send(Err(error.clone()));
                     }
                 }
@@ -700,26 +716,39 @@ impl LaneTask {
 }
 
 /// Hands the messages of a batch that could not be sent to lanes whose leaf answers, part by
-/// part as they were queued; returns the answers of the parts no other lane can take (those
-/// with a dedup key, or all when no other leaf answers).
+/// part as they were queued. A part no other lane takes now waits for any lane whose leaf is
+/// no longer avoided (this one's included), up to `leaf_wait_max` since it first found none;
+/// returns the answers of the parts that waited that long, and of those with a dedup key
+/// (they belong to their leaf).
 async fn reroute(lane: &LaneTask, messages: Vec<PushMessage>, answers: Vec<Answer>) -> Vec<Answer> {
     let Some(lanes) = lane.lanes.upgrade() else {
         return answers;
     };
+    let config = &lane.config;
     let next = AtomicUsize::new(lane.index + 1);
     let mut messages = messages.into_iter();
     let mut stuck = Vec::new();
     for answer in answers {
-        let count = match &answer {
-            Answer::One(_) => 1,
-            Answer::Many(_, count) => *count,
+        let (count, since) = match &answer {
+            Answer::One(_, since) => (1, *since),
+            Answer::Many(_, count, since) => (*count, *since),
         };
         let part: Vec<PushMessage> = messages.by_ref().take(count).collect();
-        let target = if part.iter().any(|m| m.dedup_key.is_some()) {
-            None
-        } else {
-            spread(&lanes, &next, Some(lane.index))
-        };
+        if part.iter().any(|m| m.dedup_key.is_some()) {
+            stuck.push(answer);
+            continue;
+        }
+        let waited_enough = since.is_some_and(|since| since.elapsed() >= config.leaf_wait_max);
+        if waited_enough {
+            stuck.push(answer);
+            continue;
+        }
+        let mut target = spread(&lanes, &next, Some(lane.index));
+        let mut since = since;
+        if target.is_none() {
+            let started = *since.get_or_insert_with(tokio::time::Instant::now);
+            target = wait_for_lane(&lanes, &next, started + config.leaf_wait_max, config).await;
+        }
         let Some(target) = target else {
             stuck.push(answer);
             continue;
@@ -727,23 +756,25 @@ async fn reroute(lane: &LaneTask, messages: Vec<PushMessage>, answers: Vec<Answe
         // A lane that is closed (the producer is dropped) drops the reply: its handle says
         // `Closed`.
         let _ = match answer {
-            Answer::One(reply) => {
+            Answer::One(reply, _) => {
                 let message = part.into_iter().next().expect("one message");
                 lanes[target]
                     .queue(1, |permit| Job::One {
                         message,
                         reply,
+                        since,
                         _queued: permit,
                     })
                     .await
             }
-            Answer::Many(reply, _) => {
+            Answer::Many(reply, _, _) => {
                 let bytes = part.iter().map(|m| m.payload.len()).sum();
                 lanes[target]
                     .queue(count, |permit| Job::Many {
                         messages: part,
                         bytes,
                         reply,
+                        since,
                         _queued: permit,
                     })
                     .await
@@ -753,9 +784,30 @@ async fn reroute(lane: &LaneTask, messages: Vec<PushMessage>, answers: Vec<Answe
     stuck
 }
 
+/// The lane a part that no lane takes tries next: after `leaf_retry_initial`, the next lane in
+/// turn whether its leaf is avoided or not (when every leaf failed lately, the avoidance
+/// backoffs say nothing of which will answer first: a replica elected a moment ago was
+/// refusing until then); `None` once `deadline` passed.
+async fn wait_for_lane(
+    lanes: &[Lane],
+    next: &AtomicUsize,
+    deadline: tokio::time::Instant,
+    config: &ProducerConfig,
+) -> Option<usize> {
+    let now = tokio::time::Instant::now();
+    if now >= deadline {
+        return None;
+    }
+    tokio::time::sleep(config.leaf_retry_initial.min(deadline - now)).await;
+    if tokio::time::Instant::now() >= deadline {
+        return None;
+    }
+    spread(lanes, next, None)
+}
+
 async fn run_lane(lane: LaneTask, link: Option<Arc<Link>>, mut rx: mpsc::UnboundedReceiver<Job>) {
     let config = lane.config.clone();
-    let link = Arc::new(Mutex::new(link));
+    let link = Arc::new(Mutex::new(LaneLink { link, failed: None }));
     let slots = Arc::new(Semaphore::new(config.batches_in_flight_max));
     // A job that did not fit the last push batch starts the next.
     let mut carried: Option<Job> = None;
@@ -780,16 +832,22 @@ async fn run_lane(lane: LaneTask, link: Option<Arc<Link>>, mut rx: mpsc::Unbound
         while let Some(job) = next.take() {
             bytes += job.bytes();
             match job {
-                Job::One { message, reply, .. } => {
+                Job::One {
+                    message,
+                    reply,
+                    since,
+                    ..
+                } => {
                     messages.push(message);
-                    answers.push(Answer::One(reply));
+                    answers.push(Answer::One(reply, since));
                 }
                 Job::Many {
                     messages: part,
                     reply,
+                    since,
                     ..
                 } => {
-                    answers.push(Answer::Many(reply, part.len()));
+                    answers.push(Answer::Many(reply, part.len(), since));
                     messages.extend(part);
                 }
             }
@@ -818,7 +876,8 @@ async fn run_lane(lane: LaneTask, link: Option<Arc<Link>>, mut rx: mpsc::Unbound
         let lane = lane.clone();
         tokio::spawn(async move {
             let config = &lane.config;
-            match current_link(&link, &lane.address, config).await {
+            let waiting_since = tokio::time::Instant::now();
+            match current_link(&link, &lane.address, config, waiting_since).await {
                 Ok(current) => {
                     let (kept, result) = send_batch(&current, messages, config.ack_timeout).await;
                     if matches!(result, Err(ClientError::Timeout(_))) {
@@ -855,19 +914,43 @@ async fn run_lane(lane: LaneTask, link: Option<Arc<Link>>, mut rx: mpsc::Unbound
     }
 }
 
-/// The lane's link, reconnected if the last one ended.
+/// A lane's connection to its leaf, and how the last attempt to make one failed.
+struct LaneLink {
+    link: Option<Arc<Link>>,
+    failed: Option<(tokio::time::Instant, ClientError)>,
+}
+
+/// The lane's link, reconnected if the last one ended. A batch that waited for the link
+/// while another batch's attempt failed gets that failure rather than trying again: batches
+/// queued behind a leaf whose host is gone move on together, each not waiting out its own
+/// `connect_timeout_ms` in turn.
 async fn current_link(
-    link: &Mutex<Option<Arc<Link>>>,
+    link: &Mutex<LaneLink>,
     address: &str,
     config: &ProducerConfig,
+    waiting_since: tokio::time::Instant,
 ) -> Result<Arc<Link>, ClientError> {
     let mut guard = link.lock().await;
-    match &*guard {
-        Some(current) if !current.is_closed() => Ok(current.clone()),
-        _ => {
-            let current = Arc::new(connect_leaf(address, config).await?);
-            *guard = Some(current.clone());
+    if let Some(current) = &guard.link
+        && !current.is_closed()
+    {
+        return Ok(current.clone());
+    }
+    if let Some((at, error)) = &guard.failed
+        && *at >= waiting_since
+    {
+        return Err(error.clone());
+    }
+    match connect_leaf(address, config).await {
+        Ok(current) => {
+            let current = Arc::new(current);
+            guard.link = Some(current.clone());
+            guard.failed = None;
             Ok(current)
+        }
+        Err(error) => {
+            guard.failed = Some((tokio::time::Instant::now(), error.clone()));
+            Err(error)
         }
     }
 }

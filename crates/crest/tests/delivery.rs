@@ -805,6 +805,45 @@ async fn pushes_go_around_a_leaf_that_stopped_and_back_to_it_once_it_returns() {
     tree.shutdown().await;
 }
 
+/// A producer whose only leaf stops: a push sent meanwhile waits for the leaf to come back
+/// (up to `leaf_wait_max`) and is acknowledged by it; with a shorter `leaf_wait_max` than the
+/// leaf is away, the push fails with the connect error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_waits_for_its_only_leaf_to_come_back_up_to_leaf_wait_max() {
+    let mut tree = start_tree(None).await;
+    let leaf = tree.topology.node("leaf-1").unwrap();
+    let (address, id) = (leaf.address.clone(), leaf.leaf_id.unwrap());
+    let config = ProducerConfig::new(vec![address.clone()], tls(&tree));
+    let waiting = Producer::connect(config.clone()).await.unwrap();
+    let impatient = Producer::connect(ProducerConfig {
+        leaf_wait_max: Duration::from_millis(100),
+        ..config
+    })
+    .await
+    .unwrap();
+    tree.stop_node("leaf-1").await;
+    let sent = waiting
+        .send(Message::new("jobs", "while away"))
+        .await
+        .unwrap();
+    let refused = impatient
+        .send(Message::new("jobs", "while away, impatient"))
+        .await
+        .unwrap();
+    let refused = refused.acked().await;
+    assert!(
+        matches!(refused, Err(ClientError::Connect(_))),
+        "{refused:?}"
+    );
+    tree.restart_node("leaf-1").await.unwrap();
+    let acked = sent
+        .acked()
+        .await
+        .expect("acknowledged once the leaf is back");
+    assert_eq!(acked.leaf(), id);
+    tree.shutdown().await;
+}
+
 /// The root restarts under a consumer: the same `Consumer` connects again on its next
 /// request, with no new `Consumer` made; an ack of a delivery popped before the restart
 /// succeeds at the first call (the consumer tries it again while the root comes back and
