@@ -165,6 +165,13 @@ async fn killing_a_replicated_leaf_s_leader_loses_no_acknowledged_message() {
         cluster.launch(&leader);
         cluster.caught_up(&leader, &successor).await;
     }
+    // A leader stopped as a service manager stops it exits, and the others serve on.
+    let leader = current_leader(&cluster).await;
+    assert!(
+        cluster.terminate(&leader, Duration::from_secs(20)),
+        "{leader} did not exit within 20 s of SIGTERM"
+    );
+    acked.extend(push(&producer, 50).await);
     take_until(&consumer, &mut seen, |seen| acked.is_subset(seen)).await;
     let lost: Vec<&MessageId> = acked.difference(&seen).collect();
     assert!(

@@ -317,7 +317,9 @@ async fn supervise(s: Supervisor) {
             .as_ref()
             .map(|(term, _)| *term);
         if serving_term.is_some() && serving_term != leads {
-            if let Some((term, node)) = s.shared.serving.lock().await.take() {
+            // Taken out first: the lock is not held while the node stops.
+            let stopping = s.shared.serving.lock().await.take();
+            if let Some((term, node)) = stopping {
                 tracing::warn!(
                     node = %s.spec.name,
                     term,
@@ -337,7 +339,9 @@ async fn supervise(s: Supervisor) {
                 }
             }
         }
-        if let (Some(term), None) = (leads, s.shared.serving.lock().await.as_ref()) {
+        // (A guard in this condition would live through the block, which takes the lock.)
+        let serving_now = s.shared.serving.lock().await.is_some();
+        if let (Some(term), false) = (leads, serving_now) {
             // The node serves on the endpoint that refused until now: a second endpoint on
             // the same socket would go on taking (and refusing) some of its packets until
             // its driver noticed it was dropped.
@@ -372,7 +376,8 @@ async fn supervise(s: Supervisor) {
         status.serving = serving;
         status.applied = m.last_applied.map(|id| id.index);
     }
-    if let Some((_, node)) = s.shared.serving.lock().await.take() {
+    let stopping = s.shared.serving.lock().await.take();
+    if let Some((_, node)) = stopping {
         node.shutdown().await;
     }
     if let Some(Refuser {

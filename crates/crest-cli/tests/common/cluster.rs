@@ -283,6 +283,29 @@ impl Cluster {
         self.children.push((node.to_string(), child));
     }
 
+    /// SIGTERM, as a service manager stops a node; answers whether it exited within `within`
+    /// (if not, it is killed).
+    pub(crate) fn terminate(&mut self, node: &str, within: Duration) -> bool {
+        let index = self
+            .children
+            .iter()
+            .position(|(name, _)| name == node)
+            .unwrap();
+        let (_, mut child) = self.children.remove(index);
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if child.try_wait().unwrap().is_some() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
     /// SIGKILL: no chance to close connections or say goodbye.
     pub(crate) fn kill(&mut self, node: &str) {
         let index = self
