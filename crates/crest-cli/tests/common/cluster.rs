@@ -286,12 +286,7 @@ impl Cluster {
     /// SIGTERM, as a service manager stops a node; answers whether it exited within `within`
     /// (if not, it is killed).
     pub(crate) fn terminate(&mut self, node: &str, within: Duration) -> bool {
-        let index = self
-            .children
-            .iter()
-            .position(|(name, _)| name == node)
-            .unwrap();
-        let (_, mut child) = self.children.remove(index);
+        let mut child = self.take_child(node);
         let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
         let deadline = std::time::Instant::now() + within;
@@ -308,14 +303,19 @@ impl Cluster {
 
     /// SIGKILL: no chance to close connections or say goodbye.
     pub(crate) fn kill(&mut self, node: &str) {
+        let mut child = self.take_child(node);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// The running process of `node`, no longer the cluster's to kill at the end.
+    fn take_child(&mut self, node: &str) -> Child {
         let index = self
             .children
             .iter()
             .position(|(name, _)| name == node)
             .unwrap();
-        let (_, mut child) = self.children.remove(index);
-        child.kill().unwrap();
-        child.wait().unwrap();
+        self.children.remove(index).1
     }
 
     pub(crate) fn tls(&self) -> ClientTls {
