@@ -37,10 +37,14 @@ use crest_core::time::Time;
 use crest_core::topology::Topology;
 use crest_core::wire::{PeerKind, Push, PushMessage, Wire};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+
+mod routing;
+
+use routing::{Health, spread, wait_for_lane};
 
 /// A message to push.
 #[derive(Clone, Debug)]
@@ -219,75 +223,6 @@ struct Lane {
     jobs: mpsc::UnboundedSender<Job>,
     queued: Arc<Semaphore>,
     health: Health,
-}
-
-/// Whether new messages should avoid a lane: its leaf could not be reached lately. Read for
-/// every message, so the healthy case is one atomic load.
-struct Health {
-    /// Until when the lane is avoided, in microseconds since `epoch` (0: the leaf answers).
-    down_until_us: AtomicU64,
-    /// How long it was avoided last time, in microseconds (doubles while failures go on).
-    backoff_us: AtomicU64,
-    epoch: tokio::time::Instant,
-}
-
-impl Health {
-    fn new() -> Health {
-        Health {
-            down_until_us: AtomicU64::new(0),
-            backoff_us: AtomicU64::new(0),
-            epoch: tokio::time::Instant::now(),
-        }
-    }
-
-    fn now_us(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
-    }
-
-    fn is_up(&self) -> bool {
-        let until = self.down_until_us.load(Ordering::Relaxed);
-        until == 0 || self.now_us() >= until
-    }
-
-    /// The leaf could not be reached (again): avoid it for twice as long as last time.
-    fn failed(&self, config: &ProducerConfig) {
-        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        let last = self.backoff_us.load(Ordering::Relaxed);
-        let backoff = if last == 0 {
-            micros(config.leaf_retry_initial)
-        } else {
-            last.saturating_mul(2).min(micros(config.leaf_retry_max))
-        };
-        self.backoff_us.store(backoff.max(1), Ordering::Relaxed);
-        self.down_until_us.store(
-            self.now_us().saturating_add(backoff).max(1),
-            Ordering::Relaxed,
-        );
-    }
-
-    fn answered(&self) {
-        if self.down_until_us.load(Ordering::Relaxed) != 0 {
-            self.down_until_us.store(0, Ordering::Relaxed);
-            self.backoff_us.store(0, Ordering::Relaxed);
-        }
-    }
-}
-
-/// The next lane for a message without a dedup key: round-robin over the lanes whose leaf
-/// answers. A new message goes to some lane even if none answers (its batch then finds
-/// another or fails); a batch moved away from lane `not` goes only to a lane that answers.
-fn spread(lanes: &[Lane], next: &AtomicUsize, not: Option<usize>) -> Option<usize> {
-    let n = lanes.len();
-    let start = next.fetch_add(1, Ordering::Relaxed) % n;
-    let candidates = (0..n).map(|i| (start + i) % n).filter(|&l| Some(l) != not);
-    let mut any = None;
-    for lane in candidates {
-        if lanes[lane].health.is_up() {
-            return Some(lane);
-        }
-        any.get_or_insert(lane);
-    }
-    if not.is_some() { None } else { any }
 }
 
 impl Lane {
@@ -782,27 +717,6 @@ async fn reroute(lane: &LaneTask, messages: Vec<PushMessage>, answers: Vec<Answe
         };
     }
     stuck
-}
-
-/// The lane a part that no lane takes tries next: after `leaf_retry_initial`, the next lane in
-/// turn whether its leaf is avoided or not (when every leaf failed lately, the avoidance
-/// backoffs say nothing of which will answer first: a replica elected a moment ago was
-/// refusing until then); `None` once `deadline` passed.
-async fn wait_for_lane(
-    lanes: &[Lane],
-    next: &AtomicUsize,
-    deadline: tokio::time::Instant,
-    config: &ProducerConfig,
-) -> Option<usize> {
-    let now = tokio::time::Instant::now();
-    if now >= deadline {
-        return None;
-    }
-    tokio::time::sleep(config.leaf_retry_initial.min(deadline - now)).await;
-    if tokio::time::Instant::now() >= deadline {
-        return None;
-    }
-    spread(lanes, next, None)
 }
 
 async fn run_lane(lane: LaneTask, link: Option<Arc<Link>>, mut rx: mpsc::UnboundedReceiver<Job>) {
