@@ -38,6 +38,17 @@ async fn push(producer: &Producer, count: usize) -> Vec<MessageId> {
     ids
 }
 
+/// Pushes one message per key of `keys` with that dedup key, in one batch; answers their ids.
+async fn push_keyed(producer: &Producer, keys: std::ops::Range<usize>) -> Vec<MessageId> {
+    let messages = keys
+        .map(|k| crest::sdk::Message::new("jobs", format!("k{k}")).dedup_key(format!("key-{k}")));
+    let batch = producer.send_batch(messages).await.unwrap();
+    batch
+        .acked()
+        .await
+        .expect("acknowledged by the group's leader")
+}
+
 /// Pops and acks until `count` distinct messages were seen in all; fails on a second delivery
 /// of an acknowledged message, or after 60 s.
 async fn take(consumer: &Consumer, seen: &mut HashSet<MessageId>, count: usize) {
@@ -133,6 +144,9 @@ async fn killing_a_replicated_leaf_s_leader_loses_no_acknowledged_message() {
     let producer = cluster.producer().await;
     let consumer = cluster.consumer().await;
     let mut acked: HashSet<MessageId> = push(&producer, 300).await.into_iter().collect();
+    // Keyed messages go to the group whichever replica leads; each leader knows the keys.
+    let keyed = push_keyed(&producer, 0..40).await;
+    acked.extend(keyed.iter().copied());
     let mut seen = HashSet::new();
     take(&consumer, &mut seen, 50).await;
     for round in 0..2 {
@@ -164,6 +178,11 @@ async fn killing_a_replicated_leaf_s_leader_loses_no_acknowledged_message() {
         std::fs::remove_dir_all(cluster.dir.join("data").join(&leader)).unwrap();
         cluster.launch(&leader);
         cluster.caught_up(&leader, &successor).await;
+        assert_eq!(
+            push_keyed(&producer, 0..40).await,
+            keyed,
+            "round {round}: the keys pushed again under {successor} answer the first ids"
+        );
     }
     // A leader stopped as a service manager stops it exits, and the others serve on.
     let leader = current_leader(&cluster).await;

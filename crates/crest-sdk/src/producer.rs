@@ -7,11 +7,13 @@
 //! `batch_bytes_max` (heavy load gets big batches: throughput). `linger` optionally holds a
 //! batch a little longer for more company when the link is busy. A push resolves once its
 //! leaf acknowledged the batch (after it is durable). Messages are spread round-robin over
-//! the lanes, except messages with a dedup key: those go to the leaf the key hashes to.
+//! the lanes, except messages with a dedup key: those go to the leaf the key hashes to (a
+//! replicated leaf, [`ProducerConfig::replicas`], is one leaf: its replica that answers).
 //!
 //! A leaf that cannot be reached is routed around: when a lane cannot connect to its leaf,
 //! the batch it was about to send goes to the other lanes (messages with a dedup key
-//! excepted: they belong to their leaf, and fail), and new messages avoid the lane for a
+//! excepted: they belong to their leaf, and wait for it or another of its replicas, as below),
+//! and new messages avoid the lane for a
 //! while (`leaf_retry_initial`, doubling up to `leaf_retry_max`); after that the next batch
 //! tries the leaf again. A batch already sent when its connection breaks (or that is not
 //! acknowledged within `ack_timeout`) goes to the other leaves the same way, and the lane is
@@ -20,8 +22,8 @@
 //! avoided) tries the leaves in turn every `leaf_retry_initial`, up to `leaf_wait_max` (10 s),
 //! before its pushes fail: a replicated leaf electing its next leader, or a lone leaf
 //! restarting, delays pushes. Such a batch may have been stored by the leaf that did not
-//! answer, so it may be delivered twice (at-least-once; a message with a dedup key is not sent
-//! elsewhere: it fails instead). [`Producer::connect`] needs one reachable leaf, not all.
+//! answer, so it may be delivered twice (at-least-once; a message with a dedup key is
+//! acknowledged once, with one id). [`Producer::connect`] needs one reachable leaf, not all.
 //!
 //! [`Producer::send_batch`] hands a lane many messages at once, with one acknowledgement
 //! for all of them: it saves the per-message queue slot and reply that [`Producer::send`]
@@ -44,7 +46,7 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 mod routing;
 
-use routing::{Health, spread, wait_for_lane};
+use routing::{Health, Leaves, spread, spread_among, wait_for_lane};
 
 /// A message to push.
 #[derive(Clone, Debug)]
@@ -114,6 +116,10 @@ impl Message {
 pub struct ProducerConfig {
     /// Leaf addresses (`host:port`); messages are spread over them.
     pub leaves: Vec<String>,
+    /// The replicated leaves among `leaves`: each the addresses of one leaf's replicas, in
+    /// the topology's order. A message with a dedup key goes to its leaf's replica that
+    /// leads; an address in no group is a leaf of its own.
+    pub replicas: Vec<Vec<String>>,
     /// Trust.
     pub tls: ClientTls,
     /// Most messages in one batch.
@@ -147,6 +153,7 @@ impl ProducerConfig {
     pub fn new(leaves: Vec<String>, tls: ClientTls) -> ProducerConfig {
         ProducerConfig {
             leaves,
+            replicas: Vec::new(),
             tls,
             batch_messages_max: 1024,
             batch_bytes_max: 1024 * 1024,
@@ -163,10 +170,19 @@ impl ProducerConfig {
 
     /// Every leaf of a topology.
     pub fn from_topology(topology: &Topology, tls: ClientTls) -> ProducerConfig {
-        ProducerConfig::new(
+        let mut config = ProducerConfig::new(
             topology.leaves().map(|leaf| leaf.address.clone()).collect(),
             tls,
-        )
+        );
+        for leaf in topology.leaves() {
+            if leaf.replica.as_ref().is_some_and(|r| r.number == 1) {
+                let members = topology.members(leaf.tree_name());
+                config
+                    .replicas
+                    .push(members.iter().map(|m| m.address.clone()).collect());
+            }
+        }
+        config
     }
 }
 
@@ -223,6 +239,8 @@ struct Lane {
     jobs: mpsc::UnboundedSender<Job>,
     queued: Arc<Semaphore>,
     health: Health,
+    /// The lanes of this lane's leaf (itself included): where its dedup keys may go.
+    replicas: Vec<usize>,
 }
 
 impl Lane {
@@ -246,8 +264,8 @@ impl Lane {
 /// See the module doc.
 pub struct Producer {
     lanes: Arc<Vec<Lane>>,
-    /// The address of each lane, to route dedup keys.
-    addresses: Vec<String>,
+    /// The leaves, to route dedup keys.
+    leaves: Leaves,
     next_lane: AtomicUsize,
     payload_bytes_max: usize,
     /// A batch's parts are at most this many messages and bytes (the lanes' push batch limits,
@@ -338,6 +356,8 @@ impl Producer {
                 "batch_messages_max, batches_in_flight_max and queue_messages_max must be at least 1".into(),
             ));
         }
+        let leaves = Leaves::new(&config.leaves, &config.replicas)?;
+        let mut replicas = leaves.replicas(config.leaves.len()).into_iter();
         let queue_max = config.queue_messages_max.min(Semaphore::MAX_PERMITS);
         let mut lanes = Vec::new();
         let mut receivers = Vec::new();
@@ -378,6 +398,7 @@ impl Producer {
                 jobs: tx,
                 queued: Arc::new(Semaphore::new(queue_max)),
                 health,
+                replicas: replicas.next().expect("one per lane"),
             });
         }
         if let Some(error) = unreachable
@@ -397,7 +418,7 @@ impl Producer {
         }
         Ok(Producer {
             lanes,
-            addresses: config.leaves.clone(),
+            leaves,
             next_lane: AtomicUsize::new(0),
             payload_bytes_max,
             part_messages_max: config.batch_messages_max.min(queue_max),
@@ -414,7 +435,9 @@ impl Producer {
         let message = message.message;
         self.check_payload(&message)?;
         let lane = match &message.dedup_key {
-            Some(key) => dedup_lane(&self.addresses, &message.topic, key),
+            Some(key) => self
+                .leaves
+                .dedup_lane(&self.lanes, &self.next_lane, &message.topic, key),
             None => spread(&self.lanes, &self.next_lane, None).unwrap_or(0),
         };
         let (reply, rx) = oneshot::channel();
@@ -465,7 +488,10 @@ impl Producer {
             let spread = spread(&self.lanes, &self.next_lane, None).unwrap_or(0);
             for (position, message) in messages.into_iter().enumerate() {
                 let lane = match &message.dedup_key {
-                    Some(key) => dedup_lane(&self.addresses, &message.topic, key),
+                    Some(key) => {
+                        self.leaves
+                            .dedup_lane(&self.lanes, &self.next_lane, &message.topic, key)
+                    }
                     None => spread,
                 };
                 by_lane[lane].push((position, message));
@@ -554,28 +580,6 @@ impl Producer {
     }
 }
 
-/// The lane a dedup key goes to: rendezvous hashing over the leaf addresses, so every
-/// producer listing the same leaves (in any order) picks the same one, and adding a leaf moves
-/// only the keys that now hash to it.
-fn dedup_lane(addresses: &[String], topic: &str, key: &str) -> usize {
-    let score = |address: &str| {
-        let mut hash = 0xcbf2_9ce4_8422_2325u64;
-        for part in [address, "\0", topic, "\0", key] {
-            for byte in part.bytes() {
-                hash ^= u64::from(byte);
-                hash = hash.wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-        // splitmix64 finaliser: FNV alone mixes the last bytes poorly.
-        hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        hash ^ (hash >> 31)
-    };
-    (0..addresses.len())
-        .max_by_key(|&index| (score(&addresses[index]), std::cmp::Reverse(index)))
-        .unwrap_or(0)
-}
-
 async fn connect_leaf(address: &str, config: &ProducerConfig) -> Result<Link, ClientError> {
     let idle_ms = u64::try_from(config.leaf_idle_timeout.as_millis())
         .unwrap_or(u64::MAX)
@@ -653,14 +657,15 @@ impl LaneTask {
 /// Hands the messages of a batch that could not be sent to lanes whose leaf answers, part by
 /// part as they were queued. A part no other lane takes now waits for any lane whose leaf is
 /// no longer avoided (this one's included), up to `leaf_wait_max` since it first found none;
-/// returns the answers of the parts that waited that long, and of those with a dedup key
-/// (they belong to their leaf).
+/// returns the answers of the parts that waited that long. A part with a dedup key belongs to
+/// its leaf: it goes only to the leaf's other replicas, or waits for this one.
 async fn reroute(lane: &LaneTask, messages: Vec<PushMessage>, answers: Vec<Answer>) -> Vec<Answer> {
     let Some(lanes) = lane.lanes.upgrade() else {
         return answers;
     };
     let config = &lane.config;
     let next = AtomicUsize::new(lane.index + 1);
+    let replicas = &lanes[lane.index].replicas;
     let mut messages = messages.into_iter();
     let mut stuck = Vec::new();
     for answer in answers {
@@ -669,20 +674,26 @@ async fn reroute(lane: &LaneTask, messages: Vec<PushMessage>, answers: Vec<Answe
             Answer::Many(_, count, since) => (*count, *since),
         };
         let part: Vec<PushMessage> = messages.by_ref().take(count).collect();
-        if part.iter().any(|m| m.dedup_key.is_some()) {
-            stuck.push(answer);
-            continue;
-        }
+        // A part with a dedup key belongs to its leaf: it may move only to another of the
+        // leaf's replicas.
+        let among = part
+            .iter()
+            .any(|m| m.dedup_key.is_some())
+            .then_some(replicas.as_slice());
         let waited_enough = since.is_some_and(|since| since.elapsed() >= config.leaf_wait_max);
         if waited_enough {
             stuck.push(answer);
             continue;
         }
-        let mut target = spread(&lanes, &next, Some(lane.index));
+        let mut target = match among {
+            Some(among) => spread_among(&lanes, among, &next, Some(lane.index)),
+            None => spread(&lanes, &next, Some(lane.index)),
+        };
         let mut since = since;
         if target.is_none() {
             let started = *since.get_or_insert_with(tokio::time::Instant::now);
-            target = wait_for_lane(&lanes, &next, started + config.leaf_wait_max, config).await;
+            let deadline = started + config.leaf_wait_max;
+            target = wait_for_lane(&lanes, among, &next, deadline, config).await;
         }
         let Some(target) = target else {
             stuck.push(answer);
@@ -906,25 +917,4 @@ fn acknowledged(answer: Wire, count: usize) -> Result<Vec<MessageId>, ClientErro
         )));
     }
     Ok(ack.ids)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::dedup_lane;
-
-    #[test]
-    fn a_dedup_key_picks_the_same_leaf_whatever_the_order_of_addresses() {
-        let forward: Vec<String> = (0..5).map(|i| format!("10.0.0.{i}:7411")).collect();
-        let mut backward = forward.clone();
-        backward.reverse();
-        let mut used = std::collections::HashSet::new();
-        for key in 0..200 {
-            let key = format!("order-{key}");
-            let a = &forward[dedup_lane(&forward, "jobs", &key)];
-            let b = &backward[dedup_lane(&backward, "jobs", &key)];
-            assert_eq!(a, b, "{key}");
-            used.insert(a.clone());
-        }
-        assert_eq!(used.len(), 5, "keys spread over every leaf");
-    }
 }
