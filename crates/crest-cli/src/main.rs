@@ -5,6 +5,7 @@ mod bench;
 mod client;
 mod node;
 mod sim;
+mod status;
 mod token;
 mod wal;
 
@@ -135,6 +136,16 @@ enum Command {
     /// Depths per topic and priority, in flight, delayed, dead letters, oldest message, and
     /// event counters, for the whole tree.
     Stats(StatsArgs),
+    /// Every node of a topology as its HTTP /healthz says: up or down, the root in charge, and
+    /// each replicated leaf's leader, followers and their lag.
+    Status {
+        /// Topology file (the nodes' `http` addresses are read).
+        #[arg(long)]
+        topology: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Load generator: N producers x M consumers against a local tree it starts (default) or a
     /// running one (--connect); reports throughput, latency percentiles and rank error.
     Bench(Box<BenchArgs>),
@@ -296,6 +307,7 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
             init_tracing("warn");
             stats(args).await
         }
+        Command::Status { topology, json } => status::status(&topology, json).await,
         Command::Sim {
             topology,
             workload,

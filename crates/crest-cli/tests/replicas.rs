@@ -10,6 +10,9 @@ use std::time::Duration;
 #[path = "common/cluster.rs"]
 mod cluster;
 
+#[path = "../../crest/tests/common/browser.rs"]
+mod browser;
+
 use cluster::Cluster;
 
 /// A root and leaf-1 as a group of three replicas, with the placeholders of
@@ -117,6 +120,123 @@ async fn current_leader(cluster: &Cluster) -> String {
     cluster.leader_among(&REPLICAS).await
 }
 
+/// `crest status --json` of the cluster.
+async fn status(cluster: &Cluster) -> serde_json::Value {
+    let topology = cluster.topology_path.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(cluster::CREST)
+            .args(["status", "--json", "--topology"])
+            .arg(topology)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "crest status: {output:?}");
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// Waits (up to 30 s) until `crest status` names `leader` as group leaf-1's leader, every
+/// replica of `up` as up with its lag known, and `down` as down; answers the group's entry.
+async fn status_shows(cluster: &Cluster, leader: &str, down: Option<&str>) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = status(cluster).await;
+        let group = status["groups"][0].clone();
+        let replica = |name: &str| {
+            group["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["node"] == name)
+                .cloned()
+                .unwrap()
+        };
+        let fits = group["group"] == "leaf-1"
+            && group["leader"] == leader
+            && status["root_in_charge"] == "root"
+            && REPLICAS.iter().all(|name| {
+                let r = replica(name);
+                if Some(*name) == down {
+                    r["up"] == false
+                } else if *name == leader {
+                    r["up"] == true && r["state"] == "leader"
+                } else {
+                    r["up"] == true && r["state"] == "follower" && r["lag_entries"].is_u64()
+                }
+            });
+        if fits {
+            return group;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "crest status does not show {leader} leading with {down:?} down: {status:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits (up to 30 s) until the root's report shows leaf-1 led by `leader` with both
+/// followers' lag, then renders the root's dashboard in headless Chromium: its tree shows the
+/// group.
+async fn dashboard_shows(cluster: &Cluster, leader: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let term = loop {
+        let (_, body) = http_get(cluster, "root", "/stats").await;
+        let stats: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let leaf = stats["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| n["name"] == "leaf-1")
+            .cloned()
+            .unwrap_or_default();
+        let group = &leaf["group"];
+        if group["leader"] == leader && group["followers"].as_array().is_some_and(|f| f.len() == 2)
+        {
+            break group["term"].as_u64().unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the root's report does not show {leader} leading leaf-1: {leaf:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let browser = browser::chromium().expect(
+        "headless Chromium is needed (Debian: apt-get install chromium); .ci/run installs it",
+    );
+    let profile = tempfile::tempdir().unwrap();
+    let root = cluster.topology.node("root").unwrap().http.unwrap();
+    let mut dump = browser::headless(&browser, profile.path());
+    dump.arg("--dump-dom").arg(format!("http://{root}/"));
+    let output = tokio::task::spawn_blocking(move || dump.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&output.stdout);
+    let shown = format!("replicas: {leader} leads (term {term})");
+    assert!(
+        dom.contains(&shown),
+        "the dashboard does not show {shown:?}:\n{dom}"
+    );
+}
+
+/// GETs `path` of `node`'s HTTP address: its status code and body.
+async fn http_get(cluster: &Cluster, node: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = cluster.topology.node(node).unwrap().http.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let code = answer[9..12].parse().unwrap();
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (code, body.to_string())
+}
+
 fn assert_no_panic(dir: &Path) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -147,6 +267,27 @@ async fn killing_a_replicated_leaf_s_leader_loses_no_acknowledged_message() {
     // Keyed messages go to the group whichever replica leads; each leader knows the keys.
     let keyed = push_keyed(&producer, 0..40).await;
     acked.extend(keyed.iter().copied());
+    // Every replica serves HTTP: the leader its leaf's metrics and its followers' lag, a
+    // follower where it stands; `crest status` gathers them.
+    let first = current_leader(&cluster).await;
+    status_shows(&cluster, &first, None).await;
+    dashboard_shows(&cluster, &first).await;
+    let follower = REPLICAS.iter().find(|r| **r != first).unwrap();
+    let (code, metrics) = http_get(&cluster, follower, "/metrics").await;
+    assert_eq!(code, 200, "{metrics}");
+    assert!(
+        metrics.contains("crest_replica_serving{node=\""),
+        "{metrics}"
+    );
+    let (code, _) = http_get(&cluster, follower, "/stats").await;
+    assert_eq!(code, 503, "a follower serves no leaf stats");
+    let (_, metrics) = http_get(&cluster, &first, "/metrics").await;
+    for series in ["crest_replica_follower_lag_entries{", "crest_pushed_total{"] {
+        assert!(
+            metrics.contains(series),
+            "the leader's metrics lack {series}: {metrics}"
+        );
+    }
     let mut seen = HashSet::new();
     take(&consumer, &mut seen, 50).await;
     for round in 0..2 {
@@ -175,6 +316,7 @@ async fn killing_a_replicated_leaf_s_leader_loses_no_acknowledged_message() {
         }
         let successor = current_leader(&cluster).await;
         assert_ne!(successor, leader);
+        status_shows(&cluster, &successor, Some(&leader)).await;
         std::fs::remove_dir_all(cluster.dir.join("data").join(&leader)).unwrap();
         cluster.launch(&leader);
         cluster.caught_up(&leader, &successor).await;

@@ -616,6 +616,7 @@ impl Machine for Aggregator {
             gauges: named(&gauges),
             stats: Stats::default(),
             absent: self.children.absent(now),
+            group: None,
         };
         self.reporter.report(now, own)
     }

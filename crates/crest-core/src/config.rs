@@ -202,6 +202,10 @@ pub struct Settings {
     pub replica_log_cache_entries: u64,
     /// Most bytes of log entries a replica keeps in memory.
     pub replica_log_cache_bytes: u64,
+    /// How many of its latest applied entries a replica remembers the size of (16 bytes
+    /// each): a follower's lag in bytes is counted over them (one further behind shows as
+    /// behind by more than they hold).
+    pub replica_lag_window_entries: u64,
     /// Most bytes of one message between the replicas of a group (a batch of entries, a
     /// snapshot chunk, or their answers).
     pub replica_rpc_bytes_max: u64,
@@ -384,6 +388,7 @@ impl Default for Settings {
             replica_snapshot_after_entries: 100_000,
             replica_log_cache_entries: 4_096,
             replica_log_cache_bytes: 64 * 1024 * 1024,
+            replica_lag_window_entries: 65_536,
             replica_rpc_bytes_max: 64 * 1024 * 1024,
             durability: Durability::Fsync,
             wal_segment_bytes_max: 64 * 1024 * 1024,
@@ -437,7 +442,7 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 40] = [
+        let positive: [(&'static str, u64); 41] = [
             ("root_fail_back_ms", self.root_fail_back_ms),
             ("replica_heartbeat_ms", self.replica_heartbeat_ms),
             (
@@ -454,6 +459,10 @@ impl Settings {
             ),
             ("replica_log_cache_entries", self.replica_log_cache_entries),
             ("replica_log_cache_bytes", self.replica_log_cache_bytes),
+            (
+                "replica_lag_window_entries",
+                self.replica_lag_window_entries,
+            ),
             ("replica_rpc_bytes_max", self.replica_rpc_bytes_max),
             (
                 "compaction_batch_messages",

@@ -246,6 +246,9 @@ pub trait Machine: Send {
     /// parent, if there is a session. Driven from outside `poll_timeout` so that an idle node
     /// under virtual time is not woken once a second for days.
     fn report_tick(&mut self, _now: Time) {}
+    /// Where the replica group this leaf is the leader of stands, for its reports (a
+    /// replicated leaf's leader is told every heartbeat).
+    fn set_group(&mut self, _group: Option<crate::metrics::GroupReport>) {}
 }
 
 /// Counters and sizes of a node.

@@ -282,6 +282,31 @@ pub struct NodeReport {
     pub gauges: BTreeMap<String, u64>,
     /// Its own recent percentiles, per metric.
     pub latency: BTreeMap<Metric, Percentiles>,
+    /// A replicated leaf's group, as its leader sees it.
+    #[serde(default)]
+    pub group: Option<GroupReport>,
+}
+
+/// A replica group as its leader sees it (in a replicated leaf's [`NodeReport`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupReport {
+    /// The leading replica's node name.
+    pub leader: String,
+    /// The term it leads in.
+    pub term: u64,
+    /// How far behind each follower is.
+    pub followers: Vec<FollowerReport>,
+}
+
+/// One follower in a [`GroupReport`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FollowerReport {
+    /// Its node name.
+    pub name: String,
+    /// Entries of the leader's log it does not hold yet.
+    pub lag_entries: u64,
+    /// Their bytes, if the leader still knows them.
+    pub lag_bytes: Option<u64>,
 }
 
 /// A subtree's measurements (see the module doc).
@@ -341,6 +366,8 @@ pub(crate) struct OwnReport {
     pub(crate) stats: Stats,
     /// Leaves below it that it waits for (see [`Report::absent`]).
     pub(crate) absent: Vec<LeafId>,
+    /// Its replica group, if it is a replicated leaf's leader.
+    pub(crate) group: Option<GroupReport>,
 }
 
 /// A node's measurements and its children's latest reports, and when to report next.
@@ -386,6 +413,7 @@ impl Reporter {
                 .iter()
                 .map(|(metric, hist)| (*metric, hist.percentiles()))
                 .collect(),
+            group: own.group,
         };
         let mut report = Report {
             nodes: vec![node],

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 9;
+pub const PROTOCOL_VERSION: u16 = 10;
 /// First byte written on a control stream.
 pub const STREAM_CONTROL: u8 = 0xC0;
 /// First byte written on a data stream.

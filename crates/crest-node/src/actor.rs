@@ -195,6 +195,9 @@ pub(crate) enum NodeMsg {
     /// Time to send the subtree's report to the parent (`report_interval_ms`). The flag is
     /// set by the sender and cleared here, so at most one tick waits in the mailbox.
     ReportTick(Arc<AtomicBool>),
+    /// Where the replica group this node leads stands (a replicated leaf's leader, from its
+    /// replica's supervisor), for its reports.
+    Group(crest_core::metrics::GroupReport),
 }
 
 impl NodeMsg {
@@ -213,6 +216,7 @@ impl NodeMsg {
             NodeMsg::Links(_) => "links",
             NodeMsg::Report(_) => "report",
             NodeMsg::ReportTick(_) => "report tick",
+            NodeMsg::Group(_) => "group",
         }
     }
 }
@@ -554,6 +558,7 @@ impl Actor for NodeActor {
                 pending.store(false, Ordering::Release);
                 state.machine.report_tick(now);
             }
+            NodeMsg::Group(group) => state.machine.set_group(Some(group)),
         }
         state.drive(&myself);
         // A handler runs on a runtime worker without yielding: one this slow starves the tasks

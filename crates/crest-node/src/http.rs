@@ -1,7 +1,7 @@
 //! HTTP on every node (axum): what operators and the dashboard read.
 //!
-//! - `GET /healthz`: `{"node", "role", "status": "ok"}` when the node's actor answers (503
-//!   otherwise);
+//! - `GET /healthz`: `{"node", "role", "status": "ok", "children", "parent_connected"}` when
+//!   the node's actor answers (503 otherwise);
 //! - `GET /stats`: the node's subtree [`Report`] as JSON — one summary per node, the recent
 //!   latency histograms merged over the subtree, topic depths merged over its leaves (at the
 //!   root: the whole tree) — and, under `links`, this node's own QUIC connections (round
@@ -9,8 +9,14 @@
 //! - `GET /metrics`: the same in Prometheus text format (counters and gauges per node, the
 //!   histograms as Prometheus histograms, topic depths);
 //! - `GET /`: the dashboard, a self-contained page (no external scripts) that polls `/stats`.
+//!
+//! A replica of a replicated leaf serves HTTP for its whole life, leading or not: `/healthz`
+//! adds where it stands in its group (`replica`, a [`ReplicaStatus`]) and `/metrics` its
+//! `crest_replica_*` series; `/stats` answers only while it serves the leaf (503 on a
+//! follower).
 
 use crate::actor::{Links, NodeMsg};
+use crate::replicated::ReplicaStatus;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -29,21 +35,35 @@ const ACTOR_TIMEOUT_MS: u64 = 2_000;
 /// The dashboard page.
 const DASHBOARD: &str = include_str!("dashboard.html");
 
-struct HttpState {
-    actor: ActorRef<NodeMsg>,
-    name: String,
-    role: String,
+/// What a node's HTTP answers from.
+pub(crate) struct HttpState {
+    pub(crate) name: String,
+    pub(crate) role: String,
+    /// The node's actor: always there on a plain node; on a replica, while it serves.
+    pub(crate) actor: Box<dyn Fn() -> Option<ActorRef<NodeMsg>> + Send + Sync>,
+    /// Where a replica stands in its group.
+    pub(crate) replica: Option<Box<dyn Fn() -> ReplicaStatus + Send + Sync>>,
+}
+
+impl HttpState {
+    /// A plain node's: its actor, no group.
+    pub(crate) fn node(actor: ActorRef<NodeMsg>, name: String, role: String) -> HttpState {
+        HttpState {
+            name,
+            role,
+            actor: Box::new(move || Some(actor.clone())),
+            replica: None,
+        }
+    }
 }
 
 /// Serves HTTP on `listener` until `shutdown`.
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
-    actor: ActorRef<NodeMsg>,
-    name: String,
-    role: String,
+    state: HttpState,
     shutdown: CancellationToken,
 ) {
-    let state = Arc::new(HttpState { actor, name, role });
+    let state = Arc::new(state);
     let app = Router::new()
         .route("/", get(dashboard))
         .route("/healthz", get(healthz))
@@ -64,7 +84,17 @@ async fn ask<T: Send + 'static>(
     state: &HttpState,
     message: impl FnOnce(ractor::RpcReplyPort<T>) -> NodeMsg,
 ) -> Result<T, Response> {
-    ractor::call_t!(state.actor, message, ACTOR_TIMEOUT_MS).map_err(|error| {
+    let Some(actor) = (state.actor)() else {
+        return Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "replica {} does not lead its group: the leader serves the leaf\n",
+                state.name
+            ),
+        )
+            .into_response());
+    };
+    ractor::call_t!(actor, message, ACTOR_TIMEOUT_MS).map_err(|error| {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("node {} did not answer: {error}\n", state.name),
@@ -86,12 +116,24 @@ async fn dashboard() -> Html<&'static str> {
 }
 
 async fn healthz(State(state): State<Arc<HttpState>>) -> Response {
-    let answered = ractor::call_t!(state.actor, NodeMsg::Stats, ACTOR_TIMEOUT_MS);
-    let body = serde_json::json!({
+    // A follower is healthy while its group member runs: it has no node to ask.
+    let answered = match (state.actor)() {
+        Some(actor) => ractor::call_t!(actor, NodeMsg::Stats, ACTOR_TIMEOUT_MS).map(Some),
+        None if state.replica.is_some() => Ok(None),
+        None => Err(ractor::RactorErr::Timeout),
+    };
+    let mut body = serde_json::json!({
         "node": state.name,
         "role": state.role,
         "status": if answered.is_ok() { "ok" } else { "unresponsive" },
     });
+    if let Ok(Some(stats)) = &answered {
+        body["children"] = stats.children.into();
+        body["parent_connected"] = stats.parent_connected.into();
+    }
+    if let Some(replica) = &state.replica {
+        body["replica"] = serde_json::to_value(replica()).unwrap_or_default();
+    }
     let code = if answered.is_ok() {
         StatusCode::OK
     } else {
@@ -111,17 +153,30 @@ async fn stats(State(state): State<Arc<HttpState>>) -> Response {
             "links".into(),
             serde_json::to_value(links).unwrap_or_default(),
         );
+        if let Some(replica) = &state.replica {
+            object.insert(
+                "replica".into(),
+                serde_json::to_value(replica()).unwrap_or_default(),
+            );
+        }
     }
     axum::Json(body).into_response()
 }
 
 async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
-    let (report, links) = match report_and_links(&state).await {
-        Ok(both) => both,
-        Err(response) => return response,
-    };
-    let mut text = render_prometheus(&report, wall_clock_micros());
-    render_links(&mut text, &state.name, &links);
+    let serving = state.replica.is_none() || (state.actor)().is_some();
+    let mut text = String::new();
+    if serving {
+        let (report, links) = match report_and_links(&state).await {
+            Ok(both) => both,
+            Err(response) => return response,
+        };
+        text = render_prometheus(&report, wall_clock_micros());
+        render_links(&mut text, &state.name, &links);
+    }
+    if let Some(replica) = &state.replica {
+        render_replica(&mut text, &replica());
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -170,6 +225,71 @@ fn render_links(out: &mut String, node: &str, links: &Links) {
                 total.kind,
                 field(total)
             );
+        }
+    }
+}
+
+/// Appends where a replica stands in its group: on every replica its term, whether it serves
+/// the leaf, its applied and last log index; on the leader each follower's lag.
+fn render_replica(out: &mut String, status: &ReplicaStatus) {
+    let labels = format!(
+        "node=\"{}\",group=\"{}\"",
+        label(&status.name),
+        label(&status.group)
+    );
+    let own: [(&str, &str, Option<u64>); 4] = [
+        (
+            "crest_replica_term",
+            "the group's term as the replica knows it",
+            Some(status.term),
+        ),
+        (
+            "crest_replica_serving",
+            "1 while the replica leads its group and serves the leaf",
+            Some(u64::from(status.serving.is_some())),
+        ),
+        (
+            "crest_replica_applied_index",
+            "the last log entry it applied",
+            status.applied,
+        ),
+        (
+            "crest_replica_last_log_index",
+            "the last entry of its Raft log",
+            status.last_log,
+        ),
+    ];
+    for (name, help, value) in own {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        if let Some(value) = value {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
+    }
+    type Lag = fn(&crate::replicated::FollowerLag) -> Option<u64>;
+    let lags: [(&str, &str, Lag); 2] = [
+        (
+            "crest_replica_follower_lag_entries",
+            "on the leader: entries of its log a follower does not hold yet",
+            |f| Some(f.lag_entries),
+        ),
+        (
+            "crest_replica_follower_lag_bytes",
+            "on the leader: the bytes of those entries (within replica_lag_window_entries)",
+            |f| f.lag_bytes,
+        ),
+    ];
+    for (name, help, value) in lags {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for follower in &status.followers {
+            if let Some(value) = value(follower) {
+                let _ = writeln!(
+                    out,
+                    "{name}{{{labels},follower=\"{}\"}} {value}",
+                    label(&follower.name)
+                );
+            }
         }
     }
 }

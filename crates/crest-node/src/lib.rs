@@ -23,7 +23,9 @@ mod storage;
 
 pub use actor::{LinkStats, LinkTotals, Links};
 pub use http::render_prometheus;
-pub use replicated::{LOG_DIR as REPLICA_LOG_DIR, ReplicaHandle, ReplicaStatus, start_replica};
+pub use replicated::{
+    FollowerLag, LOG_DIR as REPLICA_LOG_DIR, ReplicaHandle, ReplicaStatus, start_replica,
+};
 
 use actor::{NodeActor, NodeArgs, NodeMsg};
 use crest_core::aggregator::{Aggregator, AggregatorConfig};
@@ -101,6 +103,24 @@ pub struct StartOptions {
 
 /// See [`StartOptions::sockets`].
 pub type SocketBook = Arc<std::sync::Mutex<std::collections::HashMap<String, NodeSockets>>>;
+
+/// The HTTP listener on `addr`: the one handed over in `held`, else one bound now.
+async fn http_listener(
+    addr: SocketAddr,
+    held: Option<std::net::TcpListener>,
+) -> Result<tokio::net::TcpListener, NodeError> {
+    let io_error = |error| NodeError::Io {
+        path: format!("HTTP address {addr}"),
+        error,
+    };
+    match held {
+        Some(held) => held
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::TcpListener::from_std(held))
+            .map_err(io_error),
+        None => tokio::net::TcpListener::bind(addr).await.map_err(io_error),
+    }
+}
 
 /// A node's sockets, bound by someone else before it starts.
 #[derive(Debug)]
@@ -564,25 +584,11 @@ pub(crate) async fn serve(
     let http_addr = match spec.http {
         None => None,
         Some(addr) => {
-            let io_error = |error| NodeError::Io {
-                path: format!("HTTP address {addr}"),
-                error,
-            };
-            let listener = match held_http {
-                Some(held) => held
-                    .set_nonblocking(true)
-                    .and_then(|()| tokio::net::TcpListener::from_std(held))
-                    .map_err(io_error)?,
-                None => tokio::net::TcpListener::bind(addr)
-                    .await
-                    .map_err(io_error)?,
-            };
+            let listener = http_listener(addr, held_http).await?;
             let bound = listener.local_addr().ok();
             tokio::spawn(http::serve(
                 listener,
-                actor.clone(),
-                name.to_string(),
-                spec.role.to_string(),
+                http::HttpState::node(actor.clone(), name.to_string(), spec.role.to_string()),
                 shutdown.clone(),
             ));
             bound

@@ -96,7 +96,53 @@ const POSITION_FILE: &str = "replica-position";
 /// A replica's crest log as the group's [`Journal`]; see the module doc. Clones share it: the
 /// group applies through one, the node recovers its leaf through another.
 #[derive(Clone)]
-pub struct LeafJournal(Arc<Mutex<JournalState>>);
+pub struct LeafJournal {
+    state: Arc<Mutex<JournalState>>,
+    /// Apart from the state: the status reads it while an apply holds the state through a sync.
+    recent: Arc<Mutex<AppliedBytes>>,
+}
+
+/// The bytes of the batches a replica applied lately, by log index: how far behind a follower
+/// is in bytes, counted over the last `replica_lag_window_entries` entries.
+struct AppliedBytes {
+    /// (index, bytes applied in all up to and with it), oldest first.
+    entries: VecDeque<(u64, u64)>,
+    total: u64,
+    max: usize,
+}
+
+impl AppliedBytes {
+    fn record(&mut self, index: u64, bytes: u64) {
+        self.total += bytes;
+        self.entries.push_back((index, self.total));
+        while self.entries.len() > self.max {
+            self.entries.pop_front();
+        }
+    }
+
+    /// The bytes applied after entry `index`: `None` if `index` is older than the window.
+    fn after(&self, index: Option<u64>) -> Option<u64> {
+        let Some(&(last, _)) = self.entries.back() else {
+            return Some(0);
+        };
+        let index = match index {
+            Some(index) if index >= last => return Some(0),
+            Some(index) => index,
+            None => {
+                return self
+                    .entries
+                    .front()
+                    .filter(|(i, _)| *i <= 1)
+                    .map(|_| self.total);
+            }
+        };
+        let at = self.entries.partition_point(|(i, _)| *i <= index);
+        if at == 0 {
+            return None;
+        }
+        Some(self.total - self.entries[at - 1].1)
+    }
+}
 
 struct JournalState {
     options: WalOptions,
@@ -119,15 +165,38 @@ impl LeafJournal {
     ///
     /// # Errors
     /// The log cannot be opened or its position read.
-    pub fn open(options: WalOptions, tokens_kept: usize) -> std::io::Result<LeafJournal> {
-        JournalState::open(options, tokens_kept)
-            .map(|state| LeafJournal(Arc::new(Mutex::new(state))))
+    pub fn open(
+        options: WalOptions,
+        tokens_kept: usize,
+        lag_window: usize,
+    ) -> std::io::Result<LeafJournal> {
+        JournalState::open(options, tokens_kept).map(|state| LeafJournal {
+            state: Arc::new(Mutex::new(state)),
+            recent: Arc::new(Mutex::new(AppliedBytes {
+                entries: VecDeque::new(),
+                total: 0,
+                max: lag_window.max(1),
+            })),
+        })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, JournalState> {
-        self.0
+        self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn recent(&self) -> std::sync::MutexGuard<'_, AppliedBytes> {
+        self.recent
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The bytes of the entries this replica applied after entry `index` (of those it applied
+    /// since it started, within `replica_lag_window_entries`): a follower's lag in bytes, on
+    /// its leader. `None` if `index` is older than that.
+    pub fn bytes_applied_after(&self, index: Option<u64>) -> Option<u64> {
+        self.recent().after(index)
     }
 
     /// The log's directory.
@@ -163,7 +232,19 @@ impl Journal for LeafJournal {
     }
 
     fn apply(&mut self, entries: Vec<(Position, Option<Batch>)>) -> std::io::Result<Vec<Applied>> {
-        self.state().apply(entries)
+        let sizes: Vec<(u64, u64)> = entries
+            .iter()
+            .filter_map(|(position, batch)| {
+                let bytes = batch.as_ref().map_or(0, |b| b.0.len() as u64);
+                Some((position.0?.index, bytes))
+            })
+            .collect();
+        let answers = self.state().apply(entries)?;
+        let mut recent = self.recent();
+        for (index, bytes) in sizes {
+            recent.record(index, bytes);
+        }
+        Ok(answers)
     }
 
     fn snapshot(&mut self, into: &mut std::fs::File) -> std::io::Result<Position> {
@@ -555,5 +636,36 @@ impl ReplicatedStore {
         self.ops
             .send(op)
             .map_err(|_| "the replica group stopped".to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AppliedBytes;
+    use std::collections::VecDeque;
+
+    #[test]
+    fn a_follower_s_lag_in_bytes_is_counted_over_the_window() {
+        let mut recent = AppliedBytes {
+            entries: VecDeque::new(),
+            total: 0,
+            max: 3,
+        };
+        assert_eq!(recent.after(Some(7)), Some(0), "nothing applied yet");
+        for (index, bytes) in [(1, 10), (2, 20), (3, 30)] {
+            recent.record(index, bytes);
+        }
+        assert_eq!(recent.after(None), Some(60), "behind by everything");
+        assert_eq!(recent.after(Some(1)), Some(50));
+        assert_eq!(recent.after(Some(3)), Some(0), "caught up");
+        assert_eq!(
+            recent.after(Some(9)),
+            Some(0),
+            "holds more than applied here"
+        );
+        recent.record(4, 40);
+        assert_eq!(recent.after(Some(2)), Some(70));
+        assert_eq!(recent.after(Some(1)), None, "older than the window");
+        assert_eq!(recent.after(None), None);
     }
 }

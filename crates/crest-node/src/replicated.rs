@@ -5,17 +5,19 @@
 //! them to its own log ([`LeafJournal`]). A replica serves the leaf only while it leads and
 //! has applied every entry committed before its term (its term's first entry is applied):
 //! it then rebuilds the leaf from its own log, as a restarted leaf does, and starts the node
-//! (client port, HTTP, the session with the parent, saying `Hello` for the group with its
+//! (client port, the session with the parent, saying `Hello` for the group with its
 //! term). It stops serving as soon as it no longer leads in that term, or has heard from no
 //! majority for an election timeout (a leader cut off from its group; another is being
 //! elected). A follower refuses every connection on the client address at once (QUIC's
-//! `CONNECTION_REFUSED`, before any handshake) and does not serve HTTP: producers and the
+//! `CONNECTION_REFUSED`, before any handshake); the replica serves HTTP itself, leading or
+//! not (`/healthz` and `/metrics` say where it stands in its group): producers and the
 //! root's direct links find the group's leader by trying its replicas, each refusal costing
 //! a round trip rather than a connect timeout.
 
 use crate::replica::LeafJournal;
 use crate::{Backing, NodeError, NodeHandle, NodeTls, StartOptions, now_millis, serve};
 use crest_core::leaf::{Leaf, LeafConfig};
+use crest_core::metrics::{FollowerReport, GroupReport};
 use crest_core::topology::{NodeSpec, Topology};
 use crest_core::wire::ReplicaClaim;
 use crest_replica::{Group, GroupConfig, Member, ServerState};
@@ -32,6 +34,8 @@ pub const LOG_DIR: &str = "log";
 /// A running replica; see the module doc.
 pub struct ReplicaHandle {
     name: String,
+    /// Where it serves HTTP (leading or not).
+    http_addr: Option<std::net::SocketAddr>,
     spec: NodeSpec,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
@@ -47,13 +51,22 @@ struct Shared {
     tls: Mutex<NodeTls>,
     /// Where the group stands, as last seen.
     status: Mutex<ReplicaStatus>,
+    /// The actor of the node it serves, for its HTTP.
+    actor: Mutex<Option<ractor::ActorRef<crate::actor::NodeMsg>>>,
 }
 
-/// Where a replica stands in its group.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Where a replica stands in its group (its `/healthz` and `/metrics` say it, and `crest
+/// status` gathers it from every replica).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReplicaStatus {
+    /// Its node name.
+    pub name: String,
+    /// The group's name: the leaf's name in the tree.
+    pub group: String,
     /// Its number in the group.
     pub number: u64,
+    /// `leader`, `follower`, `candidate`, `learner` or `shutdown`, as its Raft says.
+    pub state: String,
     /// The group's term as it knows it.
     pub term: u64,
     /// The leader it knows of (a member number).
@@ -62,6 +75,25 @@ pub struct ReplicaStatus {
     pub serving: Option<u64>,
     /// The index of the last entry it applied to its log.
     pub applied: Option<u64>,
+    /// The index of the last entry in its Raft log.
+    pub last_log: Option<u64>,
+    /// On the leader: how far behind each follower is.
+    pub followers: Vec<FollowerLag>,
+}
+
+/// How far behind its leader a follower is, as the leader sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FollowerLag {
+    /// The follower's number.
+    pub number: u64,
+    /// Its node name.
+    pub name: String,
+    /// The last entry the leader knows it holds.
+    pub matched: Option<u64>,
+    /// Entries of the leader's log it does not hold yet.
+    pub lag_entries: u64,
+    /// Their bytes, if within the leader's `replica_lag_window_entries`.
+    pub lag_bytes: Option<u64>,
 }
 
 impl ReplicaHandle {
@@ -78,6 +110,11 @@ impl ReplicaHandle {
     /// Where the replica takes clients while it leads.
     pub fn listen_addr(&self) -> std::net::SocketAddr {
         self.spec.listen
+    }
+
+    /// Where the replica serves HTTP, if its node has an `http` address.
+    pub fn http_addr(&self) -> Option<std::net::SocketAddr> {
+        self.http_addr
     }
 
     /// Where the replica stands in its group.
@@ -181,13 +218,15 @@ pub async fn start_replica(
     };
     // A checkpoint names the appends it does not reflect; they are among those the log
     // writer may hold queued.
-    let journal =
-        LeafJournal::open(wal_options, settings.wal_queue_ops_max as usize).map_err(|error| {
-            NodeError::Io {
-                path: dir.join(LOG_DIR).display().to_string(),
-                error,
-            }
-        })?;
+    let journal = LeafJournal::open(
+        wal_options,
+        settings.wal_queue_ops_max as usize,
+        usize::try_from(settings.replica_lag_window_entries).unwrap_or(usize::MAX),
+    )
+    .map_err(|error| NodeError::Io {
+        path: dir.join(LOG_DIR).display().to_string(),
+        error,
+    })?;
     let members = topology
         .members(&replica.group)
         .into_iter()
@@ -220,6 +259,11 @@ pub async fn start_replica(
         },
     };
     let replication_socket = own.replication.take();
+    let held_http = own.http.take();
+    let http_listener = match spec.http {
+        None => None,
+        Some(addr) => Some(crate::http_listener(addr, held_http).await?),
+    };
     let mut options = options.clone();
     options.sockets = Some(Arc::new(Mutex::new(std::collections::HashMap::from([(
         name.to_string(),
@@ -251,11 +295,25 @@ pub async fn start_replica(
         options: Mutex::new(options),
         tls: Mutex::new(tls.clone()),
         status: Mutex::new(ReplicaStatus {
+            name: name.to_string(),
+            group: replica.group.clone(),
             number: replica.number,
             ..ReplicaStatus::default()
         }),
+        actor: Mutex::new(None),
     });
     let shutdown = CancellationToken::new();
+    let http_addr = http_listener.as_ref().and_then(|l| l.local_addr().ok());
+    if let Some(listener) = http_listener {
+        let (actor_of, status_of) = (shared.clone(), shared.clone());
+        let state = crate::http::HttpState {
+            name: name.to_string(),
+            role: spec.role.to_string(),
+            actor: Box::new(move || lock(&actor_of.actor).clone()),
+            replica: Some(Box::new(move || lock(&status_of.status).clone())),
+        };
+        tokio::spawn(crate::http::serve(listener, state, shutdown.clone()));
+    }
     let supervisor = tokio::spawn(supervise(Supervisor {
         topology: topology.clone(),
         spec: spec.clone(),
@@ -267,6 +325,7 @@ pub async fn start_replica(
     }));
     Ok(ReplicaHandle {
         name: name.to_string(),
+        http_addr,
         spec,
         shared,
         shutdown,
@@ -319,6 +378,7 @@ async fn supervise(s: Supervisor) {
         if serving_term.is_some() && serving_term != leads {
             // Taken out first: the lock is not held while the node stops.
             let stopping = s.shared.serving.lock().await.take();
+            lock(&s.shared.actor).take();
             if let Some((term, node)) = stopping {
                 tracing::warn!(
                     node = %s.spec.name,
@@ -357,7 +417,10 @@ async fn supervise(s: Supervisor) {
                 None => None,
             };
             match lead(&s, term, endpoint).await {
-                Ok(node) => *s.shared.serving.lock().await = Some((term, node)),
+                Ok(node) => {
+                    *lock(&s.shared.actor) = Some(node.actor.clone());
+                    *s.shared.serving.lock().await = Some((term, node));
+                }
                 Err(error) => {
                     tracing::error!(node = %s.spec.name, term, %error, "cannot serve the leaf");
                 }
@@ -370,12 +433,32 @@ async fn supervise(s: Supervisor) {
             .await
             .as_ref()
             .map(|(term, _)| *term);
+        let followers = followers(&s, &m);
+        let actor = lock(&s.shared.actor).clone();
+        if let (Some(term), Some(actor)) = (serving, actor) {
+            let _ = actor.cast(crate::actor::NodeMsg::Group(GroupReport {
+                leader: s.spec.name.clone(),
+                term,
+                followers: followers
+                    .iter()
+                    .map(|f| FollowerReport {
+                        name: f.name.clone(),
+                        lag_entries: f.lag_entries,
+                        lag_bytes: f.lag_bytes,
+                    })
+                    .collect(),
+            }));
+        }
         let mut status = lock(&s.shared.status);
+        status.state = format!("{:?}", m.state).to_lowercase();
         status.term = m.current_term;
         status.leader = m.current_leader;
         status.serving = serving;
         status.applied = m.last_applied.map(|id| id.index);
+        status.last_log = m.last_log_index;
+        status.followers = followers;
     }
+    lock(&s.shared.actor).take();
     let stopping = s.shared.serving.lock().await.take();
     if let Some((_, node)) = stopping {
         node.shutdown().await;
@@ -391,6 +474,40 @@ async fn supervise(s: Supervisor) {
     s.group.shutdown().await;
     lock(&s.shared.status).serving = None;
     drop(s.journal);
+}
+
+/// On a leader, how far behind each follower is (empty on others).
+fn followers(s: &Supervisor, m: &crest_replica::RaftMetrics) -> Vec<FollowerLag> {
+    let Some(replication) = &m.replication else {
+        return Vec::new();
+    };
+    let last = m.last_log_index;
+    replication
+        .iter()
+        .filter(|(number, _)| **number != m.id)
+        .map(|(&number, matched)| {
+            let matched = matched.map(|id| id.index);
+            let lag_entries = match (last, matched) {
+                (Some(last), Some(matched)) => last.saturating_sub(matched),
+                (Some(last), None) => last + 1,
+                (None, _) => 0,
+            };
+            let name = s
+                .topology
+                .members(s.spec.tree_name())
+                .into_iter()
+                .find(|node| node.replica.as_ref().is_some_and(|r| r.number == number))
+                .map(|node| node.name.clone())
+                .unwrap_or_default();
+            FollowerLag {
+                number,
+                name,
+                matched,
+                lag_entries,
+                lag_bytes: s.journal.bytes_applied_after(matched),
+            }
+        })
+        .collect()
 }
 
 /// The endpoint on a follower's client address and the task that refuses what it accepts.
@@ -496,6 +613,11 @@ async fn lead(
     let claim = ReplicaClaim {
         name: spec.name.clone(),
         term,
+    };
+    // The replica serves HTTP itself, leading or not.
+    let spec = &NodeSpec {
+        http: None,
+        ..spec.clone()
     };
     let node = serve(
         &s.topology,

@@ -35,7 +35,7 @@ async fn leaf_group(settings: Settings) -> Cluster {
     let wal_settings = settings.clone();
     let make: cluster::Factory<LeafJournal, LeafJournal> = Box::new(move |_, dir| {
         let options = WalOptions::new(log_dir(dir), &wal_settings);
-        let journal = LeafJournal::open(options, 4096).unwrap();
+        let journal = LeafJournal::open(options, 4096, 1024).unwrap();
         (journal.clone(), journal)
     });
     Cluster::start(settings, make).await
@@ -316,7 +316,7 @@ fn a_leaf_journal_s_snapshot_restores_the_same_log_elsewhere() {
     let settings = Settings::default();
     let open = |name: &str| {
         let options = WalOptions::new(dirs.path().join(name), &settings);
-        LeafJournal::open(options, 64).unwrap()
+        LeafJournal::open(options, 64, 1024).unwrap()
     };
     let mut source = open("source");
     let membership = crest_replica::StoredMembership::default();

@@ -43,6 +43,9 @@ openraft::declare_raft_types!(
 /// The Raft of a replica group.
 pub type Raft = openraft::Raft<TypeConfig>;
 
+/// What a replica's Raft reports of itself (and, on a leader, of its followers).
+pub type RaftMetrics = openraft::RaftMetrics<ReplicaId, openraft::BasicNode>;
+
 /// A replica's number in its group (its place in the topology's list, from 1).
 pub type ReplicaId = u64;
 

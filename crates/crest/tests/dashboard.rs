@@ -13,6 +13,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "common/browser.rs"]
+mod browser;
+
+use browser::{chromium, headless};
+
 /// A plain HTTP/1.1 GET: (status, body).
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -308,31 +313,6 @@ async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
     let (status, _) = get(root, "/nope").await;
     assert_eq!(status, 404);
     tree.shutdown().await;
-}
-
-fn chromium() -> Option<PathBuf> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .map(|name| PathBuf::from("/usr/bin").join(name))
-        .find(|path| path.exists())
-}
-
-fn headless(browser: &PathBuf, profile: &std::path::Path) -> std::process::Command {
-    let mut command = std::process::Command::new(browser);
-    command.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--virtual-time-budget=5000",
-        "--window-size=1400,1100",
-    ]);
-    command.arg(format!("--user-data-dir={}", profile.display()));
-    command
 }
 
 /// The `data-NAME="…"` attribute of the element with `id`, in a dumped DOM.

@@ -8,7 +8,7 @@ use crate::key::Key;
 use crate::machine::{
     ConnId, Link, Machine, NodeStats, StorageDone, StorageOp, SyncWait, Transmit,
 };
-use crate::metrics::{Metric, OwnReport, Report, named};
+use crate::metrics::{GroupReport, Metric, OwnReport, Report, named};
 use crate::record::MessageBody;
 use crate::time::Time;
 use crate::wire::{ErrorCode, PushAck, Wire};
@@ -321,6 +321,10 @@ impl Machine for Leaf {
         self.maybe_compact(now);
     }
 
+    fn set_group(&mut self, group: Option<GroupReport>) {
+        self.group = group;
+    }
+
     fn report_tick(&mut self, now: Time) {
         if let Some(parent) = self.upstream.session() {
             let report = self.report(now);
@@ -374,6 +378,7 @@ impl Machine for Leaf {
             gauges: named(&gauges),
             stats: self.topic_stats(None),
             absent: Vec::new(),
+            group: self.group.clone(),
         };
         self.reporter.report(now, own)
     }

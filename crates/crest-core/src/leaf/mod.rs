@@ -434,6 +434,8 @@ pub struct Leaf {
     violations: u64,
     counters: Counters,
     reporter: Reporter,
+    /// Its replica group, while it is a replicated leaf's leader (`Machine::set_group`).
+    group: Option<crate::metrics::GroupReport>,
     checkpoints: CheckpointTrigger,
     /// When offer changes that were held back must go (`None`: none are waiting).
     offer_due: Option<Time>,
@@ -631,6 +633,7 @@ impl Leaf {
             violations: 0,
             counters: Counters::default(),
             reporter: Reporter::new(&config.settings),
+            group: None,
             checkpoints: CheckpointTrigger::default(),
             offer_due: None,
             flush_policy: FlushPolicy::new(&config.settings),

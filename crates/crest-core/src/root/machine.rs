@@ -302,6 +302,7 @@ impl Machine for Root {
             gauges: named(&gauges),
             stats: Stats::default(),
             absent: Vec::new(),
+            group: None,
         };
         self.reporter.report(now, own)
     }
