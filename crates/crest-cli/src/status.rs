@@ -163,10 +163,18 @@ fn summarize(topology: &Topology, seen: &[Seen]) -> Value {
                     .and_then(|lags| lags.iter().find(|l| l["name"] == m.node.name.as_str()))
                     .cloned()
                     .unwrap_or(Value::Null);
+                // A leader that does not serve (cut off from its group, or rebuilding its
+                // leaf) is not the group's leader: say so.
+                let shown = match (up(m), status["state"].as_str(), status["serving"].is_null()) {
+                    (false, _, _) => Value::String(state(m)),
+                    (true, Some("leader"), true) => Value::String("leader, not serving".into()),
+                    (true, _, _) => status["state"].clone(),
+                };
                 serde_json::json!({
                     "node": m.node.name,
                     "up": up(m),
-                    "state": if up(m) { status["state"].clone() } else { Value::String(state(m)) },
+                    "state": shown,
+                    "serving": status["serving"],
                     "term": status["term"],
                     "applied": status["applied"],
                     "lag_entries": lag["lag_entries"],

@@ -51,21 +51,26 @@ struct Hosts {
     prefix: String,
     subnet: String,
     dir: PathBuf,
+    hosts: Vec<String>,
     nodes: Vec<(String, Child)>,
 }
 
 impl Hosts {
     fn new(hosts: &[&str]) -> Hosts {
+        // Tests of one process run at once: each set of hosts has its own names and subnet.
+        static SETS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let set = SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pid = std::process::id();
-        let prefix = format!("cr{}", pid % 100_000);
-        let subnet = format!("10.231.{}", pid % 250);
-        let dir = std::env::temp_dir().join(format!("crest-netns-{pid}"));
+        let prefix = format!("cr{}{set}", pid % 10_000);
+        let subnet = format!("10.{}.{}", 231 - set % 16, pid % 250);
+        let dir = std::env::temp_dir().join(format!("crest-netns-{pid}-{set}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let hosts_ = Hosts {
             prefix: prefix.clone(),
             subnet: subnet.clone(),
             dir,
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
             nodes: Vec::new(),
         };
         let bridge = format!("{prefix}br");
@@ -95,6 +100,16 @@ impl Hosts {
             must(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
         }
         hosts_
+    }
+
+    /// A producer and a consumer for `topology`, from the client host, once they connect.
+    async fn clients(&self, topology: &Topology) -> (Producer, Consumer) {
+        let tls = ClientTls::from_file(self.dir.join("certs/ca.pem")).unwrap();
+        let producer =
+            retry(|| Producer::connect(ProducerConfig::from_topology(topology, tls.clone()))).await;
+        let consumer =
+            retry(|| Consumer::connect(ConsumerConfig::from_topology(topology, tls.clone()))).await;
+        (producer, consumer)
     }
 
     fn ns(&self, host: &str) -> String {
@@ -154,6 +169,26 @@ impl Hosts {
             "ip", "netns", "exec", &ns, "nft", "delete", "table", "inet", "cut",
         ]);
     }
+
+    /// Drops every packet between `host` and the hosts at `others` (addresses), in its
+    /// namespace: the rest of the network still reaches it.
+    fn part(&self, host: &str, others: &[String]) {
+        let ns = self.ns(host);
+        must(&[
+            "ip", "netns", "exec", &ns, "nft", "add", "table", "inet", "cut",
+        ]);
+        let set = format!("{{ {} }}", others.join(", "));
+        for (hook, side) in [("input", "saddr"), ("output", "daddr")] {
+            let chain = format!("{{ type filter hook {hook} priority 0; }}");
+            must(&[
+                "ip", "netns", "exec", &ns, "nft", "add", "chain", "inet", "cut", hook, &chain,
+            ]);
+            must(&[
+                "ip", "netns", "exec", &ns, "nft", "add", "rule", "inet", "cut", hook, "ip", side,
+                &set, "drop",
+            ]);
+        }
+    }
 }
 
 impl Drop for Hosts {
@@ -162,7 +197,7 @@ impl Drop for Hosts {
             let _ = child.kill();
             let _ = child.wait();
         }
-        for ns in ["a", "b", "c"].map(|host| self.ns(host)) {
+        for ns in self.hosts.iter().map(|host| self.ns(host)) {
             // The nodes run under `ip netns exec` (and perhaps sudo): kill what is left inside.
             let pids = as_root(&["ip", "netns", "pids", &ns]);
             for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
@@ -193,11 +228,7 @@ async fn a_leaf_whose_host_is_cut_off_is_routed_around_and_found_again_once_heal
     ] {
         hosts.launch(host, node, &topology_path);
     }
-    let tls = ClientTls::from_file(hosts.dir.join("certs/ca.pem")).unwrap();
-    let producer =
-        retry(|| Producer::connect(ProducerConfig::from_topology(&topology, tls.clone()))).await;
-    let consumer =
-        retry(|| Consumer::connect(ConsumerConfig::from_topology(&topology, tls.clone()))).await;
+    let (producer, consumer) = hosts.clients(&topology).await;
 
     // The whole tree answers: pushes land on every leaf, and the root pops them all.
     let mut leaves = HashSet::new();
@@ -211,7 +242,7 @@ async fn a_leaf_whose_host_is_cut_off_is_routed_around_and_found_again_once_heal
             warm += 1;
         }
     }
-    drain(&consumer, warm).await;
+    drain(&consumer, |ids| ids.len() >= warm).await;
 
     // Host c is cut off: every push is acknowledged, by the leaves of a and b, and none
     // fails — batches on their way to leaf-c1 go to the others once its link is found dead.
@@ -235,7 +266,7 @@ async fn a_leaf_whose_host_is_cut_off_is_routed_around_and_found_again_once_heal
         "nothing acknowledged by the leaf that is cut off"
     );
     // And consumers are served the messages of the hosts that answer.
-    let popped = drain(&consumer, during.len()).await;
+    let popped = drain(&consumer, |ids| ids.len() >= during.len()).await;
     assert!(during.iter().all(|id| popped.contains(id)));
 
     // Healed: host c's leaf is tried again and takes pushes once more.
@@ -253,14 +284,159 @@ async fn a_leaf_whose_host_is_cut_off_is_routed_around_and_found_again_once_heal
     }
 }
 
-/// Pops and acks until `count` distinct messages came; returns their ids.
-async fn drain(consumer: &Consumer, count: usize) -> HashSet<crest::sdk::MessageId> {
-    let mut ids = HashSet::new();
+/// A root on host r, and a leaf kept by three replicas on hosts a, b and c.
+const REPLICATED: &str = r#"
+[tls]
+ca = "certs/ca.pem"
+cert_dir = "certs"
+
+[[node]]
+name = "root"
+role = "root"
+listen = "SUBNET.1:7400"
+http = "SUBNET.1:7480"
+
+[[node]]
+name = "leaf-1a"
+role = "leaf"
+group = "leaf-1"
+listen = "SUBNET.2:7411"
+http = "SUBNET.2:7491"
+replication = "SUBNET.2:7421"
+parent = "root"
+
+[[node]]
+name = "leaf-1b"
+role = "leaf"
+group = "leaf-1"
+listen = "SUBNET.3:7411"
+http = "SUBNET.3:7491"
+replication = "SUBNET.3:7421"
+parent = "root"
+
+[[node]]
+name = "leaf-1c"
+role = "leaf"
+group = "leaf-1"
+listen = "SUBNET.4:7411"
+http = "SUBNET.4:7491"
+replication = "SUBNET.4:7421"
+parent = "root"
+"#;
+
+/// `crest status --json`'s entry for group leaf-1 once `done` holds of it (within `WAIT`).
+async fn group_status(
+    topology: &std::path::Path,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let deadline = tokio::time::Instant::now() + WAIT;
-    while ids.len() < count {
+    loop {
+        let status = cluster::crest_status(topology).await;
+        let group = &status["groups"][0];
+        if done(group) {
+            return group.clone();
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "popped {} of {count}",
+            "{what}, not within {WAIT:?}: {status:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The entry of `node` among a group status's replicas.
+fn replica<'a>(group: &'a serde_json::Value, node: &str) -> &'a serde_json::Value {
+    group["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] == node)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_its_group_stops_serving_and_a_follower_takes_its_writes() {
+    // Goal: the leader of a three-replica leaf, each replica on its own host, is parted from
+    // the other two replicas while producers, consumers and the root still reach it: it stops
+    // serving (fenced: it cannot commit), a follower is elected and takes the pushes, nothing
+    // acknowledged is lost or delivered twice, and once healed the old leader follows.
+    let mut hosts = Hosts::new(&["r", "a", "b", "c"]);
+    let text = REPLICATED.replace("SUBNET", &hosts.subnet);
+    let topology_path = hosts.dir.join("replicated.toml");
+    std::fs::write(&topology_path, &text).unwrap();
+    let topology = Topology::parse(&text).unwrap();
+    cluster::certs(&topology_path);
+    let host_of = [("leaf-1a", "a"), ("leaf-1b", "b"), ("leaf-1c", "c")];
+    hosts.launch("r", "root", &topology_path);
+    for (node, host) in host_of {
+        hosts.launch(host, node, &topology_path);
+    }
+    let (producer, consumer) = hosts.clients(&topology).await;
+    let mut acked = push(&producer, "before", 100).await;
+
+    let serving = |g: &serde_json::Value| g["leader"].is_string();
+    let group = group_status(&topology_path, "no replica leads", serving).await;
+    let leader = group["leader"].as_str().unwrap().to_string();
+    let term = group["term"].as_u64().unwrap();
+    let (_, host) = host_of.iter().find(|(node, _)| *node == leader).unwrap();
+    let others: Vec<String> = host_of
+        .iter()
+        .filter(|(node, _)| *node != leader)
+        .map(|(node, _)| topology.node(node).unwrap().listen.ip().to_string())
+        .collect();
+    hosts.part(host, &others);
+    let parted = tokio::time::Instant::now();
+    // Pushes sent now may reach the parted leader first: they are acknowledged by the next.
+    let (during, group) = tokio::join!(push(&producer, "during", 200), async {
+        let newer = |g: &serde_json::Value| {
+            g["term"].as_u64().is_some_and(|t| t > term)
+                && g["leader"] != leader.as_str()
+                && replica(g, &leader)["serving"].is_null()
+        };
+        let group = group_status(&topology_path, "no follower took over", newer).await;
+        eprintln!(
+            "{leader} parted from its group: {} leads in term {} and {leader} serves no more, {:?} later",
+            group["leader"],
+            group["term"],
+            parted.elapsed()
+        );
+        group
+    });
+    acked.extend(during);
+    // The old leader, still reachable, says it serves nothing: it is fenced.
+    assert_ne!(replica(&group, &leader)["state"], "leader", "{group:#}");
+    assert!(replica(&group, &leader)["serving"].is_null(), "{group:#}");
+    hosts.heal(host);
+    let rejoined = |g: &serde_json::Value| {
+        let old = replica(g, &leader);
+        old["state"] == "follower" && old["lag_entries"] == 0 && g["leader"].is_string()
+    };
+    group_status(&topology_path, "the old leader does not follow", rejoined).await;
+    acked.extend(push(&producer, "after", 50).await);
+    // Every acknowledged push is delivered (`drain` fails after `WAIT` otherwise).
+    drain(&consumer, |ids| acked.is_subset(ids)).await;
+}
+
+/// Pushes `count` messages, all of which must be acknowledged; answers their ids.
+async fn push(producer: &Producer, tag: &str, count: usize) -> HashSet<crest::sdk::MessageId> {
+    let messages = (0..count).map(|n| Message::new("jobs", format!("{tag} {n}")));
+    let batch = producer.send_batch(messages).await.unwrap();
+    let ids = batch.acked().await.expect("every push acknowledged");
+    ids.into_iter().collect()
+}
+
+/// Pops and acks until `done` holds of the distinct messages that came; returns their ids.
+async fn drain(
+    consumer: &Consumer,
+    done: impl Fn(&HashSet<crest::sdk::MessageId>) -> bool,
+) -> HashSet<crest::sdk::MessageId> {
+    let mut ids = HashSet::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done(&ids) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "popped {} and not all expected",
             ids.len()
         );
         let batch = consumer

@@ -120,28 +120,12 @@ async fn current_leader(cluster: &Cluster) -> String {
     cluster.leader_among(&REPLICAS).await
 }
 
-/// `crest status --json` of the cluster.
-async fn status(cluster: &Cluster) -> serde_json::Value {
-    let topology = cluster.topology_path.clone();
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(cluster::CREST)
-            .args(["status", "--json", "--topology"])
-            .arg(topology)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(output.status.success(), "crest status: {output:?}");
-    serde_json::from_slice(&output.stdout).unwrap()
-}
-
 /// Waits (up to 30 s) until `crest status` names `leader` as group leaf-1's leader, every
 /// replica of `up` as up with its lag known, and `down` as down; answers the group's entry.
 async fn status_shows(cluster: &Cluster, leader: &str, down: Option<&str>) -> serde_json::Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let status = status(cluster).await;
+        let status = cluster::crest_status(&cluster.topology_path).await;
         let group = status["groups"][0].clone();
         let replica = |name: &str| {
             group["replicas"]

@@ -417,6 +417,22 @@ impl Cluster {
     }
 }
 
+/// `crest status --json` of the topology at `path`.
+pub(crate) async fn crest_status(path: &std::path::Path) -> serde_json::Value {
+    let path = path.to_path_buf();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(CREST)
+            .args(["status", "--json", "--topology"])
+            .arg(path)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "crest status: {output:?}");
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 /// Makes the certificates of the topology at `path` with `crest certs`.
 pub(crate) fn certs(path: &std::path::Path) {
     let status = Command::new(CREST)
