@@ -206,6 +206,9 @@ pub struct Settings {
     /// each): a follower's lag in bytes is counted over them (one further behind shows as
     /// behind by more than they hold).
     pub replica_lag_window_entries: u64,
+    /// How long a replica waits for its own log's writer to apply committed entries before it
+    /// takes its disk for broken and stops applying, in milliseconds.
+    pub replica_log_write_timeout_ms: u64,
     /// Most bytes of one message between the replicas of a group (a batch of entries, a
     /// snapshot chunk, or their answers).
     pub replica_rpc_bytes_max: u64,
@@ -389,6 +392,7 @@ impl Default for Settings {
             replica_log_cache_entries: 4_096,
             replica_log_cache_bytes: 64 * 1024 * 1024,
             replica_lag_window_entries: 65_536,
+            replica_log_write_timeout_ms: 60_000,
             replica_rpc_bytes_max: 64 * 1024 * 1024,
             durability: Durability::Fsync,
             wal_segment_bytes_max: 64 * 1024 * 1024,
@@ -442,7 +446,7 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 41] = [
+        let positive: [(&'static str, u64); 42] = [
             ("root_fail_back_ms", self.root_fail_back_ms),
             ("replica_heartbeat_ms", self.replica_heartbeat_ms),
             (
@@ -462,6 +466,10 @@ impl Settings {
             (
                 "replica_lag_window_entries",
                 self.replica_lag_window_entries,
+            ),
+            (
+                "replica_log_write_timeout_ms",
+                self.replica_log_write_timeout_ms,
             ),
             ("replica_rpc_bytes_max", self.replica_rpc_bytes_max),
             (

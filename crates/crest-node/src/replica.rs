@@ -86,9 +86,28 @@ pub fn locations(applied: &Applied) -> std::io::Result<Vec<Location>> {
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
-/// How long a journal waits for its own log's writer before it takes the replica's disk for
-/// broken (the writer waits on nothing but the disk).
-const WRITER_WAIT: Duration = Duration::from_secs(60);
+/// A journal's bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct JournalLimits {
+    /// The appends a checkpoint can name (older ones make it abandoned: the log stays whole).
+    pub tokens_kept: usize,
+    /// `replica_lag_window_entries`.
+    pub lag_window: usize,
+    /// How long it waits for its own log's writer before it takes the replica's disk for
+    /// broken (the writer waits on nothing but the disk): `replica_log_write_timeout_ms`.
+    pub writer_wait: Duration,
+}
+
+impl JournalLimits {
+    /// The limits `settings` name (the log writer's queue bounds the appends kept).
+    pub fn of(settings: &crest_core::config::Settings) -> JournalLimits {
+        JournalLimits {
+            tokens_kept: usize::try_from(settings.wal_queue_ops_max).unwrap_or(usize::MAX),
+            lag_window: usize::try_from(settings.replica_lag_window_entries).unwrap_or(usize::MAX),
+            writer_wait: Duration::from_millis(settings.replica_log_write_timeout_ms),
+        }
+    }
+}
 
 /// The file beside a replica's log that holds the journal's [`Position`].
 const POSITION_FILE: &str = "replica-position";
@@ -156,26 +175,22 @@ struct JournalState {
     token_order: VecDeque<(u64, u64)>,
     tokens_kept: usize,
     next_token: u64,
+    /// See [`JournalLimits::writer_wait`].
+    writer_wait: Duration,
 }
 
 impl LeafJournal {
-    /// Opens the log in `options.dir` (creating it) and starts its writer. `tokens_kept`
-    /// bounds the appends a checkpoint can name (older ones make it abandoned: the log stays
-    /// whole).
+    /// Opens the log in `options.dir` (creating it) and starts its writer, within `limits`.
     ///
     /// # Errors
     /// The log cannot be opened or its position read.
-    pub fn open(
-        options: WalOptions,
-        tokens_kept: usize,
-        lag_window: usize,
-    ) -> std::io::Result<LeafJournal> {
-        JournalState::open(options, tokens_kept).map(|state| LeafJournal {
+    pub fn open(options: WalOptions, limits: JournalLimits) -> std::io::Result<LeafJournal> {
+        JournalState::open(options, limits).map(|state| LeafJournal {
             state: Arc::new(Mutex::new(state)),
             recent: Arc::new(Mutex::new(AppliedBytes {
                 entries: VecDeque::new(),
                 total: 0,
-                max: lag_window.max(1),
+                max: limits.lag_window.max(1),
             })),
         })
     }
@@ -257,13 +272,11 @@ impl Journal for LeafJournal {
 }
 
 impl JournalState {
-    /// Opens the log in `options.dir` (creating it) and starts its writer. `tokens_kept`
-    /// bounds the appends a checkpoint can name (older ones make it abandoned: the log stays
-    /// whole).
+    /// Opens the log in `options.dir` (creating it) and starts its writer, within `limits`.
     ///
     /// # Errors
     /// The log cannot be opened or its position read.
-    fn open(options: WalOptions, tokens_kept: usize) -> std::io::Result<JournalState> {
+    fn open(options: WalOptions, limits: JournalLimits) -> std::io::Result<JournalState> {
         std::fs::create_dir_all(&options.dir)?;
         let position = read_position(&options.dir)?;
         let (completions_tx, completions) = mpsc::channel();
@@ -275,8 +288,9 @@ impl JournalState {
             position,
             tokens: HashMap::new(),
             token_order: VecDeque::new(),
-            tokens_kept: tokens_kept.max(1),
+            tokens_kept: limits.tokens_kept.max(1),
             next_token: 1,
+            writer_wait: limits.writer_wait,
         };
         journal.start_writer()?;
         Ok(journal)
@@ -334,7 +348,7 @@ impl JournalState {
         while !waiting.is_empty() {
             let group = self
                 .completions
-                .recv_timeout(WRITER_WAIT)
+                .recv_timeout(self.writer_wait)
                 .map_err(|_| std::io::Error::other("the replica's log writer does not answer"))?;
             for (token, result) in group {
                 if let Some(index) = waiting.remove(&token) {

@@ -14,7 +14,7 @@
 //! root's direct links find the group's leader by trying its replicas, each refusal costing
 //! a round trip rather than a connect timeout.
 
-use crate::replica::LeafJournal;
+use crate::replica::{JournalLimits, LeafJournal};
 use crate::{Backing, NodeError, NodeHandle, NodeTls, StartOptions, now_millis, serve};
 use crest_core::leaf::{Leaf, LeafConfig};
 use crest_core::metrics::{FollowerReport, GroupReport};
@@ -218,14 +218,11 @@ pub async fn start_replica(
     };
     // A checkpoint names the appends it does not reflect; they are among those the log
     // writer may hold queued.
-    let journal = LeafJournal::open(
-        wal_options,
-        settings.wal_queue_ops_max as usize,
-        usize::try_from(settings.replica_lag_window_entries).unwrap_or(usize::MAX),
-    )
-    .map_err(|error| NodeError::Io {
-        path: dir.join(LOG_DIR).display().to_string(),
-        error,
+    let journal = LeafJournal::open(wal_options, JournalLimits::of(settings)).map_err(|error| {
+        NodeError::Io {
+            path: dir.join(LOG_DIR).display().to_string(),
+            error,
+        }
     })?;
     let members = topology
         .members(&replica.group)

@@ -9,7 +9,7 @@ use crest_core::id::{LeafId, MessageId};
 use crest_core::machine::{StorageOp, SyncWait};
 use crest_core::record::{Location, LogRecord, MessageBody, MessageHead};
 use crest_core::time::Time;
-use crest_node::replica::{LeafJournal, Outcome, ReplicatedStore};
+use crest_node::replica::{JournalLimits, LeafJournal, Outcome, ReplicatedStore};
 use crest_replica::ReplicaId;
 use crest_storage::wal::{BodyReader, WalOptions};
 use std::collections::{BTreeMap, BTreeSet};
@@ -35,7 +35,7 @@ async fn leaf_group(settings: Settings) -> Cluster {
     let wal_settings = settings.clone();
     let make: cluster::Factory<LeafJournal, LeafJournal> = Box::new(move |_, dir| {
         let options = WalOptions::new(log_dir(dir), &wal_settings);
-        let journal = LeafJournal::open(options, 4096, 1024).unwrap();
+        let journal = LeafJournal::open(options, JournalLimits::of(&wal_settings)).unwrap();
         (journal.clone(), journal)
     });
     Cluster::start(settings, make).await
@@ -316,7 +316,7 @@ fn a_leaf_journal_s_snapshot_restores_the_same_log_elsewhere() {
     let settings = Settings::default();
     let open = |name: &str| {
         let options = WalOptions::new(dirs.path().join(name), &settings);
-        LeafJournal::open(options, 64, 1024).unwrap()
+        LeafJournal::open(options, JournalLimits::of(&settings)).unwrap()
     };
     let mut source = open("source");
     let membership = crest_replica::StoredMembership::default();
