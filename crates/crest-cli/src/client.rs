@@ -200,15 +200,13 @@ pub(crate) fn client_tls(args: &ClientArgs) -> Result<ClientTls> {
 pub(crate) async fn push(args: PushArgs) -> Result<()> {
     let payload = bytes::Bytes::from(payload(&args)?);
     let tls = client_tls(&args.client)?;
-    let leaves = if args.leaf.is_empty() {
-        load_topology(args.client.topology.as_deref())?
-            .leaves()
-            .map(|l| l.address.clone())
-            .collect()
+    // From the topology, the producer also knows which leaves are one replicated leaf.
+    let config = if args.leaf.is_empty() {
+        ProducerConfig::from_topology(&load_topology(args.client.topology.as_deref())?, tls)
     } else {
-        args.leaf.clone()
+        ProducerConfig::new(args.leaf.clone(), tls)
     };
-    let producer = Producer::connect(ProducerConfig::new(leaves, tls)).await?;
+    let producer = Producer::connect(config).await?;
     let mut handles = Vec::with_capacity(args.count as usize);
     for _ in 0..args.count {
         let mut message = Message::new(args.topic.clone(), payload.clone()).priority(args.priority);

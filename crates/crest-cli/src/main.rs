@@ -206,8 +206,11 @@ fn base_dir(path: &Path) -> PathBuf {
 }
 
 fn init_tracing(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        // Raft's own logs (every vote, every start) are for debugging a group, not for
+        // running one: the replica logs what an operator needs.
+        tracing_subscriber::EnvFilter::new(format!("{default},openraft=warn,chunked_wal=warn"))
+    });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -20,23 +20,36 @@ pub(crate) async fn local(
     let connected = tree.wait_connected(Duration::from_secs(10)).await;
     println!(
         "crest local tree is up ({} nodes{})",
-        tree.nodes.len(),
+        tree.nodes.len() + tree.replicas.len(),
         if connected { "" } else { ", still connecting" }
     );
-    for node in &tree.nodes {
+    let row = |name: &str, role: String, listen: String, http: Option<std::net::SocketAddr>| {
         let parent = topology
-            .node(node.name())
+            .node(name)
             .and_then(|n| n.parent.clone())
             .unwrap_or_default();
+        let http = http.map(|addr| format!("http://{addr}/metrics"));
         println!(
-            "  {:<10} {:<10} {:<22} {:<10} {}",
+            "  {name:<10} {role:<18} {listen:<22} {parent:<10} {}",
+            http.unwrap_or_default()
+        );
+    };
+    for node in &tree.nodes {
+        let role = node.role().to_string();
+        row(
             node.name(),
-            node.role().to_string(),
-            node.local_addr(),
-            parent,
-            node.http_addr()
-                .map(|addr| format!("http://{addr}/metrics"))
-                .unwrap_or_default()
+            role,
+            node.local_addr().to_string(),
+            node.http_addr(),
+        );
+    }
+    for replica in &tree.replicas {
+        let role = format!("replica of {}", replica.group());
+        row(
+            replica.name(),
+            role,
+            replica.listen_addr().to_string(),
+            replica.http_addr(),
         );
     }
     let root = tree
@@ -49,6 +62,7 @@ pub(crate) async fn local(
         .iter()
         .filter(|n| n.role() == Role::Leaf)
         .map(|n| n.local_addr().to_string())
+        .chain(tree.replicas.iter().map(|r| r.listen_addr().to_string()))
         .collect();
     println!("producers push to the leaves: {}", leaves.join(", "));
     println!("consumers pop from the root:  {}", root.local_addr());

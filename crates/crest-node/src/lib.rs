@@ -695,6 +695,8 @@ async fn report_ticks(actor: ActorRef<NodeMsg>, interval: Duration, shutdown: Ca
 pub struct LocalTree {
     /// The running nodes, in topology order.
     pub nodes: Vec<NodeHandle>,
+    /// The running replicas of its replicated leaves (each serves its leaf while it leads).
+    pub replicas: Vec<ReplicaHandle>,
     /// The CA that signed every node (clients trust it).
     pub ca_pem: String,
     /// The topology as running: ephemeral ports replaced by the bound addresses.
@@ -815,6 +817,7 @@ impl LocalTree {
             index += 1;
         }
         let mut nodes = Vec::new();
+        let mut replicas = Vec::new();
         let addresses = AddressBook::default();
         let (direct_links, direct_links_start) = tokio::sync::watch::channel(false);
         for name in order {
@@ -823,6 +826,26 @@ impl LocalTree {
             options.addresses = Some(addresses.clone());
             options.direct_links_start = Some(direct_links_start.clone());
             options.sockets = sockets.clone();
+            if spec.replica.is_some() {
+                let started = async {
+                    if options.data_dir.is_none() || spec.listen.port() == 0 {
+                        return Err(NodeError::Replica(format!(
+                            "{name:?}: a replicated leaf's replicas keep their logs on disk and \
+                             listen on fixed ports (run without --memory)"
+                        )));
+                    }
+                    let tls = NodeTls::issue(&ca, &spec, CERT_VALIDITY_DEFAULT)?;
+                    start_replica(&topology, &name, &tls, &options).await
+                };
+                match started.await {
+                    Ok(replica) => replicas.push(replica),
+                    Err(error) => {
+                        LocalTree::stop_all(nodes, replicas).await;
+                        return Err(error);
+                    }
+                }
+                continue;
+            }
             let started = async {
                 start_node(
                     &topology,
@@ -849,9 +872,7 @@ impl LocalTree {
                     nodes.push(node);
                 }
                 Err(error) => {
-                    for node in nodes {
-                        node.shutdown().await;
-                    }
+                    LocalTree::stop_all(nodes, replicas).await;
                     return Err(error);
                 }
             }
@@ -860,6 +881,7 @@ impl LocalTree {
         direct_links.send_replace(true);
         Ok(LocalTree {
             nodes,
+            replicas,
             ca_pem: ca.cert_pem().to_string(),
             topology,
             ca,
@@ -896,6 +918,20 @@ impl LocalTree {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let mut connected = true;
+            // A replicated leaf is connected once a replica serves it under its parent.
+            for leaf in self.topology.leaves() {
+                let Some(replica) = &leaf.replica else {
+                    continue;
+                };
+                if replica.number != 1 {
+                    continue;
+                }
+                let mut served = false;
+                for member in self.replicas.iter().filter(|r| r.group() == replica.group) {
+                    served |= member.stats().await.is_ok_and(|s| s.parent_connected);
+                }
+                connected &= served;
+            }
             for node in &self.nodes {
                 let stats = node.stats().await;
                 let linked = if node.role == Role::Root {
@@ -917,10 +953,27 @@ impl LocalTree {
         }
     }
 
-    /// Stops one node (its peers see its connections close).
+    /// Stops one node or replica (its peers see its connections close).
     pub async fn stop_node(&mut self, name: &str) {
         if let Some(index) = self.nodes.iter().position(|n| n.name == name) {
             self.nodes.remove(index).shutdown().await;
+        }
+        if let Some(index) = self.replicas.iter().position(|r| r.name() == name) {
+            self.replicas.remove(index).shutdown().await;
+        }
+    }
+
+    /// The running replica named `name`.
+    pub fn replica(&self, name: &str) -> Option<&ReplicaHandle> {
+        self.replicas.iter().find(|r| r.name() == name)
+    }
+
+    async fn stop_all(nodes: Vec<NodeHandle>, replicas: Vec<ReplicaHandle>) {
+        for replica in replicas {
+            replica.shutdown().await;
+        }
+        for node in nodes {
+            node.shutdown().await;
         }
     }
 
@@ -943,6 +996,21 @@ impl LocalTree {
                 .secure
                 .then(|| access::Access::new(self.access_file.clone()));
             let options = LocalTree::options(self.data_root.as_deref(), name, access);
+            if spec.replica.is_some() {
+                match start_replica(&self.topology, name, &tls, &options).await {
+                    Ok(replica) => {
+                        self.replicas.push(replica);
+                        return Ok(());
+                    }
+                    // Its old sockets (the group's among them) may take a moment to be released.
+                    Err(_) if attempts < 50 => {
+                        attempts += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
             match start_node(&self.topology, name, &tls, &options).await {
                 Ok(node) => break node,
                 Err(NodeError::Transport(error)) if attempts < 50 => {
@@ -961,6 +1029,9 @@ impl LocalTree {
     /// stop is reported as lost (the root's direct links to the leaves, for one); then the
     /// leaves, then each level above, so that no node sees its parent vanish.
     pub async fn shutdown(self) {
+        for replica in self.replicas {
+            replica.shutdown().await;
+        }
         let mut nodes = self.nodes;
         // Every node stops dialing first: a link that closes while the tree shuts down is not
         // a lost connection to warn about.

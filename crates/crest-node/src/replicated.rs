@@ -144,12 +144,27 @@ impl ReplicaHandle {
     pub async fn report(&self) -> Result<crest_core::metrics::Report, NodeError> {
         match &*self.shared.serving.lock().await {
             Some((_, node)) => node.report().await,
-            None => Err(NodeError::Replica(format!(
-                "{} does not lead group {}",
-                self.name,
-                self.group()
-            ))),
+            None => Err(self.not_serving()),
         }
+    }
+
+    /// The counters of the leaf, while this replica serves it.
+    ///
+    /// # Errors
+    /// As [`ReplicaHandle::report`].
+    pub async fn stats(&self) -> Result<crest_core::machine::NodeStats, NodeError> {
+        match &*self.shared.serving.lock().await {
+            Some((_, node)) => node.stats().await,
+            None => Err(self.not_serving()),
+        }
+    }
+
+    fn not_serving(&self) -> NodeError {
+        NodeError::Replica(format!(
+            "{} does not lead group {}",
+            self.name,
+            self.group()
+        ))
     }
 
     /// Applies a new access file, now if it serves and to every node it runs later.

@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+mod common;
+
 #[path = "common/browser.rs"]
 mod browser;
 
@@ -340,14 +342,8 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
     // Durable leaves, so the page has the leaves' log syncs to draw too.
     let data = tempfile::tempdir().unwrap();
     let tree = tree_in(Some(data.path())).await;
-    let tls = ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone());
     // Load: a producer and a consumer running while the page is open.
-    let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls.clone()))
-        .await
-        .unwrap();
-    let consumer = Consumer::connect(ConsumerConfig::from_topology(&tree.topology, tls))
-        .await
-        .unwrap();
+    let (producer, consumer) = common::clients(&tree).await;
     let load = tokio::spawn(async move {
         let mut i = 0u32;
         loop {

@@ -37,6 +37,15 @@ pub(crate) async fn producers(tree: &LocalTree) -> Vec<Producer> {
     producers
 }
 
+/// A producer of every leaf of the tree and a consumer of its root.
+pub(crate) async fn clients(tree: &LocalTree) -> (Producer, Consumer) {
+    let config = ProducerConfig::from_topology(&tree.topology, tls(tree));
+    (
+        Producer::connect(config).await.unwrap(),
+        consumer(tree).await,
+    )
+}
+
 /// A consumer of the tree's root.
 pub(crate) async fn consumer(tree: &LocalTree) -> Consumer {
     Consumer::connect(ConsumerConfig::from_topology(&tree.topology, tls(tree)))

@@ -1,0 +1,34 @@
+//! Acks through a replicated leaf's failover, shared by the tests of replica groups.
+
+use crest::sdk::{Consumer, Receipt};
+use std::time::Duration;
+
+/// Acks until every receipt is applied: an ack refused as unavailable while the group elects
+/// did nothing and its lease is live (the new leader knows it), so it is sent again.
+pub(crate) async fn ack_until_applied(consumer: &Consumer, mut receipts: Vec<Receipt>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut retry = false;
+    while !receipts.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acks still refused after 30 s: {receipts:?}"
+        );
+        let results = consumer.ack_many(&receipts).await.unwrap();
+        let mut pending = Vec::new();
+        for (receipt, result) in receipts.iter().zip(&results) {
+            match result {
+                Ok(()) => {}
+                Err(crest::sdk::ReceiptError::Settled) if retry => {}
+                Err(crest::sdk::ReceiptError::Unavailable | crest::sdk::ReceiptError::TimedOut) => {
+                    pending.push(*receipt)
+                }
+                Err(error) => panic!("ack of {} refused: {error:?}", receipt.id),
+            }
+        }
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        receipts = pending;
+        retry = true;
+    }
+}
