@@ -52,6 +52,20 @@ pub enum Durability {
     Buffered,
 }
 
+/// When a replicated leaf's leader acknowledges a push batch (and counts a lease granted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicaAcks {
+    /// Once a majority of the group holds it durably in its log (the default): a group of
+    /// three goes on through the loss of any one replica.
+    #[default]
+    Majority,
+    /// Once every replica in sync holds it (and always a majority): a replica is in sync while
+    /// it holds the leader's last entry or took one within `replica_election_timeout_ms`, so a
+    /// replica that is down or far behind delays acknowledgements by that long, not for ever.
+    All,
+}
+
 /// All tunable bounds and timings of a node. Field names carry their unit.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -209,6 +223,8 @@ pub struct Settings {
     /// How long a replica waits for its own log's writer to apply committed entries before it
     /// takes its disk for broken and stops applying, in milliseconds.
     pub replica_log_write_timeout_ms: u64,
+    /// When a replicated leaf's leader acknowledges a push (`majority` or `all`).
+    pub replica_acks: ReplicaAcks,
     /// Most bytes of one message between the replicas of a group (a batch of entries, a
     /// snapshot chunk, or their answers).
     pub replica_rpc_bytes_max: u64,
@@ -393,6 +409,7 @@ impl Default for Settings {
             replica_log_cache_bytes: 64 * 1024 * 1024,
             replica_lag_window_entries: 65_536,
             replica_log_write_timeout_ms: 60_000,
+            replica_acks: ReplicaAcks::Majority,
             replica_rpc_bytes_max: 64 * 1024 * 1024,
             durability: Durability::Fsync,
             wal_segment_bytes_max: 64 * 1024 * 1024,

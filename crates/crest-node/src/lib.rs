@@ -542,16 +542,21 @@ pub(crate) async fn serve(
         }
         Backing::Replicated(raft, dir) => {
             let slot = actor_slot.clone();
-            let store = replica::ReplicatedStore::start(raft, queue, move |outcome| {
-                let completion = match outcome {
-                    Ok(done) => (done.token, Ok(done.locations)),
-                    Err((token, reason)) => (token, Err(reason)),
-                };
-                if let Some(actor) = slot.get() {
-                    let timing = crest_storage::wal::GroupTiming::default();
-                    let _ = actor.send_message(NodeMsg::Stored(vec![completion], timing));
-                }
-            })
+            let store = replica::ReplicatedStore::start(
+                raft,
+                queue,
+                replica::Acks::of(&spec.settings),
+                move |outcome| {
+                    let completion = match outcome {
+                        Ok(done) => (done.token, Ok(done.locations)),
+                        Err((token, reason)) => (token, Err(reason)),
+                    };
+                    if let Some(actor) = slot.get() {
+                        let timing = crest_storage::wal::GroupTiming::default();
+                        let _ = actor.send_message(NodeMsg::Stored(vec![completion], timing));
+                    }
+                },
+            )
             .map_err(|error| NodeError::Io {
                 path: dir.display().to_string(),
                 error,

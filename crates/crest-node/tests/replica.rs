@@ -9,7 +9,7 @@ use crest_core::id::{LeafId, MessageId};
 use crest_core::machine::{StorageOp, SyncWait};
 use crest_core::record::{Location, LogRecord, MessageBody, MessageHead};
 use crest_core::time::Time;
-use crest_node::replica::{JournalLimits, LeafJournal, Outcome, ReplicatedStore};
+use crest_node::replica::{Acks, JournalLimits, LeafJournal, Outcome, ReplicatedStore};
 use crest_replica::ReplicaId;
 use crest_storage::wal::{BodyReader, WalOptions};
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,7 +48,8 @@ fn store_of(
 ) -> (ReplicatedStore, std::sync::mpsc::Receiver<Outcome>) {
     let (tx, rx) = std::sync::mpsc::channel();
     let raft = cluster.running[&leader].raft().clone();
-    let store = ReplicatedStore::start(raft, 64, move |outcome| {
+    let acks = Acks::of(&cluster.settings);
+    let store = ReplicatedStore::start(raft, 64, acks, move |outcome| {
         let _ = tx.send(outcome);
     })
     .unwrap();
@@ -350,4 +351,49 @@ fn a_leaf_journal_s_snapshot_restores_the_same_log_elsewhere() {
         "records in the log"
     );
     assert_eq!(source, target);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replica_acks_all_an_append_is_done_once_every_replica_in_sync_holds_it() {
+    // Goal: under `replica_acks = "all"`, an append's outcome comes once every follower in
+    // sync holds its entry, not only a majority; a follower that stops leaves the in-sync set
+    // after `replica_election_timeout_ms`, and appends go on without it.
+    let settings = Settings {
+        replica_acks: crest_core::config::ReplicaAcks::All,
+        ..Settings::default()
+    };
+    let mut cluster = leaf_group(settings).await;
+    let leader = cluster.leader().await;
+    let (store, outcomes) = store_of(&cluster, leader);
+    let last_log = |group: &crest_replica::Group| group.raft().metrics().borrow().last_log_index;
+    let append = |seq: u64| {
+        store
+            .submit(StorageOp::Append {
+                token: Some(seq),
+                records: vec![enqueue(seq)],
+                wait: SyncWait::Now,
+            })
+            .unwrap();
+        let done = outcomes.recv_timeout(WAIT).expect("an outcome");
+        assert_eq!(done.map(|d| d.token), Ok(seq));
+    };
+    for seq in 0..100 {
+        append(seq);
+        // One append at a time: the leader's last entry is this append's.
+        let entry = last_log(&cluster.running[&leader]);
+        for (id, group) in &cluster.running {
+            assert!(
+                last_log(group) >= entry,
+                "append {seq} done while replica {id} holds up to {:?}, not {entry:?}",
+                last_log(group)
+            );
+        }
+    }
+    let follower = *cluster.running.keys().find(|id| **id != leader).unwrap();
+    cluster.stop(follower).await;
+    for seq in 100..110 {
+        append(seq);
+    }
+    drop(store);
+    cluster.shutdown().await;
 }
