@@ -29,11 +29,17 @@ pub(crate) struct CredentialArgs {
 
 impl CredentialArgs {
     /// The credential these arguments name, for a client trusting the CA at `ca`.
+    /// An empty `CREST_TOKEN=` or `CREST_CREDENTIALS=` counts as unset, as a shell user
+    /// clearing it means.
     pub(crate) fn credential(&self, ca: &Path) -> Result<Credential> {
-        if let Some(token) = &self.token {
-            return Ok(Credential::Token(token.clone()));
+        if let Some(token) = self.token.as_deref().filter(|t| !t.trim().is_empty()) {
+            return Ok(Credential::Token(token.to_string()));
         }
-        if let Some(path) = &self.credentials {
+        if let Some(path) = self
+            .credentials
+            .as_ref()
+            .filter(|p| !p.as_os_str().is_empty())
+        {
             return Ok(Credential::from_file(path)?);
         }
         let local = Path::new(crest::LOCAL_TOKEN_PATH);
@@ -310,4 +316,24 @@ pub(crate) async fn settle(root: &RootArgs, op: Settle, receipts: &[Receipt]) ->
         bail!("{failed} of {} receipts were refused", receipts.len());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_token_or_credentials_variable_counts_as_unset() {
+        let ca = Path::new("elsewhere/ca.pem");
+        let empty = CredentialArgs {
+            token: Some(" ".into()),
+            credentials: Some(PathBuf::new()),
+        };
+        assert!(matches!(empty.credential(ca).unwrap(), Credential::None));
+        let token = CredentialArgs {
+            token: Some("crest_a_b".into()),
+            credentials: None,
+        };
+        assert!(matches!(token.credential(ca).unwrap(), Credential::Token(t) if t == "crest_a_b"));
+    }
 }

@@ -588,6 +588,15 @@ impl Settings {
                 ),
             );
         }
+        if self.report_topics_max as usize > REPORT_TOPICS_MAX {
+            return fail(
+                "report_topics_max",
+                format!(
+                    "{} exceeds {}, the most topics a parent decodes in a report",
+                    self.report_topics_max, REPORT_TOPICS_MAX
+                ),
+            );
+        }
         if self.replica_election_timeout_ms <= self.replica_heartbeat_ms {
             return fail(
                 "replica_election_timeout_ms",
@@ -727,6 +736,10 @@ impl Settings {
         Duration::from_millis(self.lease_timeout_ms)
     }
 }
+
+/// Most topics a report's stats carry, and so the ceiling of `report_topics_max`: a parent
+/// refuses a child's report listing more while decoding it.
+pub const REPORT_TOPICS_MAX: usize = 65_536;
 
 /// What a receiver allows in the lists of a client's `Push` and `Ack`, checked while the body
 /// is decoded, before they are allocated (each entry costs far more memory than its bytes

@@ -19,6 +19,7 @@
 pub mod access;
 pub mod aggregator;
 mod ahead;
+mod bounded;
 mod codec;
 pub mod config;
 mod downstream;

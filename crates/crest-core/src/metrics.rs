@@ -10,9 +10,11 @@
 //!
 //! Sizes are bounded: histograms travel as their non-empty buckets at two significant digits
 //! (at most a few hundred pairs each), a report names at most the nodes of the topology, and
-//! its topic list is capped by `report_topics_max` (the deepest topics are kept).
+//! its topic list is capped by `report_topics_max` (the deepest topics are kept). A parent
+//! decodes a child's report with each list bounded (the `*_MAX` constants here and
+//! [`REPORT_TOPICS_MAX`]), refusing a longer one before building it.
 
-use crate::config::Settings;
+use crate::config::{REPORT_TOPICS_MAX, Settings};
 use crate::id::{ConnId, LeafId};
 use crate::time::Time;
 use hdrhistogram::Histogram;
@@ -97,7 +99,12 @@ fn histogram() -> Histogram<u64> {
 
 /// A histogram as it travels: `(value, count)` of each non-empty bucket, values ascending.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hist(pub Vec<(u64, u64)>);
+pub struct Hist(
+    #[serde(deserialize_with = "crate::bounded::vec::<_, _, HIST_BUCKETS_MAX>")] pub Vec<(u64, u64)>,
+);
+
+/// Most buckets a [`Hist`] holds: every bucket of a histogram, so any real one fits.
+pub const HIST_BUCKETS_MAX: usize = 4096;
 
 impl Hist {
     fn of(histogram: &Histogram<u64>) -> Hist {
@@ -277,10 +284,13 @@ pub struct NodeReport {
     /// When it made this summary.
     pub at: Time,
     /// Monotonic counters since the node started (pushes, pops, acks, …).
+    #[serde(deserialize_with = "crate::bounded::map::<_, _, _, NAMED_MAX>")]
     pub counters: BTreeMap<String, u64>,
     /// Current levels (messages held, leased, window entries, …).
+    #[serde(deserialize_with = "crate::bounded::map::<_, _, _, NAMED_MAX>")]
     pub gauges: BTreeMap<String, u64>,
     /// Its own recent percentiles, per metric.
+    #[serde(deserialize_with = "crate::bounded::map::<_, _, _, METRICS_MAX>")]
     pub latency: BTreeMap<Metric, Percentiles>,
     /// A replicated leaf's group, as its leader sees it.
     #[serde(default)]
@@ -294,7 +304,8 @@ pub struct GroupReport {
     pub leader: String,
     /// The term it leads in.
     pub term: u64,
-    /// How far behind each follower is.
+    /// How far behind each follower is (at most [`FOLLOWERS_MAX`]).
+    #[serde(deserialize_with = "crate::bounded::vec::<_, _, FOLLOWERS_MAX>")]
     pub followers: Vec<FollowerReport>,
 }
 
@@ -313,15 +324,17 @@ pub struct FollowerReport {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     /// One summary per node of the subtree, this node first.
+    #[serde(deserialize_with = "crate::bounded::vec::<_, _, NODES_MAX>")]
     pub nodes: Vec<NodeReport>,
     /// Recent histograms merged over the subtree.
+    #[serde(deserialize_with = "crate::bounded::map::<_, _, _, METRICS_MAX>")]
     pub histograms: BTreeMap<Metric, Hist>,
     /// Topic depths and event counters merged over the subtree's leaves.
     pub stats: Stats,
     /// Leaves of the subtree whose session below its sender ended and that are waited for
     /// (`absent_child_wait_ms`): the parent treats them as unknown, so that it does not serve
     /// a less urgent message while one of them may hold a more urgent one. Sorted.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::bounded::vec::<_, _, LEAVES_MAX>")]
     pub absent: Vec<LeafId>,
 }
 
@@ -448,12 +461,31 @@ pub(crate) fn named(values: &[(&str, u64)]) -> BTreeMap<String, u64> {
 /// Most node summaries a report carries (a bound far above any topology's size).
 pub const NODES_MAX: usize = 4096;
 
+/// Most followers a [`GroupReport`] names (a group's leader reports its first ones).
+pub const FOLLOWERS_MAX: usize = 64;
+
+/// Most counters, or gauges, one [`NodeReport`] carries (a node has a few dozen).
+pub const NAMED_MAX: usize = 256;
+
+/// Most `(priority, count)` pairs a [`TopicStats`] carries: the most urgent priorities are
+/// counted one by one, the last pair counts that priority and every less urgent one.
+pub const READY_PRIORITIES_MAX: usize = 256;
+
+/// Most leaves a tree has (a leaf id is 16 bits).
+const LEAVES_MAX: usize = 1 << 16;
+
+/// Most entries of a map keyed by [`Metric`] (each key once).
+const METRICS_MAX: usize = Metric::ALL.len();
+
 /// Depths of one topic.
 #[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct TopicStats {
     /// The topic.
     pub topic: String,
-    /// Ready messages by priority: `(priority, count)`, most urgent first.
+    /// Ready messages by priority: `(priority, count)`, most urgent first. At most
+    /// [`READY_PRIORITIES_MAX`] pairs: when a topic holds more priorities, the last pair
+    /// counts its priority and every less urgent one.
+    #[serde(deserialize_with = "crate::bounded::vec::<_, _, READY_PRIORITIES_MAX>")]
     pub ready: Vec<(u32, u64)>,
     /// Messages waiting for their delivery time.
     pub delayed: u64,
@@ -482,7 +514,7 @@ impl TopicStats {
             let sum = ready.entry(*priority).or_default();
             *sum = sum.saturating_add(*count);
         }
-        self.ready = ready.into_iter().collect();
+        self.ready = ready_pairs(ready.into_iter());
         self.delayed = self.delayed.saturating_add(other.delayed);
         self.in_flight = self.in_flight.saturating_add(other.in_flight);
         self.dead = self.dead.saturating_add(other.dead);
@@ -493,10 +525,25 @@ impl TopicStats {
     }
 }
 
+/// `(priority, count)` pairs from pairs sorted most urgent first, the pairs past
+/// [`READY_PRIORITIES_MAX`] summed into the last one kept.
+pub(crate) fn ready_pairs(sorted: impl Iterator<Item = (u32, u64)>) -> Vec<(u32, u64)> {
+    let mut out: Vec<(u32, u64)> = Vec::new();
+    for (priority, count) in sorted {
+        if out.len() < READY_PRIORITIES_MAX {
+            out.push((priority, count));
+        } else if let Some(last) = out.last_mut() {
+            last.1 = last.1.saturating_add(count);
+        }
+    }
+    out
+}
+
 /// Depths per topic and event counters (since each leaf started).
 #[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct Stats {
     /// Per topic, sorted by name.
+    #[serde(deserialize_with = "crate::bounded::vec::<_, _, REPORT_TOPICS_MAX>")]
     pub topics: Vec<TopicStats>,
     /// Messages dropped because their time to live passed.
     pub expired: u64,
@@ -664,5 +711,89 @@ mod tests {
         );
         parent.cap_topics(2);
         assert_eq!(topic_names(&parent), vec!["b", "c"]);
+    }
+
+    #[test]
+    fn a_report_s_lists_past_their_bounds_are_refused_while_decoding() {
+        // Goal: a child's report cannot make its parent build more entries than the bounds
+        // allow, whatever the frame's size: each list is refused once its length is read.
+        // Method: reports at each bound decode; one entry more is refused, naming the bound.
+        let decode = |report: &Report| {
+            rmp_serde::from_slice::<Report>(&rmp_serde::to_vec(report).unwrap())
+                .map_err(|error| error.to_string())
+        };
+        let node = |counters: usize| NodeReport {
+            counters: (0..counters).map(|i| (format!("c{i}"), 1)).collect(),
+            ..NodeReport::default()
+        };
+        let topic = |priorities: u32| TopicStats {
+            topic: "t".into(),
+            ready: (0..priorities).map(|p| (p, 1)).collect(),
+            ..TopicStats::default()
+        };
+        let nodes = |n: usize| Report {
+            nodes: vec![NodeReport::default(); n],
+            ..Report::default()
+        };
+        let counters = |n: usize| Report {
+            nodes: vec![node(n)],
+            ..Report::default()
+        };
+        let ready = |n: usize| Report {
+            stats: Stats {
+                topics: vec![topic(n as u32)],
+                ..Stats::default()
+            },
+            ..Report::default()
+        };
+        let buckets = |n: usize| Report {
+            histograms: [(Metric::Pop, Hist((1..=n as u64).map(|v| (v, 1)).collect()))].into(),
+            ..Report::default()
+        };
+        type Build<'a> = &'a dyn Fn(usize) -> Report;
+        let cases: [(&str, Build, usize); 4] = [
+            ("nodes", &nodes, NODES_MAX),
+            ("counters", &counters, NAMED_MAX),
+            ("ready", &ready, READY_PRIORITIES_MAX),
+            ("buckets", &buckets, HIST_BUCKETS_MAX),
+        ];
+        for (what, report, max) in cases {
+            assert_eq!(decode(&report(max)), Ok(report(max)), "{what} at the bound");
+            let refused = decode(&report(max + 1)).unwrap_err();
+            assert!(
+                refused.contains(&format!("at most {max} entries")),
+                "{what}: {refused}"
+            );
+        }
+        assert!(
+            histogram().distinct_values() <= HIST_BUCKETS_MAX,
+            "every real histogram fits"
+        );
+    }
+
+    #[test]
+    fn a_topic_s_ready_counts_past_the_bound_sum_into_its_last_pair() {
+        // Goal: a leaf holding more priorities than a report carries sends the most urgent
+        // ones exactly and sums the rest into the last pair; merging keeps the bound and the
+        // total.
+        let many = |from: u32| TopicStats {
+            topic: "t".into(),
+            ready: ready_pairs((from..from + 300).map(|p| (p, 2))),
+            ..TopicStats::default()
+        };
+        let one = many(0);
+        assert_eq!(one.ready.len(), READY_PRIORITIES_MAX);
+        assert_eq!(one.ready[0], (0, 2));
+        let last = READY_PRIORITIES_MAX as u32 - 1;
+        assert_eq!(
+            one.ready[READY_PRIORITIES_MAX - 1],
+            (last, 2 * (300 - u64::from(last)))
+        );
+        assert_eq!(one.ready_total(), 600);
+        let mut merged = one.clone();
+        merged.merge(&many(1000));
+        assert_eq!(merged.ready.len(), READY_PRIORITIES_MAX);
+        assert_eq!(merged.ready_total(), 1200);
+        assert_eq!(merged.ready[..3], one.ready[..3]);
     }
 }

@@ -453,6 +453,7 @@ async fn supervise(s: Supervisor) {
                 term,
                 followers: followers
                     .iter()
+                    .take(crest_core::metrics::FOLLOWERS_MAX)
                     .map(|f| FollowerReport {
                         name: f.name.clone(),
                         lag_entries: f.lag_entries,

@@ -3,7 +3,7 @@
 
 use crest::core::frame::encode_frame;
 use crest::core::key::Key;
-use crest::core::metrics::Report;
+use crest::core::metrics::{NODES_MAX, NodeReport, Report};
 use crest::core::time::Time;
 use crest::core::topology::Topology;
 use crest::core::wire::{
@@ -407,32 +407,39 @@ async fn a_child_s_hostile_offers_and_reports_are_refused_or_contained() {
             ..flood.adds[0]
         })
         .collect();
+    // A report naming more nodes than any report carries, refused while decoding.
+    let crowded = Wire::Report(Report {
+        nodes: vec![NodeReport::default(); NODES_MAX + 1],
+        ..Report::default()
+    });
     let hostile = [
         offer_of("jobs", 1),
         offer_of("", 4),
         offer_of("a\nb", 4),
         Wire::Offer(flood),
+        crowded,
         report,
     ];
     rogue.send(&hostile).await.unwrap();
-    // The flood is answered by the connection's reader, the others by the node: in any order.
+    // The flood and the crowded report are answered by the connection's reader, the others
+    // by the node: in any order.
     let mut refusals = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..5 {
         let answer = rogue.next(|msg| matches!(msg, Wire::Error(_))).await;
         let Ok(Wire::Error(error)) = answer else {
             panic!("a refusal, got {answer:?}")
         };
-        assert_eq!(error.code, ErrorCode::InvalidArgument, "{}", error.message);
-        refusals.push(error.message);
+        refusals.push((error.code, error.message));
     }
-    for says in [
-        "does not lead to",
-        "topic is empty",
-        "whitespace or control",
-        "credits_per_topic",
+    for (code, says) in [
+        (ErrorCode::InvalidArgument, "does not lead to"),
+        (ErrorCode::InvalidArgument, "topic is empty"),
+        (ErrorCode::InvalidArgument, "whitespace or control"),
+        (ErrorCode::InvalidArgument, "credits_per_topic"),
+        (ErrorCode::MalformedFrame, "at most 4096 entries"),
     ] {
         assert!(
-            refusals.iter().any(|m| m.contains(says)),
+            refusals.iter().any(|(c, m)| *c == code && m.contains(says)),
             "{says}: {refusals:?}"
         );
     }

@@ -178,7 +178,7 @@ impl Leaf {
             .filter(|(name, topic)| only.is_none_or(|only| only == &***name) && topic.messages > 0)
             .map(|(name, topic)| TopicStats {
                 topic: name.to_string(),
-                ready: topic.ready.iter().map(|(p, n)| (*p, *n)).collect(),
+                ready: crate::metrics::ready_pairs(topic.ready.iter().map(|(p, n)| (*p, *n))),
                 delayed: topic.delayed,
                 in_flight: topic.leased,
                 dead: topic.dead.len() as u64,
