@@ -2,6 +2,7 @@
 
 use crate::log_store::LogStore;
 use crate::net::{self, Names, Network};
+use crate::rejoin::Rejoin;
 use crate::state_machine::StateMachine;
 use crate::{Applied, Batch, Journal, Raft, ReplicaId};
 use crest_core::config::Settings;
@@ -162,12 +163,6 @@ impl Group {
         let raft = Raft::new(me.id, Arc::new(raft_config), network, log, state_machine)
             .await
             .map_err(|e| GroupError::Raft(e.to_string()))?;
-        let server = tokio::spawn(net::serve(
-            endpoint.clone(),
-            raft.clone(),
-            names,
-            rpc_bytes_max,
-        ));
         let members: BTreeMap<ReplicaId, BasicNode> = config
             .members
             .iter()
@@ -178,6 +173,15 @@ impl Group {
             .await
             .unwrap_or(false)
             && raft.metrics().borrow().last_log_index.is_none();
+        let rejoin = Rejoin::new(pristine);
+        rejoin.watch(&raft);
+        let server = tokio::spawn(net::serve(
+            endpoint.clone(),
+            raft.clone(),
+            names,
+            rpc_bytes_max,
+            rejoin.clone(),
+        ));
         let first = config.members.iter().map(|m| m.id).min() == Some(me.id);
         if pristine && first {
             // A replica with nothing on disk is either new or wiped. A wiped one must not form
@@ -203,8 +207,15 @@ impl Group {
                 })
                 .await
                 .is_ok();
-                if !reached && let Err(error) = raft.initialize(members).await {
-                    tracing::debug!(%error, "group already formed");
+                if !reached {
+                    // It forms the group and stands for election: its log holds the formation
+                    // only, so no voter that ever held more elects it. It still withholds its
+                    // own vote from candidates with history until a leader caught it up: it
+                    // cannot tell being new from being wiped.
+                    raft.runtime_config().elect(true);
+                    if let Err(error) = raft.initialize(members).await {
+                        tracing::debug!(%error, "group already formed");
+                    }
                 }
             });
         }

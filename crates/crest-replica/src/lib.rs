@@ -22,6 +22,7 @@
 mod group;
 mod log_store;
 mod net;
+mod rejoin;
 mod state_machine;
 
 pub use group::{Group, GroupConfig, GroupError, Member, WriteError};

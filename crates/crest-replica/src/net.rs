@@ -6,6 +6,7 @@
 //! then the answer; so a slow snapshot chunk never holds up a heartbeat. Requests and
 //! answers are bounded by `rpc_bytes_max`.
 
+use crate::rejoin::Rejoin;
 use crate::{Raft, ReplicaId, TypeConfig};
 use openraft::BasicNode;
 use openraft::error::{
@@ -215,10 +216,12 @@ pub(crate) async fn serve(
     raft: Raft,
     names: Names,
     rpc_bytes_max: usize,
+    rejoin: Arc<Rejoin>,
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let raft = raft.clone();
         let names = names.clone();
+        let rejoin = rejoin.clone();
         tokio::spawn(async move {
             let Ok(connection) = incoming.await else {
                 return;
@@ -231,14 +234,27 @@ pub(crate) async fn serve(
                 return;
             }
             while let Ok((send, recv)) = connection.accept_bi().await {
-                tokio::spawn(answer(raft.clone(), send, recv, rpc_bytes_max));
+                tokio::spawn(answer(
+                    raft.clone(),
+                    send,
+                    recv,
+                    rpc_bytes_max,
+                    rejoin.clone(),
+                ));
             }
         });
     }
 }
 
-/// Answers one RPC; a request that does not decode gets its stream reset.
-async fn answer(raft: Raft, mut send: quinn::SendStream, mut recv: quinn::RecvStream, max: usize) {
+/// Answers one RPC; a request that does not decode gets its stream reset, and so does a vote
+/// a replica catching up after an empty start withholds ([`Rejoin`]).
+async fn answer(
+    raft: Raft,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    max: usize,
+    rejoin: Arc<Rejoin>,
+) {
     let Ok(bytes) = recv.read_to_end(max).await else {
         return;
     };
@@ -247,7 +263,18 @@ async fn answer(raft: Raft, mut send: quinn::SendStream, mut recv: quinn::RecvSt
         return;
     };
     let response = match request {
-        Request::Append(rpc) => Response::Append(raft.append_entries(rpc).await),
+        Request::Append(rpc) => {
+            let commit = rpc.leader_commit.map(|id| id.index);
+            let answer = raft.append_entries(rpc).await;
+            if answer.as_ref().is_ok_and(AppendEntriesResponse::is_success) {
+                rejoin.reached(commit);
+            }
+            Response::Append(answer)
+        }
+        Request::Vote(rpc) if rejoin.abstains(rpc.last_log_id.map(|id| id.index)) => {
+            let _ = send.reset(4u32.into());
+            return;
+        }
         Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
         Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
     };

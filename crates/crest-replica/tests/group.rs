@@ -267,3 +267,65 @@ async fn only_members_of_the_group_are_served() {
     );
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_replica_does_not_vote_a_stale_one_into_leading_without_committed_writes() {
+    // Goal: the double fault Raft alone does not survive. Writes are committed by the leader
+    // and one follower W while the third replica S is down; then the leader stops and W's
+    // disk is wiped. W and S are up, a majority: were W to vote as before, S would lead
+    // without those writes and the group would lose them. W, back empty, withholds its vote
+    // from a candidate with history until a leader caught it up: S stands for election again
+    // and again and never leads; once the old leader is back, the group leads on with every
+    // write, and all three apply them.
+    let mut cluster = recording(Settings::default()).await;
+    let leader = cluster.leader().await;
+    let others: Vec<ReplicaId> = (1..=3).filter(|id| *id != leader).collect();
+    let (wiped, stale) = (others[0], others[1]);
+    cluster.stop(stale).await;
+    let committed = texts(0..10);
+    for text in &committed {
+        write(&cluster, leader, std::str::from_utf8(text).unwrap())
+            .await
+            .unwrap();
+    }
+    applied(&cluster, wiped, &committed).await;
+    cluster.stop(leader).await;
+    cluster.stop(wiped).await;
+    std::fs::remove_dir_all(&cluster.dirs[&wiped]).unwrap();
+    cluster.run(wiped, None).await;
+    cluster.run(stale, None).await;
+
+    // The stale replica campaigns twice over, in vain.
+    let term = cluster.running[&stale].term();
+    let deadline = Instant::now() + WAIT;
+    while cluster.running[&stale].term() < term + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the stale replica stopped campaigning (leader {:?}, term {})",
+            cluster.running[&stale].leader(),
+            cluster.running[&stale].term()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for id in [wiped, stale] {
+        assert_eq!(
+            cluster.running[&id].leader(),
+            None,
+            "replica {id} knows a leader"
+        );
+    }
+
+    // Back, the old leader leads first (no other log holds every write); once the others
+    // caught up, any of them may lead later.
+    cluster.run(leader, None).await;
+    let mut all = committed.clone();
+    all.extend(texts(10..11));
+    let deadline = Instant::now() + WAIT;
+    while let Err(error) = write(&cluster, cluster.leader().await, "batch 10").await {
+        assert!(Instant::now() < deadline, "{error}");
+    }
+    for id in 1..=3 {
+        applied(&cluster, id, &all).await;
+    }
+    cluster.shutdown().await;
+}

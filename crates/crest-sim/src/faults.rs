@@ -23,6 +23,7 @@ impl Sim {
         }
         let at = self.now + lasts;
         self.schedule(at, Event::PartitionHeal { index });
+        self.group_partitioned(index, lasts);
     }
 
     /// A partition outlasted the idle timeout: every connection across it ends.
@@ -50,17 +51,26 @@ impl Sim {
             .collect();
         across.sort_unstable();
         // Deliveries on their way may be lost with their connection: at-least-once may
-        // deliver them again.
+        // deliver them again. So may answers the ends' nodes send as the connections close
+        // (a pop answered on a consumer connection that closes next).
         self.exposed.extend(self.unconfirmed.iter().copied());
         for end in across {
             self.partition_disconnects += 1;
             self.close_conn(end, None);
         }
+        self.exposed.extend(self.unconfirmed.iter().copied());
     }
 
     /// A partition heals: connections it ended are made again.
     pub(super) fn partition_heal(&mut self, index: usize) {
+        let cut: Vec<usize> = self
+            .cuts
+            .iter()
+            .filter(|cut| cut.index == index)
+            .flat_map(|cut| cut.nodes.iter().copied())
+            .collect();
         self.cuts.retain(|cut| cut.index != index);
+        self.group_healed(index, &cut);
         for child in 0..self.nodes.len() {
             let Some(parent) = self.parents[child] else {
                 continue;
@@ -112,6 +122,8 @@ impl Sim {
         for end in ends {
             self.close_conn(end, Some(node));
         }
+        // Answers other nodes sent as these connections closed may be lost too.
+        self.exposed.extend(self.unconfirmed.iter().copied());
         // Its leases die with it (a leaf's) or stay with their leaf (the others'). A message
         // leased when its leaf crashed comes back available: at-least-once may deliver it
         // again, whether its grant had reached a consumer yet or not.
@@ -128,7 +140,8 @@ impl Sim {
         // What survives: the durable prefix of the log, from its last durable checkpoint.
         let config = self.configs[node].clone();
         self.nodes[node] = match config {
-            NodeConfig::Leaf(config) => {
+            // A replicated leaf is rebuilt by its group's election (group.rs).
+            NodeConfig::Leaf(config) if self.groups[node].is_none() => {
                 let torn = self.disk.torn_writes;
                 let log = &mut self.logs[node];
                 let durable = log.partition_point(|(durable_at, _)| *durable_at <= now);

@@ -35,11 +35,12 @@ pub use report::{Sample, SimReport};
 pub use run::run;
 pub use workload::{
     ConsumerSpec, DiskModel, FaultSpec, LinkModel, PartitionSpec, PriorityMix, ProducerSpec,
-    RandomFaults, Workload,
+    RandomFaults, ReplicationModel, Workload,
 };
 
 mod clients;
 mod faults;
+mod group;
 mod net;
 mod report;
 mod run;
@@ -91,9 +92,26 @@ enum Event {
     Crash {
         node: usize,
         restart_after: Duration,
+        /// Of a replicated leaf: which replica (drawn if `None`), and whether its log reads
+        /// back corrupt.
+        replica: Option<usize>,
+        corrupt: bool,
     },
     /// A crashed node starts again.
     Restart { node: usize },
+    /// A replicated leaf's leader has been cut off by partition `index` for an election
+    /// timeout: the followers elect another.
+    Depose { node: usize, index: usize },
+    /// A replicated leaf's new leader serves, after the election that chose it.
+    Elected { node: usize, election: u64 },
+    /// A replicated leaf's waiting entries may have reached a majority's disks.
+    GroupCheck { node: usize },
+    /// A replica of a replicated leaf restarts.
+    ReplicaBack {
+        node: usize,
+        replica: usize,
+        corrupt: bool,
+    },
     /// A consumer acknowledges again receipts whose leaf was unreachable.
     Reack {
         consumer: usize,
@@ -202,6 +220,20 @@ struct Sim {
     disk_failures: u64,
     /// Records that survived a crash from appends not yet durable (torn writes).
     torn_records: u64,
+    /// Replicated leaves.
+    replication: ReplicationModel,
+    /// Each leaf's replica group (replicated leaves only).
+    groups: Vec<Option<group::Group>>,
+    /// The leaves' `replica_election_timeout_ms`.
+    election_timeout: Duration,
+    /// Leaders of replica groups elected after one was lost.
+    failovers: u64,
+    /// Replica logs read back corrupt and thrown away.
+    corrupt_logs: u64,
+    /// Elections of a replica lacking a committed entry: must be 0.
+    group_violations: u64,
+    /// The first of those, described.
+    group_violation: Option<String>,
     /// Links of the tree idle this long end (the nodes' `link_idle_timeout_ms`).
     idle_timeout: Duration,
     /// The root's index.

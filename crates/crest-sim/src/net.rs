@@ -99,7 +99,13 @@ impl Sim {
                     }
                     continue;
                 }
-                if let Some(token) = op.token() {
+                // A replicated leaf's operation is durable once its group commits it.
+                let replicated = self.groups[node].is_some()
+                    && !matches!(op, crest_core::machine::StorageOp::Read { .. });
+                let token = op.token();
+                if let Some(token) = token
+                    && !replicated
+                {
                     let life = self.lives[node];
                     self.schedule(at, Event::Stored { node, life, token });
                 }
@@ -114,6 +120,9 @@ impl Sim {
                     continue;
                 }
                 self.logs[node].push((at, op));
+                if replicated {
+                    self.group_append(node, at, token);
+                }
             }
             while let Some(transmit) = self.nodes[node].poll_transmit() {
                 progressed = true;

@@ -83,6 +83,14 @@ pub struct SimReport {
     pub disk_failures: u64,
     /// Records that survived a crash from appends not yet durable (torn writes).
     pub torn_records: u64,
+    /// Leaders of replica groups elected after one was lost.
+    pub failovers: u64,
+    /// Replica logs read back corrupt and thrown away (the replica rejoined empty).
+    pub corrupt_logs: u64,
+    /// Elections of a replica lacking an entry committed before: must be 0.
+    pub group_violations: u64,
+    /// The first of those, described.
+    pub group_violation: Option<String>,
     /// Leases granted while another lease of the same message was live: must be 0.
     pub lease_violations: u64,
     /// The first of those, described.
@@ -119,6 +127,13 @@ impl SimReport {
                 "{} leases granted while another lease of the message was live (first: {})",
                 self.lease_violations,
                 self.lease_violation.as_deref().unwrap_or("?")
+            ));
+        }
+        if self.group_violations > 0 {
+            out.push(format!(
+                "{} elections of a replica lacking a committed entry (first: {})",
+                self.group_violations,
+                self.group_violation.as_deref().unwrap_or("?")
             ));
         }
         if self.window_entries_max > self.window_entries_bound {
@@ -167,6 +182,13 @@ impl SimReport {
                 self.torn_records,
                 self.unexpected_duplicates,
                 self.lease_violations
+            );
+        }
+        if self.failovers + self.corrupt_logs > 0 {
+            let _ = writeln!(
+                out,
+                "  replica groups: failovers {}  corrupt logs {}  elections lacking a committed entry {}",
+                self.failovers, self.corrupt_logs, self.group_violations
             );
         }
         let _ = writeln!(

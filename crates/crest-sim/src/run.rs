@@ -62,7 +62,7 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
     }
     let plan = Plan::new(Time::from_millis(1_000_000), workload);
     let mut sim = Sim::new(topology, workload, seed, plan.start);
-    let (index, bound) = sim.add_nodes(topology, seed);
+    let (index, bound) = sim.add_nodes(topology, seed, workload.replication);
     sim.add_clients(topology, workload, &index, plan.begin)?;
     sim.schedule_faults(workload, &index, seed, plan.begin)?;
     sim.schedule(plan.start + Duration::from_secs(1), Event::Report);
@@ -104,6 +104,15 @@ impl Sim {
             packets_lost: 0,
             disk_failures: 0,
             torn_records: 0,
+            replication: workload.replication,
+            groups: Vec::new(),
+            election_timeout: Duration::from_millis(
+                topology.root().settings.replica_election_timeout_ms,
+            ),
+            failovers: 0,
+            corrupt_logs: 0,
+            group_violations: 0,
+            group_violation: None,
             idle_timeout: Duration::from_millis(topology.root().settings.link_idle_timeout_ms),
             root: 0,
             leaf_ids: topology.nodes.iter().map(|n| n.leaf_id).collect(),
@@ -140,13 +149,29 @@ impl Sim {
 
     /// Builds the nodes in topology order and links the tree (and the root's direct links).
     /// Returns each node's index by name, and the bound on entries held above the leaves.
-    fn add_nodes(&mut self, topology: &Topology, seed: u64) -> (HashMap<String, usize>, u64) {
+    fn add_nodes(
+        &mut self,
+        topology: &Topology,
+        seed: u64,
+        replication: ReplicationModel,
+    ) -> (HashMap<String, usize>, u64) {
         let mut index = HashMap::new();
         let mut bound = 0u64;
         for (i, spec) in topology.nodes.iter().enumerate() {
             index.insert(spec.name.clone(), i);
             let subtree = topology.subtree_leaves(&spec.name);
-            let settings = spec.settings.clone();
+            let mut settings = spec.settings.clone();
+            let replicated = spec.role == Role::Leaf && replication.replicas > 1;
+            if replicated {
+                // As the product's replicated leaves: a lease is granted once logged.
+                settings.lease_grants_wait_for_log = true;
+            }
+            self.groups.push(replicated.then(|| {
+                group::Group::new(
+                    replication.replicas,
+                    Duration::from_micros(replication.slow_follower_us),
+                )
+            }));
             let config = match spec.role {
                 Role::Root => NodeConfig::Root(RootConfig {
                     name: spec.name.clone(),
@@ -272,7 +297,7 @@ impl Sim {
         seed: u64,
         begin: Time,
     ) -> Result<(), SimError> {
-        let mut crashes: Vec<(usize, u64, u64)> = Vec::new();
+        let mut crashes: Vec<(usize, u64, u64, Option<usize>, bool)> = Vec::new();
         for fault in &workload.faults {
             let Some(&node) = index.get(&fault.node) else {
                 return Err(SimError::Workload(format!(
@@ -280,7 +305,13 @@ impl Sim {
                     fault.node
                 )));
             };
-            crashes.push((node, fault.at_ms, fault.restart_after_ms));
+            crashes.push((
+                node,
+                fault.at_ms,
+                fault.restart_after_ms,
+                fault.replica.map(|r| r as usize),
+                fault.corrupt,
+            ));
         }
         let mut partitions: Vec<(Vec<usize>, u64, u64)> = Vec::new();
         for partition in &workload.partitions {
@@ -306,18 +337,21 @@ impl Sim {
             (node, at, lasts)
         };
         for _ in 0..random.crashes {
-            crashes.push(draw(&mut chaos));
+            let (node, at, lasts) = draw(&mut chaos);
+            crashes.push((node, at, lasts, None, false));
         }
         for _ in 0..random.partitions {
             let (node, at, lasts) = draw(&mut chaos);
             partitions.push((vec![node], at, lasts));
         }
-        for (node, at_ms, down_ms) in crashes {
+        for (node, at_ms, down_ms, replica, corrupt) in crashes {
             self.schedule(
                 begin + Duration::from_millis(at_ms),
                 Event::Crash {
                     node,
                     restart_after: Duration::from_millis(down_ms),
+                    replica,
+                    corrupt,
                 },
             );
         }
@@ -393,12 +427,24 @@ impl Sim {
             Event::Crash {
                 node,
                 restart_after,
+                replica,
+                corrupt,
             } => {
-                self.crash(node);
-                let at = self.now + restart_after;
-                self.schedule(at, Event::Restart { node });
+                if !self.group_crash(node, restart_after, replica, corrupt) {
+                    self.crash(node);
+                    let at = self.now + restart_after;
+                    self.schedule(at, Event::Restart { node });
+                }
             }
             Event::Restart { node } => self.restart(node, self.root),
+            Event::Elected { node, election } => self.group_elected(node, election),
+            Event::GroupCheck { node } => self.group_commit(node),
+            Event::Depose { node, index } => self.group_cut_off(node, index),
+            Event::ReplicaBack {
+                node,
+                replica,
+                corrupt,
+            } => self.replica_back(node, replica, corrupt),
             Event::Reack {
                 consumer,
                 receipts,
@@ -487,6 +533,10 @@ impl Sim {
             packets_lost: self.packets_lost,
             disk_failures: self.disk_failures,
             torn_records: self.torn_records,
+            failovers: self.failovers,
+            corrupt_logs: self.corrupt_logs,
+            group_violations: self.group_violations,
+            group_violation: self.group_violation,
             lease_violations: self.lease_violations,
             lease_violation: self.lease_violation,
             unexpected_duplicates: self

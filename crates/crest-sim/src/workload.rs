@@ -108,6 +108,38 @@ pub struct RandomFaults {
     pub down_ms_max: u64,
 }
 
+/// Replicated leaves: each leaf of the tree is a group of `replicas` (1: no group). A group
+/// is modelled by what its Raft guarantees (see `crest-sim/src/group.rs`): the leader's
+/// writes are durable once a majority holds them, and a new leader is the most up-to-date
+/// replica of a majority that is up.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplicationModel {
+    /// Replicas per leaf (1 to 7).
+    pub replicas: u32,
+    /// Extra one-way delay to the group's last replica, µs (a slow follower).
+    pub slow_follower_us: u64,
+    /// Share of replica restarts whose log reads back corrupt: the replica throws it away
+    /// and rejoins empty, taking every entry from the leader again (in `[0, 1]`). At most
+    /// ⌊(n − 1) / 2⌋ replicas of a group of n are without their log at once, the most a
+    /// majority quorum survives.
+    pub corrupt_reads: f64,
+    /// A replica back with an empty log votes at once, as in Raft without crest's rule that
+    /// it first catch up (`crest-replica`'s `rejoin.rs`): only to show what the rule is worth.
+    pub votes_when_empty: bool,
+}
+
+impl Default for ReplicationModel {
+    fn default() -> Self {
+        ReplicationModel {
+            replicas: 1,
+            slow_follower_us: 0,
+            corrupt_reads: 0.0,
+            votes_when_empty: false,
+        }
+    }
+}
+
 /// Disk model.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -285,6 +317,9 @@ pub struct Workload {
     /// Disks.
     #[serde(default)]
     pub disk: DiskModel,
+    /// Replicated leaves.
+    #[serde(default)]
+    pub replication: ReplicationModel,
     /// Producers.
     #[serde(default, rename = "producer")]
     pub producers: Vec<ProducerSpec>,
@@ -315,6 +350,13 @@ pub struct FaultSpec {
     /// How long it stays down.
     #[serde(default = "restart_after_ms")]
     pub restart_after_ms: u64,
+    /// Of a replicated leaf, which replica crashes (from 0; the first leads at the start);
+    /// drawn at random if not given.
+    #[serde(default)]
+    pub replica: Option<u32>,
+    /// The replica's log reads back corrupt when it restarts (it rejoins empty).
+    #[serde(default)]
+    pub corrupt: bool,
 }
 
 fn restart_after_ms() -> u64 {
@@ -354,6 +396,23 @@ impl Workload {
         }
         if !(0.0..=0.5).contains(&self.disk.append_failures) {
             return Err("disk.append_failures must be in [0, 0.5]".into());
+        }
+        let replication = &self.replication;
+        if !(1..=7).contains(&replication.replicas) {
+            return Err("replication.replicas must be in 1..=7".into());
+        }
+        if !(0.0..=1.0).contains(&replication.corrupt_reads) {
+            return Err("replication.corrupt_reads must be in [0, 1]".into());
+        }
+        for fault in &self.faults {
+            if fault.replica.is_some_and(|r| r >= replication.replicas) {
+                return Err(format!(
+                    "fault on {:?}: replica {} of {} (replicas count from 0)",
+                    fault.node,
+                    fault.replica.unwrap_or_default(),
+                    replication.replicas
+                ));
+            }
         }
         for (i, partition) in self.partitions.iter().enumerate() {
             if partition.nodes.is_empty() {

@@ -67,7 +67,21 @@ impl<J: Journal, H> Cluster<J, H> {
     /// Starts replica `id` with a fresh journal (what a restarted process has in memory).
     pub(crate) async fn run(&mut self, id: ReplicaId, socket: Option<UdpSocket>) {
         let member = &self.members[id as usize - 1];
-        let socket = socket.unwrap_or_else(|| UdpSocket::bind(member.address).unwrap());
+        // A replica just stopped may still hold its socket while its last tasks end.
+        let deadline = Instant::now() + WAIT;
+        let socket = socket.unwrap_or_else(|| {
+            loop {
+                match UdpSocket::bind(member.address) {
+                    Ok(socket) => break socket,
+                    Err(error) => assert!(
+                        Instant::now() < deadline,
+                        "rebind {}: {error}",
+                        member.address
+                    ),
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
         let config = GroupConfig {
             dir: self.dirs[&id].clone(),
             me: id,
