@@ -34,8 +34,10 @@ pub(super) struct Replica {
 }
 
 impl Replica {
-    /// Whether it takes part in an election at `now` (then holding only what is durable).
-    fn votes(&mut self, now: Time) -> bool {
+    /// What it holds when an election starts at `now`: the copies durable by then (those still
+    /// on their way are lost with the leader that sent them); a recovering replica that holds
+    /// what it had to catch up to votes again.
+    fn settle(&mut self, now: Time) {
         self.durable.retain(|at| *at <= now);
         if self
             .recovering
@@ -43,6 +45,10 @@ impl Replica {
         {
             self.recovering = None;
         }
+    }
+
+    /// Whether it takes part in an election (once [`Replica::settle`]d).
+    fn votes(&self) -> bool {
         self.up && self.recovering.is_none()
     }
 }
@@ -94,10 +100,10 @@ impl Group {
 }
 
 impl Sim {
-    /// One link latency draw for a group's traffic.
+    /// One link latency draw for a group's traffic (a group's links lose nothing: Raft's
+    /// retries are not modelled, only where its copies are and when they are durable).
     fn group_latency(&mut self) -> Duration {
-        let jitter = self.rng.below(self.link.jitter_us * 2 + 1);
-        Duration::from_micros((self.link.latency_us + jitter).saturating_sub(self.link.jitter_us))
+        Duration::from_micros(self.link_latency_us())
     }
 
     /// Whether `node`'s leader is cut off (by a partition naming the leaf) from its followers.
@@ -364,9 +370,11 @@ impl Sim {
         let Some(group) = self.groups[node].as_mut() else {
             return;
         };
-        // What was still on its way to a replica is lost with the leader that sent it.
+        for replica in &mut group.replicas {
+            replica.settle(now);
+        }
         let up: Vec<usize> = (0..group.replicas.len())
-            .filter(|&r| group.replicas[r].votes(now))
+            .filter(|&r| group.replicas[r].votes())
             .collect();
         if up.len() < group.majority() {
             group.leaderless = true;

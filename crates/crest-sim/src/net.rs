@@ -25,6 +25,12 @@ impl Cut {
 }
 
 impl Sim {
+    /// One draw of a link's one-way latency: the base latency give or take the jitter.
+    pub(super) fn link_latency_us(&mut self) -> u64 {
+        let jitter = self.rng.below(self.link.jitter_us * 2 + 1);
+        (self.link.latency_us + jitter).saturating_sub(self.link.jitter_us)
+    }
+
     pub(super) fn schedule(&mut self, at: Time, event: Event) {
         self.seq += 1;
         self.events.insert((at, self.seq), event);
@@ -43,8 +49,7 @@ impl Sim {
         let Some(&(from_owner, to)) = self.ends.get(&from) else {
             return;
         };
-        let jitter = self.rng.below(self.link.jitter_us * 2 + 1);
-        let mut latency = (self.link.latency_us + jitter).saturating_sub(self.link.jitter_us);
+        let mut latency = self.link_latency_us();
         if self.link.loss > 0.0 {
             let retransmit = match self.link.retransmit_us {
                 0 => self.link.latency_us * 3,
