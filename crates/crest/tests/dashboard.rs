@@ -264,6 +264,17 @@ async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
     );
     assert!(sum_of(&samples, "crest_quic_sent_packets{") > 0.0);
     assert!(sum_of(&samples, "crest_quic_rtt_max_microseconds{") > 0.0);
+    // The process the tree runs in: it has worked and holds memory.
+    assert_eq!(types["process_cpu_seconds_total"], "counter");
+    assert!(
+        sum_of(&samples, "process_cpu_seconds_total") > 0.0,
+        "{text}"
+    );
+    assert_eq!(types["process_resident_memory_bytes"], "gauge");
+    assert!(
+        sum_of(&samples, "process_resident_memory_bytes") > 1e6,
+        "{text}"
+    );
     let listed = stats["links"]["listed"].as_array().unwrap();
     let to_leaves: Vec<&Value> = listed.iter().filter(|l| l["kind"] == "leaf").collect();
     assert_eq!(to_leaves.len(), 4, "{listed:?}");
