@@ -108,6 +108,9 @@ pub enum Target {
         root: String,
         /// Trust.
         tls: ClientTls,
+        /// Nodes whose processor time the bench reads from their `/metrics` as it runs
+        /// (name, HTTP address): reported per message, per node.
+        nodes: Vec<crate::probe::NodeHttp>,
     },
 }
 

@@ -20,13 +20,17 @@
 mod config;
 mod ledger;
 mod load;
+mod probe;
 mod report;
 pub mod wal;
 
 pub use config::{BenchConfig, Phase, PriorityMix, Target};
 pub use crest_core::metrics::Percentiles;
 pub use ledger::LEASE_RANK_MESSAGES_MAX;
-pub use report::{BenchComparison, BenchReport, BenchSummary, CpuUse, Latencies, Spread, Versus};
+pub use probe::NodeHttp;
+pub use report::{
+    BenchComparison, BenchReport, BenchSummary, CpuUse, Latencies, NodeCpu, Spread, Versus,
+};
 
 use anyhow::Context;
 use anyhow::{Result, bail};
@@ -83,7 +87,9 @@ struct Running {
 
 async fn start(target: &Target) -> Result<Running> {
     match target {
-        Target::Remote { leaves, root, tls } => Ok(Running {
+        Target::Remote {
+            leaves, root, tls, ..
+        } => Ok(Running {
             leaves: leaves.clone(),
             root: root.clone(),
             tls: tls.clone(),
@@ -188,6 +194,11 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
 
 async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
     let config = Arc::new(config.clone());
+    let nodes = match &config.target {
+        Target::Remote { nodes, .. } => nodes.clone(),
+        Target::Local { .. } => Vec::new(),
+    };
+    let nodes_start = probe::cpu_seconds(&nodes).await;
     let cpu_start = process_cpu();
     let shared = Arc::new(Shared {
         started: Instant::now(),
@@ -247,6 +258,7 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
     }
     shared.producers_done.store(true, Ordering::Release);
     let cpu_producers_done = process_cpu();
+    let nodes_done = probe::cpu_seconds(&nodes).await;
     if let Some(error) = failure {
         shared.popped.store(u64::MAX, Ordering::Release);
         for task in consumer_tasks {
@@ -266,10 +278,19 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
         producers_done: cpu_producers_done,
         end: process_cpu(),
     };
+    let nodes_end = probe::cpu_seconds(&nodes).await;
     if let Some(progress) = progress {
         progress.abort();
     }
-    Ok(report(&config, &shared, push_ack, results, cpu))
+    let mut report = report(&config, &shared, push_ack, results, cpu);
+    report.nodes_cpu = probe::usage(
+        &nodes,
+        [&nodes_start, &nodes_done, &nodes_end],
+        config.phase,
+        report.pushed,
+        report.popped,
+    );
+    Ok(report)
 }
 
 #[cfg(test)]

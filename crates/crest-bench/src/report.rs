@@ -116,6 +116,50 @@ pub struct BenchReport {
     pub log_sync_by_leaf_us: BTreeMap<String, Percentiles>,
     /// Processor time this process spent over the run.
     pub cpu: CpuUse,
+    /// With `--connect`: processor time of each node process that answered on `/metrics`.
+    pub nodes_cpu: Vec<NodeCpu>,
+}
+
+/// A node process's processor time over a run against a running tree (user + system, all its
+/// threads), per message: its cost, and what one of its cores could carry at that cost.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct NodeCpu {
+    /// The node's name in the topology.
+    pub name: String,
+    /// Seconds over the whole run.
+    pub seconds: f64,
+    /// Microseconds per message pushed, over the whole run.
+    pub us_per_message: f64,
+    /// Fill then drain: microseconds per message pushed, while the producers pushed.
+    pub fill_us_per_message: Option<f64>,
+    /// Fill then drain: microseconds per message popped, while the consumers drained.
+    pub drain_us_per_message: Option<f64>,
+}
+
+impl NodeCpu {
+    /// The table's line for the node.
+    fn line(&self) -> String {
+        let ceiling = |us: f64| {
+            if us > 0.0 {
+                format!(" (one core: {:.0} k msgs/s)", 1e3 / us)
+            } else {
+                String::new()
+            }
+        };
+        let mut line = format!(
+            "  CPU of {}: {:.2} s = {:.2} us/msg",
+            self.name, self.seconds, self.us_per_message
+        );
+        if let (Some(fill), Some(drain)) = (self.fill_us_per_message, self.drain_us_per_message) {
+            line.push_str(&format!(
+                "; fill {fill:.2} us/msg{}, drain {drain:.2} us/msg{}",
+                ceiling(fill),
+                ceiling(drain)
+            ));
+        }
+        line.push('\n');
+        line
+    }
 }
 
 /// Processor time (user + system, all threads) of the bench's process while it ran: with a
@@ -622,6 +666,7 @@ pub(super) fn report(
         log_sync_us: None,
         log_sync_by_leaf_us: BTreeMap::new(),
         cpu: cpu.usage(config.phase, pushed, seen.distinct),
+        nodes_cpu: Vec::new(),
     }
 }
 
@@ -722,6 +767,9 @@ impl BenchReport {
             ));
         }
         out.push_str(&self.cpu.line());
+        for node in &self.nodes_cpu {
+            out.push_str(&node.line());
+        }
         out
     }
 }

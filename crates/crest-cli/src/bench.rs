@@ -129,7 +129,21 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
         let tls = ClientTls::from_file(&args.ca)
             .with_context(|| format!("no CA certificate at {}: pass --ca", args.ca.display()))?
             .with_credential(args.credentials.credential(&args.ca)?);
-        Target::Remote { leaves, root, tls }
+        // Every node that serves HTTP reports its process's processor time on /metrics; read
+        // when the tree is the topology's (addresses given by hand may be another tree's).
+        let from_topology = args.root.is_none() && args.leaf.is_empty();
+        let nodes = topology
+            .nodes
+            .iter()
+            .filter(|_| from_topology)
+            .filter_map(|node| Some((node.name.clone(), node.http?)))
+            .collect();
+        Target::Remote {
+            leaves,
+            root,
+            tls,
+            nodes,
+        }
     } else {
         let data_dir = (!args.memory)
             .then(|| std::env::temp_dir().join(format!("crest-bench-{}", std::process::id())));

@@ -499,6 +499,61 @@ async fn crest_bench_connect_rides_through_a_root_restart() {
     assert_logs_clean(&cluster.dir);
 }
 
+/// `crest bench --connect` reports what each node process spent per message, read from the
+/// nodes' `/metrics`: the root carries every pop and ack, each leaf its own pushes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crest_bench_connect_reports_each_node_process_s_processor_time_per_message() {
+    let cluster = Cluster::start("bench-node-cpu");
+    drop(cluster.producer().await);
+    let json = cluster.dir.join("bench.json");
+    let (ok, said) = crest_on(
+        &cluster,
+        &[
+            "bench",
+            "--connect",
+            "--messages",
+            "20000",
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert!(ok, "{said}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let nodes = report["nodes_cpu"].as_array().unwrap();
+    let names: Vec<&str> = nodes.iter().filter_map(|n| n["name"].as_str()).collect();
+    let topology = crest::core::topology::Topology::parse(
+        &std::fs::read_to_string(&cluster.topology_path).unwrap(),
+    )
+    .unwrap();
+    let expected: Vec<&str> = topology
+        .nodes
+        .iter()
+        .filter(|n| n.http.is_some())
+        .map(|n| n.name.as_str())
+        .collect();
+    assert_eq!(names, expected, "every node with HTTP: {said}");
+    let root = nodes.iter().find(|n| n["name"] == "root").unwrap();
+    assert!(
+        root["drain_us_per_message"].as_f64().unwrap() > 0.0,
+        "{root}"
+    );
+    let leaves_fill: f64 = nodes
+        .iter()
+        .filter(|n| {
+            n["name"]
+                .as_str()
+                .is_some_and(|name| name.starts_with("leaf"))
+        })
+        .map(|n| n["fill_us_per_message"].as_f64().unwrap())
+        .sum();
+    assert!(leaves_fill > 0.0, "{said}");
+    assert!(said.contains("CPU of root: "), "{said}");
+}
+
 /// The certificate (DER) a client meets at `address`.
 async fn certificate_at(cluster: &Cluster, address: &str) -> Option<Vec<u8>> {
     let settings = crest::core::config::Settings::default();

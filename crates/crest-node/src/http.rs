@@ -296,40 +296,25 @@ fn render_replica(out: &mut String, status: &ReplicaStatus) {
 }
 
 /// What the process this node runs in uses: its processor time (user and system, every thread,
-/// those ended included) and its resident memory. Read from Linux's `/proc/self`; `None`
-/// where that is not available. In `crest local` every node shares one process and reports
-/// the same figures.
+/// those ended included, from the process's CPU clock) and its resident memory (from Linux's
+/// `/proc/self/status`; `None` where that is not available). In `crest local` every node
+/// shares one process and reports the same figures.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct ProcessUse {
     cpu_seconds: Option<f64>,
     resident_bytes: Option<u64>,
 }
 
-/// The unit of the processor times in `/proc/PID/stat`: `USER_HZ`, 100 per second in Linux's
-/// interface to programs on every architecture.
-const USER_HZ: f64 = 100.0;
-
 impl ProcessUse {
     fn read() -> ProcessUse {
+        let cpu = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
         ProcessUse {
-            cpu_seconds: std::fs::read_to_string("/proc/self/stat")
-                .ok()
-                .and_then(|stat| cpu_seconds(&stat)),
+            cpu_seconds: Some(cpu.tv_sec as f64 + cpu.tv_nsec as f64 / 1e9),
             resident_bytes: std::fs::read_to_string("/proc/self/status")
                 .ok()
                 .and_then(|status| resident_bytes(&status)),
         }
     }
-}
-
-/// The user and system time in a `/proc/PID/stat` line (fields 14 and 15, counted after the
-/// command name, which may hold spaces and parentheses).
-fn cpu_seconds(stat: &str) -> Option<f64> {
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    let mut fields = after_name.split_whitespace().skip(11);
-    let user: u64 = fields.next()?.parse().ok()?;
-    let system: u64 = fields.next()?.parse().ok()?;
-    Some((user + system) as f64 / USER_HZ)
 }
 
 /// `VmRSS` in a `/proc/PID/status` text, in bytes.
@@ -346,7 +331,7 @@ fn render_process(out: &mut String, usage: &ProcessUse) {
             "# HELP process_cpu_seconds_total user and system processor time of the process\n",
         );
         out.push_str("# TYPE process_cpu_seconds_total counter\n");
-        let _ = writeln!(out, "process_cpu_seconds_total {seconds:.2}");
+        let _ = writeln!(out, "process_cpu_seconds_total {seconds:.6}");
     }
     if let Some(bytes) = usage.resident_bytes {
         out.push_str("# HELP process_resident_memory_bytes resident memory of the process\n");
@@ -537,15 +522,7 @@ mod tests {
     }
 
     #[test]
-    fn the_process_use_is_read_from_proc_and_rendered_under_the_standard_names() {
-        // A command name with spaces and a parenthesis, as the kernel reports it.
-        let stat = "4242 (crest (x) y) S 1 4242 4242 0 -1 4194560 9 0 0 0 250 75 0 0 20 0 9 0";
-        assert_eq!(cpu_seconds(stat), Some(3.25));
-        assert_eq!(cpu_seconds("4242 (crest) S 1"), None, "cut short");
-        assert_eq!(
-            cpu_seconds("4242 (crest) S 1 2 3 4 5 6 7 8 9 10 x 75"),
-            None
-        );
+    fn the_process_use_is_read_and_rendered_under_the_standard_names() {
         let status = "Name:\tcrest\nVmHWM:\t  9000 kB\nVmRSS:\t  8192 kB\nThreads:\t9\n";
         assert_eq!(resident_bytes(status), Some(8 << 20));
         assert_eq!(resident_bytes("Name:\tcrest\n"), None);
@@ -560,7 +537,7 @@ mod tests {
         );
         assert!(
             text.contains(
-                "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3.25\n"
+                "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3.250000\n"
             ),
             "{text}"
         );
@@ -568,7 +545,7 @@ mod tests {
 
         // This test's own process: it has run and holds memory.
         let own = ProcessUse::read();
-        assert!(own.cpu_seconds.is_some_and(|s| s >= 0.0), "{own:?}");
+        assert!(own.cpu_seconds.is_some_and(|s| s > 0.0), "{own:?}");
         assert!(own.resident_bytes.is_some_and(|b| b > 0), "{own:?}");
     }
 }
