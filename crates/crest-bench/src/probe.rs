@@ -12,6 +12,10 @@ use std::time::Duration;
 /// How long one node's `/metrics` may take to answer before its figure is left out.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Most bytes of a `/metrics` answer read (one of a tree at its report limits is far less); a
+/// longer one is left out.
+const METRICS_BYTES_MAX: usize = 64 << 20;
+
 /// A node whose processor time the bench reads: its name and HTTP address.
 pub type NodeHttp = (String, SocketAddr);
 
@@ -31,7 +35,11 @@ async fn one(addr: SocketAddr) -> Option<f64> {
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .ok()?;
         let response = sender.send_request(request).await.ok()?;
-        let body = response.into_body().collect().await.ok()?.to_bytes();
+        let body = http_body_util::Limited::new(response.into_body(), METRICS_BYTES_MAX)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
         parse(&String::from_utf8_lossy(&body))
     };
     tokio::time::timeout(PROBE_TIMEOUT, ask).await.ok()?
