@@ -419,3 +419,67 @@ async fn a_parent_takes_a_replicated_leaf_only_from_a_member_in_its_newest_term(
     take_until(&consumer, &mut seen, |seen| pushed.is_subset(seen)).await;
     assert_no_panic(&cluster.dir);
 }
+
+/// The destination connection ids of the QUIC Initial packets that arrive on `socket` within
+/// `within`: each dial of a client opens with a fresh one (its retransmissions repeat it).
+fn initial_connection_ids(socket: &std::net::UdpSocket, within: Duration) -> HashSet<Vec<u8>> {
+    let deadline = std::time::Instant::now() + within;
+    let mut ids = HashSet::new();
+    let mut packet = [0u8; 2048];
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        socket
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .unwrap();
+        let Ok(length) = socket.recv(&mut packet) else {
+            break;
+        };
+        // A long header: the form bit, a 4-byte version, then the id's length and the id.
+        if length > 6 && packet[0] & 0x80 != 0 {
+            let id_length = usize::from(packet[5]);
+            if let Some(id) = packet.get(6..6 + id_length) {
+                ids.insert(id.to_vec());
+            }
+        }
+        if ids.len() >= 2 {
+            break;
+        }
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_started_before_its_replicated_leaf_has_a_leader_waits_for_one() {
+    // Goal: `Producer::connect` while no replica of a group leads (one of three running: it
+    // refuses clients as a follower; the others not started) does not fail; it dials again
+    // and connects once a second replica starts and a leader is elected.
+    let mut cluster = Cluster::from_template("replica-first-leader", TOPOLOGY);
+    for node in ["root", "agg-1", "leaf-1a"] {
+        cluster.launch(node);
+    }
+    let config = crest::sdk::ProducerConfig::from_topology(&cluster.topology, cluster.tls());
+    let connecting = tokio::spawn(Producer::connect(config));
+    // leaf-1b's socket is held here, unanswered: two distinct dials arriving on it mean the
+    // producer's first round found no leader and it is trying again.
+    let silent = cluster.sockets["leaf-1b"].0.try_clone().unwrap();
+    let dials = tokio::task::spawn_blocking(move || {
+        initial_connection_ids(&silent, Duration::from_secs(30))
+    })
+    .await
+    .unwrap();
+    assert!(
+        dials.len() >= 2,
+        "the producer dialed leaf-1b {} times",
+        dials.len()
+    );
+    assert!(
+        !connecting.is_finished(),
+        "connect gave up without a leader"
+    );
+    cluster.launch("leaf-1b");
+    let producer = tokio::time::timeout(Duration::from_secs(30), connecting)
+        .await
+        .expect("connected within 30 s of a second replica")
+        .unwrap()
+        .expect("connected to the leader");
+    assert_eq!(push(&producer, 10).await.len(), 10);
+}

@@ -21,7 +21,8 @@
 //! (1 s) of latency, not an error. A batch that no leaf takes (none answers, or each is
 //! avoided) tries the leaves in turn every `leaf_retry_initial`, up to `leaf_wait_max` (10 s),
 //! before its pushes fail: a replicated leaf electing its next leader, or a lone leaf
-//! restarting, delays pushes. Such a batch may have been stored by the leaf that did not
+//! restarting, delays pushes (and [`Producer::connect`] to replicated leaves waits for a
+//! leader the same way). Such a batch may have been stored by the leaf that did not
 //! answer, so it may be delivered twice (at-least-once; a message with a dedup key is
 //! acknowledged once, with one id). [`Producer::connect`] needs one reachable leaf, not all.
 //!
@@ -338,10 +339,12 @@ impl BatchHandle {
 }
 
 impl Producer {
-    /// Connects to every leaf of the config.
+    /// Connects to every leaf of the config. One that answers is enough (the others are
+    /// tried again as batches need them); with replicated leaves ([`ProducerConfig::replicas`])
+    /// it waits up to `leaf_wait_max` for one, as a group elects its leader.
     ///
     /// # Errors
-    /// [`ClientError`] if a leaf cannot be reached or refuses us.
+    /// [`ClientError`] (the first leaf's) if no leaf can be reached or each refuses us.
     pub async fn connect(config: ProducerConfig) -> Result<Producer, ClientError> {
         if config.leaves.is_empty() {
             return Err(ClientError::InvalidArgument(
@@ -363,23 +366,20 @@ impl Producer {
         let mut receivers = Vec::new();
         let mut payload_bytes_max = usize::MAX;
         let mut unreachable = None;
-        // Every leaf is dialed at once: one that does not answer (its host is down, or it is
-        // a replica that does not lead its group) costs `connect_timeout` once, not once each.
-        let mut dials = tokio::task::JoinSet::new();
-        for (index, address) in config.leaves.iter().enumerate() {
-            let (address, config) = (address.clone(), config.clone());
-            dials.spawn(async move { (index, connect_leaf(&address, &config).await) });
-        }
-        let mut dialed: Vec<Option<Result<Link, ClientError>>> =
-            config.leaves.iter().map(|_| None).collect();
-        while let Some(joined) = dials.join_next().await {
-            let (index, result) =
-                joined.map_err(|error| ClientError::Connect(format!("dialing a leaf: {error}")))?;
-            dialed[index] = Some(result);
-        }
+        // A replicated leaf whose replicas are all followers (its group is electing a leader,
+        // as when the cluster has just started) refuses every connection for a moment: wait
+        // for one to lead as a batch would (`leaf_wait_max`), rather than fail.
+        let started = tokio::time::Instant::now();
+        let dialed = loop {
+            let dialed = dial_leaves(&config).await?;
+            let none = dialed.iter().all(Result::is_err);
+            if !none || config.replicas.is_empty() || started.elapsed() >= config.leaf_wait_max {
+                break dialed;
+            }
+            tokio::time::sleep(config.leaf_retry_initial).await;
+        };
         for (address, result) in config.leaves.iter().zip(dialed) {
             let health = Health::new();
-            let result = result.expect("every dial was joined");
             let link = match result {
                 Ok(link) => {
                     payload_bytes_max =
@@ -578,6 +578,29 @@ impl Producer {
             .acked()
             .await
     }
+}
+
+/// Dials every leaf at once: one that does not answer (its host is down, or it is a replica
+/// that does not lead its group) costs `connect_timeout` once, not once each.
+async fn dial_leaves(
+    config: &ProducerConfig,
+) -> Result<Vec<Result<Link, ClientError>>, ClientError> {
+    let mut dials = tokio::task::JoinSet::new();
+    for (index, address) in config.leaves.iter().enumerate() {
+        let (address, config) = (address.clone(), config.clone());
+        dials.spawn(async move { (index, connect_leaf(&address, &config).await) });
+    }
+    let mut dialed: Vec<Option<Result<Link, ClientError>>> =
+        config.leaves.iter().map(|_| None).collect();
+    while let Some(joined) = dials.join_next().await {
+        let (index, result) =
+            joined.map_err(|error| ClientError::Connect(format!("dialing a leaf: {error}")))?;
+        dialed[index] = Some(result);
+    }
+    Ok(dialed
+        .into_iter()
+        .map(|result| result.expect("every dial was joined"))
+        .collect())
 }
 
 async fn connect_leaf(address: &str, config: &ProducerConfig) -> Result<Link, ClientError> {
