@@ -111,6 +111,9 @@ pub enum Target {
         /// Nodes whose processor time the bench reads from their `/metrics` as it runs
         /// (name, HTTP address): reported per message, per node.
         nodes: Vec<crate::probe::NodeHttp>,
+        /// The leaves' addresses by id, where consumers settle what they were delivered
+        /// (empty: through the root).
+        owners: Vec<crest_sdk::LeafAddresses>,
     },
 }
 
@@ -149,6 +152,9 @@ pub struct BenchConfig {
     pub push_batch: usize,
     /// Ack requests each consumer may have in flight while it pops on.
     pub acks_in_flight: usize,
+    /// Consumers settle through the root even where they could reach the owning leaf (as
+    /// consumers without the leaves' addresses do).
+    pub acks_through_root: bool,
     /// How long the drain may go without popping anything before the bench gives up and
     /// reports the messages it never saw as missing.
     pub drain_idle_timeout: Duration,
@@ -177,6 +183,7 @@ impl BenchConfig {
             producer_window: 4096,
             push_batch: 256,
             acks_in_flight: 4,
+            acks_through_root: false,
             drain_idle_timeout: Duration::from_secs(10),
             progress: Some(Duration::from_secs(1)),
             seed: 1,

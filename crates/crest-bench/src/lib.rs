@@ -78,6 +78,8 @@ pub(crate) fn histogram() -> Histogram<u64> {
 /// A started or found tree: where to push and pop, and what to stop afterwards.
 struct Running {
     leaves: Vec<String>,
+    /// Where consumers settle (see [`Target::Remote`]'s `owners`).
+    owners: Vec<crest_sdk::LeafAddresses>,
     root: String,
     tls: ClientTls,
     local: Option<LocalTree>,
@@ -88,9 +90,14 @@ struct Running {
 async fn start(target: &Target) -> Result<Running> {
     match target {
         Target::Remote {
-            leaves, root, tls, ..
+            leaves,
+            root,
+            tls,
+            owners,
+            ..
         } => Ok(Running {
             leaves: leaves.clone(),
+            owners: owners.clone(),
             root: root.clone(),
             tls: tls.clone(),
             local: None,
@@ -116,8 +123,10 @@ async fn start(target: &Target) -> Result<Running> {
                 tree.shutdown().await;
                 bail!("the local tree did not connect within 10 s");
             }
+            let tls = ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone());
             Ok(Running {
                 leaves: tree.topology.leaves().map(|l| l.address.clone()).collect(),
+                owners: ConsumerConfig::from_topology(&tree.topology, tls).leaves,
                 root: tree.topology.root().address.clone(),
                 tls: ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone()),
                 durable: Some(data_dir.is_some()),
@@ -183,6 +192,7 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     }
     let mut report = result?;
     report.durable = running.durable;
+    report.acks_through_root |= running.owners.is_empty();
     report.syncing_leaves = running.syncing_leaves;
     report.protocol_violations = violations;
     report.quic_lost_packets = lost;
@@ -217,7 +227,14 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
     });
     let mut consumers = Vec::new();
     for _ in 0..config.consumers {
-        let consumer_config = ConsumerConfig::new(running.root.clone(), running.tls.clone());
+        let consumer_config = ConsumerConfig {
+            leaves: if config.acks_through_root {
+                Vec::new()
+            } else {
+                running.owners.clone()
+            },
+            ..ConsumerConfig::new(running.root.clone(), running.tls.clone())
+        };
         consumers.push(
             Consumer::connect(consumer_config)
                 .await

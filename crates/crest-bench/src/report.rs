@@ -49,6 +49,9 @@ pub struct BenchReport {
     pub pop_batch: u32,
     /// Whether deliveries were acknowledged.
     pub ack: bool,
+    /// Whether acknowledgements went through the root rather than to the owning leaves.
+    #[serde(default)]
+    pub acks_through_root: bool,
     /// Target push rate, if any.
     pub target_rate: Option<f64>,
     /// Whether the leaves were durable (`None`: a remote tree, unknown).
@@ -626,6 +629,7 @@ pub(super) fn report(
         priorities: config.priorities,
         pop_batch: config.pop_batch,
         ack: config.ack,
+        acks_through_root: config.acks_through_root,
         target_rate: config.rate,
         durable: None,
         syncing_leaves: None,
@@ -691,7 +695,11 @@ impl BenchReport {
             self.payload_bytes,
             self.priorities,
             self.pop_batch,
-            if self.ack { "on" } else { "off" },
+            match (self.ack, self.acks_through_root) {
+                (false, _) => "off",
+                (true, false) => "on (at the leaves)",
+                (true, true) => "on (through the root)",
+            },
             tree
         ));
         out.push_str(&format!(

@@ -70,6 +70,10 @@ pub(crate) struct BenchArgs {
     /// Ack requests each consumer keeps in flight while it pops on (pipelining).
     #[arg(long, default_value_t = 4)]
     pub(crate) acks_in_flight: usize,
+    /// Settle through the root, not at the owning leaves (as consumers that know only the
+    /// root do): to measure what the root's share of acknowledgements costs.
+    #[arg(long)]
+    pub(crate) acks_through_root: bool,
     /// Seed of the priority draws.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
@@ -138,11 +142,18 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
             .filter(|_| from_topology)
             .filter_map(|node| Some((node.name.clone(), node.http?)))
             .collect();
+        // Consumers settle at the leaves when the tree is the topology's.
+        let owners = if from_topology {
+            ConsumerConfig::from_topology(&topology, tls.clone()).leaves
+        } else {
+            Vec::new()
+        };
         Target::Remote {
             leaves,
             root,
             tls,
             nodes,
+            owners,
         }
     } else {
         let data_dir = (!args.memory)
@@ -179,6 +190,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
         producer_window: args.producer_window,
         push_batch: args.push_batch,
         acks_in_flight: args.acks_in_flight,
+        acks_through_root: args.acks_through_root,
         drain_idle_timeout: args.drain_idle_timeout,
         progress: (!args.quiet).then_some(Duration::from_secs(1)),
         seed: args.seed,

@@ -239,22 +239,20 @@ pub(crate) async fn push(args: PushArgs) -> Result<()> {
     Ok(())
 }
 
-/// The roots to try, the root first: `--root`, else the topology's.
-pub(crate) fn root_addresses(args: &RootArgs) -> Result<Vec<String>> {
-    if !args.root.is_empty() {
-        return Ok(args.root.clone());
-    }
-    Ok(load_topology(args.client.topology.as_deref())?
-        .roots()
-        .map(|root| root.address.clone())
-        .collect())
-}
-
+/// The roots to try, and, when they are the topology's, its leaves: acks, nacks and extends
+/// go to the leaf that owns the message.
 pub(crate) fn root_config(args: &RootArgs) -> Result<ConsumerConfig> {
-    Ok(ConsumerConfig {
-        roots: root_addresses(args)?,
-        ..ConsumerConfig::new(String::new(), client_tls(&args.client)?)
-    })
+    if !args.root.is_empty() {
+        return Ok(ConsumerConfig {
+            roots: args.root.clone(),
+            ..ConsumerConfig::new(String::new(), client_tls(&args.client)?)
+        });
+    }
+    let topology = load_topology(args.client.topology.as_deref())?;
+    Ok(ConsumerConfig::from_topology(
+        &topology,
+        client_tls(&args.client)?,
+    ))
 }
 
 pub(crate) async fn pop(args: PopArgs) -> Result<()> {

@@ -171,6 +171,53 @@ async fn killing_the_root_or_an_aggregator_loses_nothing_the_leaves_hold() {
     assert_logs_clean(&cluster.dir);
 }
 
+/// Messages of topic `jobs` under a live lease at the four leaves, from their `/metrics`.
+async fn leased_at_leaves(cluster: &Cluster) -> u64 {
+    let mut leased = 0;
+    for leaf in ["leaf-1", "leaf-2", "leaf-3", "leaf-4"] {
+        let (code, metrics) = cluster.http_get(leaf, "/metrics").await;
+        assert_eq!(code, 200, "{leaf}: {metrics}");
+        leased += metrics
+            .lines()
+            .filter_map(|line| line.strip_prefix("crest_topic_in_flight{topic=\"jobs\"} "))
+            .map(|value| value.parse::<u64>().unwrap())
+            .sum::<u64>();
+    }
+    leased
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_go_to_the_owning_leaves_and_succeed_while_the_root_is_down() {
+    // Goal: a consumer made from the topology settles at the leaves that own its deliveries,
+    // so its acks succeed, and are applied, with the root killed (through the root they would
+    // fail to connect): the leases they end are gone from the leaves when they answer.
+    let mut cluster = Cluster::start("acks-at-leaves");
+    let producer = cluster.producer().await;
+    let pushed: HashSet<MessageId> = push(&producer, 40).await.into_iter().collect();
+    let consumer = cluster.consumer().await;
+    let mut held = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while held.len() < pushed.len() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} popped",
+            held.len()
+        );
+        held.extend(
+            consumer
+                .pop("jobs", 32, Duration::from_millis(500))
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(leased_at_leaves(&cluster).await, 40);
+    cluster.kill("root");
+    let receipts: Vec<Receipt> = held.iter().map(Delivery::receipt).collect();
+    let results = consumer.ack_many(&receipts).await.unwrap();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(leased_at_leaves(&cluster).await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_standing_by_serves_once_the_root_is_killed() {
     // Goal: with `root-b` standing by, SIGKILL of the root moves the aggregators and the

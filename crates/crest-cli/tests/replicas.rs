@@ -141,7 +141,7 @@ async fn status_shows(cluster: &Cluster, leader: &str, down: Option<&str>) -> se
 async fn dashboard_shows(cluster: &Cluster, leader: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let term = loop {
-        let (_, body) = http_get(cluster, "root", "/stats").await;
+        let (_, body) = cluster.http_get("root", "/stats").await;
         let stats: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
         let leaf = stats["nodes"]
             .as_array()
@@ -181,21 +181,6 @@ async fn dashboard_shows(cluster: &Cluster, leader: &str) {
 }
 
 /// GETs `path` of `node`'s HTTP address: its status code and body.
-async fn http_get(cluster: &Cluster, node: &str, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = cluster.topology.node(node).unwrap().http.unwrap();
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
-    let code = answer[9..12].parse().unwrap();
-    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    (code, body.to_string())
-}
-
 fn assert_no_panic(dir: &Path) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -232,15 +217,15 @@ async fn killing_a_replicated_leaf_s_leader_loses_no_acknowledged_message() {
     status_shows(&cluster, &first, None).await;
     dashboard_shows(&cluster, &first).await;
     let follower = REPLICAS.iter().find(|r| **r != first).unwrap();
-    let (code, metrics) = http_get(&cluster, follower, "/metrics").await;
+    let (code, metrics) = cluster.http_get(follower, "/metrics").await;
     assert_eq!(code, 200, "{metrics}");
     assert!(
         metrics.contains("crest_replica_serving{node=\""),
         "{metrics}"
     );
-    let (code, _) = http_get(&cluster, follower, "/stats").await;
+    let (code, _) = cluster.http_get(follower, "/stats").await;
     assert_eq!(code, 503, "a follower serves no leaf stats");
-    let (_, metrics) = http_get(&cluster, &first, "/metrics").await;
+    let (_, metrics) = cluster.http_get(&first, "/metrics").await;
     for series in ["crest_replica_follower_lag_entries{", "crest_pushed_total{"] {
         assert!(
             metrics.contains(series),

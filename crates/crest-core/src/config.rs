@@ -92,6 +92,9 @@ pub struct Settings {
     pub leaf_messages_max: u64,
     /// Most push batches a leaf has waiting for storage at once.
     pub leaf_pending_batches_max: u32,
+    /// Most acknowledgement requests (acks, nacks, extends) consumers sent a leaf directly
+    /// that it has waiting for storage at once.
+    pub leaf_pending_settles_max: u32,
     /// Default visibility timeout of a delivery, in milliseconds.
     pub lease_timeout_ms: u64,
     /// Largest visibility timeout a pop may ask for, in milliseconds.
@@ -373,6 +376,7 @@ impl Default for Settings {
             credits_per_topic: 256,
             leaf_messages_max: 10_000_000,
             leaf_pending_batches_max: 1024,
+            leaf_pending_settles_max: 10_000,
             lease_timeout_ms: 30_000,
             lease_timeout_max_ms: 12 * 3600 * 1000,
             lease_grants_wait_for_log: false,
@@ -463,7 +467,7 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 42] = [
+        let positive: [(&'static str, u64); 43] = [
             ("root_fail_back_ms", self.root_fail_back_ms),
             ("replica_heartbeat_ms", self.replica_heartbeat_ms),
             (
@@ -520,6 +524,10 @@ impl Settings {
             (
                 "leaf_pending_batches_max",
                 self.leaf_pending_batches_max.into(),
+            ),
+            (
+                "leaf_pending_settles_max",
+                self.leaf_pending_settles_max.into(),
             ),
             ("lease_timeout_ms", self.lease_timeout_ms),
             ("pop_messages_max", self.pop_messages_max.into()),

@@ -1,10 +1,56 @@
 //! Validation of what clients send, shared by the machines that receive it: a leaf checks
-//! every pushed message, the root every topic a pop or an admin request names.
+//! every pushed message, the root every topic a pop or an admin request names, both the
+//! acks, nacks and extends consumers send them.
 
 use crate::config::Settings;
 use crate::time::Time;
-use crate::wire::{ErrorCode, PushMessage};
+use crate::wire::{Ack, ErrorCode, PushMessage, Settle};
 use std::time::Duration;
+
+/// Checks a consumer's ack, nack or extend: its count of receipts and its operation.
+pub(crate) fn validate_settle(s: &Settings, ack: &Ack) -> Result<(), String> {
+    let count = ack.receipts.len();
+    if count == 0 || count > s.pop_messages_max as usize {
+        return Err(format!(
+            "{count} receipts is outside 1..={} (pop_messages_max)",
+            s.pop_messages_max
+        ));
+    }
+    validate_settle_op(s, &ack.op)
+}
+
+/// Checks a settlement's operation: a nack's delay and reason, an extend's timeout.
+pub(crate) fn validate_settle_op(s: &Settings, op: &Settle) -> Result<(), String> {
+    match op {
+        Settle::Ack => {}
+        Settle::Nack { delay_ms, reason } => {
+            if *delay_ms > s.delay_max_ms {
+                return Err(format!(
+                    "nack delay of {delay_ms} ms exceeds delay_max_ms {}",
+                    s.delay_max_ms
+                ));
+            }
+            if let Some(reason) = reason
+                && reason.len() > s.reason_bytes_max as usize
+            {
+                return Err(format!(
+                    "reason of {} bytes exceeds reason_bytes_max {}",
+                    reason.len(),
+                    s.reason_bytes_max
+                ));
+            }
+        }
+        Settle::Extend { lease_ms } => {
+            if *lease_ms == 0 || *lease_ms > s.lease_timeout_max_ms {
+                return Err(format!(
+                    "visibility timeout of {lease_ms} ms is outside 1..={} (lease_timeout_max_ms)",
+                    s.lease_timeout_max_ms
+                ));
+            }
+        }
+    }
+    Ok(())
+}
 
 /// Checks one message of a push batch against the settings.
 pub(crate) fn validate_message(

@@ -15,9 +15,10 @@
 //!   set of one topic plus its frontier.
 //! - Pop: consumer [`Pop`] → root; root [`Reserve`] → … → leaf; leaf [`Reserved`] → … → root;
 //!   root [`PopReply`] → consumer.
-//! - Ack: consumer [`Ack`] → root; root [`Confirm`] → … → leaf; leaf [`Confirmed`] → … → root;
-//!   root [`AckReply`] → consumer. A root that cannot use a lease it was granted sends
-//!   [`Release`] down so the message becomes available at once.
+//! - Ack: consumer [`Ack`] → the owning leaf, answered [`AckReply`]; or, from a consumer
+//!   without the leaves' addresses, consumer [`Ack`] → root; root [`Confirm`] → … → leaf; leaf
+//!   [`Confirmed`] → … → root; root [`AckReply`] → consumer. A root that cannot use a lease it
+//!   was granted sends [`Release`] down so the message becomes available at once.
 
 use crate::id::{LeafId, MessageId, Receipt};
 use crate::key::Key;

@@ -8,6 +8,12 @@
 //! `max_attempts` deliveries the message moves to the topic's dead-letter queue (see
 //! [`crate::Admin`]).
 //!
+//! Acks, nacks and extends go to the leaf that owns the delivery (its id is in the receipt)
+//! when the consumer has the leaves' addresses ([`ConsumerConfig::from_topology`], or
+//! [`ConsumerConfig::leaves`]): the root carries none of them, and they succeed while the root
+//! is down. A leaf the consumer cannot reach is settled with through the root instead, for
+//! `leaf_retry_after`. The lease is the leaf's alone either way.
+//!
 //! A consumer rides through failures of the tree by itself. Its connection to the root is
 //! made again when it ended (the root restarted, a network cut). A request whose connection
 //! failed under it, and the receipts of a settlement answered `Unavailable` (the leaf is out
@@ -19,11 +25,13 @@
 //! the tries are spent is the error returned.
 
 use crate::link::Link;
+use crate::owners::{LeafAddresses, Owners};
 use crate::{ClientError, ClientTls};
 use crest_core::config::Settings;
-use crest_core::id::Receipt;
+use crest_core::id::{LeafId, Receipt};
 use crest_core::topology::Topology;
 use crest_core::wire::{Ack, Delivery, ErrorCode, PeerKind, Pop, ReceiptError, Settle, Wire};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +59,13 @@ pub struct ConsumerConfig {
     /// second): what bounds the time a consumer takes to notice a root that vanished, and
     /// move on to one standing by. Default: the settings' `idle_timeout_ms` (10 s).
     pub idle_timeout: Duration,
+    /// The leaves' addresses: acks, nacks and extends of a delivery go to the leaf that owns
+    /// it directly, not through the root (see the module doc). Empty (the default of
+    /// [`ConsumerConfig::new`]): all go through the root.
+    pub leaves: Vec<LeafAddresses>,
+    /// How long a leaf that could not be reached is settled with through the root before it
+    /// is dialed again.
+    pub leaf_retry_after: Duration,
 }
 
 impl ConsumerConfig {
@@ -63,13 +78,30 @@ impl ConsumerConfig {
             tries_max: 4,
             retry_initial: Duration::from_millis(50),
             idle_timeout: Duration::from_millis(Settings::default().idle_timeout_ms),
+            leaves: Vec::new(),
+            leaf_retry_after: Duration::from_secs(5),
         }
     }
 
-    /// The roots of a topology: the root, then those standing by.
+    /// The roots of a topology (the root, then those standing by) and its leaves.
     pub fn from_topology(topology: &Topology, tls: ClientTls) -> ConsumerConfig {
+        let leaves = topology
+            .leaves()
+            .filter(|leaf| leaf.replica.as_ref().is_none_or(|r| r.number == 1))
+            .filter_map(|leaf| {
+                let addresses = match leaf.replica {
+                    Some(_) => topology.members(leaf.tree_name()),
+                    None => vec![leaf],
+                };
+                Some(LeafAddresses {
+                    leaf: leaf.leaf_id?,
+                    addresses: addresses.iter().map(|m| m.address.clone()).collect(),
+                })
+            })
+            .collect();
         ConsumerConfig {
             roots: topology.roots().map(|root| root.address.clone()).collect(),
+            leaves,
             ..ConsumerConfig::new(String::new(), tls)
         }
     }
@@ -120,6 +152,8 @@ struct Inner {
     link: tokio::sync::Mutex<(Arc<Link>, usize)>,
     /// Set by [`Consumer::close`]: no reconnection after it.
     closed: std::sync::atomic::AtomicBool,
+    /// Links to the leaves, for settlements.
+    owners: Owners,
 }
 
 impl Consumer {
@@ -129,11 +163,19 @@ impl Consumer {
     /// [`ClientError`] if the root cannot be reached or refuses us.
     pub async fn connect(config: ConsumerConfig) -> Result<Consumer, ClientError> {
         let (link, root) = connect_root(&config, 0).await?;
+        let owners = Owners::new(
+            &config.leaves,
+            config.tls.clone(),
+            link_settings(&config),
+            config.requests_in_flight_max,
+            config.leaf_retry_after,
+        );
         Ok(Consumer {
             inner: Arc::new(Inner {
                 config,
                 link: tokio::sync::Mutex::new((Arc::new(link), root)),
                 closed: std::sync::atomic::AtomicBool::new(false),
+                owners,
             }),
         })
     }
@@ -293,57 +335,61 @@ impl Consumer {
         let mut uncertain = vec![false; receipts.len()];
         let mut tries = Tries::new(&self.inner.config);
         loop {
-            let batch: Vec<Receipt> = pending.iter().map(|&i| receipts[i]).collect();
-            let answer = self
-                .request(
-                    |request| {
-                        Wire::Ack(Ack {
-                            request,
-                            op: op.clone(),
-                            receipts: batch,
-                        })
-                    },
-                    ANSWER_MARGIN,
-                )
-                .await;
             let last = tries.spent();
-            let answers = match answer {
-                Ok(Wire::AckReply(reply)) if reply.results.len() == pending.len() => reply.results,
-                Ok(Wire::AckReply(reply)) => {
-                    return Err(ClientError::Protocol(format!(
-                        "{} results for {} receipts",
-                        reply.results.len(),
-                        pending.len()
-                    )));
-                }
-                Ok(other) => return Err(unexpected("AckReply", &other)),
-                Err(error) if retryable(&error) && !last => {
-                    for &i in &pending {
-                        uncertain[i] = true;
-                    }
-                    tries.again().await;
-                    continue;
-                }
-                Err(error) => return Err(error),
-            };
             let mut again = Vec::new();
-            for (i, answer) in pending.into_iter().zip(answers) {
-                match answer {
-                    Err(ReceiptError::Unavailable) if !last => again.push(i),
-                    Err(ReceiptError::TimedOut) if !last => {
-                        uncertain[i] = true;
-                        again.push(i);
+            for (route, indexes, answer) in self.send_settles(&op, receipts, &pending).await {
+                let answers = match answer {
+                    Ok(Wire::AckReply(reply)) if reply.results.len() == indexes.len() => {
+                        reply.results
                     }
-                    // An earlier try was applied: the message is gone, as the ack meant.
-                    Err(ReceiptError::Settled) if uncertain[i] && op == Settle::Ack => {
-                        results[i] = Some(Ok(()));
+                    Ok(Wire::AckReply(reply)) => {
+                        return Err(ClientError::Protocol(format!(
+                            "{} results for {} receipts",
+                            reply.results.len(),
+                            indexes.len()
+                        )));
                     }
-                    answer => results[i] = Some(answer),
+                    // A leaf that does not settle for consumers (or is overloaded, or gone):
+                    // through the root next time, as long as tries are left.
+                    Ok(other) if route.is_none() || last => {
+                        return Err(unexpected("AckReply", &other));
+                    }
+                    Err(error) if (route.is_none() && !retryable(&error)) || last => {
+                        return Err(error);
+                    }
+                    failed => {
+                        if let Some((leaf, link)) = &route {
+                            self.inner.owners.failed(*leaf, link).await;
+                        }
+                        // Sent, perhaps applied: its answer was lost.
+                        if matches!(failed, Err(ClientError::Disconnected(_))) {
+                            for &i in &indexes {
+                                uncertain[i] = true;
+                            }
+                        }
+                        again.extend(indexes);
+                        continue;
+                    }
+                };
+                for (i, answer) in indexes.into_iter().zip(answers) {
+                    match answer {
+                        Err(ReceiptError::Unavailable) if !last => again.push(i),
+                        Err(ReceiptError::TimedOut) if !last => {
+                            uncertain[i] = true;
+                            again.push(i);
+                        }
+                        // An earlier try was applied: the message is gone, as the ack meant.
+                        Err(ReceiptError::Settled) if uncertain[i] && op == Settle::Ack => {
+                            results[i] = Some(Ok(()));
+                        }
+                        answer => results[i] = Some(answer),
+                    }
                 }
             }
             if again.is_empty() {
                 break;
             }
+            again.sort_unstable();
             pending = again;
             tries.again().await;
         }
@@ -351,6 +397,76 @@ impl Consumer {
             .into_iter()
             .map(|result| result.expect("every receipt answered"))
             .collect())
+    }
+
+    /// Sends `op` for the receipts at `pending`, each to the leaf that owns it where the
+    /// consumer has a link to that leaf, the rest through the root, all at once; answers per
+    /// request the leaf it went to (`None`: the root), the receipts' indexes and the answer.
+    async fn send_settles(
+        &self,
+        op: &Settle,
+        receipts: &[Receipt],
+        pending: &[usize],
+    ) -> Vec<(
+        Option<(LeafId, Arc<Link>)>,
+        Vec<usize>,
+        Result<Wire, ClientError>,
+    )> {
+        let mut by_leaf: BTreeMap<LeafId, Vec<usize>> = BTreeMap::new();
+        for &i in pending {
+            by_leaf.entry(receipts[i].id.leaf()).or_default().push(i);
+        }
+        let mut routes = Vec::new();
+        let mut via_root = Vec::new();
+        for (leaf, indexes) in by_leaf {
+            match self.inner.owners.link(leaf).await {
+                Some(link) => routes.push((Some((leaf, link)), indexes)),
+                None => via_root.extend(indexes),
+            }
+        }
+        if !via_root.is_empty() {
+            via_root.sort_unstable();
+            routes.push((None, via_root));
+        }
+        let mut sends = tokio::task::JoinSet::new();
+        for (position, (route, indexes)) in routes.iter().enumerate() {
+            let link = match route {
+                Some((_, link)) => Ok(link.clone()),
+                None => self.link().await,
+            };
+            let ack = Ack {
+                request: 0,
+                op: op.clone(),
+                receipts: indexes.iter().map(|&i| receipts[i]).collect(),
+            };
+            sends.spawn(async move {
+                let answer = match link {
+                    Ok(link) => {
+                        let build = |request| Wire::Ack(Ack { request, ..ack });
+                        link.request(build, ANSWER_MARGIN).await
+                    }
+                    Err(error) => Err(error),
+                };
+                (position, answer)
+            });
+        }
+        let mut answers: Vec<Option<Result<Wire, ClientError>>> =
+            routes.iter().map(|_| None).collect();
+        while let Some(joined) = sends.join_next().await {
+            // The tasks only await their request: one ends only by answering.
+            let (position, answer) = match joined {
+                Ok(answered) => answered,
+                Err(error) => std::panic::resume_unwind(error.into_panic()),
+            };
+            answers[position] = Some(answer);
+        }
+        routes
+            .into_iter()
+            .zip(answers)
+            .map(|((route, indexes), answer)| {
+                (route, indexes, answer.expect("every request answered"))
+            })
+            .collect()
     }
 
     /// Sends one request on the connection (made again if it ended).
@@ -401,6 +517,7 @@ impl Consumer {
         if let Ok(link) = self.inner.link.try_lock() {
             link.0.close();
         }
+        self.inner.owners.close();
     }
 }
 
@@ -475,10 +592,7 @@ pub(crate) async fn connect_root(
     config: &ConsumerConfig,
     first: usize,
 ) -> Result<(Link, usize), ClientError> {
-    let settings = Settings {
-        idle_timeout_ms: millis(config.idle_timeout).max(1),
-        ..Settings::default()
-    };
+    let settings = link_settings(config);
     let count = config.roots.len();
     if count == 0 {
         return Err(ClientError::InvalidArgument("no root address".into()));
@@ -503,6 +617,14 @@ pub(crate) async fn connect_root(
         }
     }
     Err(failure.expect("at least one root was tried"))
+}
+
+/// The settings of a consumer's connections (its idle timeout).
+fn link_settings(config: &ConsumerConfig) -> Settings {
+    Settings {
+        idle_timeout_ms: millis(config.idle_timeout).max(1),
+        ..Settings::default()
+    }
 }
 
 pub(crate) fn unexpected(expected: &str, got: &Wire) -> ClientError {

@@ -23,6 +23,7 @@
 mod admin;
 mod consumer;
 mod link;
+mod owners;
 mod producer;
 
 pub use admin::{Admin, AdminAnswer};
@@ -34,6 +35,7 @@ pub use crest_core::time::Time;
 pub use crest_core::wire::{
     DeadLetter, Delivery, ErrorCode, ReceiptError, Settle, Stats, TopicStats,
 };
+pub use owners::LeafAddresses;
 pub use producer::{BatchHandle, Message, Producer, ProducerConfig, PushHandle};
 
 /// What a client trusts, the cluster CA, and how it proves who it is.

@@ -412,6 +412,22 @@ impl Cluster {
         }
     }
 
+    /// A node's answer to `GET path` on its HTTP address: the status code and the body.
+    pub(crate) async fn http_get(&self, node: &str, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = self.topology.node(node).unwrap().http.unwrap();
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        let code = answer[9..12].parse().unwrap();
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (code, body.to_string())
+    }
+
     pub(crate) async fn consumer(&self) -> Consumer {
         retry(|| Consumer::connect(ConsumerConfig::from_topology(&self.topology, self.tls()))).await
     }

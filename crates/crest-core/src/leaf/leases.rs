@@ -9,8 +9,8 @@ use crate::machine::{ConnId, StorageOp, SyncWait};
 use crate::record::{Location, LogRecord, MessageBody};
 use crate::time::Time;
 use crate::wire::{
-    AdminResult, Confirm, Confirmed, Delivery, LeafAdminReply, ReceiptError, Release, Reserve,
-    ReserveDenied, ReserveOutcome, Reserved, Settle, Wire,
+    Ack, AckReply, AdminResult, Confirm, Confirmed, Delivery, ErrorCode, LeafAdminReply,
+    ReceiptError, Release, Reserve, ReserveDenied, ReserveOutcome, Reserved, Settle, Wire,
 };
 use std::time::Duration;
 
@@ -551,6 +551,82 @@ impl Leaf {
         );
     }
 
+    /// A consumer's ack, nack or extend sent to this leaf directly, not through the root: its
+    /// receipts are unmasked with the consumer's principal as the root would (a receipt
+    /// delivered to another principal does not match), settled as the root's `Confirm`
+    /// would be, and answered once durable. The lease stays this leaf's alone to end.
+    pub(super) fn handle_client_settle(&mut self, now: Time, conn: ConnId, ack: Ack) {
+        let s = &self.config.settings;
+        if let Err(text) = crate::validate::validate_settle(s, &ack) {
+            let error = Wire::error(Some(ack.request), ErrorCode::InvalidArgument, text);
+            self.send(conn, error);
+            return;
+        }
+        if self.client_settles >= s.leaf_pending_settles_max {
+            let text = "too many acknowledgements waiting at this leaf; retry";
+            self.send(
+                conn,
+                Wire::error(Some(ack.request), ErrorCode::Overloaded, text),
+            );
+            return;
+        }
+        let principal = self.principals.get(&conn).cloned();
+        let name = principal.as_ref().map(|p| p.name.clone());
+        let max = s.principal_requests_max;
+        if !self.settle_tally.take(name.as_ref(), max) {
+            let text = crate::access::over_cap(
+                name.as_deref().unwrap_or_default(),
+                "acknowledgements",
+                "principal_requests_max",
+                max,
+            );
+            self.send(
+                conn,
+                Wire::error(Some(ack.request), ErrorCode::Overloaded, text),
+            );
+            return;
+        }
+        self.client_settles += 1;
+        // Receipts of other leaves are answered as the root answers a leaf it does not know;
+        // the rest are settled in one go, their results put back in the request's order.
+        let mut mine = Vec::with_capacity(ack.receipts.len());
+        let mut slots = Vec::with_capacity(ack.receipts.len());
+        let mut results = vec![Err(ReceiptError::UnknownLeaf); ack.receipts.len()];
+        for (slot, receipt) in ack.receipts.iter().enumerate() {
+            if receipt.id.leaf() == self.config.id {
+                let mask = principal.as_ref().map_or(0, |p| p.receipt_mask(receipt.id));
+                mine.push(Receipt {
+                    id: receipt.id,
+                    token: receipt.token ^ mask,
+                });
+                slots.push(slot);
+            }
+        }
+        let (settled, records, outcomes) = self.settle(now, &ack.op, &mine);
+        for (slot, result) in slots.into_iter().zip(settled) {
+            results[slot] = result;
+        }
+        let reply = AckReply {
+            request: ack.request,
+            results,
+        };
+        let answer = SettleReply::Client {
+            reply,
+            principal: name,
+        };
+        self.log_settlement(now, conn, answer, records, outcomes);
+    }
+
+    /// Sends a settlement's answer (`durable`: its records are, and it was applied) and
+    /// gives back what a consumer's direct request held.
+    pub(super) fn answer_settlement(&mut self, conn: ConnId, answer: SettleReply, durable: bool) {
+        if let SettleReply::Client { principal, .. } = &answer {
+            self.client_settles -= 1;
+            self.settle_tally.give(principal.as_ref());
+        }
+        self.send(conn, answer.into_wire(durable));
+    }
+
     /// Logs the records of a settlement and answers once they are durable (at once if there
     /// are none: extends).
     pub(super) fn log_settlement(
@@ -562,7 +638,7 @@ impl Leaf {
         outcomes: Vec<(MessageId, Outcome)>,
     ) {
         if records.is_empty() {
-            self.send(conn, answer.into_wire(true));
+            self.answer_settlement(conn, answer, true);
             return;
         }
         let token = self.writes.next_token;

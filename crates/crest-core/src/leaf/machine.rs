@@ -285,11 +285,17 @@ impl Machine for Leaf {
             // no offer number (0), so an entry the parent was offered is retracted from it.
             self.handle_pop_path(now, conn, msg);
         } else {
-            let is_producer =
-                self.clients.peers.get(&conn) == Some(&crate::downstream::Peer::Producer);
+            let peer = self.clients.peers.get(&conn);
+            let is_producer = peer == Some(&crate::downstream::Peer::Producer);
+            let is_consumer = peer == Some(&crate::downstream::Peer::Consumer);
             match msg {
                 Wire::Hello(hello) => {
-                    let accepts = [PeerKindTag::Producer, PeerKindTag::Root];
+                    // Consumers come to settle what they were delivered from here.
+                    let accepts = [
+                        PeerKindTag::Producer,
+                        PeerKindTag::Root,
+                        PeerKindTag::Consumer,
+                    ];
                     let outcome = self.clients.hello(conn, hello, &accepts, now);
                     let reason = outcome.close_reason();
                     self.send(conn, outcome.reply);
@@ -298,6 +304,7 @@ impl Machine for Leaf {
                     }
                 }
                 Wire::Push(push) if is_producer => self.handle_push(now, conn, push),
+                Wire::Ack(ack) if is_consumer => self.handle_client_settle(now, conn, ack),
                 Wire::Push(push) => self.send(
                     conn,
                     Wire::error(
@@ -396,7 +403,7 @@ impl Machine for Leaf {
         }
         if let Some(settlement) = self.writes.settlements.remove(&done.token) {
             self.settled(now, settlement.outcomes);
-            self.send(settlement.conn, settlement.answer.into_wire(true));
+            self.answer_settlement(settlement.conn, settlement.answer, true);
             // Nacked messages are offered again; acked bodies may leave a segment mostly dead.
             self.flush_offers(now, false);
             self.maybe_compact(now);
@@ -557,7 +564,7 @@ impl Machine for Leaf {
         if let Some(settlement) = self.writes.settlements.remove(&token) {
             // Not applied: the leases go on, and whoever asked is told so.
             self.unsettled(&settlement.outcomes);
-            self.send(settlement.conn, settlement.answer.into_wire(false));
+            self.answer_settlement(settlement.conn, settlement.answer, false);
             return;
         }
         let Some(batch) = self.writes.batches.remove(&token) else {

@@ -63,7 +63,7 @@ use crate::record::{Location, LogRecord, MessageBody};
 use crate::sorted::SortedMap;
 use crate::time::Time;
 use crate::upstream::Upstream;
-use crate::wire::{Confirmed, DeadLetter, PushMessage, ReserveOutcome, Role, Wire};
+use crate::wire::{AckReply, Confirmed, DeadLetter, PushMessage, ReserveOutcome, Role, Wire};
 use rand_chacha::ChaCha12Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -454,6 +454,10 @@ pub struct Leaf {
     principals: HashMap<ConnId, Arc<crate::access::Principal>>,
     /// Push batches waiting for the log, per principal (`principal_requests_max`).
     push_tally: crate::access::Tally,
+    /// Settlements each principal has waiting here, sent directly by consumers.
+    settle_tally: crate::access::Tally,
+    /// Settlements sent directly by consumers waiting for storage (`leaf_pending_settles_max`).
+    client_settles: u32,
 }
 
 /// Live leases (`leaf/leases.rs`).
@@ -505,10 +509,17 @@ struct Settlement {
     outcomes: Vec<(MessageId, Outcome)>,
 }
 
-/// Who waits for a settlement: the root with a consumer's receipts, or an admin's request.
+/// Who waits for a settlement: the root with a consumer's receipts, a consumer that sent
+/// them to this leaf directly, or an admin's request.
 #[derive(Debug)]
 enum SettleReply {
     Confirmed(Confirmed),
+    /// A consumer's [`Ack`](crate::wire::Ack) sent here, not through the root; `principal`
+    /// is given back its tally's slot when answered.
+    Client {
+        reply: AckReply,
+        principal: Option<Arc<str>>,
+    },
     /// An admin's [`AdminOp::Settle`](crate::wire::AdminOp::Settle): the count of leases
     /// settled.
     Admin {
@@ -523,14 +534,15 @@ impl SettleReply {
         match self {
             SettleReply::Confirmed(mut confirmed) => {
                 if !durable {
-                    // Not applied: the leases go on, and the consumer is told to retry.
-                    for result in &mut confirmed.results {
-                        if result.is_ok() {
-                            *result = Err(crate::wire::ReceiptError::Unavailable);
-                        }
-                    }
+                    not_applied(&mut confirmed.results);
                 }
                 Wire::Confirmed(confirmed)
+            }
+            SettleReply::Client { mut reply, .. } => {
+                if !durable {
+                    not_applied(&mut reply.results);
+                }
+                Wire::AckReply(reply)
             }
             SettleReply::Admin { tag, settled } => {
                 Wire::LeafAdminReply(crate::wire::LeafAdminReply {
@@ -539,6 +551,16 @@ impl SettleReply {
                     more: false,
                 })
             }
+        }
+    }
+}
+
+/// A settlement whose records were not made durable was not applied: the leases go on, and
+/// the consumer is told to retry.
+fn not_applied(results: &mut [Result<(), crate::wire::ReceiptError>]) {
+    for result in results {
+        if result.is_ok() {
+            *result = Err(crate::wire::ReceiptError::Unavailable);
         }
     }
 }
@@ -613,6 +635,8 @@ impl Leaf {
             tokens: ChaCha12Rng::from_seed(config.token_key),
             principals: HashMap::new(),
             push_tally: crate::access::Tally::default(),
+            settle_tally: crate::access::Tally::default(),
+            client_settles: 0,
             upstream,
             clients,
             live: LiveIds::default(),

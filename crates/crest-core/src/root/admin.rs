@@ -34,7 +34,7 @@ impl Root {
             AdminOp::Settle { ids, .. } if ids.is_empty() => {
                 return Err("settling leases needs the ids of their messages".into());
             }
-            AdminOp::Settle { op, .. } => self.validate_settle_op(op)?,
+            AdminOp::Settle { op, .. } => crate::validate::validate_settle_op(&self.settings, op)?,
             _ => {}
         }
         Ok(())

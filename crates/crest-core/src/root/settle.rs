@@ -4,58 +4,13 @@ use super::*;
 use crate::id::{LeafId, Receipt};
 use crate::machine::ConnId;
 use crate::time::Time;
-use crate::wire::{Ack, AckReply, Confirm, Confirmed, ErrorCode, ReceiptError, Settle, Wire};
+use crate::wire::{Ack, AckReply, Confirm, Confirmed, ErrorCode, ReceiptError, Wire};
 use std::collections::BTreeMap;
 
 impl Root {
-    pub(super) fn validate_settle(&self, ack: &Ack) -> Result<(), String> {
-        let s = &self.settings;
-        let count = ack.receipts.len();
-        if count == 0 || count > s.pop_messages_max as usize {
-            return Err(format!(
-                "{count} receipts is outside 1..={} (pop_messages_max)",
-                s.pop_messages_max
-            ));
-        }
-        self.validate_settle_op(&ack.op)
-    }
-
-    pub(super) fn validate_settle_op(&self, op: &Settle) -> Result<(), String> {
-        let s = &self.settings;
-        match op {
-            Settle::Ack => {}
-            Settle::Nack { delay_ms, reason } => {
-                if *delay_ms > s.delay_max_ms {
-                    return Err(format!(
-                        "nack delay of {delay_ms} ms exceeds delay_max_ms {}",
-                        s.delay_max_ms
-                    ));
-                }
-                if let Some(reason) = reason
-                    && reason.len() > s.reason_bytes_max as usize
-                {
-                    return Err(format!(
-                        "reason of {} bytes exceeds reason_bytes_max {}",
-                        reason.len(),
-                        s.reason_bytes_max
-                    ));
-                }
-            }
-            Settle::Extend { lease_ms } => {
-                if *lease_ms == 0 || *lease_ms > s.lease_timeout_max_ms {
-                    return Err(format!(
-                        "visibility timeout of {lease_ms} ms is outside 1..={} (lease_timeout_max_ms)",
-                        s.lease_timeout_max_ms
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
     pub(super) fn handle_ack(&mut self, now: Time, conn: ConnId, ack: Ack) {
         self.counters.settle_requests += 1;
-        if let Err(text) = self.validate_settle(&ack) {
+        if let Err(text) = crate::validate::validate_settle(&self.settings, &ack) {
             self.refuse(conn, ack.request, ErrorCode::InvalidArgument, text);
             return;
         }

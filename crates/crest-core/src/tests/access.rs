@@ -424,3 +424,69 @@ fn one_principal_cannot_hold_more_than_its_share_of_pushes_waiting_for_the_log()
     assert_eq!(payloads.len(), 3, "{payloads:?}");
     assert!(!payloads.contains(&Bytes::from_static(b"three")));
 }
+
+#[test]
+fn a_consumer_settles_at_the_owning_leaf_directly_with_its_principal_s_receipts() {
+    // Goal: acks, nacks and extends sent to the leaf that owns the message, not through the
+    // root, settle it exactly as through the root: bound to the principal it was delivered to
+    // (another principal's is `Stale`), a receipt of another leaf `UnknownLeaf`, a bad request
+    // refused by name; an ack applied there is `Settled` when repeated through the root.
+    let mut t = tree(16);
+    let alice_principal = principal("alice", &["*:consume"]);
+    let alice =
+        t.h.client_as(t.root, PeerKind::Consumer, Some(alice_principal.clone()));
+    let at_leaf =
+        t.h.client_as(t.leaves[0], PeerKind::Consumer, Some(alice_principal));
+    let mallory = t.h.client_as(
+        t.leaves[0],
+        PeerKind::Consumer,
+        Some(principal("mallory", &["*:consume"])),
+    );
+    let mine = t.h.push(t.producers[0], "jobs", &[1, 2, 3]);
+    let other = t.h.push(t.producers[1], "jobs", &[9]);
+    let delivered = t.h.pop(alice, "jobs", 4);
+    assert_eq!(delivered.len(), 4);
+    let receipt = |id: MessageId| delivered.iter().find(|d| d.id == id).unwrap().receipt();
+    let first = receipt(mine[0]);
+    assert_eq!(
+        t.h.settle(mallory, Settle::Ack, vec![first]),
+        [Err(ReceiptError::Stale)]
+    );
+    let before = t.h.nodes[t.leaves[0]].stats().messages;
+    assert_eq!(
+        t.h.ack(at_leaf, vec![first, receipt(other[0])]),
+        [Ok(()), Err(ReceiptError::UnknownLeaf)]
+    );
+    assert_eq!(t.h.nodes[t.leaves[0]].stats().messages, before - 1);
+    assert_eq!(t.h.ack(alice, vec![first]), [Err(ReceiptError::Settled)]);
+    // An extend and a nack there too: the nacked message is delivered again.
+    let extend = Settle::Extend { lease_ms: 60_000 };
+    assert_eq!(
+        t.h.settle(at_leaf, extend, vec![receipt(mine[1])]),
+        [Ok(())]
+    );
+    let nack = Settle::Nack {
+        delay_ms: 0,
+        reason: None,
+    };
+    assert_eq!(t.h.settle(at_leaf, nack, vec![receipt(mine[2])]), [Ok(())]);
+    let again: Vec<MessageId> = t.h.pop(alice, "jobs", 4).iter().map(|d| d.id).collect();
+    assert_eq!(again, [mine[2]]);
+    // An empty ack is refused, naming the bound.
+    let request = t.h.request();
+    t.h.send(
+        at_leaf,
+        Wire::Ack(Ack {
+            request,
+            op: Settle::Ack,
+            receipts: Vec::new(),
+        }),
+    );
+    match t.h.recv(at_leaf) {
+        Wire::Error(error) => {
+            assert_eq!(error.code, ErrorCode::InvalidArgument);
+            assert!(error.message.contains("pop_messages_max"), "{error:?}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
