@@ -21,6 +21,7 @@ mod config;
 mod ledger;
 mod load;
 mod probe;
+pub mod redis;
 mod report;
 pub mod wal;
 

@@ -104,6 +104,12 @@ pub(crate) struct BenchArgs {
     /// `a` and `b`).
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
+    /// Run the workload against the Redis server at this URL (`redis://HOST:PORT`,
+    /// `unix:///PATH`) used as a reliable priority queue — a sorted set, a Lua claim into an
+    /// in-flight set, a ZREM ack — instead of a crest tree: the peer comparison of
+    /// `scripts/bench-redis`. Fill then drain, one run.
+    #[arg(long, conflicts_with_all = ["connect", "against", "against_open", "open"])]
+    pub(crate) redis: Option<String>,
 }
 
 /// Most repetitions of `crest bench --runs`.
@@ -165,7 +171,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
         }
     };
     let topic = args.topic.clone().unwrap_or_else(|| {
-        if args.connect {
+        if args.connect || args.redis.is_some() {
             format!("bench-{:08x}", rand::random::<u32>())
         } else {
             "bench".into()
@@ -196,6 +202,23 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
         seed: args.seed,
         ..BenchConfig::reference(target)
     };
+    if let Some(url) = &args.redis {
+        if args.runs != 1 {
+            anyhow::bail!("--redis runs once: run the command again for more");
+        }
+        let report = crest::bench::redis::run(url, &config).await?;
+        print!("{}", report.render());
+        write_json(args.json.as_deref(), &report)?;
+        if report.missing > 0 || report.duplicates > 0 || report.left != (0, 0) {
+            anyhow::bail!(
+                "redis lost or repeated messages: {} missing, {} duplicates, {:?} left",
+                report.missing,
+                report.duplicates,
+                report.left
+            );
+        }
+        return Ok(());
+    }
     if args.against.is_some() || args.against_open {
         return bench_against(&args, config).await;
     }
