@@ -138,9 +138,15 @@ async fn bodies_come_back_from_the_log_segments_are_compacted_and_a_restart_find
         .await
         .unwrap();
     assert!(tree.wait_connected(WAIT).await, "tree connects");
-    let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls(&tree)))
-        .await
-        .unwrap();
+    // Push batches no larger than a log write (`wal_write_batch_bytes_max`): a busy machine
+    // makes the producer's batches large, and one record never spans segments, so a leaf's
+    // pushes could all land in its newest segment, which is never compacted.
+    let producer = Producer::connect(ProducerConfig {
+        batch_bytes_max: 16 * 1024,
+        ..ProducerConfig::from_topology(&tree.topology, tls(&tree))
+    })
+    .await
+    .unwrap();
     let total = 3000u32;
     let mut handles = Vec::new();
     for n in 0..total {
