@@ -171,6 +171,18 @@ async fn killing_the_root_or_an_aggregator_loses_nothing_the_leaves_hold() {
     assert_logs_clean(&cluster.dir);
 }
 
+/// The value of `crest_settle_requests_total` for `node` in its own `/metrics` (0 if absent).
+async fn settle_requests(cluster: &Cluster, node: &str) -> u64 {
+    let (code, metrics) = cluster.http_get(node, "/metrics").await;
+    assert_eq!(code, 200, "{node}: {metrics}");
+    let prefix = format!("crest_settle_requests_total{{node=\"{node}\",");
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(&prefix))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// Messages of topic `jobs` under a live lease at the four leaves, from their `/metrics`.
 async fn leased_at_leaves(cluster: &Cluster) -> u64 {
     let mut leased = 0;
@@ -211,9 +223,21 @@ async fn acks_go_to_the_owning_leaves_and_succeed_while_the_root_is_down() {
         );
     }
     assert_eq!(leased_at_leaves(&cluster).await, 40);
-    cluster.kill("root");
+    // Half acked with the root up: the leaves take them, the root sees none.
     let receipts: Vec<Receipt> = held.iter().map(Delivery::receipt).collect();
-    let results = consumer.ack_many(&receipts).await.unwrap();
+    let (first, rest) = receipts.split_at(20);
+    let results = consumer.ack_many(first).await.unwrap();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(leased_at_leaves(&cluster).await, 20);
+    assert_eq!(settle_requests(&cluster, "root").await, 0);
+    let mut at_leaves = 0;
+    for leaf in ["leaf-1", "leaf-2", "leaf-3", "leaf-4"] {
+        at_leaves += settle_requests(&cluster, leaf).await;
+    }
+    assert!(at_leaves >= 1, "no leaf counted a settlement");
+    // The rest with the root killed.
+    cluster.kill("root");
+    let results = consumer.ack_many(rest).await.unwrap();
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     assert_eq!(leased_at_leaves(&cluster).await, 0);
 }

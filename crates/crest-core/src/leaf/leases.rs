@@ -556,6 +556,7 @@ impl Leaf {
     /// delivered to another principal does not match), settled as the root's `Confirm`
     /// would be, and answered once durable. The lease stays this leaf's alone to end.
     pub(super) fn handle_client_settle(&mut self, now: Time, conn: ConnId, ack: Ack) {
+        self.counters.settle_requests += 1;
         let s = &self.config.settings;
         if let Err(text) = crate::validate::validate_settle(s, &ack) {
             let error = Wire::error(Some(ack.request), ErrorCode::InvalidArgument, text);

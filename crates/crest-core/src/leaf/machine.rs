@@ -353,6 +353,7 @@ impl Machine for Leaf {
             ("acked", c.acked),
             ("nacked", c.nacked),
             ("extended", c.extended),
+            ("settle_requests", c.settle_requests),
             ("expired", c.expired),
             ("dead_lettered", c.dead_lettered),
             ("deduplicated", c.deduplicated),

@@ -376,6 +376,8 @@ struct Counters {
     acked: u64,
     nacked: u64,
     extended: u64,
+    /// Acks, nacks and extends consumers sent here directly (not through the root).
+    settle_requests: u64,
     /// Bodies read back from the log for deliveries and listings.
     body_reads: u64,
     /// Bodies compaction moved.
