@@ -30,9 +30,7 @@ use crest::transport::tls::CertificateAuthority;
 
 /// mimalloc: the nodes allocate and free many small objects per message (decoded frames,
 /// deliveries); glibc's allocator spent about a fifth of all CPU time on them (`perf`).
-/// Transparent huge pages stay on: building it with `no_thp` took recovery from ~1.2 M to
-/// ~0.9 M msgs/s (4 KiB faults for every page of a fresh index) and no longer helped pushes
-/// once they stopped churning memory per message (`cargo bench --bench durable`).
+/// Transparent huge pages are off (see [`no_huge_pages`]).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use crest_storage::wal::RecoveryMode;
@@ -217,7 +215,22 @@ fn init_tracing(default: &str) {
         .init();
 }
 
+/// Turns transparent huge pages off for this process, unless `MIMALLOC_ALLOW_THP` in the
+/// environment decides. A fresh process on a machine whose free memory went back to its host
+/// (a virtual machine left idle a while) pays for each fresh 2 MiB page as the kernel zeroes
+/// it on first touch: with huge pages a cold node pushed at half the rate of a warm one, and
+/// held twice the memory (docs/performance.md, **Fresh memory**). Rebuilding a leaf from its
+/// log is as fast without; from a checkpoint about a tenth slower.
+fn no_huge_pages() {
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none()
+        && let Err(error) = rustix::thread::disable_transparent_huge_pages(true)
+    {
+        eprintln!("warning: transparent huge pages stay on: {error}");
+    }
+}
+
 fn main() -> std::process::ExitCode {
+    no_huge_pages();
     let cli = Cli::parse();
     // Read (and unset) the socket-activation variables while this is the only thread.
     let listen_fds = listenfd::ListenFd::from_env();

@@ -243,6 +243,27 @@ async fn acks_go_to_the_owning_leaves_and_succeed_while_the_root_is_down() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_run_without_transparent_huge_pages() {
+    // Goal: a launched node turns transparent huge pages off for its process (the kernel
+    // shows `THP_enabled: 0` in its status), so a cold node does not pay for fresh huge pages.
+    let cluster = Cluster::start("no-huge-pages");
+    let status = format!("/proc/{}/status", cluster.pid("leaf-1"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&status).unwrap();
+        let off = |line: &str| line.split_whitespace().eq(["THP_enabled:", "0"]);
+        if text.lines().any(off) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "huge pages still on in {status}: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_standing_by_serves_once_the_root_is_killed() {
     // Goal: with `root-b` standing by, SIGKILL of the root moves the aggregators and the
     // consumer to it; every message is delivered exactly once, acks of the old root's
