@@ -64,6 +64,12 @@ enum Command {
         /// Keep messages in memory only (lost when the process stops).
         #[arg(long)]
         memory: bool,
+        /// Where the Amazon SQS-compatible API listens (docs/sqs.md).
+        #[arg(long, default_value = "127.0.0.1:9324")]
+        sqs: std::net::SocketAddr,
+        /// Run without the SQS-compatible API.
+        #[arg(long)]
+        no_sqs: bool,
     },
     /// Run one node of a topology (one command per host), with certificates from `crest certs`.
     Launch {
@@ -257,10 +263,13 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
             ca_out,
             data_dir,
             memory,
+            sqs,
+            no_sqs,
         } => {
             init_tracing("info");
             let data_dir = (!memory).then_some(data_dir);
-            local(topology.as_deref(), &ca_out, data_dir.as_deref()).await
+            let sqs = (!no_sqs).then_some(sqs);
+            local(topology.as_deref(), &ca_out, data_dir.as_deref(), sqs).await
         }
         Command::Launch {
             topology,

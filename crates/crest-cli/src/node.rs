@@ -7,6 +7,7 @@ pub(crate) async fn local(
     topology_path: Option<&Path>,
     ca_out: &Path,
     data_dir: Option<&Path>,
+    sqs: Option<std::net::SocketAddr>,
 ) -> Result<()> {
     let topology = load_topology(topology_path)?;
     let tree = LocalTree::start_with(&topology, data_dir).await?;
@@ -82,14 +83,71 @@ pub(crate) async fn local(
         ),
         None => println!("leaves keep messages in memory only (--memory)"),
     }
+    let gateway = match sqs {
+        Some(listen) => {
+            Some(start_sqs(&tree, listen, &ca_out.with_file_name("sqs.credentials")).await?)
+        }
+        None => None,
+    };
     println!(
         "try:  crest push --topic jobs --priority 1 hello   then   crest pop --topic jobs --ack"
     );
     println!("Ctrl-C stops the tree.");
     tokio::signal::ctrl_c().await?;
+    drop(gateway);
     println!("stopping");
     tree.shutdown().await;
     Ok(())
+}
+
+/// Starts the SQS-compatible API of a local tree on `listen`, with one access key acting as
+/// the tree's admin principal in namespace `default`; writes the key to `credentials` (an
+/// AWS shared credentials file, profile `crest`) and prints it.
+async fn start_sqs(
+    tree: &LocalTree,
+    listen: std::net::SocketAddr,
+    credentials: &Path,
+) -> Result<crest_gateway::Gateway> {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    let id: String = (0..10)
+        .map(|_| b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"[rng.random_range(0..32)] as char)
+        .collect();
+    let id = format!("CRESTLOCAL{id}");
+    let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let secret: String = (0..40)
+        .map(|_| alphabet[rng.random_range(0..alphabet.len())] as char)
+        .collect();
+    let tls = ClientTls::new(tree.ca_pem.clone());
+    let key = crest_gateway::AccessKey {
+        id: id.clone(),
+        secret: secret.clone(),
+        namespace: crest::core::access::DEFAULT_NAMESPACE.to_string(),
+        credential: Credential::Token(tree.admin_token.clone()),
+    };
+    let config = crest_gateway::GatewayConfig::new(
+        listen,
+        ProducerConfig::from_topology(&tree.topology, tls.clone()),
+        ConsumerConfig::from_topology(&tree.topology, tls),
+        vec![key],
+    );
+    let gateway = crest_gateway::Gateway::start(config)
+        .await
+        .with_context(|| format!("starting the SQS API on {listen}"))?;
+    write_private(
+        credentials,
+        &format!("[crest]\naws_access_key_id = {id}\naws_secret_access_key = {secret}\n"),
+    )?;
+    println!(
+        "SQS API:                      http://{} (any region; docs/sqs.md)",
+        gateway.local_addr()
+    );
+    println!("  access key {id}  secret {secret}");
+    println!(
+        "  (AWS_SHARED_CREDENTIALS_FILE={} AWS_PROFILE=crest)",
+        credentials.display()
+    );
+    Ok(gateway)
 }
 
 /// How `crest launch` runs its node, besides the topology.

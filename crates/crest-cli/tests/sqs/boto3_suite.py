@@ -1,0 +1,385 @@
+"""crest's SQS-compatible API through real AWS clients: boto3 and the AWS CLI.
+
+Run by crates/crest-cli/tests/sqs.rs against a `crest local` it starts, with
+SQS_ENDPOINT, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY set. Each check names what
+it shows; any failure raises and the process exits non-zero.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+ENDPOINT = os.environ["SQS_ENDPOINT"]
+KEY = os.environ["AWS_ACCESS_KEY_ID"]
+SECRET = os.environ["AWS_SECRET_ACCESS_KEY"]
+
+
+def client(key=KEY, secret=SECRET):
+    return boto3.client(
+        "sqs",
+        endpoint_url=ENDPOINT,
+        region_name="us-east-1",
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+        config=Config(retries={"max_attempts": 1}),
+    )
+
+
+sqs = client()
+
+
+def error_code(call):
+    try:
+        call()
+    except botocore.exceptions.ClientError as error:
+        return error.response["Error"]["Code"]
+    raise AssertionError("the call succeeded")
+
+
+def md5_of_attributes(attributes):
+    """SQS's MD5OfMessageAttributes, written from AWS's description, independently of crest."""
+    out = b""
+    for name in sorted(attributes):
+        value = attributes[name]
+        kind = value["DataType"]
+        out += struct.pack(">I", len(name.encode())) + name.encode()
+        out += struct.pack(">I", len(kind.encode())) + kind.encode()
+        if "BinaryValue" in value:
+            data = value["BinaryValue"]
+            out += b"\x02" + struct.pack(">I", len(data)) + data
+        else:
+            data = value["StringValue"].encode()
+            out += b"\x01" + struct.pack(">I", len(data)) + data
+    return hashlib.md5(out).hexdigest()
+
+
+def priority(p):
+    return {"Priority": {"DataType": "Number", "StringValue": str(p)}}
+
+
+def receive_all(url, count, **extra):
+    """Receives until `count` messages came (each receive long-polls), within 20 s."""
+    got = []
+    deadline = time.time() + 20
+    while len(got) < count and time.time() < deadline:
+        answer = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=2, **extra
+        )
+        got.extend(answer.get("Messages", []))
+    assert len(got) == count, f"received {len(got)} of {count}"
+    return got
+
+
+def delete_all(url, messages):
+    for i in range(0, len(messages), 10):
+        part = messages[i : i + 10]
+        answer = sqs.delete_message_batch(
+            QueueUrl=url,
+            Entries=[
+                {"Id": f"d{j}", "ReceiptHandle": m["ReceiptHandle"]}
+                for j, m in enumerate(part)
+            ],
+        )
+        assert len(answer["Successful"]) == len(part), answer
+
+
+def queues_are_created_found_listed_and_checked():
+    url = sqs.create_queue(QueueName="boto-jobs", Attributes={"VisibilityTimeout": "5"})[
+        "QueueUrl"
+    ]
+    assert url.endswith("/default/boto-jobs"), url
+    assert sqs.get_queue_url(QueueName="boto-jobs")["QueueUrl"] == url
+    # The same attributes again: the same queue.
+    assert sqs.create_queue(QueueName="boto-jobs", Attributes={"VisibilityTimeout": "5"})[
+        "QueueUrl"
+    ] == url
+    assert url in sqs.list_queues(QueueNamePrefix="boto-")["QueueUrls"]
+    code = error_code(
+        lambda: sqs.create_queue(QueueName="boto-jobs", Attributes={"VisibilityTimeout": "6"})
+    )
+    assert code == "QueueAlreadyExists", code
+    try:
+        sqs.get_queue_url(QueueName="no-such-queue")
+        raise AssertionError("found a queue that does not exist")
+    except sqs.exceptions.QueueDoesNotExist:
+        pass
+    code = error_code(
+        lambda: sqs.create_queue(QueueName="bad", Attributes={"DelaySeconds": "901"})
+    )
+    assert code == "InvalidParameterValue", code
+    code = error_code(lambda: sqs.create_queue(QueueName="bad name"))
+    assert code == "InvalidParameterValue", code
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attributes["VisibilityTimeout"] == "5", attributes
+    assert attributes["ApproximateNumberOfMessages"] == "0", attributes
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "0"})
+    code = error_code(lambda: sqs.purge_queue(QueueUrl=url))
+    assert code == "AWS.SimpleQueueService.UnsupportedOperation", code
+
+
+def messages_come_out_most_urgent_first_with_their_digests():
+    url = sqs.create_queue(QueueName="boto-order")["QueueUrl"]
+    sent = {}
+    for p in [5, 1, 3, 0, 4, 2]:
+        body = f"priority {p} é"
+        answer = sqs.send_message(QueueUrl=url, MessageBody=body, MessageAttributes=priority(p))
+        assert answer["MD5OfMessageBody"] == hashlib.md5(body.encode()).hexdigest()
+        assert answer["MD5OfMessageAttributes"] == md5_of_attributes(priority(p))
+        sent[answer["MessageId"]] = p
+    got = receive_all(url, 6, MessageAttributeNames=["All"], AttributeNames=["All"])
+    priorities = [int(m["MessageAttributes"]["Priority"]["StringValue"]) for m in got]
+    assert priorities == sorted(priorities) == [0, 1, 2, 3, 4, 5], priorities
+    for m in got:
+        assert sent[m["MessageId"]] == int(m["MessageAttributes"]["Priority"]["StringValue"])
+        assert m["MD5OfBody"] == hashlib.md5(m["Body"].encode()).hexdigest()
+        assert m["MD5OfMessageAttributes"] == md5_of_attributes(m["MessageAttributes"])
+        assert m["Attributes"]["ApproximateReceiveCount"] == "1", m["Attributes"]
+        sent_at = int(m["Attributes"]["SentTimestamp"])
+        assert abs(sent_at / 1000 - time.time()) < 60, sent_at
+        assert m["Attributes"]["SenderId"] == KEY
+    delete_all(url, got)
+
+
+def attributes_of_every_type_round_trip():
+    url = sqs.create_queue(QueueName="boto-attributes")["QueueUrl"]
+    attributes = {
+        "text": {"DataType": "String", "StringValue": "hello"},
+        "count": {"DataType": "Number.int", "StringValue": "42"},
+        "blob": {"DataType": "Binary", "BinaryValue": b"\x00\x01\xff"},
+        "trace.id": {"DataType": "String", "StringValue": "abc"},
+    }
+    answer = sqs.send_message(QueueUrl=url, MessageBody="x", MessageAttributes=attributes)
+    assert answer["MD5OfMessageAttributes"] == md5_of_attributes(attributes)
+    [m] = receive_all(url, 1, MessageAttributeNames=["trace.*", "blob", "count", "text"])
+    got = m["MessageAttributes"]
+    assert got["blob"]["BinaryValue"] == b"\x00\x01\xff", got
+    assert got["count"] == {"DataType": "Number.int", "StringValue": "42"}, got
+    assert got["trace.id"]["StringValue"] == "abc"
+    assert "Priority" not in got, "not asked for"
+    assert m["MD5OfMessageAttributes"] == md5_of_attributes(got)
+    delete_all(url, [m])
+
+
+def visibility_timeouts_and_their_changes():
+    url = sqs.create_queue(QueueName="boto-visibility")["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="again")
+    [first] = receive_all(url, 1, VisibilityTimeout=1, AttributeNames=["ApproximateReceiveCount"])
+    # Not deleted: visible again once its second is over (the long poll waits for it).
+    [second] = receive_all(url, 1, AttributeNames=["ApproximateReceiveCount"])
+    assert second["MessageId"] == first["MessageId"]
+    assert second["Attributes"]["ApproximateReceiveCount"] == "2", second["Attributes"]
+    # The first receipt is stale now.
+    code = error_code(
+        lambda: sqs.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])
+    )
+    assert code == "ReceiptHandleIsInvalid", code
+    # Extended: not visible for a while; given back (0): visible at once.
+    sqs.change_message_visibility(
+        QueueUrl=url, ReceiptHandle=second["ReceiptHandle"], VisibilityTimeout=60
+    )
+    hidden = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1, AttributeNames=["All"])
+    assert "Messages" not in hidden, (hidden, second)
+    sqs.change_message_visibility(
+        QueueUrl=url, ReceiptHandle=second["ReceiptHandle"], VisibilityTimeout=0
+    )
+    [third] = receive_all(url, 1)
+    assert third["MessageId"] == first["MessageId"]
+    answer = sqs.change_message_visibility_batch(
+        QueueUrl=url,
+        Entries=[
+            {"Id": "ok", "ReceiptHandle": third["ReceiptHandle"], "VisibilityTimeout": 30},
+            {"Id": "bad", "ReceiptHandle": "not-a-handle", "VisibilityTimeout": 30},
+        ],
+    )
+    assert [e["Id"] for e in answer["Successful"]] == ["ok"], answer
+    assert answer["Failed"][0]["Code"] == "ReceiptHandleIsInvalid", answer
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=third["ReceiptHandle"])
+    assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)
+    code = error_code(lambda: sqs.delete_message(QueueUrl=url, ReceiptHandle="junk"))
+    assert code == "ReceiptHandleIsInvalid", code
+
+
+def a_long_poll_wakes_up_when_a_message_arrives():
+    url = sqs.create_queue(QueueName="boto-long-poll")["QueueUrl"]
+    result = {}
+
+    def wait():
+        result["answer"] = client().receive_message(QueueUrl=url, WaitTimeSeconds=15)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.5)
+    sqs.send_message(QueueUrl=url, MessageBody="wake up")
+    waiter.join(20)
+    messages = result["answer"].get("Messages", [])
+    assert [m["Body"] for m in messages] == ["wake up"], result
+    delete_all(url, messages)
+
+
+def a_batch_answers_each_entry_and_refuses_only_the_bad_one():
+    url = sqs.create_queue(QueueName="boto-batch")["QueueUrl"]
+    entries = [
+        {"Id": f"m{i}", "MessageBody": f"body {i}", "MessageAttributes": priority(i % 3)}
+        for i in range(10)
+    ]
+    entries[4]["MessageAttributes"] = {"Priority": {"DataType": "String", "StringValue": "high"}}
+    answer = sqs.send_message_batch(QueueUrl=url, Entries=entries)
+    assert sorted(e["Id"] for e in answer["Successful"]) == sorted(
+        f"m{i}" for i in range(10) if i != 4
+    ), answer
+    [failure] = answer["Failed"]
+    assert failure["Id"] == "m4" and failure["SenderFault"], failure
+    assert failure["Code"] == "InvalidParameterValue", failure
+    for e in answer["Successful"]:
+        body = entries[int(e["Id"][1:])]["MessageBody"]
+        assert e["MD5OfMessageBody"] == hashlib.md5(body.encode()).hexdigest()
+    got = receive_all(url, 9)
+    assert sorted(m["Body"] for m in got) == sorted(f"body {i}" for i in range(10) if i != 4)
+    delete_all(url, got)
+    too_many = [{"Id": f"m{i}", "MessageBody": "x"} for i in range(11)]
+    try:
+        sqs.send_message_batch(QueueUrl=url, Entries=too_many)
+        raise AssertionError("11 entries accepted")
+    except sqs.exceptions.TooManyEntriesInBatchRequest:
+        pass
+    code = error_code(
+        lambda: sqs.send_message_batch(
+            QueueUrl=url,
+            Entries=[{"Id": "a", "MessageBody": "x"}, {"Id": "a", "MessageBody": "y"}],
+        )
+    )
+    assert code == "AWS.SimpleQueueService.BatchEntryIdsNotDistinct", code
+
+
+def depths_show_in_the_queue_s_attributes():
+    url = sqs.create_queue(QueueName="boto-depth")["QueueUrl"]
+    for i in range(3):
+        sqs.send_message(QueueUrl=url, MessageBody=str(i))
+    deadline = time.time() + 20
+    while True:
+        attributes = sqs.get_queue_attributes(
+            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]
+        if attributes["ApproximateNumberOfMessages"] == "3":
+            break
+        assert time.time() < deadline, attributes
+        time.sleep(0.2)
+    delete_all(url, receive_all(url, 3))
+
+
+def bad_signatures_and_unknown_keys_are_refused():
+    url = sqs.get_queue_url(QueueName="boto-jobs")["QueueUrl"]
+    code = error_code(lambda: client(secret="wrong" + SECRET[5:]).list_queues())
+    assert code == "SignatureDoesNotMatch", code
+    code = error_code(lambda: client(key="AKIAUNKNOWN000000000").list_queues())
+    assert code == "InvalidClientTokenId", code
+    code = error_code(
+        lambda: client(secret="x").send_message(QueueUrl=url, MessageBody="never")
+    )
+    assert code == "SignatureDoesNotMatch", code
+
+
+def unsigned_and_malformed_requests_get_typed_errors():
+    import urllib.error
+    import urllib.request
+
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    def post(body, headers):
+        request = urllib.request.Request(ENDPOINT + "/", data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request) as answer:
+                return answer.status, dict(answer.headers), answer.read()
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers), error.read()
+
+    def signed(body, target):
+        request = AWSRequest(
+            method="POST",
+            url=ENDPOINT + "/",
+            data=body,
+            headers={
+                "Content-Type": "application/x-amz-json-1.0",
+                "X-Amz-Target": target,
+            },
+        )
+        SigV4Auth(Credentials(KEY, SECRET), "sqs", "us-east-1").add_auth(request)
+        return post(body, dict(request.headers.items()))
+
+    status, headers, body = post(b"{}", {"X-Amz-Target": "AmazonSQS.ListQueues"})
+    assert status == 403, (status, body)
+    assert headers["x-amzn-query-error"] == "MissingAuthenticationToken;Sender", headers
+    assert json.loads(body)["__type"].endswith("#MissingAuthenticationToken"), body
+    status, headers, body = signed(b"{not json", "AmazonSQS.ListQueues")
+    assert status == 400 and b"not JSON" in body, (status, body)
+    status, headers, body = signed(b"[1]", "AmazonSQS.ListQueues")
+    assert status == 400 and headers["x-amzn-query-error"].startswith("InvalidParameterValue")
+    status, headers, body = signed(b"{}", "AmazonSQS.NoSuchAction")
+    assert status == 400 and headers["x-amzn-query-error"].startswith("InvalidAction"), body
+    status, headers, body = signed(b"{}", "AmazonSQS.SendMessage")
+    assert headers["x-amzn-query-error"].startswith("MissingParameter"), body
+    # Bodies over the gateway's bound are refused before they are read whole.
+    status, _, _ = signed(b"{" + b" " * (5 << 20) + b"}", "AmazonSQS.ListQueues")
+    assert status == 413, status
+
+
+def the_aws_cli_sends_receives_and_deletes():
+    aws = os.path.join(os.path.dirname(sys.executable), "aws")
+    env = dict(os.environ, AWS_DEFAULT_REGION="us-east-1")
+    base = [aws, "--endpoint-url", ENDPOINT, "--output", "json", "sqs"]
+
+    def run(*args):
+        out = subprocess.run(base + list(args), env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout) if out.stdout.strip() else {}
+
+    url = run("create-queue", "--queue-name", "cli-jobs")["QueueUrl"]
+    for p in [3, 1, 2]:
+        run(
+            "send-message", "--queue-url", url, "--message-body", f"cli {p}",
+            "--message-attributes", json.dumps(priority(p)),
+        )
+    got = []
+    deadline = time.time() + 20
+    while len(got) < 3 and time.time() < deadline:
+        got += run(
+            "receive-message", "--queue-url", url, "--max-number-of-messages", "10",
+            "--wait-time-seconds", "2",
+        ).get("Messages", [])
+    assert [m["Body"] for m in got] == ["cli 1", "cli 2", "cli 3"], got
+    for m in got:
+        run("delete-message", "--queue-url", url, "--receipt-handle", m["ReceiptHandle"])
+
+
+CHECKS = [
+    queues_are_created_found_listed_and_checked,
+    messages_come_out_most_urgent_first_with_their_digests,
+    attributes_of_every_type_round_trip,
+    visibility_timeouts_and_their_changes,
+    a_long_poll_wakes_up_when_a_message_arrives,
+    a_batch_answers_each_entry_and_refuses_only_the_bad_one,
+    depths_show_in_the_queue_s_attributes,
+    bad_signatures_and_unknown_keys_are_refused,
+    unsigned_and_malformed_requests_get_typed_errors,
+    the_aws_cli_sends_receives_and_deletes,
+]
+
+if __name__ == "__main__":
+    print(f"boto3 {boto3.__version__} against {ENDPOINT}")
+    for check in CHECKS:
+        started = time.time()
+        check()
+        print(f"ok  {check.__name__} ({time.time() - started:.1f} s)")
+    print(f"passed all {len(CHECKS)} checks")

@@ -1,0 +1,822 @@
+//! The SQS operations, over crest's SDK: each takes the request's JSON and answers JSON, or an
+//! [`SqsError`].
+
+use crate::digest::{Attribute, AttributeValue, md5_of_attributes, md5_of_body};
+use crate::error::SqsError;
+use crate::queues::{QueueAttributes, QueueName};
+use crate::{Caller, State};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use crest_core::id::Receipt;
+use crest_core::wire::{ErrorCode, ReceiptError, Settle};
+use crest_sdk::ClientError;
+use crest_sdk::Message;
+use crest_sdk::PopOptions;
+use serde_json::{Map, Value, json};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// Most entries in one batch request.
+const BATCH_ENTRIES_MAX: usize = 10;
+/// Most messages one receive returns.
+const RECEIVE_MAX: u64 = 10;
+/// Longest long poll.
+const WAIT_SECONDS_MAX: u64 = 20;
+/// Longest visibility timeout (12 hours).
+const VISIBILITY_SECONDS_MAX: u64 = 43_200;
+/// Longest delay of a message.
+const DELAY_SECONDS_MAX: u64 = 900;
+/// Most message attributes on one message.
+const ATTRIBUTES_MAX: usize = 10;
+/// The message attribute that carries a message's priority.
+pub const PRIORITY_ATTRIBUTE: &str = "Priority";
+/// Metadata keys that hold a message attribute: `sqs.a.NAME` = `TYPE\nVALUE`.
+const ATTRIBUTE_PREFIX: &str = "sqs.a.";
+/// Metadata key of the access key that sent a message (`SenderId`).
+const SENDER_KEY: &str = "sqs.sender";
+
+/// Runs operation `action` for `caller`.
+pub(crate) async fn dispatch(
+    state: &State,
+    caller: &Caller,
+    action: &str,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    match action {
+        "CreateQueue" => create_queue(state, caller, input),
+        "GetQueueUrl" => get_queue_url(state, caller, input),
+        "ListQueues" => list_queues(state, caller, input),
+        "DeleteQueue" => delete_queue(state, input),
+        "GetQueueAttributes" => get_queue_attributes(state, caller, input).await,
+        "SetQueueAttributes" => set_queue_attributes(state, input),
+        "SendMessage" => send_message(state, caller, input).await,
+        "SendMessageBatch" => send_message_batch(state, caller, input).await,
+        "ReceiveMessage" => receive_message(state, caller, input).await,
+        "DeleteMessage" => settle(state, caller, input, Op::Delete, false).await,
+        "ChangeMessageVisibility" => settle(state, caller, input, Op::Visibility, false).await,
+        "DeleteMessageBatch" => settle(state, caller, input, Op::Delete, true).await,
+        "ChangeMessageVisibilityBatch" => settle(state, caller, input, Op::Visibility, true).await,
+        "PurgeQueue"
+        | "ListDeadLetterSourceQueues"
+        | "StartMessageMoveTask"
+        | "CancelMessageMoveTask"
+        | "ListMessageMoveTasks"
+        | "TagQueue"
+        | "UntagQueue"
+        | "ListQueueTags"
+        | "AddPermission"
+        | "RemovePermission" => Err(SqsError::unsupported(action)),
+        _ => Err(SqsError::unknown_action(action)),
+    }
+}
+
+fn text<'a>(input: &'a Value, name: &str) -> Result<&'a str, SqsError> {
+    match input.get(name) {
+        Some(Value::String(s)) => Ok(s),
+        None | Some(Value::Null) => Err(SqsError::missing(name)),
+        Some(_) => Err(SqsError::invalid(format!("{name} must be a string"))),
+    }
+}
+
+/// A whole number parameter in `0..=max`, or `default` when absent.
+fn number(input: &Value, name: &str, default: u64, max: u64) -> Result<u64, SqsError> {
+    match input.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(value) => value
+            .as_u64()
+            .or_else(|| value.as_str().and_then(|s| s.parse().ok()))
+            .filter(|v| *v <= max)
+            .ok_or_else(|| {
+                SqsError::invalid(format!(
+                    "Value {value} for parameter {name} is invalid. Reason: must be between 0 \
+                     and {max}."
+                ))
+            }),
+    }
+}
+
+fn queue_of(state: &State, input: &Value) -> Result<(QueueName, QueueAttributes), SqsError> {
+    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
+    let attributes = state.queues()?.get(&name)?.attributes.clone();
+    Ok((name, attributes))
+}
+
+fn create_queue(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
+    let name = QueueName::checked(&caller.namespace, text(input, "QueueName")?)?;
+    let mut attributes = QueueAttributes::default();
+    for (key, value) in string_map(input, "Attributes")? {
+        attributes.set(&key, &value)?;
+    }
+    state.queues()?.create(name.clone(), attributes)?;
+    Ok(json!({ "QueueUrl": name.url(&caller.host) }))
+}
+
+fn string_map(input: &Value, name: &str) -> Result<Vec<(String, String)>, SqsError> {
+    match input.get(name) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Object(map)) => map
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => Ok((k.clone(), s.clone())),
+                other => Ok((k.clone(), other.to_string())),
+            })
+            .collect(),
+        Some(_) => Err(SqsError::invalid(format!("{name} must be a map"))),
+    }
+}
+
+fn get_queue_url(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
+    let name = QueueName::checked(&caller.namespace, text(input, "QueueName")?)
+        .map_err(|_| SqsError::no_queue())?;
+    state.queues()?.get(&name)?;
+    Ok(json!({ "QueueUrl": name.url(&caller.host) }))
+}
+
+fn list_queues(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
+    let prefix = match input.get("QueueNamePrefix") {
+        Some(Value::String(s)) => s.as_str(),
+        _ => "",
+    };
+    let max = number(input, "MaxResults", 1000, 1000)? as usize;
+    let urls: Vec<String> = state
+        .queues()?
+        .list(&caller.namespace, prefix)
+        .into_iter()
+        .take(max)
+        .map(|q| q.url(&caller.host))
+        .collect();
+    Ok(json!({ "QueueUrls": urls }))
+}
+
+fn delete_queue(state: &State, input: &Value) -> Result<Value, SqsError> {
+    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
+    state.queues()?.delete(&name)?;
+    Ok(json!({}))
+}
+
+fn set_queue_attributes(state: &State, input: &Value) -> Result<Value, SqsError> {
+    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
+    let changes = string_map(input, "Attributes")?;
+    state.queues()?.set(&name, &changes)?;
+    Ok(json!({}))
+}
+
+async fn get_queue_attributes(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
+    let queue = state.queues()?.get(&name)?.clone();
+    let wanted = names(input, "AttributeNames")?;
+    let all = wanted.iter().any(|n| n == "All");
+    let want = |n: &str| all || wanted.iter().any(|w| w == n);
+    let mut out = Map::new();
+    for (key, value) in queue.attributes.listed() {
+        if want(key) {
+            out.insert(key.into(), value.into());
+        }
+    }
+    if want("CreatedTimestamp") {
+        out.insert("CreatedTimestamp".into(), queue.created.to_string().into());
+    }
+    if want("LastModifiedTimestamp") {
+        out.insert(
+            "LastModifiedTimestamp".into(),
+            queue.modified.to_string().into(),
+        );
+    }
+    let depths = [
+        "ApproximateNumberOfMessages",
+        "ApproximateNumberOfMessagesNotVisible",
+        "ApproximateNumberOfMessagesDelayed",
+    ];
+    if depths.iter().any(|d| want(d)) {
+        let clients = state.clients(caller).await?;
+        let admin = clients.admin().await?;
+        let topic = name.topic();
+        let stats = admin.stats(Some(&topic)).await.map_err(tree_error)?.value;
+        let topic_stats = stats.topics.iter().find(|t| t.topic == topic);
+        let (ready, leased, delayed) =
+            topic_stats.map_or((0, 0, 0), |t| (t.ready_total(), t.in_flight, t.delayed));
+        for (key, value) in depths.iter().zip([ready, leased, delayed]) {
+            if want(key) {
+                out.insert((*key).into(), value.to_string().into());
+            }
+        }
+    }
+    for name in &wanted {
+        let known = name == "All"
+            || out.contains_key(name)
+            || matches!(name.as_str(), "QueueArn" | "Policy" | "RedrivePolicy");
+        if !known {
+            return Err(SqsError::bad_attribute(name));
+        }
+    }
+    if want("QueueArn") {
+        let arn = format!(
+            "arn:aws:sqs:{}:{}:{}",
+            state.region, name.namespace, name.name
+        );
+        out.insert("QueueArn".into(), arn.into());
+    }
+    Ok(json!({ "Attributes": out }))
+}
+
+fn names(input: &Value, field: &str) -> Result<Vec<String>, SqsError> {
+    match input.get(field) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| SqsError::invalid(format!("{field} must list strings")))
+            })
+            .collect(),
+        Some(_) => Err(SqsError::invalid(format!("{field} must be a list"))),
+    }
+}
+
+/// Characters SQS allows in a message body: XML's.
+fn check_body(body: &str, max: u32) -> Result<(), SqsError> {
+    if body.is_empty() {
+        return Err(SqsError::missing("MessageBody"));
+    }
+    if body.len() > max as usize {
+        return Err(SqsError::invalid(format!(
+            "One or more parameters are invalid. Reason: Message must be shorter than {max} \
+             bytes."
+        )));
+    }
+    let allowed = |c: char| {
+        matches!(c, '\u{9}' | '\u{A}' | '\u{D}' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}')
+            || c >= '\u{10000}'
+    };
+    if let Some(c) = body.chars().find(|c| !allowed(*c)) {
+        return Err(SqsError::bad_contents(format!(
+            "Invalid characters found in the message body: U+{:04X}.",
+            c as u32
+        )));
+    }
+    Ok(())
+}
+
+/// A message's attributes from a request's `MessageAttributes`.
+fn parse_attributes(input: &Value) -> Result<Vec<(String, Attribute)>, SqsError> {
+    let Some(map) = input.get("MessageAttributes") else {
+        return Ok(Vec::new());
+    };
+    let map = map
+        .as_object()
+        .ok_or_else(|| SqsError::invalid("MessageAttributes must be a map"))?;
+    if map.len() > ATTRIBUTES_MAX {
+        return Err(SqsError::invalid(format!(
+            "Number of message attributes [{}] exceeds the allowed maximum [{ATTRIBUTES_MAX}].",
+            map.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(map.len());
+    for (name, value) in map {
+        let valid_name = !name.is_empty()
+            && name.len() <= 256
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+            && !name.starts_with('.')
+            && !name.ends_with('.')
+            && !name.to_ascii_lowercase().starts_with("aws.")
+            && !name.to_ascii_lowercase().starts_with("amazon.");
+        if !valid_name {
+            return Err(SqsError::invalid(format!(
+                "Message attribute name {name:?} is invalid."
+            )));
+        }
+        let data_type = value
+            .get("DataType")
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                SqsError::invalid(format!("The message attribute {name} has no DataType."))
+            })?;
+        let base = data_type.split('.').next().unwrap_or_default();
+        let field = |field: &str| {
+            value.get(field).and_then(Value::as_str).ok_or_else(|| {
+                SqsError::invalid(format!("The message attribute {name} has no {field}."))
+            })
+        };
+        let value = match base {
+            "String" | "Number" => {
+                let text = field("StringValue")?;
+                if base == "Number" && text.parse::<f64>().is_err() {
+                    return Err(SqsError::invalid(format!(
+                        "Can't cast the value of message attribute {name} to a number."
+                    )));
+                }
+                AttributeValue::Text(text.to_string())
+            }
+            "Binary" => {
+                let bytes = BASE64.decode(field("BinaryValue")?).map_err(|_| {
+                    SqsError::invalid(format!("The message attribute {name} is not base64."))
+                })?;
+                AttributeValue::Binary(bytes)
+            }
+            _ => {
+                return Err(SqsError::invalid(format!(
+                    "The type of message attribute {name} is invalid: {data_type:?}."
+                )));
+            }
+        };
+        out.push((
+            name.clone(),
+            Attribute {
+                data_type: data_type.to_string(),
+                value,
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// The crest message for a send (entry) to `queue`, and the digests to answer with.
+struct Prepared {
+    message: Message,
+    md5_body: String,
+    md5_attributes: Option<String>,
+}
+
+fn prepare(
+    caller: &Caller,
+    name: &QueueName,
+    queue: &QueueAttributes,
+    entry: &Value,
+) -> Result<Prepared, SqsError> {
+    let body = text(entry, "MessageBody")?;
+    check_body(body, queue.maximum_message_size)?;
+    let attributes = parse_attributes(entry)?;
+    let delay = number(
+        entry,
+        "DelaySeconds",
+        queue.delay_seconds.into(),
+        DELAY_SECONDS_MAX,
+    )?;
+    let mut message = Message::new(name.topic(), body.as_bytes().to_vec())
+        .ttl(Duration::from_secs(queue.retention_seconds.into()))
+        .metadata(SENDER_KEY, caller.key_id.clone());
+    if delay > 0 {
+        message = message.deliver_after(Duration::from_secs(delay));
+    }
+    for (attribute_name, attribute) in &attributes {
+        if attribute_name == PRIORITY_ATTRIBUTE {
+            let priority = match &attribute.value {
+                AttributeValue::Text(t) if attribute.data_type.starts_with("Number") => {
+                    t.parse::<u32>().ok()
+                }
+                _ => None,
+            }
+            .ok_or_else(|| {
+                SqsError::invalid(format!(
+                    "The message attribute {PRIORITY_ATTRIBUTE} must be a Number from 0 to \
+                     {}.",
+                    u32::MAX
+                ))
+            })?;
+            message = message.priority(priority);
+        }
+        let stored = match &attribute.value {
+            AttributeValue::Text(t) => format!("{}\n{t}", attribute.data_type),
+            AttributeValue::Binary(b) => format!("{}\n{}", attribute.data_type, BASE64.encode(b)),
+        };
+        message = message.metadata(format!("{ATTRIBUTE_PREFIX}{attribute_name}"), stored);
+    }
+    if let Some(id) = entry.get("MessageDeduplicationId").and_then(Value::as_str) {
+        message = message.dedup_key(id);
+    }
+    Ok(Prepared {
+        message,
+        md5_body: md5_of_body(body),
+        md5_attributes: md5_of_attributes(attributes.iter().map(|(n, a)| (n.as_str(), a))),
+    })
+}
+
+fn sent(prepared: &Prepared, id: String) -> Value {
+    let mut out = json!({
+        "MessageId": id,
+        "MD5OfMessageBody": prepared.md5_body,
+    });
+    if let Some(md5) = &prepared.md5_attributes {
+        out["MD5OfMessageAttributes"] = md5.clone().into();
+    }
+    out
+}
+
+async fn send_message(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
+    let (name, queue) = queue_of(state, input)?;
+    let prepared = prepare(caller, &name, &queue, input)?;
+    let clients = state.clients(caller).await?;
+    let producer = clients.producer().await?;
+    let handle = producer
+        .send(prepared.message.clone())
+        .await
+        .map_err(tree_error)?;
+    let id = handle.acked().await.map_err(tree_error)?;
+    Ok(sent(&prepared, id.to_string()))
+}
+
+/// A batch's entries, checked as SQS checks them (count, ids).
+fn entries(input: &Value) -> Result<&Vec<Value>, SqsError> {
+    let entries = match input.get("Entries") {
+        Some(Value::Array(entries)) => entries,
+        None | Some(Value::Null) => return Err(SqsError::empty_batch()),
+        Some(_) => return Err(SqsError::invalid("Entries must be a list")),
+    };
+    if entries.is_empty() {
+        return Err(SqsError::empty_batch());
+    }
+    if entries.len() > BATCH_ENTRIES_MAX {
+        return Err(SqsError::too_many_entries(entries.len()));
+    }
+    let mut seen = BTreeSet::new();
+    for entry in entries {
+        let id = entry.get("Id").and_then(Value::as_str).unwrap_or_default();
+        let valid = !id.is_empty()
+            && id.len() <= 80
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !valid {
+            return Err(SqsError::bad_entry_id(id));
+        }
+        if !seen.insert(id) {
+            return Err(SqsError::ids_not_distinct(id));
+        }
+    }
+    Ok(entries)
+}
+
+fn failed(id: &str, error: &SqsError) -> Value {
+    json!({
+        "Id": id,
+        "SenderFault": error.sender,
+        "Code": error.code,
+        "Message": error.message,
+    })
+}
+
+async fn send_message_batch(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let (name, queue) = queue_of(state, input)?;
+    let entries = entries(input)?;
+    let mut ok = Vec::new();
+    let mut bad = Vec::new();
+    for entry in entries {
+        let id = entry["Id"].as_str().unwrap_or_default();
+        match prepare(caller, &name, &queue, entry) {
+            Ok(prepared) => ok.push((id, prepared)),
+            Err(error) => bad.push(failed(id, &error)),
+        }
+    }
+    let mut successful = Vec::new();
+    if !ok.is_empty() {
+        let clients = state.clients(caller).await?;
+        let producer = clients.producer().await?;
+        let messages = ok.iter().map(|(_, p)| p.message.clone());
+        let handle = producer.send_batch(messages).await.map_err(tree_error)?;
+        let ids = handle.acked().await.map_err(tree_error)?;
+        for ((entry_id, prepared), id) in ok.iter().zip(ids) {
+            let mut out = sent(prepared, id.to_string());
+            out["Id"] = (*entry_id).into();
+            successful.push(out);
+        }
+    }
+    Ok(json!({ "Successful": successful, "Failed": bad }))
+}
+
+/// Whether `name` is asked for by a receive's `MessageAttributeNames`.
+fn asked(patterns: &[String], name: &str) -> bool {
+    patterns.iter().any(|p| {
+        p == "All"
+            || p == ".*"
+            || p == name
+            || p.strip_suffix(".*").is_some_and(|prefix| {
+                name.strip_prefix(prefix)
+                    .is_some_and(|rest| rest.starts_with('.'))
+            })
+    })
+}
+
+async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
+    let (name, queue) = queue_of(state, input)?;
+    let max = number(input, "MaxNumberOfMessages", 1, RECEIVE_MAX)?;
+    if max == 0 {
+        return Err(SqsError::invalid(
+            "Value 0 for parameter MaxNumberOfMessages is invalid. Reason: must be between 1 \
+             and 10.",
+        ));
+    }
+    let wait = number(
+        input,
+        "WaitTimeSeconds",
+        queue.receive_wait_seconds.into(),
+        WAIT_SECONDS_MAX,
+    )?;
+    let visibility = number(
+        input,
+        "VisibilityTimeout",
+        queue.visibility_timeout.into(),
+        VISIBILITY_SECONDS_MAX,
+    )?;
+    let mut system = names(input, "AttributeNames")?;
+    system.extend(names(input, "MessageSystemAttributeNames")?);
+    let wanted_attributes = names(input, "MessageAttributeNames")?;
+    let clients = state.clients(caller).await?;
+    let consumer = clients.consumer().await?;
+    let options = PopOptions {
+        max: max as u32,
+        wait: Duration::from_secs(wait),
+        // A visibility timeout of 0 leaves the message visible again at once: the shortest
+        // lease crest grants.
+        visibility: Some(Duration::from_millis((visibility * 1000).max(1))),
+        max_priority: None,
+    };
+    let deliveries = consumer
+        .pop_with(&name.topic(), options)
+        .await
+        .map_err(tree_error)?;
+    let system_all = system.iter().any(|s| s == "All");
+    let want_system = |n: &str| system_all || system.iter().any(|s| s == n);
+    let mut messages = Vec::with_capacity(deliveries.len());
+    for delivery in deliveries {
+        let body = String::from_utf8_lossy(&delivery.payload).into_owned();
+        let mut attributes: Vec<(String, Attribute)> = Vec::new();
+        let mut sender = None;
+        for (key, value) in &delivery.metadata {
+            if key == SENDER_KEY {
+                sender = Some(value.clone());
+            }
+            let Some(attribute_name) = key.strip_prefix(ATTRIBUTE_PREFIX) else {
+                continue;
+            };
+            let Some((data_type, stored)) = value.split_once('\n') else {
+                continue;
+            };
+            let value = if data_type.starts_with("Binary") {
+                AttributeValue::Binary(BASE64.decode(stored).unwrap_or_default())
+            } else {
+                AttributeValue::Text(stored.to_string())
+            };
+            let data_type = data_type.to_string();
+            attributes.push((attribute_name.to_string(), Attribute { data_type, value }));
+        }
+        if !attributes.iter().any(|(n, _)| n == PRIORITY_ATTRIBUTE) {
+            attributes.push((
+                PRIORITY_ATTRIBUTE.to_string(),
+                Attribute {
+                    data_type: "Number".into(),
+                    value: AttributeValue::Text(delivery.priority.to_string()),
+                },
+            ));
+        }
+        attributes.retain(|(n, _)| asked(&wanted_attributes, n));
+        let mut out = json!({
+            "MessageId": delivery.id.to_string(),
+            "ReceiptHandle": delivery.receipt().to_string(),
+            "MD5OfBody": md5_of_body(&body),
+            "Body": body,
+        });
+        let mut system_out = Map::new();
+        if want_system("ApproximateReceiveCount") {
+            system_out.insert(
+                "ApproximateReceiveCount".into(),
+                delivery.attempt.to_string().into(),
+            );
+        }
+        if want_system("SentTimestamp") {
+            system_out.insert(
+                "SentTimestamp".into(),
+                delivery.enqueued_at.as_millis().to_string().into(),
+            );
+        }
+        if want_system("SenderId")
+            && let Some(sender) = sender
+        {
+            system_out.insert("SenderId".into(), sender.into());
+        }
+        if !system_out.is_empty() {
+            out["Attributes"] = system_out.into();
+        }
+        if let Some(md5) = md5_of_attributes(attributes.iter().map(|(n, a)| (n.as_str(), a))) {
+            out["MD5OfMessageAttributes"] = md5.into();
+            let mut map = Map::new();
+            for (attribute_name, attribute) in &attributes {
+                let value = match &attribute.value {
+                    AttributeValue::Text(t) => {
+                        json!({ "DataType": attribute.data_type, "StringValue": t })
+                    }
+                    AttributeValue::Binary(b) => {
+                        json!({ "DataType": attribute.data_type, "BinaryValue": BASE64.encode(b) })
+                    }
+                };
+                map.insert(attribute_name.clone(), value);
+            }
+            out["MessageAttributes"] = map.into();
+        }
+        messages.push(out);
+    }
+    // SQS leaves the list out when nothing came.
+    if messages.is_empty() {
+        return Ok(json!({}));
+    }
+    Ok(json!({ "Messages": messages }))
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    Delete,
+    Visibility,
+}
+
+/// What a settle does for an entry: the crest operation, from the entry's fields.
+fn settle_op(op: Op, entry: &Value) -> Result<Settle, SqsError> {
+    Ok(match op {
+        Op::Delete => Settle::Ack,
+        Op::Visibility => {
+            let seconds = match entry.get("VisibilityTimeout") {
+                None | Some(Value::Null) => return Err(SqsError::missing("VisibilityTimeout")),
+                Some(_) => number(entry, "VisibilityTimeout", 0, VISIBILITY_SECONDS_MAX)?,
+            };
+            if seconds == 0 {
+                // Visible again at once: given back, its receive count kept.
+                Settle::Nack {
+                    delay_ms: 0,
+                    reason: None,
+                }
+            } else {
+                Settle::Extend {
+                    lease_ms: seconds * 1000,
+                }
+            }
+        }
+    })
+}
+
+fn receipt(entry: &Value) -> Result<Receipt, SqsError> {
+    let handle = text(entry, "ReceiptHandle")?;
+    handle.parse().map_err(|_| {
+        SqsError::bad_receipt(format!(
+            "The input receipt handle \"{handle}\" is not a valid receipt handle."
+        ))
+    })
+}
+
+fn receipt_error(error: ReceiptError) -> SqsError {
+    match error {
+        ReceiptError::Unavailable | ReceiptError::TimedOut => {
+            SqsError::unavailable(error.to_string())
+        }
+        other => SqsError::bad_receipt(format!("The receipt handle is not valid: {other}")),
+    }
+}
+
+/// Applies `settle` to `receipts` as `caller`'s principal: one result per receipt.
+async fn settle_receipts(
+    state: &State,
+    caller: &Caller,
+    settle: Settle,
+    receipts: &[Receipt],
+) -> Result<Vec<Result<(), SqsError>>, SqsError> {
+    let clients = state.clients(caller).await?;
+    let consumer = clients.consumer().await?;
+    let results = consumer
+        .settle(settle, receipts)
+        .await
+        .map_err(tree_error)?;
+    Ok(results
+        .into_iter()
+        .map(|result| result.map_err(receipt_error))
+        .collect())
+}
+
+/// A delete or visibility change: of one receipt (`batch` false) or of a batch's entries.
+async fn settle(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+    op: Op,
+    batch: bool,
+) -> Result<Value, SqsError> {
+    queue_of(state, input)?;
+    if !batch {
+        let receipt = receipt(input)?;
+        let settle = settle_op(op, input)?;
+        return match settle_receipts(state, caller, settle, &[receipt])
+            .await?
+            .pop()
+        {
+            Some(Ok(())) => Ok(json!({})),
+            Some(Err(error)) => Err(error),
+            None => Err(SqsError::unavailable("no answer for the receipt")),
+        };
+    }
+    let entries = entries(input)?;
+    let mut bad = Vec::new();
+    // Entries by operation (a visibility batch may mix extends and give-backs).
+    let mut groups: Vec<(Settle, Vec<(&str, Receipt)>)> = Vec::new();
+    for entry in entries {
+        let id = entry["Id"].as_str().unwrap_or_default();
+        match receipt(entry).and_then(|r| Ok((r, settle_op(op, entry)?))) {
+            Ok((receipt, settle)) => match groups.iter_mut().find(|(s, _)| *s == settle) {
+                Some((_, items)) => items.push((id, receipt)),
+                None => groups.push((settle, vec![(id, receipt)])),
+            },
+            Err(error) => bad.push(failed(id, &error)),
+        }
+    }
+    let mut successful = Vec::new();
+    for (settle, items) in groups {
+        let receipts: Vec<Receipt> = items.iter().map(|(_, r)| *r).collect();
+        let results = settle_receipts(state, caller, settle, &receipts).await?;
+        for ((id, _), result) in items.iter().zip(results) {
+            match result {
+                Ok(()) => successful.push(json!({ "Id": id })),
+                Err(error) => bad.push(failed(id, &error)),
+            }
+        }
+    }
+    Ok(json!({ "Successful": successful, "Failed": bad }))
+}
+
+/// The SQS error for a failed call to the tree.
+pub(crate) fn tree_error(error: ClientError) -> SqsError {
+    match error {
+        ClientError::Rejected { code, message } => match code {
+            ErrorCode::Forbidden | ErrorCode::Unauthenticated => SqsError::denied(message),
+            ErrorCode::InvalidArgument | ErrorCode::BatchTooLarge => SqsError::invalid(message),
+            ErrorCode::Overloaded => SqsError::throttled(message),
+            _ => SqsError::unavailable(format!("{code}: {message}")),
+        },
+        ClientError::Receipt(error) => receipt_error(error),
+        ClientError::InvalidArgument(message) => SqsError::invalid(message),
+        other => SqsError::unavailable(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attribute_name_patterns_select_as_sqs_does() {
+        let all = vec!["All".to_string()];
+        assert!(asked(&all, "x"));
+        let some = vec!["Priority".to_string(), "trace.*".to_string()];
+        assert!(asked(&some, "Priority"));
+        assert!(asked(&some, "trace.id"));
+        assert!(!asked(&some, "tracer"));
+        assert!(!asked(&[], "Priority"));
+    }
+
+    #[test]
+    fn bodies_with_characters_outside_xml_s_are_refused() {
+        assert!(check_body("hello\tworld\n", 100).is_ok());
+        assert_eq!(
+            check_body("a\u{1}b", 100).unwrap_err().code,
+            "InvalidMessageContents"
+        );
+        assert_eq!(check_body("", 100).unwrap_err().code, "MissingParameter");
+        assert_eq!(
+            check_body("abc", 2).unwrap_err().code,
+            "InvalidParameterValue"
+        );
+    }
+
+    #[test]
+    fn a_batch_is_refused_whole_for_its_shape_only() {
+        let entry = |id: &str| json!({ "Id": id });
+        let ten: Vec<Value> = (0..10).map(|i| entry(&format!("e{i}"))).collect();
+        assert!(entries(&json!({ "Entries": ten })).is_ok());
+        let eleven: Vec<Value> = (0..11).map(|i| entry(&format!("e{i}"))).collect();
+        assert_eq!(
+            entries(&json!({ "Entries": eleven })).unwrap_err().code,
+            "AWS.SimpleQueueService.TooManyEntriesInBatchRequest"
+        );
+        assert_eq!(
+            entries(&json!({ "Entries": [] })).unwrap_err().code,
+            "AWS.SimpleQueueService.EmptyBatchRequest"
+        );
+        assert_eq!(
+            entries(&json!({ "Entries": [entry("a"), entry("a")] }))
+                .unwrap_err()
+                .code,
+            "AWS.SimpleQueueService.BatchEntryIdsNotDistinct"
+        );
+        assert_eq!(
+            entries(&json!({ "Entries": [entry("a b")] }))
+                .unwrap_err()
+                .code,
+            "AWS.SimpleQueueService.InvalidBatchEntryId"
+        );
+    }
+}

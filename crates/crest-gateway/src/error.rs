@@ -1,0 +1,209 @@
+//! SQS's errors, as the JSON protocol carries them: `__type` names the error shape, the
+//! `x-amzn-query-error` header its classic (query protocol) code, which AWS SDKs report and
+//! base their retries on.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+/// An error answered to an SQS request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqsError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The JSON protocol's error shape (`QueueDoesNotExist`).
+    pub shape: &'static str,
+    /// The query protocol's code (`AWS.SimpleQueueService.NonExistentQueue`).
+    pub code: String,
+    /// Whether the client is at fault (`Sender`) or the service (`Receiver`).
+    pub sender: bool,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+impl SqsError {
+    fn new(
+        status: StatusCode,
+        shape: &'static str,
+        code: impl Into<String>,
+        message: String,
+    ) -> Self {
+        SqsError {
+            status,
+            shape,
+            code: code.into(),
+            sender: status.is_client_error(),
+            message,
+        }
+    }
+
+    /// An error whose JSON shape and query code are the same name.
+    fn named(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(status, code, code, message.into())
+    }
+
+    /// An error of SQS's own, its query code `AWS.SimpleQueueService.` and its shape.
+    fn sqs(shape: &'static str, message: impl Into<String>) -> Self {
+        let code = format!("AWS.SimpleQueueService.{shape}");
+        Self::new(StatusCode::BAD_REQUEST, shape, code, message.into())
+    }
+
+    /// A parameter out of range or of the wrong form.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::named(StatusCode::BAD_REQUEST, "InvalidParameterValue", message)
+    }
+
+    /// A required parameter is absent.
+    pub fn missing(name: &str) -> Self {
+        let m = format!("The request must contain the parameter {name}.");
+        Self::named(StatusCode::BAD_REQUEST, "MissingParameter", m)
+    }
+
+    /// No such queue.
+    pub fn no_queue() -> Self {
+        let m = "The specified queue does not exist.".to_string();
+        let code = "AWS.SimpleQueueService.NonExistentQueue";
+        Self::new(StatusCode::BAD_REQUEST, "QueueDoesNotExist", code, m)
+    }
+
+    /// A queue of that name exists with other attributes.
+    pub fn queue_exists(name: &str) -> Self {
+        let m = format!("A queue named {name} already exists with different attributes.");
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "QueueNameExists",
+            "QueueAlreadyExists",
+            m,
+        )
+    }
+
+    /// A receipt handle that is not one, or no longer valid.
+    pub fn bad_receipt(message: impl Into<String>) -> Self {
+        let m = message.into();
+        let (shape, code) = ("ReceiptHandleIsInvalid", "ReceiptHandleIsInvalid");
+        Self::new(StatusCode::BAD_REQUEST, shape, code, m)
+    }
+
+    /// An attribute name SQS or crest does not have.
+    pub fn bad_attribute(name: &str) -> Self {
+        let m = format!("Unknown Attribute {name}.");
+        Self::named(StatusCode::BAD_REQUEST, "InvalidAttributeName", m)
+    }
+
+    /// A message body with characters SQS does not allow.
+    pub fn bad_contents(message: impl Into<String>) -> Self {
+        Self::named(StatusCode::BAD_REQUEST, "InvalidMessageContents", message)
+    }
+
+    /// A batch of more than 10 entries.
+    pub fn too_many_entries(count: usize) -> Self {
+        let m = format!("Maximum number of entries per request are 10. You have sent {count}.");
+        let code = "AWS.SimpleQueueService.TooManyEntriesInBatchRequest";
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "TooManyEntriesInBatchRequest",
+            code,
+            m,
+        )
+    }
+
+    /// A batch with no entries.
+    pub fn empty_batch() -> Self {
+        let m = "There should be at least one entry in the request.".to_string();
+        Self::sqs("EmptyBatchRequest", m)
+    }
+
+    /// Two entries of a batch with one id.
+    pub fn ids_not_distinct(id: &str) -> Self {
+        let m = format!("Id {id} repeated.");
+        Self::sqs("BatchEntryIdsNotDistinct", m)
+    }
+
+    /// A batch entry id that is not 1-80 of `[A-Za-z0-9_-]`.
+    pub fn bad_entry_id(id: &str) -> Self {
+        let m = format!(
+            "A batch entry id can only contain alphanumeric characters, hyphens and underscores. It can be at most 80 letters long: {id:?}."
+        );
+        Self::sqs("InvalidBatchEntryId", m)
+    }
+
+    /// An operation the gateway does not offer.
+    pub fn unsupported(what: &str) -> Self {
+        let m = format!("{what} is not supported by crest's SQS API (see docs/sqs.md).");
+        Self::sqs("UnsupportedOperation", m)
+    }
+
+    /// An action name SQS does not have.
+    pub fn unknown_action(action: &str) -> Self {
+        let m = format!("The action {action} is not valid for this endpoint.");
+        Self::named(StatusCode::BAD_REQUEST, "InvalidAction", m)
+    }
+
+    /// No signature, or not SigV4.
+    pub fn unsigned(message: impl Into<String>) -> Self {
+        Self::named(StatusCode::FORBIDDEN, "MissingAuthenticationToken", message)
+    }
+
+    /// A malformed signature.
+    pub fn incomplete_signature(message: impl Into<String>) -> Self {
+        Self::named(StatusCode::BAD_REQUEST, "IncompleteSignature", message)
+    }
+
+    /// An access key the gateway does not know.
+    pub fn unknown_key() -> Self {
+        let m = "The security token included in the request is invalid.".to_string();
+        Self::named(StatusCode::FORBIDDEN, "InvalidClientTokenId", m)
+    }
+
+    /// A signature that does not match.
+    pub fn signature_mismatch(message: String) -> Self {
+        Self::named(StatusCode::FORBIDDEN, "SignatureDoesNotMatch", message)
+    }
+
+    /// A request signed too long ago (or ahead).
+    pub fn expired(message: String) -> Self {
+        Self::named(StatusCode::BAD_REQUEST, "RequestExpired", message)
+    }
+
+    /// What the principal may not do in the namespace.
+    pub fn denied(message: impl Into<String>) -> Self {
+        Self::named(StatusCode::FORBIDDEN, "AccessDenied", message)
+    }
+
+    /// The tree refused or could not be reached; SDKs retry a `Receiver` fault.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::named(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            message,
+        )
+    }
+
+    /// Too many requests at once for the gateway's bounds; SDKs back off and retry.
+    pub fn throttled(message: impl Into<String>) -> Self {
+        Self::named(StatusCode::BAD_REQUEST, "RequestThrottled", message)
+    }
+
+    /// The body as SQS's JSON protocol writes an error.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "__type": format!("com.amazonaws.sqs#{}", self.shape),
+            "message": self.message,
+        })
+    }
+}
+
+impl IntoResponse for SqsError {
+    fn into_response(self) -> Response {
+        let fault = if self.sender { "Sender" } else { "Receiver" };
+        let query = format!("{};{fault}", self.code);
+        (
+            self.status,
+            [
+                ("content-type", "application/x-amz-json-1.0".to_string()),
+                ("x-amzn-query-error", query),
+            ],
+            self.json().to_string(),
+        )
+            .into_response()
+    }
+}

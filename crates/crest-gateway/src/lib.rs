@@ -1,0 +1,322 @@
+//! crest's Amazon SQS-compatible HTTP API: a gateway that speaks SQS's AWS JSON 1.0 protocol
+//! (what current AWS SDKs, boto3 and the AWS CLI send) and serves it with crest's SDK.
+//!
+//! A request is checked for its AWS Signature Version 4 against the gateway's access keys
+//! ([`AccessKey`]); each key acts as a crest principal, through SDK clients of its own
+//! that present the key's crest credential, so the tree applies that principal's permissions
+//! exactly as for native clients. A queue is a topic of the key's namespace; a message's
+//! `Priority` attribute (a Number, lower is more urgent) is its crest priority. What each
+//! operation does, and what is refused: docs/sqs.md.
+
+mod api;
+pub mod digest;
+pub mod error;
+pub mod queues;
+pub mod sigv4;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State as Shared};
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::{IntoResponse, Response};
+use crest_sdk::Admin;
+use crest_sdk::Credential;
+use crest_sdk::{Consumer, ConsumerConfig};
+use crest_sdk::{Producer, ProducerConfig};
+use error::SqsError;
+use queues::Queues;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+use tokio::sync::{OnceCell, Semaphore};
+
+pub use api::PRIORITY_ATTRIBUTE;
+
+/// An access key: what a client signs with, and the crest principal it acts as.
+#[derive(Clone)]
+pub struct AccessKey {
+    /// The access key id (`AWS_ACCESS_KEY_ID`).
+    pub id: String,
+    /// The secret access key (`AWS_SECRET_ACCESS_KEY`).
+    pub secret: String,
+    /// The namespace its queues live in.
+    pub namespace: String,
+    /// How its clients prove the principal to the tree.
+    pub credential: Credential,
+}
+
+impl std::fmt::Debug for AccessKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccessKey")
+            .field("id", &self.id)
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a gateway runs.
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    /// Where it listens for HTTP.
+    pub listen: SocketAddr,
+    /// The region clients sign for (any region is accepted; this one is in queue ARNs).
+    pub region: String,
+    /// The producer settings its keys' producers start from (their credential replaced).
+    pub producer: ProducerConfig,
+    /// The consumer settings its keys' consumers and admins start from.
+    pub consumer: ConsumerConfig,
+    /// The access keys it accepts.
+    pub keys: Vec<AccessKey>,
+    /// Most queues it holds (setting `gateway_queues_max`).
+    pub queues_max: usize,
+    /// Largest request body, in bytes (a batch of ten 256 KiB messages fits).
+    pub body_bytes_max: usize,
+    /// Most requests served at once; beyond, `RequestThrottled` (SDKs back off and retry).
+    pub requests_max: usize,
+}
+
+impl GatewayConfig {
+    /// Defaults: `us-east-1`, 10,000 queues, 4 MiB bodies, 1,024 requests at once.
+    pub fn new(
+        listen: SocketAddr,
+        producer: ProducerConfig,
+        consumer: ConsumerConfig,
+        keys: Vec<AccessKey>,
+    ) -> GatewayConfig {
+        GatewayConfig {
+            listen,
+            region: "us-east-1".into(),
+            producer,
+            consumer,
+            keys,
+            queues_max: 10_000,
+            body_bytes_max: 4 << 20,
+            requests_max: 1024,
+        }
+    }
+}
+
+/// The SDK clients of one access key, connected on first use.
+#[derive(Default)]
+struct Clients {
+    producer: OnceCell<Producer>,
+    consumer: OnceCell<Consumer>,
+    admin: OnceCell<Admin>,
+    producer_config: Option<ProducerConfig>,
+    consumer_config: Option<ConsumerConfig>,
+}
+
+/// The client in `cell`, connected with `connect` on first use.
+async fn connected<T, F>(cell: &OnceCell<T>, connect: impl FnOnce() -> F) -> Result<&T, SqsError>
+where
+    F: Future<Output = Result<T, crest_sdk::ClientError>>,
+{
+    cell.get_or_try_init(connect).await.map_err(api::tree_error)
+}
+
+impl Clients {
+    async fn producer(&self) -> Result<&Producer, SqsError> {
+        let config = self.producer_config.clone().expect("set at creation");
+        connected(&self.producer, || Producer::connect(config)).await
+    }
+
+    async fn consumer(&self) -> Result<&Consumer, SqsError> {
+        let config = self.consumer_config.clone().expect("set at creation");
+        connected(&self.consumer, || Consumer::connect(config)).await
+    }
+
+    async fn admin(&self) -> Result<&Admin, SqsError> {
+        let config = self.consumer_config.clone().expect("set at creation");
+        connected(&self.admin, || Admin::connect(config)).await
+    }
+}
+
+/// Who sent a request: its verified access key, and the host it addressed (queue URLs
+/// name it).
+pub(crate) struct Caller {
+    key_id: String,
+    namespace: String,
+    host: String,
+}
+
+/// What the handlers share.
+pub(crate) struct State {
+    config: GatewayConfig,
+    region: String,
+    keys: HashMap<String, AccessKey>,
+    clients: Mutex<HashMap<String, Arc<Clients>>>,
+    queues: Mutex<Queues>,
+    requests: Semaphore,
+}
+
+impl State {
+    fn queues(&self) -> Result<std::sync::MutexGuard<'_, Queues>, SqsError> {
+        self.queues
+            .lock()
+            .map_err(|_| SqsError::unavailable("the queue registry is unusable"))
+    }
+
+    async fn clients(&self, caller: &Caller) -> Result<Arc<Clients>, SqsError> {
+        let mut clients = self
+            .clients
+            .lock()
+            .map_err(|_| SqsError::unavailable("the client table is unusable"))?;
+        let key = &self.keys[&caller.key_id];
+        let entry = clients.entry(caller.key_id.clone()).or_insert_with(|| {
+            let mut producer = self.config.producer.clone();
+            producer.tls = producer.tls.clone().with_credential(key.credential.clone());
+            let mut consumer = self.config.consumer.clone();
+            consumer.tls = consumer.tls.clone().with_credential(key.credential.clone());
+            Arc::new(Clients {
+                producer_config: Some(producer),
+                consumer_config: Some(consumer),
+                ..Clients::default()
+            })
+        });
+        Ok(entry.clone())
+    }
+}
+
+/// A running gateway.
+pub struct Gateway {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Gateway {
+    /// Binds `config.listen` and serves until dropped or [`Gateway::stop`]ped.
+    ///
+    /// # Errors
+    /// The listening socket could not be bound.
+    pub async fn start(config: GatewayConfig) -> std::io::Result<Gateway> {
+        let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            region: config.region.clone(),
+            keys: config
+                .keys
+                .iter()
+                .map(|k| (k.id.clone(), k.clone()))
+                .collect(),
+            clients: Mutex::new(HashMap::new()),
+            queues: Mutex::new(Queues::new(config.queues_max)),
+            requests: Semaphore::new(config.requests_max),
+            config: config.clone(),
+        });
+        let app = Router::new()
+            .fallback(handle)
+            .layer(DefaultBodyLimit::max(config.body_bytes_max))
+            .with_state(state);
+        let task = tokio::spawn(async move {
+            if let Err(error) = axum::serve(listener, app).await {
+                tracing::warn!(%error, "the SQS gateway stopped");
+            }
+        });
+        Ok(Gateway { addr, task })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving.
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn handle(
+    Shared(state): Shared<Arc<State>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match serve(&state, &method, &uri, &headers, &body).await {
+        Ok(value) => (
+            [("content-type", "application/x-amz-json-1.0")],
+            value.to_string(),
+        )
+            .into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn serve(
+    state: &State,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<serde_json::Value, SqsError> {
+    let _permit = state
+        .requests
+        .try_acquire()
+        .map_err(|_| SqsError::throttled("the gateway serves its most requests at once"))?;
+    let signed = sigv4::Signed {
+        method: method.as_str(),
+        path: uri.path(),
+        query: uri.query().unwrap_or_default(),
+        headers: headers
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body,
+    };
+    let key_id = sigv4::claimed_key(&signed).map_err(signature_error)?;
+    let key = state.keys.get(&key_id).ok_or_else(SqsError::unknown_key)?;
+    sigv4::verify(&signed, &key.secret, SystemTime::now()).map_err(signature_error)?;
+    let Some(target) = headers.get("x-amz-target") else {
+        return Err(SqsError::unsupported(
+            "The query protocol (Action=... form requests)",
+        ));
+    };
+    let target = String::from_utf8_lossy(target.as_bytes());
+    let action = target
+        .strip_prefix("AmazonSQS.")
+        .ok_or_else(|| SqsError::unknown_action(&target))?;
+    let input: serde_json::Value = if body.is_empty() {
+        serde_json::json!({})
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| SqsError::invalid(format!("the body is not JSON: {e}")))?
+    };
+    if !input.is_object() {
+        return Err(SqsError::invalid("the body must be a JSON object"));
+    }
+    let host = headers
+        .get("host")
+        .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+        .unwrap_or_else(|| state.config.listen.to_string());
+    let caller = Caller {
+        key_id,
+        namespace: key.namespace.clone(),
+        host,
+    };
+    api::dispatch(state, &caller, action, &input).await
+}
+
+fn signature_error(error: sigv4::SignatureError) -> SqsError {
+    use sigv4::SignatureError as E;
+    let message = error.to_string();
+    match error {
+        E::Missing(_) => SqsError::unsigned(message),
+        E::Malformed(_) => SqsError::incomplete_signature(message),
+        E::UnknownKey(_) => SqsError::unknown_key(),
+        E::Mismatch => SqsError::signature_mismatch(message),
+        E::Expired(_) => SqsError::expired(message),
+    }
+}
