@@ -3,6 +3,7 @@
 mod admin;
 mod bench;
 mod client;
+mod gateway;
 mod node;
 mod sim;
 mod status;
@@ -12,6 +13,7 @@ mod wal;
 use admin::*;
 use bench::*;
 use client::*;
+use gateway::*;
 use node::*;
 use sim::*;
 use token::*;
@@ -71,6 +73,8 @@ enum Command {
         #[arg(long)]
         no_sqs: bool,
     },
+    /// Serve the Amazon SQS-compatible API in front of a running tree (docs/sqs.md).
+    Gateway(GatewayArgs),
     /// Run one node of a topology (one command per host), with certificates from `crest certs`.
     Launch {
         /// Topology file (must have a [tls] section).
@@ -347,6 +351,10 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
             json.as_deref(),
             &set,
         ),
+        Command::Gateway(args) => {
+            init_tracing("info");
+            gateway(args).await
+        }
         Command::Bench(args) => {
             init_tracing("warn");
             bench(*args).await

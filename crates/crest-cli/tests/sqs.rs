@@ -11,13 +11,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crest::core::topology::Topology;
+use crest::node::LocalTree;
+
 const CREST: &str = env!("CARGO_BIN_EXE_crest");
 const DEFAULT: &str = include_str!("../../../topology/local.toml");
 
-/// A `crest local` process, killed when dropped.
-struct Local(Child);
+/// A `crest` process, killed when dropped.
+struct Process(Child);
 
-impl Drop for Local {
+impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -42,9 +45,45 @@ fn python() -> PathBuf {
     venv
 }
 
+/// Spawns `command` with its stdout read line by line on a thread of its own.
+fn spawn_printing(mut command: Command) -> (Process, mpsc::Receiver<String>) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (Process(child), rx)
+}
+
+/// The first value `find` gets from a printed line, within 30 s.
+fn wait_for<T>(lines: &mpsc::Receiver<String>, mut find: impl FnMut(&str) -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = String::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("not printed within 30 s; printed:\n{seen}"));
+        if let Some(found) = find(&line) {
+            return found;
+        }
+        seen.push_str(&line);
+        seen.push('\n');
+    }
+}
+
 /// Starts `crest local` on ephemeral ports with its SQS API; returns the process, the API's
 /// endpoint and its access key pair, as the process printed them.
-fn start_local(dir: &std::path::Path) -> (Local, String, String, String) {
+fn start_local(dir: &std::path::Path) -> (Process, String, String, String) {
     // The default tree, every port ephemeral (tests run side by side).
     let mut topology = String::new();
     for line in DEFAULT.lines() {
@@ -56,63 +95,41 @@ fn start_local(dir: &std::path::Path) -> (Local, String, String, String) {
     }
     let path = dir.join("topology.toml");
     std::fs::write(&path, topology).unwrap();
-    let mut child = Command::new(CREST)
+    let mut command = Command::new(CREST);
+    command
         .args(["local", "--memory", "--sqs", "127.0.0.1:0", "--topology"])
         .arg(&path)
         .arg("--ca-out")
-        .arg(dir.join("ca.pem"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let local = Local(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
+        .arg(dir.join("ca.pem"));
+    let (local, lines) = spawn_printing(command);
+    let endpoint = wait_for(&lines, |line| {
+        let rest = line.strip_prefix("SQS API:")?;
+        rest.split_whitespace().next().map(str::to_string)
+    });
+    let (id, secret) = wait_for(&lines, |line| {
+        let rest = line.trim().strip_prefix("access key ")?;
+        match rest.split_whitespace().collect::<Vec<_>>()[..] {
+            [id, "secret", secret] => Some((id.to_string(), secret.to_string())),
+            _ => None,
         }
     });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let (mut endpoint, mut key) = (None, None);
-    let mut seen = String::new();
-    while endpoint.is_none() || key.is_none() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("crest local printed no SQS API within 30 s:\n{seen}"));
-        seen.push_str(&line);
-        seen.push('\n');
-        if let Some(rest) = line.strip_prefix("SQS API:") {
-            endpoint = rest.split_whitespace().next().map(str::to_string);
-        }
-        if let Some(rest) = line.trim().strip_prefix("access key ") {
-            let words: Vec<&str> = rest.split_whitespace().collect();
-            if let [id, "secret", secret] = words[..] {
-                key = Some((id.to_string(), secret.to_string()));
-            }
-        }
-    }
-    let (id, secret) = key.unwrap();
-    (local, endpoint.unwrap(), id, secret)
+    (local, endpoint, id, secret)
 }
 
-#[tokio::test]
-async fn boto3_and_the_aws_cli_use_crest_local_s_sqs_api() {
-    let python = python();
-    let dir = tempfile::tempdir().unwrap();
-    let (_local, endpoint, id, secret) = start_local(dir.path());
+/// Runs the boto3 suite (`checks`: those only) against `endpoint` signing with `key`;
+/// `env` adds variables. Asserts that it passed every check it ran.
+async fn suite(endpoint: &str, key: (&str, &str), checks: &[&str], env: &[(&str, &str)]) {
     let suite = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sqs/boto3_suite.py");
-    let mut command = Command::new(&python);
+    let mut command = Command::new(python());
     command
         .arg(suite)
-        .env("SQS_ENDPOINT", &endpoint)
-        .env("AWS_ACCESS_KEY_ID", &id)
-        .env("AWS_SECRET_ACCESS_KEY", &secret)
+        .args(checks)
+        .env("SQS_ENDPOINT", endpoint)
+        .env("AWS_ACCESS_KEY_ID", key.0)
+        .env("AWS_SECRET_ACCESS_KEY", key.1)
         .env("AWS_DEFAULT_REGION", "us-east-1")
-        .env_remove("AWS_PROFILE");
+        .env_remove("AWS_PROFILE")
+        .envs(env.iter().copied());
     let (success, text) = common::output(command).await;
     assert!(success, "the boto3 suite failed:\n{text}");
     // Every check ran.
@@ -127,4 +144,71 @@ async fn boto3_and_the_aws_cli_use_crest_local_s_sqs_api() {
             .unwrap_or_default(),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn boto3_and_the_aws_cli_use_crest_local_s_sqs_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_local, endpoint, id, secret) = start_local(dir.path());
+    suite(&endpoint, (&id, &secret), &[], &[]).await;
+}
+
+/// `crest gateway` as a process of its own in front of a tree, with a keys file of two keys:
+/// the tree's admin in `default`, and a principal that may only produce, in `orders`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_process_serves_each_key_in_its_namespace_as_its_principal() {
+    use crest::core::access::Grants;
+    let topology = Topology::parse(DEFAULT).unwrap().with_ephemeral_ports();
+    let mut tree = LocalTree::start(&topology).await.unwrap();
+    assert!(tree.wait_connected(Duration::from_secs(10)).await);
+    let mut file = tree.access_file().clone();
+    let mut grants = Grants::default();
+    let (namespace, permissions) = Grants::parse_one("orders:produce").unwrap();
+    grants.add(&namespace, &permissions);
+    file.grant("writer", &grants).unwrap();
+    let writer = file.create_token("writer", 0).unwrap();
+    tree.reload_access(file);
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &tree.ca_pem).unwrap();
+    let keys = dir.path().join("keys.toml");
+    let text = format!(
+        "[[key]]\nid = \"ADMINKEY\"\nsecret = \"admin-secret\"\ntoken = \"{}\"\n\n\
+         [[key]]\nid = \"WRITERKEY\"\nsecret = \"writer-secret\"\nnamespace = \"orders\"\n\
+         token = \"{writer}\"\n",
+        tree.admin_token
+    );
+    std::fs::write(&keys, text).unwrap();
+    let mut command = Command::new(CREST);
+    command
+        .args(["gateway", "--listen", "127.0.0.1:0", "--root"])
+        .arg(&tree.topology.root().address)
+        .arg("--ca")
+        .arg(&ca)
+        .arg("--keys")
+        .arg(&keys);
+    for leaf in tree.topology.leaves() {
+        command.arg("--leaf").arg(&leaf.address);
+    }
+    let (gateway, lines) = spawn_printing(command);
+    let endpoint = wait_for(&lines, |line| {
+        line.strip_prefix("SQS API: ")?
+            .split_whitespace()
+            .next()
+            .map(str::to_string)
+    });
+    let _gateway = gateway;
+    let checks = [
+        "messages_come_out_most_urgent_first_with_their_digests",
+        "a_batch_answers_each_entry_and_refuses_only_the_bad_one",
+        "bad_signatures_and_unknown_keys_are_refused",
+        "keys_act_in_their_namespace_with_their_principal_s_permissions",
+    ];
+    let env = [
+        ("OTHER_KEY", "WRITERKEY"),
+        ("OTHER_SECRET", "writer-secret"),
+    ];
+    suite(&endpoint, ("ADMINKEY", "admin-secret"), &checks, &env).await;
+    tree.shutdown().await;
 }

@@ -11,6 +11,7 @@
 mod api;
 pub mod digest;
 pub mod error;
+pub mod keys;
 pub mod queues;
 pub mod sigv4;
 

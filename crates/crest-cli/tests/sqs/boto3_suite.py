@@ -278,7 +278,7 @@ def depths_show_in_the_queue_s_attributes():
 
 
 def bad_signatures_and_unknown_keys_are_refused():
-    url = sqs.get_queue_url(QueueName="boto-jobs")["QueueUrl"]
+    url = sqs.create_queue(QueueName="boto-signed")["QueueUrl"]
     code = error_code(lambda: client(secret="wrong" + SECRET[5:]).list_queues())
     assert code == "SignatureDoesNotMatch", code
     code = error_code(lambda: client(key="AKIAUNKNOWN000000000").list_queues())
@@ -363,6 +363,23 @@ def the_aws_cli_sends_receives_and_deletes():
         run("delete-message", "--queue-url", url, "--receipt-handle", m["ReceiptHandle"])
 
 
+def keys_act_in_their_namespace_with_their_principal_s_permissions():
+    """With OTHER_KEY (namespace `orders`, a principal that may produce there but not consume)
+    and its secret set."""
+    other = client(os.environ["OTHER_KEY"], os.environ["OTHER_SECRET"])
+    url = other.create_queue(QueueName="eu-jobs")["QueueUrl"]
+    assert url.endswith("/orders/eu-jobs"), url
+    assert url not in sqs.list_queues().get("QueueUrls", []), "another namespace's queue"
+    assert url in other.list_queues()["QueueUrls"]
+    other.send_message(QueueUrl=url, MessageBody="allowed", MessageAttributes=priority(1))
+    code = error_code(lambda: other.receive_message(QueueUrl=url))
+    assert code == "AccessDenied", code
+    # The admin key (every permission) takes it out of topic orders/eu-jobs.
+    [m] = receive_all(url, 1)
+    assert m["Body"] == "allowed"
+    delete_all(url, [m])
+
+
 CHECKS = [
     queues_are_created_found_listed_and_checked,
     messages_come_out_most_urgent_first_with_their_digests,
@@ -378,6 +395,11 @@ CHECKS = [
 
 if __name__ == "__main__":
     print(f"boto3 {boto3.__version__} against {ENDPOINT}")
+    names = sys.argv[1:]
+    everything = CHECKS + [keys_act_in_their_namespace_with_their_principal_s_permissions]
+    chosen = [c for c in everything if c.__name__ in names] if names else CHECKS
+    assert len(chosen) == len(names or CHECKS), f"unknown checks in {names}"
+    CHECKS = chosen
     for check in CHECKS:
         started = time.time()
         check()
