@@ -1,5 +1,6 @@
 //! crest's Amazon SQS-compatible HTTP API: a gateway that speaks SQS's AWS JSON 1.0 protocol
-//! (what current AWS SDKs, boto3 and the AWS CLI send) and serves it with crest's SDK.
+//! (what current AWS SDKs, boto3 and the AWS CLI send) and its older query protocol (form
+//! parameters, XML answers), and serves both with crest's SDK.
 //!
 //! A request is checked for its AWS Signature Version 4 against the gateway's access keys
 //! ([`AccessKey`]); each key acts as a crest principal, through SDK clients of its own
@@ -12,6 +13,7 @@ mod api;
 pub mod digest;
 pub mod error;
 pub mod keys;
+mod query;
 pub mod queues;
 pub mod sigv4;
 
@@ -149,6 +151,8 @@ pub(crate) struct State {
     clients: Mutex<HashMap<String, Arc<Clients>>>,
     queues: Mutex<Queues>,
     requests: Semaphore,
+    /// Numbers the query protocol's answers (`RequestId`).
+    request_ids: std::sync::atomic::AtomicU64,
 }
 
 impl State {
@@ -203,6 +207,7 @@ impl Gateway {
             clients: Mutex::new(HashMap::new()),
             queues: Mutex::new(Queues::new(config.queues_max)),
             requests: Semaphore::new(config.requests_max),
+            request_ids: std::sync::atomic::AtomicU64::new(1),
             config: config.clone(),
         });
         let app = Router::new()
@@ -234,6 +239,37 @@ impl Drop for Gateway {
     }
 }
 
+/// Which of SQS's protocols a request speaks, and its operation.
+enum Protocol {
+    /// AWS JSON 1.0: `X-Amz-Target: AmazonSQS.ACTION`, a JSON body.
+    Json(String),
+    /// The query protocol: `Action=ACTION` among form or query string parameters.
+    Query(String, Vec<(String, String)>),
+}
+
+impl Protocol {
+    fn of(uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Protocol {
+        if let Some(target) = headers.get("x-amz-target") {
+            let target = String::from_utf8_lossy(target.as_bytes());
+            return Protocol::Json(target.into_owned());
+        }
+        let mut params = query::form_pairs(uri.query().unwrap_or_default());
+        let form = headers.get("content-type").is_some_and(|t| {
+            t.as_bytes()
+                .starts_with(b"application/x-www-form-urlencoded")
+        });
+        if form {
+            params.extend(query::form_pairs(&String::from_utf8_lossy(body)));
+        }
+        let action = params
+            .iter()
+            .find(|(name, _)| name == "Action")
+            .map(|(_, value)| value.clone())
+            .unwrap_or_default();
+        Protocol::Query(action, params)
+    }
+}
+
 async fn handle(
     Shared(state): Shared<Arc<State>>,
     method: Method,
@@ -241,13 +277,21 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match serve(&state, &method, &uri, &headers, &body).await {
-        Ok(value) => (
+    let protocol = Protocol::of(&uri, &headers, &body);
+    let result = serve(&state, &method, &uri, &headers, &body, &protocol).await;
+    match (protocol, result) {
+        (Protocol::Json(_), Ok(value)) => (
             [("content-type", "application/x-amz-json-1.0")],
             value.to_string(),
         )
             .into_response(),
-        Err(error) => error.into_response(),
+        (Protocol::Json(_), Err(error)) => error.into_response(),
+        (Protocol::Query(action, _), result) => {
+            let id = state
+                .request_ids
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            query::render(&action, &format!("{id:016x}"), result)
+        }
     }
 }
 
@@ -257,6 +301,7 @@ async fn serve(
     uri: &Uri,
     headers: &HeaderMap,
     body: &[u8],
+    protocol: &Protocol,
 ) -> Result<serde_json::Value, SqsError> {
     let _permit = state
         .requests
@@ -280,20 +325,23 @@ async fn serve(
     let key_id = sigv4::claimed_key(&signed).map_err(signature_error)?;
     let key = state.keys.get(&key_id).ok_or_else(SqsError::unknown_key)?;
     sigv4::verify(&signed, &key.secret, SystemTime::now()).map_err(signature_error)?;
-    let Some(target) = headers.get("x-amz-target") else {
-        return Err(SqsError::unsupported(
-            "The query protocol (Action=... form requests)",
-        ));
-    };
-    let target = String::from_utf8_lossy(target.as_bytes());
-    let action = target
-        .strip_prefix("AmazonSQS.")
-        .ok_or_else(|| SqsError::unknown_action(&target))?;
-    let input: serde_json::Value = if body.is_empty() {
-        serde_json::json!({})
-    } else {
-        serde_json::from_slice(body)
-            .map_err(|e| SqsError::invalid(format!("the body is not JSON: {e}")))?
+    let (action, input) = match protocol {
+        Protocol::Json(target) => {
+            let action = target
+                .strip_prefix("AmazonSQS.")
+                .ok_or_else(|| SqsError::unknown_action(target))?;
+            let input: serde_json::Value = if body.is_empty() {
+                serde_json::json!({})
+            } else {
+                serde_json::from_slice(body)
+                    .map_err(|e| SqsError::invalid(format!("the body is not JSON: {e}")))?
+            };
+            (action, input)
+        }
+        Protocol::Query(action, _) if action.is_empty() => {
+            return Err(SqsError::missing("Action"));
+        }
+        Protocol::Query(action, params) => (action.as_str(), query::to_input(params)),
     };
     if !input.is_object() {
         return Err(SqsError::invalid("the body must be a JSON object"));

@@ -289,34 +289,33 @@ def bad_signatures_and_unknown_keys_are_refused():
     assert code == "SignatureDoesNotMatch", code
 
 
-def unsigned_and_malformed_requests_get_typed_errors():
+def post(body, headers):
     import urllib.error
     import urllib.request
 
+    request = urllib.request.Request(ENDPOINT + "/", data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def signed_post(body, headers):
+    """POSTs `body` with `headers`, signed with SigV4 as botocore signs."""
     from botocore.auth import SigV4Auth
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
-    def post(body, headers):
-        request = urllib.request.Request(ENDPOINT + "/", data=body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request) as answer:
-                return answer.status, dict(answer.headers), answer.read()
-        except urllib.error.HTTPError as error:
-            return error.code, dict(error.headers), error.read()
+    request = AWSRequest(method="POST", url=ENDPOINT + "/", data=body, headers=headers)
+    SigV4Auth(Credentials(KEY, SECRET), "sqs", "us-east-1").add_auth(request)
+    return post(body, dict(request.headers.items()))
 
+
+def unsigned_and_malformed_requests_get_typed_errors():
     def signed(body, target):
-        request = AWSRequest(
-            method="POST",
-            url=ENDPOINT + "/",
-            data=body,
-            headers={
-                "Content-Type": "application/x-amz-json-1.0",
-                "X-Amz-Target": target,
-            },
-        )
-        SigV4Auth(Credentials(KEY, SECRET), "sqs", "us-east-1").add_auth(request)
-        return post(body, dict(request.headers.items()))
+        headers = {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": target}
+        return signed_post(body, headers)
 
     status, headers, body = post(b"{}", {"X-Amz-Target": "AmazonSQS.ListQueues"})
     assert status == 403, (status, body)
@@ -333,6 +332,65 @@ def unsigned_and_malformed_requests_get_typed_errors():
     # Bodies over the gateway's bound are refused before they are read whole.
     status, _, _ = signed(b"{" + b" " * (5 << 20) + b"}", "AmazonSQS.ListQueues")
     assert status == 413, status
+
+
+def the_query_protocol_answers_in_xml():
+    """Older SDKs' form-encoded requests, as SQS's documentation writes them."""
+    import urllib.parse
+    import xml.etree.ElementTree as ET
+
+    ns = {"sqs": "http://queue.amazonaws.com/doc/2012-11-05/"}
+
+    def call(action, **params):
+        body = urllib.parse.urlencode({"Action": action, "Version": "2012-11-05", **params})
+        headers = {"Content-Type": "application/x-www-form-urlencoded; charset=utf-8"}
+        status, _, answer = signed_post(body.encode(), headers)
+        return status, ET.fromstring(answer)
+
+    status, root = call("CreateQueue", QueueName="query-jobs", **{
+        "Attribute.1.Name": "VisibilityTimeout", "Attribute.1.Value": "40"})
+    assert status == 200, ET.tostring(root)
+    url = root.find("sqs:CreateQueueResult/sqs:QueueUrl", ns).text
+    assert url.endswith("/default/query-jobs"), url
+    for p in [2, 0]:
+        status, root = call("SendMessage", QueueUrl=url, MessageBody=f"query {p} <&>", **{
+            "MessageAttribute.1.Name": "Priority",
+            "MessageAttribute.1.Value.DataType": "Number",
+            "MessageAttribute.1.Value.StringValue": str(p)})
+        assert status == 200, ET.tostring(root)
+        md5 = root.find("sqs:SendMessageResult/sqs:MD5OfMessageBody", ns).text
+        assert md5 == hashlib.md5(f"query {p} <&>".encode()).hexdigest()
+    status, root = call("SendMessageBatch", QueueUrl=url, **{
+        "SendMessageBatchRequestEntry.1.Id": "a", "SendMessageBatchRequestEntry.1.MessageBody": "b1",
+        "SendMessageBatchRequestEntry.2.Id": "b", "SendMessageBatchRequestEntry.2.MessageBody": ""})
+    entries = root.findall("sqs:SendMessageBatchResult/sqs:SendMessageBatchResultEntry", ns)
+    failed = root.findall("sqs:SendMessageBatchResult/sqs:BatchResultErrorEntry", ns)
+    assert [e.find("sqs:Id", ns).text for e in entries] == ["a"], ET.tostring(root)
+    assert failed[0].find("sqs:Code", ns).text == "MissingParameter", ET.tostring(root)
+    got = []
+    deadline = time.time() + 20
+    while len(got) < 3 and time.time() < deadline:
+        status, root = call("ReceiveMessage", QueueUrl=url, MaxNumberOfMessages="10",
+                            WaitTimeSeconds="2", **{"AttributeName.1": "All",
+                                                    "MessageAttributeName.1": "All"})
+        got += root.findall("sqs:ReceiveMessageResult/sqs:Message", ns)
+    bodies = [m.find("sqs:Body", ns).text for m in got]
+    assert bodies[:2] == ["query 0 <&>", "query 2 <&>"], bodies
+    first = got[0]
+    assert first.find("sqs:Attribute[sqs:Name='ApproximateReceiveCount']/sqs:Value", ns).text == "1"
+    priority_value = first.find(
+        "sqs:MessageAttribute[sqs:Name='Priority']/sqs:Value/sqs:StringValue", ns).text
+    assert priority_value == "0", ET.tostring(first)
+    for i, m in enumerate(got):
+        status, root = call("DeleteMessage", QueueUrl=url,
+                            ReceiptHandle=m.find("sqs:ReceiptHandle", ns).text)
+        assert status == 200, ET.tostring(root)
+    status, root = call("GetQueueUrl", QueueName="no-such-queue")
+    assert status == 400, status
+    assert root.find("sqs:Error/sqs:Code", ns).text == "AWS.SimpleQueueService.NonExistentQueue"
+    assert root.find("sqs:Error/sqs:Type", ns).text == "Sender"
+    status, root = call("NoSuchAction")
+    assert root.find("sqs:Error/sqs:Code", ns).text == "InvalidAction", ET.tostring(root)
 
 
 def the_aws_cli_sends_receives_and_deletes():
@@ -390,6 +448,7 @@ CHECKS = [
     depths_show_in_the_queue_s_attributes,
     bad_signatures_and_unknown_keys_are_refused,
     unsigned_and_malformed_requests_get_typed_errors,
+    the_query_protocol_answers_in_xml,
     the_aws_cli_sends_receives_and_deletes,
 ]
 
