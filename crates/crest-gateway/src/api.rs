@@ -192,7 +192,7 @@ async fn get_queue_attributes(
         "ApproximateNumberOfMessagesDelayed",
     ];
     if depths.iter().any(|d| want(d)) {
-        let clients = state.clients(caller).await?;
+        let clients = state.clients(caller)?;
         let admin = clients.admin().await?;
         let topic = name.topic();
         let stats = admin.stats(Some(&topic)).await.map_err(tree_error)?.value;
@@ -216,7 +216,7 @@ async fn get_queue_attributes(
     if want("QueueArn") {
         let arn = format!(
             "arn:aws:sqs:{}:{}:{}",
-            state.region, name.namespace, name.name
+            state.config.region, name.namespace, name.name
         );
         out.insert("QueueArn".into(), arn.into());
     }
@@ -412,7 +412,7 @@ fn sent(prepared: &Prepared, id: String) -> Value {
 async fn send_message(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
     let (name, queue) = queue_of(state, input)?;
     let prepared = prepare(caller, &name, &queue, input)?;
-    let clients = state.clients(caller).await?;
+    let clients = state.clients(caller)?;
     let producer = clients.producer().await?;
     let handle = producer
         .send(prepared.message.clone())
@@ -480,7 +480,7 @@ async fn send_message_batch(
     }
     let mut successful = Vec::new();
     if !ok.is_empty() {
-        let clients = state.clients(caller).await?;
+        let clients = state.clients(caller)?;
         let producer = clients.producer().await?;
         let messages = ok.iter().map(|(_, p)| p.message.clone());
         let handle = producer.send_batch(messages).await.map_err(tree_error)?;
@@ -531,7 +531,7 @@ async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Resul
     let mut system = names(input, "AttributeNames")?;
     system.extend(names(input, "MessageSystemAttributeNames")?);
     let wanted_attributes = names(input, "MessageAttributeNames")?;
-    let clients = state.clients(caller).await?;
+    let clients = state.clients(caller)?;
     let consumer = clients.consumer().await?;
     let options = PopOptions {
         max: max as u32,
@@ -687,7 +687,7 @@ async fn settle_receipts(
     settle: Settle,
     receipts: &[Receipt],
 ) -> Result<Vec<Result<(), SqsError>>, SqsError> {
-    let clients = state.clients(caller).await?;
+    let clients = state.clients(caller)?;
     let consumer = clients.consumer().await?;
     let results = consumer
         .settle(settle, receipts)

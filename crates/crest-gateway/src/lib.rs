@@ -101,13 +101,12 @@ impl GatewayConfig {
 }
 
 /// The SDK clients of one access key, connected on first use.
-#[derive(Default)]
 struct Clients {
     producer: OnceCell<Producer>,
     consumer: OnceCell<Consumer>,
     admin: OnceCell<Admin>,
-    producer_config: Option<ProducerConfig>,
-    consumer_config: Option<ConsumerConfig>,
+    producer_config: ProducerConfig,
+    consumer_config: ConsumerConfig,
 }
 
 /// The client in `cell`, connected with `connect` on first use.
@@ -120,17 +119,17 @@ where
 
 impl Clients {
     async fn producer(&self) -> Result<&Producer, SqsError> {
-        let config = self.producer_config.clone().expect("set at creation");
+        let config = self.producer_config.clone();
         connected(&self.producer, || Producer::connect(config)).await
     }
 
     async fn consumer(&self) -> Result<&Consumer, SqsError> {
-        let config = self.consumer_config.clone().expect("set at creation");
+        let config = self.consumer_config.clone();
         connected(&self.consumer, || Consumer::connect(config)).await
     }
 
     async fn admin(&self) -> Result<&Admin, SqsError> {
-        let config = self.consumer_config.clone().expect("set at creation");
+        let config = self.consumer_config.clone();
         connected(&self.admin, || Admin::connect(config)).await
     }
 }
@@ -146,7 +145,6 @@ pub(crate) struct Caller {
 /// What the handlers share.
 pub(crate) struct State {
     config: GatewayConfig,
-    region: String,
     keys: HashMap<String, AccessKey>,
     clients: Mutex<HashMap<String, Arc<Clients>>>,
     queues: Mutex<Queues>,
@@ -162,7 +160,7 @@ impl State {
             .map_err(|_| SqsError::unavailable("the queue registry is unusable"))
     }
 
-    async fn clients(&self, caller: &Caller) -> Result<Arc<Clients>, SqsError> {
+    fn clients(&self, caller: &Caller) -> Result<Arc<Clients>, SqsError> {
         let mut clients = self
             .clients
             .lock()
@@ -174,9 +172,11 @@ impl State {
             let mut consumer = self.config.consumer.clone();
             consumer.tls = consumer.tls.clone().with_credential(key.credential.clone());
             Arc::new(Clients {
-                producer_config: Some(producer),
-                consumer_config: Some(consumer),
-                ..Clients::default()
+                producer: OnceCell::new(),
+                consumer: OnceCell::new(),
+                admin: OnceCell::new(),
+                producer_config: producer,
+                consumer_config: consumer,
             })
         });
         Ok(entry.clone())
@@ -198,7 +198,6 @@ impl Gateway {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
-            region: config.region.clone(),
             keys: config
                 .keys
                 .iter()
