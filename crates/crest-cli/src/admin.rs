@@ -1,4 +1,5 @@
-//! Admin commands: `crest dlq list | redrive | purge`, `crest lease` and `crest stats`.
+//! Admin commands: `crest dlq list | redrive | purge`, `crest purge`, `crest lease` and
+//! `crest stats`.
 
 use crate::*;
 
@@ -126,6 +127,33 @@ pub(crate) struct StatsArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// `crest purge`: deletes a topic's ready and delayed messages.
+#[derive(Args)]
+pub(crate) struct PurgeArgs {
+    #[command(flatten)]
+    pub(crate) root: RootArgs,
+    /// The topic.
+    #[arg(long)]
+    pub(crate) topic: String,
+    /// Confirms: every ready and delayed message of the topic is deleted, for good.
+    #[arg(long)]
+    pub(crate) yes: bool,
+}
+
+pub(crate) async fn purge(args: PurgeArgs) -> Result<()> {
+    if !args.yes {
+        bail!(
+            "purging deletes every ready and delayed message of {}; pass --yes to confirm",
+            args.topic
+        );
+    }
+    let admin = Admin::connect(root_config(&args.root)?).await?;
+    let answer = admin.purge_topic(&args.topic).await?;
+    warn_unreachable(&answer.unreachable);
+    println!("purged {} messages of {}", answer.value, args.topic);
+    Ok(())
 }
 
 pub(crate) fn warn_unreachable(unreachable: &[crest::sdk::LeafId]) {

@@ -141,6 +141,9 @@ enum Command {
         #[command(subcommand)]
         command: LeaseCommand,
     },
+    /// Delete every ready and delayed message of a topic (leased messages and dead letters
+    /// stay; needs `admin`).
+    Purge(PurgeArgs),
     /// Depths per topic and priority, in flight, delayed, dead letters, oldest message, and
     /// event counters, for the whole tree.
     Stats(StatsArgs),
@@ -331,6 +334,10 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
         Command::Lease { command } => {
             init_tracing("warn");
             lease(command).await
+        }
+        Command::Purge(args) => {
+            init_tracing("warn");
+            admin::purge(args).await
         }
         Command::Stats(args) => {
             init_tracing("warn");

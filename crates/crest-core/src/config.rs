@@ -294,6 +294,9 @@ pub struct Settings {
     pub message_ttl_ms: u64,
     /// Longest failure reason a nack may carry, in bytes.
     pub reason_bytes_max: u32,
+    /// Most ready and delayed messages one leaf deletes for one `PurgeTopic` request (the
+    /// caller repeats until none are left): bounds the records one request logs.
+    pub purge_batch_messages: u32,
     /// Per-topic overrides of the delivery policy, by topic name.
     pub topics: BTreeMap<String, TopicSettings>,
     /// How often a leaf or aggregator reports its subtree's measurements to its parent, in
@@ -435,6 +438,7 @@ impl Default for Settings {
             delay_max_ms: 30 * 24 * 3600 * 1000,
             message_ttl_ms: 0,
             reason_bytes_max: 1024,
+            purge_batch_messages: 100_000,
             topics: BTreeMap::new(),
             report_interval_ms: 1_000,
             report_topics_max: 256,
@@ -467,7 +471,8 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 43] = [
+        let positive: [(&'static str, u64); 44] = [
+            ("purge_batch_messages", self.purge_batch_messages.into()),
             ("root_fail_back_ms", self.root_fail_back_ms),
             ("replica_heartbeat_ms", self.replica_heartbeat_ms),
             (

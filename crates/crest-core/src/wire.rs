@@ -539,6 +539,13 @@ pub enum AdminOp {
         /// Which dead letters (empty: every one of the topic).
         ids: Vec<MessageId>,
     },
+    /// Deletes the ready and delayed messages of a topic (leased ones and dead letters stay):
+    /// at most `purge_batch_messages` per leaf per request; the answer counts those deleted,
+    /// so a caller repeats until it is 0.
+    PurgeTopic {
+        /// The topic.
+        topic: String,
+    },
     /// Depths and counters per topic (`topic` `None`: every topic).
     Stats {
         /// One topic, or all.
@@ -565,6 +572,7 @@ impl AdminOp {
             AdminOp::DeadLetters { topic, .. }
             | AdminOp::Redrive { topic, .. }
             | AdminOp::Purge { topic, .. }
+            | AdminOp::PurgeTopic { topic }
             | AdminOp::Settle { topic, .. } => Some(topic),
             AdminOp::Stats { topic } => topic.as_deref(),
         }
@@ -637,7 +645,8 @@ impl DeadLetter {
 pub enum AdminResult {
     /// Dead letters (for `DeadLetters`).
     DeadLetters(Vec<DeadLetter>),
-    /// How many messages the operation moved or deleted (for `Redrive`, `Purge`).
+    /// How many messages the operation moved or deleted (for `Redrive`, `Purge`,
+    /// `PurgeTopic`, `Settle`).
     Count(u64),
     /// Depths and counters (for `Stats`).
     Stats(Stats),

@@ -56,8 +56,8 @@ pub(crate) async fn dispatch(
         "ChangeMessageVisibility" => settle(state, caller, input, Op::Visibility, false).await,
         "DeleteMessageBatch" => settle(state, caller, input, Op::Delete, true).await,
         "ChangeMessageVisibilityBatch" => settle(state, caller, input, Op::Visibility, true).await,
-        "PurgeQueue"
-        | "ListDeadLetterSourceQueues"
+        "PurgeQueue" => purge_queue(state, caller, input).await,
+        "ListDeadLetterSourceQueues"
         | "StartMessageMoveTask"
         | "CancelMessageMoveTask"
         | "ListMessageMoveTasks"
@@ -151,6 +151,17 @@ fn list_queues(state: &State, caller: &Caller, input: &Value) -> Result<Value, S
 fn delete_queue(state: &State, input: &Value) -> Result<Value, SqsError> {
     let name = QueueName::from_url(text(input, "QueueUrl")?)?;
     state.queues()?.delete(&name)?;
+    Ok(json!({}))
+}
+
+/// Deletes the queue's ready and delayed messages; messages received and not yet deleted stay
+/// with their receipts (SQS may or may not delete those).
+async fn purge_queue(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
+    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
+    state.queues()?.get(&name)?;
+    let clients = state.clients(caller)?;
+    let admin = clients.admin().await?;
+    admin.purge_topic(&name.topic()).await.map_err(tree_error)?;
     Ok(json!({}))
 }
 

@@ -16,6 +16,9 @@ use std::time::Duration;
 /// How long an admin request may take.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Most requests [`Admin::purge_topic`] sends for one purge.
+pub const PURGE_ROUNDS_MAX: u32 = 1_000;
+
 /// A merged answer and the leaves it leaves out.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdminAnswer<T> {
@@ -109,6 +112,34 @@ impl Admin {
             ids: ids.to_vec(),
         };
         self.count(op).await
+    }
+
+    /// Deletes every ready and delayed message of `topic` (leased messages and dead letters
+    /// stay); answers how many. Each leaf deletes at most `purge_batch_messages` per request,
+    /// so this asks again until a request deletes none, at most [`PURGE_ROUNDS_MAX`] times:
+    /// under a steady stream of pushes it stops there rather than chase them.
+    ///
+    /// # Errors
+    /// [`ClientError`] if a request failed as a whole.
+    pub async fn purge_topic(&self, topic: &str) -> Result<AdminAnswer<u64>, ClientError> {
+        let mut total = AdminAnswer {
+            value: 0,
+            unreachable: Vec::new(),
+        };
+        for _ in 0..PURGE_ROUNDS_MAX {
+            let op = AdminOp::PurgeTopic {
+                topic: topic.into(),
+            };
+            let round = self.count(op).await?;
+            total.value += round.value;
+            total.unreachable.extend(round.unreachable);
+            if round.value == 0 {
+                break;
+            }
+        }
+        total.unreachable.sort_unstable();
+        total.unreachable.dedup();
+        Ok(total)
     }
 
     /// Settles the live leases of `topic`'s messages `ids` as `op` says, whoever they were

@@ -26,7 +26,7 @@ mod link;
 mod owners;
 mod producer;
 
-pub use admin::{Admin, AdminAnswer};
+pub use admin::{Admin, AdminAnswer, PURGE_ROUNDS_MAX};
 pub use consumer::{Consumer, ConsumerConfig, Heartbeat, PopOptions};
 pub use crest_core::access::{DEFAULT_NAMESPACE, Permission, namespace};
 pub use crest_core::id::{LeafId, MessageId, Receipt};

@@ -123,7 +123,7 @@ def queues_are_created_found_listed_and_checked():
     assert attributes["VisibilityTimeout"] == "5", attributes
     assert attributes["ApproximateNumberOfMessages"] == "0", attributes
     sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "0"})
-    code = error_code(lambda: sqs.purge_queue(QueueUrl=url))
+    code = error_code(lambda: sqs.tag_queue(QueueUrl=url, Tags={"team": "a"}))
     assert code == "AWS.SimpleQueueService.UnsupportedOperation", code
 
 
@@ -275,6 +275,37 @@ def depths_show_in_the_queue_s_attributes():
         assert time.time() < deadline, attributes
         time.sleep(0.2)
     delete_all(url, receive_all(url, 3))
+
+
+def a_purge_empties_the_queue_but_leaves_received_messages_to_their_receipts():
+    url = sqs.create_queue(QueueName="boto-purge")["QueueUrl"]
+    other = sqs.create_queue(QueueName="boto-purge-other")["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="held", MessageAttributes=priority(0))
+    [held] = receive_all(url, 1, VisibilityTimeout=60)
+    for i in range(25):
+        sqs.send_message(QueueUrl=url, MessageBody=f"ready {i}")
+    sqs.send_message(QueueUrl=url, MessageBody="delayed", DelaySeconds=30)
+    sqs.send_message(QueueUrl=other, MessageBody="elsewhere")
+    sqs.purge_queue(QueueUrl=url)
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    depths = [
+        attributes[name]
+        for name in [
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesDelayed",
+            "ApproximateNumberOfMessagesNotVisible",
+        ]
+    ]
+    assert depths == ["0", "0", "1"], attributes
+    empty = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+    assert "Messages" not in empty, empty
+    delete_all(url, [held])
+    [m] = receive_all(other, 1)
+    assert m["Body"] == "elsewhere", m
+    delete_all(other, [m])
+    missing = f"{url}-gone"
+    code = error_code(lambda: sqs.purge_queue(QueueUrl=missing))
+    assert code == "AWS.SimpleQueueService.NonExistentQueue", code
 
 
 def bad_signatures_and_unknown_keys_are_refused():
@@ -446,6 +477,7 @@ CHECKS = [
     a_long_poll_wakes_up_when_a_message_arrives,
     a_batch_answers_each_entry_and_refuses_only_the_bad_one,
     depths_show_in_the_queue_s_attributes,
+    a_purge_empties_the_queue_but_leaves_received_messages_to_their_receipts,
     bad_signatures_and_unknown_keys_are_refused,
     unsigned_and_malformed_requests_get_typed_errors,
     the_query_protocol_answers_in_xml,

@@ -73,6 +73,9 @@ impl Leaf {
                 }
                 AdminResult::Count(ids.len() as u64)
             }
+            AdminOp::PurgeTopic { topic } => {
+                AdminResult::Count(self.purge_topic(topic, &mut records))
+            }
             AdminOp::Stats { topic } => AdminResult::Stats(self.topic_stats(topic.as_deref())),
             AdminOp::Settle { topic, op, ids } => {
                 let receipts = self.live_receipts(topic, ids);
@@ -94,6 +97,51 @@ impl Leaf {
                 more: false,
             }),
         );
+    }
+
+    /// Deletes up to `purge_batch_messages` ready and delayed messages of `topic`, the most
+    /// urgent ready ones first, then the delayed ones due first; answers how many.
+    fn purge_topic(&mut self, topic: &str, records: &mut Vec<LogRecord>) -> u64 {
+        let Some((topic, leaf_topic)) = self.topics.get_key_value(topic) else {
+            return 0;
+        };
+        let topic = topic.clone();
+        let max = self.config.settings.purge_batch_messages as usize;
+        let ready: Vec<Key> = leaf_topic
+            .offers
+            .iter()
+            .map(|(key, _)| *key)
+            .take(max)
+            .collect();
+        let mut purged = 0;
+        for key in ready {
+            let leaf_topic = self.topics.get_mut(&topic).expect("present");
+            let slot = leaf_topic.unavailable(&key, None).expect("listed");
+            self.forget(&topic, key.id, &slot, false);
+            records.push(LogRecord::Delete { id: key.id });
+            purged += 1;
+        }
+        let room = max - purged;
+        let delayed: Vec<(Time, MessageId)> =
+            if room > 0 && self.topics.get(&topic).is_some_and(|t| t.delayed > 0) {
+                self.delayed
+                    .iter()
+                    .filter(|(_, delayed)| delayed.topic == topic)
+                    .map(|(at_id, _)| *at_id)
+                    .take(room)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+        for at_id in delayed {
+            let delayed = self.delayed.remove(&at_id).expect("listed");
+            self.topics.get_mut(&topic).expect("present").delayed -= 1;
+            self.forget(&topic, at_id.1, &delayed.slot, false);
+            records.push(LogRecord::Delete { id: at_id.1 });
+            purged += 1;
+        }
+        self.counters.purged += purged as u64;
+        purged as u64
     }
 
     /// The dead letters of `topic` among `ids` (empty: all of them).

@@ -359,6 +359,7 @@ impl Machine for Leaf {
             ("deduplicated", c.deduplicated),
             ("body_reads", c.body_reads),
             ("compacted", c.compacted),
+            ("purged", c.purged),
             ("swaps", swaps),
             ("credit_stalls", credit_stalls),
             ("protocol_violations", self.violations),

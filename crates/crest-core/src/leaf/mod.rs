@@ -19,7 +19,8 @@
 //! had `max_attempts` deliveries; extend moves the deadline. A `Release` from the root (a grant
 //! nobody received) makes it available and gives the attempt back. A message past its time to
 //! live is deleted instead of becoming available or leased again. Admin operations redrive
-//! (dead → available, attempts reset) and purge (dead → deleted) dead letters.
+//! (dead → available, attempts reset) and purge (dead → deleted) dead letters, and purge a
+//! topic (available or delayed → deleted, a bounded number per request).
 //!
 //! # Dedup
 //! A push carrying a dedup key already seen for its topic within the topic's dedup window is
@@ -382,6 +383,8 @@ struct Counters {
     body_reads: u64,
     /// Bodies compaction moved.
     compacted: u64,
+    /// Ready and delayed messages deleted by `PurgeTopic`.
+    purged: u64,
 }
 
 /// A message as recovery rebuilds it, by id, before it settles into its place (48 bytes: a

@@ -83,9 +83,10 @@ impl Root {
             AdminOp::DeadLetters { limit, .. } => {
                 (*limit as usize, AdminResult::DeadLetters(Vec::new()))
             }
-            AdminOp::Redrive { .. } | AdminOp::Purge { .. } | AdminOp::Settle { .. } => {
-                (0, AdminResult::Count(0))
-            }
+            AdminOp::Redrive { .. }
+            | AdminOp::Purge { .. }
+            | AdminOp::PurgeTopic { .. }
+            | AdminOp::Settle { .. } => (0, AdminResult::Count(0)),
             AdminOp::Stats { .. } => (0, AdminResult::Stats(Stats::default())),
         };
         let mut pending = PendingAdmin {

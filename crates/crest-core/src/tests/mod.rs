@@ -532,6 +532,30 @@ fn recorded_leaf_and_root(h: &mut Harness) -> (usize, usize, SharedLog) {
     (root, node, log)
 }
 
+/// A root and leaf 1 on `leaf_settings` whose log is recorded, linked: the leaf's config (to
+/// rebuild it from the log), the root, the leaf and the link's end to disconnect.
+fn recorded_leaf_with(
+    h: &mut Harness,
+    leaf_settings: Settings,
+) -> (LeafConfig, usize, usize, ConnId, SharedLog) {
+    let root = h.add(root_node(settings(4), vec![LeafId(1)]));
+    let log = SharedLog::default();
+    let config = LeafConfig {
+        name: "leaf-1".into(),
+        id: LeafId(1),
+        settings: leaf_settings,
+        token_key: token_key_from_seed(1),
+        first_seq: 1,
+    };
+    let leaf = h.add(Box::new(Recording {
+        inner: Box::new(Leaf::new(config.clone())),
+        log: log.clone(),
+        checkpoints: Default::default(),
+    }));
+    let leaf_end = h.link(leaf, root);
+    (config, root, leaf, leaf_end, log)
+}
+
 /// Wraps a machine and keeps a copy of every storage operation it emits: its log.
 struct Recording {
     inner: Box<dyn Machine>,
