@@ -8,6 +8,7 @@ mod node;
 mod sim;
 mod status;
 mod token;
+mod topic;
 mod wal;
 
 use admin::*;
@@ -17,6 +18,7 @@ use gateway::*;
 use node::*;
 use sim::*;
 use token::*;
+use topic::*;
 use wal::*;
 
 use anyhow::{Context, Result, bail};
@@ -140,6 +142,11 @@ enum Command {
     Lease {
         #[command(subcommand)]
         command: LeaseCommand,
+    },
+    /// Topic configurations the tree keeps: delivery policy set at run time, attributes.
+    Topic {
+        #[command(subcommand)]
+        command: TopicCommand,
     },
     /// Delete every ready and delayed message of a topic (leased messages and dead letters
     /// stay; needs `admin`).
@@ -334,6 +341,10 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
         Command::Lease { command } => {
             init_tracing("warn");
             lease(command).await
+        }
+        Command::Topic { command } => {
+            init_tracing("warn");
+            topic(command).await
         }
         Command::Purge(args) => {
             init_tracing("warn");

@@ -183,6 +183,53 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
     assert!(acked.contains("ack: settled 1 of 1"), "{acked}");
     let (success, text) = cli.run(&["ack", field(&again, "receipt")]).await;
     assert!(!success && text.contains("already settled"), "{text}");
+
+    // A configuration set at run time: one attempt, then the dead-letter topic.
+    let set = [
+        "topic",
+        "set",
+        "--topic",
+        "flaky",
+        "--max-attempts",
+        "1",
+        "--dead-letter-topic",
+        "flaky-dlq",
+        "--attribute",
+        "owner=ops",
+    ];
+    let configured = cli.ok(&set).await;
+    assert!(
+        configured.contains("configured at 4 leaves"),
+        "every leaf: {configured}"
+    );
+    let listed = cli.ok(&["topic", "list", "--prefix", "fla"]).await;
+    for part in [
+        "flaky ",
+        "max_attempts=1",
+        "dead_letter_topic=flaky-dlq",
+        "owner=\"ops\"",
+    ] {
+        assert!(listed.contains(part), "{part} in {listed}");
+    }
+    cli.ok(&["push", "--topic", "flaky", "doomed"]).await;
+    let doomed = cli
+        .ok(&["pop", "--topic", "flaky", "--wait-ms", "5000"])
+        .await;
+    assert_eq!(field(&doomed, "payload"), "doomed", "{doomed}");
+    cli.ok(&["nack", field(&doomed, "receipt")]).await;
+    let moved = cli
+        .ok(&["pop", "--topic", "flaky-dlq", "--wait-ms", "5000", "--ack"])
+        .await;
+    assert_eq!(field(&moved, "payload"), "doomed", "{moved}");
+    cli.ok(&["topic", "unset", "--topic", "flaky"]).await;
+    let listed = cli.ok(&["topic", "list"]).await;
+    assert!(!listed.contains("flaky"), "{listed}");
+
+    // A purge asks for confirmation, then deletes what waits (the delayed message).
+    let (success, text) = cli.run(&["purge", "--topic", "flaky"]).await;
+    assert!(!success && text.contains("--yes"), "{text}");
+    let purged = cli.ok(&["purge", "--topic", "flaky", "--yes"]).await;
+    assert!(purged.contains("purged 1 messages of flaky"), "{purged}");
     tree.shutdown().await;
 }
 

@@ -153,8 +153,9 @@ async fn boto3_and_the_aws_cli_use_crest_local_s_sqs_api() {
     suite(&endpoint, (&id, &secret), &[], &[]).await;
 }
 
-/// `crest gateway` as a process of its own in front of a tree, with a keys file of two keys:
-/// the tree's admin in `default`, and a principal that may only produce, in `orders`.
+/// `crest gateway` as processes of their own in front of a tree, with a keys file of two
+/// keys: the tree's admin in `default`, and a principal that may produce and manage queues
+/// but not consume, in `orders`. Two gateways see the same queues (the tree keeps them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_process_serves_each_key_in_its_namespace_as_its_principal() {
     use crest::core::access::Grants;
@@ -163,7 +164,7 @@ async fn a_gateway_process_serves_each_key_in_its_namespace_as_its_principal() {
     assert!(tree.wait_connected(Duration::from_secs(10)).await);
     let mut file = tree.access_file().clone();
     let mut grants = Grants::default();
-    let (namespace, permissions) = Grants::parse_one("orders:produce").unwrap();
+    let (namespace, permissions) = Grants::parse_one("orders:produce,admin").unwrap();
     grants.add(&namespace, &permissions);
     file.grant("writer", &grants).unwrap();
     let writer = file.create_token("writer", 0).unwrap();
@@ -180,34 +181,40 @@ async fn a_gateway_process_serves_each_key_in_its_namespace_as_its_principal() {
         tree.admin_token
     );
     std::fs::write(&keys, text).unwrap();
-    let mut command = Command::new(CREST);
-    command
-        .args(["gateway", "--listen", "127.0.0.1:0", "--root"])
-        .arg(&tree.topology.root().address)
-        .arg("--ca")
-        .arg(&ca)
-        .arg("--keys")
-        .arg(&keys);
-    for leaf in tree.topology.leaves() {
-        command.arg("--leaf").arg(&leaf.address);
-    }
-    let (gateway, lines) = spawn_printing(command);
-    let endpoint = wait_for(&lines, |line| {
-        line.strip_prefix("SQS API: ")?
-            .split_whitespace()
-            .next()
-            .map(str::to_string)
-    });
-    let _gateway = gateway;
+    let gateway = || {
+        let mut command = Command::new(CREST);
+        command
+            .args(["gateway", "--listen", "127.0.0.1:0", "--root"])
+            .arg(&tree.topology.root().address)
+            .arg("--ca")
+            .arg(&ca)
+            .arg("--keys")
+            .arg(&keys);
+        for leaf in tree.topology.leaves() {
+            command.arg("--leaf").arg(&leaf.address);
+        }
+        let (gateway, lines) = spawn_printing(command);
+        let endpoint = wait_for(&lines, |line| {
+            line.strip_prefix("SQS API: ")?
+                .split_whitespace()
+                .next()
+                .map(str::to_string)
+        });
+        (gateway, endpoint)
+    };
+    let (_first, endpoint) = gateway();
+    let (_second, second) = gateway();
     let checks = [
         "messages_come_out_most_urgent_first_with_their_digests",
         "a_batch_answers_each_entry_and_refuses_only_the_bad_one",
         "bad_signatures_and_unknown_keys_are_refused",
         "keys_act_in_their_namespace_with_their_principal_s_permissions",
+        "queues_are_the_tree_s_and_every_gateway_sees_them",
     ];
     let env = [
         ("OTHER_KEY", "WRITERKEY"),
         ("OTHER_SECRET", "writer-secret"),
+        ("SECOND_ENDPOINT", second.as_str()),
     ];
     suite(&endpoint, ("ADMINKEY", "admin-secret"), &checks, &env).await;
     tree.shutdown().await;

@@ -55,7 +55,8 @@ pub enum Permission {
     Produce,
     /// Pop the namespace's messages and settle (ack, nack, extend) their deliveries.
     Consume,
-    /// List, redrive and purge dead letters; read the namespace's stats.
+    /// List, redrive and purge dead letters; purge topics, move messages between them and
+    /// configure them; settle leases by id; read the namespace's stats.
     Admin,
 }
 

@@ -295,8 +295,14 @@ pub struct Settings {
     /// Longest failure reason a nack may carry, in bytes.
     pub reason_bytes_max: u32,
     /// Most ready and delayed messages one leaf deletes for one `PurgeTopic` request (the
-    /// caller repeats until none are left): bounds the records one request logs.
+    /// caller repeats until none are left): bounds the records one request logs. Also bounds
+    /// the messages one `MoveTopic` request moves.
     pub purge_batch_messages: u32,
+    /// Most topic configurations (set at run time through `Admin::configure`, deleted ones
+    /// included until they are set again) a leaf keeps.
+    pub topic_configs_max: u32,
+    /// Most bytes of attributes (names and values) one topic configuration carries.
+    pub topic_attributes_bytes_max: u32,
     /// Per-topic overrides of the delivery policy, by topic name.
     pub topics: BTreeMap<String, TopicSettings>,
     /// How often a leaf or aggregator reports its subtree's measurements to its parent, in
@@ -350,6 +356,62 @@ pub struct TopicSettings {
     pub dedup_window_ms: Option<u64>,
     /// Default time to live, in milliseconds (0: forever).
     pub message_ttl_ms: Option<u64>,
+    /// Where a message goes when a delivery fails for the `max_attempts`-th time: a topic of
+    /// the same namespace, where it becomes ready again with its attempts reset (SQS's
+    /// dead-letter queue). Unset: the topic's own dead-letter queue.
+    pub dead_letter_topic: Option<String>,
+}
+
+impl TopicSettings {
+    /// These overrides over `base` (each field set here wins).
+    pub fn over(&self, base: &TopicSettings) -> TopicSettings {
+        TopicSettings {
+            lease_timeout_ms: self.lease_timeout_ms.or(base.lease_timeout_ms),
+            max_attempts: self.max_attempts.or(base.max_attempts),
+            dedup_window_ms: self.dedup_window_ms.or(base.dedup_window_ms),
+            message_ttl_ms: self.message_ttl_ms.or(base.message_ttl_ms),
+            dead_letter_topic: self
+                .dead_letter_topic
+                .clone()
+                .or_else(|| base.dead_letter_topic.clone()),
+        }
+    }
+
+    /// Checks these overrides of `topic` against the node's `settings`.
+    ///
+    /// # Errors
+    /// A sentence naming the field and the rule it breaks.
+    pub fn check(&self, settings: &Settings, topic: &str) -> Result<(), String> {
+        if self.max_attempts == Some(0) {
+            return Err(format!("{topic}: max_attempts must be at least 1"));
+        }
+        if let Some(lease) = self.lease_timeout_ms
+            && (lease == 0 || lease > settings.lease_timeout_max_ms)
+        {
+            return Err(format!(
+                "{topic}: lease_timeout_ms {lease} is outside 1..={} (lease_timeout_max_ms)",
+                settings.lease_timeout_max_ms
+            ));
+        }
+        if let Some(dead) = &self.dead_letter_topic {
+            settings
+                .check_topic(dead)
+                .map_err(|e| format!("{topic}: dead_letter_topic: {e}"))?;
+            if dead == topic {
+                return Err(format!("{topic}: dead_letter_topic names the topic itself"));
+            }
+            let (ours, theirs) = (
+                crate::access::namespace(topic),
+                crate::access::namespace(dead),
+            );
+            if ours != theirs {
+                return Err(format!(
+                    "{topic}: dead_letter_topic {dead} is in namespace {theirs}, not {ours}"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The delivery policy of one topic: [`Settings`] with that topic's overrides applied.
@@ -439,6 +501,8 @@ impl Default for Settings {
             message_ttl_ms: 0,
             reason_bytes_max: 1024,
             purge_batch_messages: 100_000,
+            topic_configs_max: 10_000,
+            topic_attributes_bytes_max: 16 * 1024,
             topics: BTreeMap::new(),
             report_interval_ms: 1_000,
             report_topics_max: 256,
@@ -471,7 +535,12 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 44] = [
+        let positive: [(&'static str, u64); 46] = [
+            ("topic_configs_max", self.topic_configs_max.into()),
+            (
+                "topic_attributes_bytes_max",
+                self.topic_attributes_bytes_max.into(),
+            ),
             ("purge_batch_messages", self.purge_batch_messages.into()),
             ("root_fail_back_ms", self.root_fail_back_ms),
             ("replica_heartbeat_ms", self.replica_heartbeat_ms),
@@ -707,30 +776,54 @@ impl Settings {
                 "must be above 0 and at most reconnect_backoff_max_ms".into(),
             );
         }
-        for topic in self.topics.keys() {
-            let policy = self.topic_policy(topic);
-            if policy.max_attempts == 0 {
-                return fail(
-                    "topics",
-                    format!("{topic}: max_attempts must be at least 1"),
-                );
+        for (topic, overrides) in &self.topics {
+            if let Err(problem) = overrides.check(self, topic) {
+                return fail("topics", problem);
             }
-            if policy.lease_timeout_ms == 0 || policy.lease_timeout_ms > self.lease_timeout_max_ms {
-                return fail(
-                    "topics",
-                    format!(
-                        "{topic}: lease_timeout_ms {} is outside 1..={} (lease_timeout_max_ms)",
-                        policy.lease_timeout_ms, self.lease_timeout_max_ms
-                    ),
-                );
-            }
+        }
+        Ok(())
+    }
+
+    /// Checks a topic's name: 1 to `topic_bytes_max` bytes, no whitespace nor control
+    /// characters.
+    ///
+    /// # Errors
+    /// A sentence naming the problem.
+    pub fn check_topic(&self, topic: &str) -> Result<(), String> {
+        if topic.is_empty() {
+            return Err("topic is empty".into());
+        }
+        if topic.len() > self.topic_bytes_max as usize {
+            return Err(format!(
+                "topic of {} bytes exceeds topic_bytes_max {}",
+                topic.len(),
+                self.topic_bytes_max
+            ));
+        }
+        if topic.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(format!(
+                "topic {topic:?} contains whitespace or control characters"
+            ));
         }
         Ok(())
     }
 
     /// The delivery policy of `topic`: these settings with the topic's overrides applied.
     pub fn topic_policy(&self, topic: &str) -> TopicPolicy {
-        let overrides = self.topics.get(topic);
+        self.policy_of(self.topics.get(topic))
+    }
+
+    /// The delivery policy of `topic` with `runtime` (a configuration the tree keeps, see
+    /// [`crate::wire::TopicConfig`]) over the topic's overrides in these settings.
+    pub fn topic_policy_with(&self, topic: &str, runtime: Option<&TopicSettings>) -> TopicPolicy {
+        match (runtime, self.topics.get(topic)) {
+            (None, overrides) => self.policy_of(overrides),
+            (Some(runtime), None) => self.policy_of(Some(runtime)),
+            (Some(runtime), Some(overrides)) => self.policy_of(Some(&runtime.over(overrides))),
+        }
+    }
+
+    fn policy_of(&self, overrides: Option<&TopicSettings>) -> TopicPolicy {
         let pick = |f: fn(&TopicSettings) -> Option<u64>, default: u64| {
             overrides.and_then(f).unwrap_or(default)
         };

@@ -139,6 +139,22 @@ pub enum LogRecord {
         /// Where its body is.
         location: Location,
     },
+    /// A message whose delivery failed for the last time moved to its topic's
+    /// `dead_letter_topic`, or a message move task moved it: it is ready in `topic` now,
+    /// attempts reset.
+    Move {
+        /// The message.
+        id: MessageId,
+        /// The topic it is in from now on.
+        topic: String,
+    },
+    /// A topic's configuration (checkpoints log every one the leaf keeps).
+    Configure {
+        /// The topic.
+        topic: String,
+        /// Its configuration.
+        config: crate::wire::TopicConfig,
+    },
     /// A dedup key whose window is still open (checkpoints only: it may outlive its message).
     Dedup {
         /// The topic.

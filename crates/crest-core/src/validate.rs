@@ -120,20 +120,5 @@ pub(crate) fn validate_message(
 /// # Errors
 /// A sentence naming the problem.
 pub(crate) fn validate_topic(s: &Settings, topic: &str) -> Result<(), String> {
-    if topic.is_empty() {
-        return Err("topic is empty".into());
-    }
-    if topic.len() > s.topic_bytes_max as usize {
-        return Err(format!(
-            "topic of {} bytes exceeds topic_bytes_max {}",
-            topic.len(),
-            s.topic_bytes_max
-        ));
-    }
-    if topic.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(format!(
-            "topic {topic:?} contains whitespace or control characters"
-        ));
-    }
-    Ok(())
+    s.check_topic(topic)
 }

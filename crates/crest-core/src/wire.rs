@@ -546,6 +546,35 @@ pub enum AdminOp {
         /// The topic.
         topic: String,
     },
+    /// Moves the ready and delayed messages of a topic into another of the same namespace,
+    /// attempts reset, ids, payloads and metadata kept (SQS's message move task): at most
+    /// `purge_batch_messages` per leaf per request; the answer counts those moved.
+    MoveTopic {
+        /// The topic the messages leave.
+        topic: String,
+        /// The topic they join.
+        to: String,
+    },
+    /// Sets a topic's configuration at every leaf (`config.deleted`: removes it). The root
+    /// stamps it with its clock ([`TopicConfig::version`]); the answer counts the leaves that
+    /// keep it.
+    Configure {
+        /// The topic.
+        topic: String,
+        /// Its configuration.
+        config: TopicConfig,
+    },
+    /// Lists topic configurations whose names start with `prefix`, by name, up to `limit`,
+    /// after `after` (the last one of the previous page).
+    Configs {
+        /// Only topics whose names start with this.
+        prefix: String,
+        /// Most entries to return.
+        limit: u32,
+        /// Only those after this name.
+        #[serde(default)]
+        after: Option<String>,
+    },
     /// Depths and counters per topic (`topic` `None`: every topic).
     Stats {
         /// One topic, or all.
@@ -573,8 +602,11 @@ impl AdminOp {
             | AdminOp::Redrive { topic, .. }
             | AdminOp::Purge { topic, .. }
             | AdminOp::PurgeTopic { topic }
+            | AdminOp::MoveTopic { topic, .. }
+            | AdminOp::Configure { topic, .. }
             | AdminOp::Settle { topic, .. } => Some(topic),
             AdminOp::Stats { topic } => topic.as_deref(),
+            AdminOp::Configs { .. } => None,
         }
     }
 
@@ -640,13 +672,65 @@ impl DeadLetter {
     }
 }
 
+/// What the tree keeps of a topic besides its messages, set at run time
+/// ([`AdminOp::Configure`]) and kept by every leaf in its log, so that it survives restarts
+/// and every client of the tree sees it (SQS gateways keep their queues' attributes here).
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct TopicConfig {
+    /// Delivery policy overrides, over the topology's `settings.topics` (each field set here
+    /// wins; leaves apply `max_attempts`, `dedup_window_ms`, `message_ttl_ms` and
+    /// `dead_letter_topic`).
+    pub settings: crate::config::TopicSettings,
+    /// Name-value pairs the tree keeps for clients and does not read
+    /// (`topic_attributes_bytes_max`).
+    pub attributes: std::collections::BTreeMap<String, String>,
+    /// When the root accepted it (its clock): where leaves disagree, the newest wins.
+    pub version: Time,
+    /// Removed: kept as a marker so that an older configuration a leaf missed the removal
+    /// of does not come back.
+    pub deleted: bool,
+}
+
+impl TopicConfig {
+    /// Bytes of its attributes' names and values.
+    pub fn attribute_bytes(&self) -> u64 {
+        self.attributes
+            .iter()
+            .map(|(k, v)| (k.len() + v.len()) as u64)
+            .sum()
+    }
+
+    /// An upper bound on its size in a frame with its topic's name (MessagePack adds at most a
+    /// few bytes to each field; 128 covers the fixed fields, 16 each attribute's).
+    pub fn frame_bytes(&self, topic: &str) -> u64 {
+        let dead = self
+            .settings
+            .dead_letter_topic
+            .as_ref()
+            .map_or(0, String::len);
+        128 + topic.len() as u64
+            + dead as u64
+            + self.attribute_bytes()
+            + 16 * self.attributes.len() as u64
+    }
+}
+
 /// The answer to an [`AdminOp`].
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub enum AdminResult {
+    /// Topic configurations by name (for `Configs`), deleted ones included (marked).
+    Configs {
+        /// The configurations.
+        configs: Vec<(String, TopicConfig)>,
+        /// The listing stopped short: ask again after this name (which may be past the last
+        /// one listed when those between were not the caller's to see).
+        next: Option<String>,
+    },
     /// Dead letters (for `DeadLetters`).
     DeadLetters(Vec<DeadLetter>),
     /// How many messages the operation moved or deleted (for `Redrive`, `Purge`,
-    /// `PurgeTopic`, `Settle`).
+    /// `PurgeTopic`, `MoveTopic`, `Settle`), or leaves that keep a configuration (for
+    /// `Configure`).
     Count(u64),
     /// Depths and counters (for `Stats`).
     Stats(Stats),

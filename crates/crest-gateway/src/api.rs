@@ -4,7 +4,7 @@
 use crate::digest::{Attribute, AttributeValue, md5_of_attributes, md5_of_body};
 use crate::error::SqsError;
 use crate::queues::{QueueAttributes, QueueName};
-use crate::{Caller, State};
+use crate::{Caller, State, manage};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use crest_core::id::Receipt;
@@ -43,12 +43,17 @@ pub(crate) async fn dispatch(
     input: &Value,
 ) -> Result<Value, SqsError> {
     match action {
-        "CreateQueue" => create_queue(state, caller, input),
-        "GetQueueUrl" => get_queue_url(state, caller, input),
-        "ListQueues" => list_queues(state, caller, input),
-        "DeleteQueue" => delete_queue(state, input),
-        "GetQueueAttributes" => get_queue_attributes(state, caller, input).await,
-        "SetQueueAttributes" => set_queue_attributes(state, input),
+        "CreateQueue" => manage::create_queue(state, caller, input).await,
+        "GetQueueUrl" => manage::get_queue_url(state, caller, input).await,
+        "ListQueues" => manage::list_queues(state, caller, input).await,
+        "DeleteQueue" => manage::delete_queue(state, caller, input).await,
+        "GetQueueAttributes" => manage::get_queue_attributes(state, caller, input).await,
+        "SetQueueAttributes" => manage::set_queue_attributes(state, caller, input).await,
+        "PurgeQueue" => manage::purge_queue(state, caller, input).await,
+        "ListDeadLetterSourceQueues" => manage::dead_letter_sources(state, caller, input).await,
+        "StartMessageMoveTask" => manage::start_move_task(state, caller, input).await,
+        "ListMessageMoveTasks" => manage::list_move_tasks(state, caller, input).await,
+        "CancelMessageMoveTask" => manage::cancel_move_task(state, input),
         "SendMessage" => send_message(state, caller, input).await,
         "SendMessageBatch" => send_message_batch(state, caller, input).await,
         "ReceiveMessage" => receive_message(state, caller, input).await,
@@ -56,21 +61,14 @@ pub(crate) async fn dispatch(
         "ChangeMessageVisibility" => settle(state, caller, input, Op::Visibility, false).await,
         "DeleteMessageBatch" => settle(state, caller, input, Op::Delete, true).await,
         "ChangeMessageVisibilityBatch" => settle(state, caller, input, Op::Visibility, true).await,
-        "PurgeQueue" => purge_queue(state, caller, input).await,
-        "ListDeadLetterSourceQueues"
-        | "StartMessageMoveTask"
-        | "CancelMessageMoveTask"
-        | "ListMessageMoveTasks"
-        | "TagQueue"
-        | "UntagQueue"
-        | "ListQueueTags"
-        | "AddPermission"
-        | "RemovePermission" => Err(SqsError::unsupported(action)),
+        "TagQueue" | "UntagQueue" | "ListQueueTags" | "AddPermission" | "RemovePermission" => {
+            Err(SqsError::unsupported(action))
+        }
         _ => Err(SqsError::unknown_action(action)),
     }
 }
 
-fn text<'a>(input: &'a Value, name: &str) -> Result<&'a str, SqsError> {
+pub(crate) fn text<'a>(input: &'a Value, name: &str) -> Result<&'a str, SqsError> {
     match input.get(name) {
         Some(Value::String(s)) => Ok(s),
         None | Some(Value::Null) => Err(SqsError::missing(name)),
@@ -79,7 +77,7 @@ fn text<'a>(input: &'a Value, name: &str) -> Result<&'a str, SqsError> {
 }
 
 /// A whole number parameter in `0..=max`, or `default` when absent.
-fn number(input: &Value, name: &str, default: u64, max: u64) -> Result<u64, SqsError> {
+pub(crate) fn number(input: &Value, name: &str, default: u64, max: u64) -> Result<u64, SqsError> {
     match input.get(name) {
         None | Some(Value::Null) => Ok(default),
         Some(value) => value
@@ -95,23 +93,19 @@ fn number(input: &Value, name: &str, default: u64, max: u64) -> Result<u64, SqsE
     }
 }
 
-fn queue_of(state: &State, input: &Value) -> Result<(QueueName, QueueAttributes), SqsError> {
+/// The queue a request's `QueueUrl` names, as the tree keeps it (cached).
+async fn queue_of(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<(QueueName, QueueAttributes), SqsError> {
     let name = QueueName::from_url(text(input, "QueueUrl")?)?;
-    let attributes = state.queues()?.get(&name)?.attributes.clone();
-    Ok((name, attributes))
+    let clients = state.clients(caller)?;
+    let queue = clients.queue(&state.config, &name).await?;
+    Ok((name, queue.attributes))
 }
 
-fn create_queue(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
-    let name = QueueName::checked(&caller.namespace, text(input, "QueueName")?)?;
-    let mut attributes = QueueAttributes::default();
-    for (key, value) in string_map(input, "Attributes")? {
-        attributes.set(&key, &value)?;
-    }
-    state.queues()?.create(name.clone(), attributes)?;
-    Ok(json!({ "QueueUrl": name.url(&caller.host) }))
-}
-
-fn string_map(input: &Value, name: &str) -> Result<Vec<(String, String)>, SqsError> {
+pub(crate) fn string_map(input: &Value, name: &str) -> Result<Vec<(String, String)>, SqsError> {
     match input.get(name) {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Object(map)) => map
@@ -125,116 +119,7 @@ fn string_map(input: &Value, name: &str) -> Result<Vec<(String, String)>, SqsErr
     }
 }
 
-fn get_queue_url(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
-    let name = QueueName::checked(&caller.namespace, text(input, "QueueName")?)
-        .map_err(|_| SqsError::no_queue())?;
-    state.queues()?.get(&name)?;
-    Ok(json!({ "QueueUrl": name.url(&caller.host) }))
-}
-
-fn list_queues(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
-    let prefix = match input.get("QueueNamePrefix") {
-        Some(Value::String(s)) => s.as_str(),
-        _ => "",
-    };
-    let max = number(input, "MaxResults", 1000, 1000)? as usize;
-    let urls: Vec<String> = state
-        .queues()?
-        .list(&caller.namespace, prefix)
-        .into_iter()
-        .take(max)
-        .map(|q| q.url(&caller.host))
-        .collect();
-    Ok(json!({ "QueueUrls": urls }))
-}
-
-fn delete_queue(state: &State, input: &Value) -> Result<Value, SqsError> {
-    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
-    state.queues()?.delete(&name)?;
-    Ok(json!({}))
-}
-
-/// Deletes the queue's ready and delayed messages; messages received and not yet deleted stay
-/// with their receipts (SQS may or may not delete those).
-async fn purge_queue(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
-    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
-    state.queues()?.get(&name)?;
-    let clients = state.clients(caller)?;
-    let admin = clients.admin().await?;
-    admin.purge_topic(&name.topic()).await.map_err(tree_error)?;
-    Ok(json!({}))
-}
-
-fn set_queue_attributes(state: &State, input: &Value) -> Result<Value, SqsError> {
-    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
-    let changes = string_map(input, "Attributes")?;
-    state.queues()?.set(&name, &changes)?;
-    Ok(json!({}))
-}
-
-async fn get_queue_attributes(
-    state: &State,
-    caller: &Caller,
-    input: &Value,
-) -> Result<Value, SqsError> {
-    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
-    let queue = state.queues()?.get(&name)?.clone();
-    let wanted = names(input, "AttributeNames")?;
-    let all = wanted.iter().any(|n| n == "All");
-    let want = |n: &str| all || wanted.iter().any(|w| w == n);
-    let mut out = Map::new();
-    for (key, value) in queue.attributes.listed() {
-        if want(key) {
-            out.insert(key.into(), value.into());
-        }
-    }
-    if want("CreatedTimestamp") {
-        out.insert("CreatedTimestamp".into(), queue.created.to_string().into());
-    }
-    if want("LastModifiedTimestamp") {
-        out.insert(
-            "LastModifiedTimestamp".into(),
-            queue.modified.to_string().into(),
-        );
-    }
-    let depths = [
-        "ApproximateNumberOfMessages",
-        "ApproximateNumberOfMessagesNotVisible",
-        "ApproximateNumberOfMessagesDelayed",
-    ];
-    if depths.iter().any(|d| want(d)) {
-        let clients = state.clients(caller)?;
-        let admin = clients.admin().await?;
-        let topic = name.topic();
-        let stats = admin.stats(Some(&topic)).await.map_err(tree_error)?.value;
-        let topic_stats = stats.topics.iter().find(|t| t.topic == topic);
-        let (ready, leased, delayed) =
-            topic_stats.map_or((0, 0, 0), |t| (t.ready_total(), t.in_flight, t.delayed));
-        for (key, value) in depths.iter().zip([ready, leased, delayed]) {
-            if want(key) {
-                out.insert((*key).into(), value.to_string().into());
-            }
-        }
-    }
-    for name in &wanted {
-        let known = name == "All"
-            || out.contains_key(name)
-            || matches!(name.as_str(), "QueueArn" | "Policy" | "RedrivePolicy");
-        if !known {
-            return Err(SqsError::bad_attribute(name));
-        }
-    }
-    if want("QueueArn") {
-        let arn = format!(
-            "arn:aws:sqs:{}:{}:{}",
-            state.config.region, name.namespace, name.name
-        );
-        out.insert("QueueArn".into(), arn.into());
-    }
-    Ok(json!({ "Attributes": out }))
-}
-
-fn names(input: &Value, field: &str) -> Result<Vec<String>, SqsError> {
+pub(crate) fn names(input: &Value, field: &str) -> Result<Vec<String>, SqsError> {
     match input.get(field) {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(items)) => items
@@ -421,7 +306,7 @@ fn sent(prepared: &Prepared, id: String) -> Value {
 }
 
 async fn send_message(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
-    let (name, queue) = queue_of(state, input)?;
+    let (name, queue) = queue_of(state, caller, input).await?;
     let prepared = prepare(caller, &name, &queue, input)?;
     let clients = state.clients(caller)?;
     let producer = clients.producer().await?;
@@ -478,7 +363,7 @@ async fn send_message_batch(
     caller: &Caller,
     input: &Value,
 ) -> Result<Value, SqsError> {
-    let (name, queue) = queue_of(state, input)?;
+    let (name, queue) = queue_of(state, caller, input).await?;
     let entries = entries(input)?;
     let mut ok = Vec::new();
     let mut bad = Vec::new();
@@ -519,7 +404,7 @@ fn asked(patterns: &[String], name: &str) -> bool {
 }
 
 async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
-    let (name, queue) = queue_of(state, input)?;
+    let (name, queue) = queue_of(state, caller, input).await?;
     let max = number(input, "MaxNumberOfMessages", 1, RECEIVE_MAX)?;
     if max == 0 {
         return Err(SqsError::invalid(
@@ -718,7 +603,7 @@ async fn settle(
     op: Op,
     batch: bool,
 ) -> Result<Value, SqsError> {
-    queue_of(state, input)?;
+    queue_of(state, caller, input).await?;
     if !batch {
         let receipt = receipt(input)?;
         let settle = settle_op(op, input)?;

@@ -178,6 +178,16 @@ impl SqsError {
         )
     }
 
+    /// A bound of the tree's reached (e.g. its most topic configurations).
+    pub fn over_limit(message: impl Into<String>) -> Self {
+        Self::named(StatusCode::FORBIDDEN, "OverLimit", message)
+    }
+
+    /// No such resource (a message move task).
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::named(StatusCode::NOT_FOUND, "ResourceNotFoundException", message)
+    }
+
     /// Too many requests at once for the gateway's bounds; SDKs back off and retry.
     pub fn throttled(message: impl Into<String>) -> Self {
         Self::named(StatusCode::BAD_REQUEST, "RequestThrottled", message)

@@ -13,6 +13,7 @@ mod api;
 pub mod digest;
 pub mod error;
 pub mod keys;
+mod manage;
 mod query;
 pub mod queues;
 pub mod sigv4;
@@ -27,11 +28,11 @@ use crest_sdk::Credential;
 use crest_sdk::{Consumer, ConsumerConfig};
 use crest_sdk::{Producer, ProducerConfig};
 use error::SqsError;
-use queues::Queues;
-use std::collections::HashMap;
+use queues::{Queue, QueueName};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{OnceCell, Semaphore};
 
 pub use api::PRIORITY_ATTRIBUTE;
@@ -71,8 +72,13 @@ pub struct GatewayConfig {
     pub consumer: ConsumerConfig,
     /// The access keys it accepts.
     pub keys: Vec<AccessKey>,
-    /// Most queues it holds (setting `gateway_queues_max`).
-    pub queues_max: usize,
+    /// How long a queue's attributes read from the tree are used before they are read again
+    /// (another gateway's change shows after at most this long; this gateway's own at once).
+    pub queue_cache: Duration,
+    /// Most queues whose attributes each access key's cache holds.
+    pub queue_cache_max: usize,
+    /// Most message move tasks remembered for `ListMessageMoveTasks`.
+    pub move_tasks_max: usize,
     /// Largest request body, in bytes (a batch of ten 256 KiB messages fits).
     pub body_bytes_max: usize,
     /// Most requests served at once; beyond, `RequestThrottled` (SDKs back off and retry).
@@ -80,7 +86,8 @@ pub struct GatewayConfig {
 }
 
 impl GatewayConfig {
-    /// Defaults: `us-east-1`, 10,000 queues, 4 MiB bodies, 1,024 requests at once.
+    /// Defaults: `us-east-1`, 4 MiB bodies, 1,024 requests at once, queue attributes cached
+    /// for 1 s (10,000 queues per key), 1,000 move tasks remembered.
     pub fn new(
         listen: SocketAddr,
         producer: ProducerConfig,
@@ -93,20 +100,28 @@ impl GatewayConfig {
             producer,
             consumer,
             keys,
-            queues_max: 10_000,
             body_bytes_max: 4 << 20,
             requests_max: 1024,
+            queue_cache: Duration::from_secs(1),
+            queue_cache_max: 10_000,
+            move_tasks_max: 1_000,
         }
     }
 }
 
-/// The SDK clients of one access key, connected on first use.
+/// Queues read from the tree, and when (`None`: no such queue then).
+type QueueCache = HashMap<QueueName, (Instant, Option<Queue>)>;
+
+/// The SDK clients of one access key, connected on first use, and the queues it looked up.
 struct Clients {
     producer: OnceCell<Producer>,
     consumer: OnceCell<Consumer>,
     admin: OnceCell<Admin>,
     producer_config: ProducerConfig,
     consumer_config: ConsumerConfig,
+    /// Queues read from the tree with this key's permissions, and when (`None`: no such
+    /// queue then).
+    queues: Mutex<QueueCache>,
 }
 
 /// The client in `cell`, connected with `connect` on first use.
@@ -132,6 +147,73 @@ impl Clients {
         let config = self.consumer_config.clone();
         connected(&self.admin, || Admin::connect(config)).await
     }
+
+    /// The queue `name` as the tree keeps it, read again if the cached copy is older than
+    /// `config.queue_cache`.
+    async fn queue(&self, config: &GatewayConfig, name: &QueueName) -> Result<Queue, SqsError> {
+        let cached = self.cached(name, config.queue_cache)?;
+        let found = match cached {
+            Some(found) => found,
+            None => self.fetch(config, name).await?,
+        };
+        found.ok_or_else(SqsError::no_queue)
+    }
+
+    /// The queue `name` read from the tree now, and cached.
+    async fn fetch(
+        &self,
+        config: &GatewayConfig,
+        name: &QueueName,
+    ) -> Result<Option<Queue>, SqsError> {
+        let admin = self.admin().await?;
+        let answer = admin.config(&name.topic()).await.map_err(api::tree_error)?;
+        let found = answer.value.as_ref().and_then(Queue::from_config);
+        self.remember(config, name, found.clone())?;
+        Ok(found)
+    }
+
+    fn cached(&self, name: &QueueName, ttl: Duration) -> Result<Option<Option<Queue>>, SqsError> {
+        let queues = self.lock_queues()?;
+        Ok(queues
+            .get(name)
+            .filter(|(at, _)| at.elapsed() < ttl)
+            .map(|(_, queue)| queue.clone()))
+    }
+
+    /// Caches what the tree keeps of `name` (`None`: no such queue).
+    fn remember(
+        &self,
+        config: &GatewayConfig,
+        name: &QueueName,
+        queue: Option<Queue>,
+    ) -> Result<(), SqsError> {
+        let mut queues = self.lock_queues()?;
+        if queues.len() >= config.queue_cache_max && !queues.contains_key(name) {
+            queues.retain(|_, (at, _)| at.elapsed() < config.queue_cache);
+            if queues.len() >= config.queue_cache_max {
+                queues.clear();
+            }
+        }
+        queues.insert(name.clone(), (Instant::now(), queue));
+        Ok(())
+    }
+
+    fn lock_queues(&self) -> Result<std::sync::MutexGuard<'_, QueueCache>, SqsError> {
+        self.queues
+            .lock()
+            .map_err(|_| SqsError::unavailable("the queue cache is unusable"))
+    }
+}
+
+/// A message move task (`StartMessageMoveTask`): moves finish before the request is answered,
+/// so each is remembered as completed.
+#[derive(Clone, Debug)]
+pub(crate) struct MoveTask {
+    handle: String,
+    source: QueueName,
+    destination: QueueName,
+    moved: u64,
+    started_ms: u64,
 }
 
 /// Who sent a request: its verified access key, and the host it addressed (queue URLs
@@ -147,17 +229,18 @@ pub(crate) struct State {
     config: GatewayConfig,
     keys: HashMap<String, AccessKey>,
     clients: Mutex<HashMap<String, Arc<Clients>>>,
-    queues: Mutex<Queues>,
+    /// The latest move tasks, oldest first (`move_tasks_max`).
+    tasks: Mutex<VecDeque<MoveTask>>,
     requests: Semaphore,
     /// Numbers the query protocol's answers (`RequestId`).
     request_ids: std::sync::atomic::AtomicU64,
 }
 
 impl State {
-    fn queues(&self) -> Result<std::sync::MutexGuard<'_, Queues>, SqsError> {
-        self.queues
+    fn tasks(&self) -> Result<std::sync::MutexGuard<'_, VecDeque<MoveTask>>, SqsError> {
+        self.tasks
             .lock()
-            .map_err(|_| SqsError::unavailable("the queue registry is unusable"))
+            .map_err(|_| SqsError::unavailable("the move task list is unusable"))
     }
 
     fn clients(&self, caller: &Caller) -> Result<Arc<Clients>, SqsError> {
@@ -177,6 +260,7 @@ impl State {
                 admin: OnceCell::new(),
                 producer_config: producer,
                 consumer_config: consumer,
+                queues: Mutex::new(HashMap::new()),
             })
         });
         Ok(entry.clone())
@@ -204,7 +288,7 @@ impl Gateway {
                 .map(|k| (k.id.clone(), k.clone()))
                 .collect(),
             clients: Mutex::new(HashMap::new()),
-            queues: Mutex::new(Queues::new(config.queues_max)),
+            tasks: Mutex::new(VecDeque::new()),
             requests: Semaphore::new(config.requests_max),
             request_ids: std::sync::atomic::AtomicU64::new(1),
             config: config.clone(),

@@ -1,8 +1,10 @@
-//! The queues the gateway knows: each a crest topic with the SQS attributes it was created
-//! with. A queue `NAME` of namespace `NS` is topic `NS/NAME` (`NAME` in namespace `default`),
-//! and its URL `http://HOST/NS/NAME`.
+//! SQS queues as crest keeps them: a queue `NAME` of namespace `NS` is topic `NS/NAME`
+//! (`NAME` in namespace `default`), its URL `http://HOST/NS/NAME`, and its attributes are
+//! kept by the tree in the topic's configuration (`Admin::configure`), so that every gateway
+//! in front of a tree sees the same queues and a restart loses none.
 
 use crate::error::SqsError;
+use crest_sdk::{TopicConfig, TopicSettings};
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,6 +20,16 @@ fn is_name(text: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
+/// A queue's dead-letter queue and how many receives send a message there (SQS's
+/// `RedrivePolicy`): crest's `dead_letter_topic` and `max_attempts`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Redrive {
+    /// The dead-letter queue (of the same namespace).
+    pub dead_letter: QueueName,
+    /// `maxReceiveCount`: 1–1,000.
+    pub max_receive_count: u32,
+}
+
 /// A queue's attributes (seconds and bytes, as SQS gives them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueueAttributes {
@@ -31,6 +43,8 @@ pub struct QueueAttributes {
     pub receive_wait_seconds: u32,
     /// `MaximumMessageSize`: 1,024–262,144 bytes (default 262,144).
     pub maximum_message_size: u32,
+    /// `RedrivePolicy`, if set.
+    pub redrive: Option<Redrive>,
 }
 
 impl Default for QueueAttributes {
@@ -41,64 +55,159 @@ impl Default for QueueAttributes {
             retention_seconds: 345_600,
             receive_wait_seconds: 0,
             maximum_message_size: 262_144,
+            redrive: None,
         }
     }
 }
 
+/// The attributes kept as numbers, by SQS name: where each is in [`QueueAttributes`] and
+/// its range.
+type NumberField = fn(&mut QueueAttributes) -> &mut u32;
+const NUMBERS: [(&str, NumberField, u32, u32); 5] = [
+    (
+        "VisibilityTimeout",
+        |a| &mut a.visibility_timeout,
+        0,
+        43_200,
+    ),
+    ("DelaySeconds", |a| &mut a.delay_seconds, 0, 900),
+    (
+        "MessageRetentionPeriod",
+        |a| &mut a.retention_seconds,
+        60,
+        1_209_600,
+    ),
+    (
+        "ReceiveMessageWaitTimeSeconds",
+        |a| &mut a.receive_wait_seconds,
+        0,
+        20,
+    ),
+    (
+        "MaximumMessageSize",
+        |a| &mut a.maximum_message_size,
+        1_024,
+        262_144,
+    ),
+];
+
+/// Attribute-map keys the gateway keeps in a topic's configuration: `sqs.` and the SQS
+/// name (`sqs.created` and `sqs.modified` for the timestamps; their presence marks a topic
+/// as an SQS queue).
+const KEY_PREFIX: &str = "sqs.";
+const CREATED: &str = "sqs.created";
+const MODIFIED: &str = "sqs.modified";
+
 impl QueueAttributes {
-    /// Sets the attribute `name` from its text, checking its range.
-    pub fn set(&mut self, name: &str, value: &str) -> Result<(), SqsError> {
-        let (field, low, high) = match name {
-            "VisibilityTimeout" => (&mut self.visibility_timeout, 0, 43_200),
-            "DelaySeconds" => (&mut self.delay_seconds, 0, 900),
-            "MessageRetentionPeriod" => (&mut self.retention_seconds, 60, 1_209_600),
-            "ReceiveMessageWaitTimeSeconds" => (&mut self.receive_wait_seconds, 0, 20),
-            "MaximumMessageSize" => (&mut self.maximum_message_size, 1_024, 262_144),
-            "RedrivePolicy"
-            | "RedriveAllowPolicy"
-            | "FifoQueue"
-            | "ContentBasedDeduplication"
-            | "KmsMasterKeyId"
-            | "KmsDataKeyReusePeriodSeconds"
-            | "SqsManagedSseEnabled"
-            | "DeduplicationScope"
-            | "FifoThroughputLimit"
-            | "Policy" => {
-                return Err(SqsError::unsupported(&format!("the attribute {name}")));
-            }
-            _ => return Err(SqsError::bad_attribute(name)),
+    /// Sets the attribute `name` from its text, checking its range; a queue in `namespace`.
+    pub fn set(&mut self, namespace: &str, name: &str, value: &str) -> Result<(), SqsError> {
+        if name == "RedrivePolicy" {
+            self.redrive = Redrive::parse(namespace, value)?;
+            return Ok(());
+        }
+        let Some((_, field, low, high)) = NUMBERS.iter().find(|(n, ..)| *n == name) else {
+            return Err(match name {
+                "RedriveAllowPolicy"
+                | "FifoQueue"
+                | "ContentBasedDeduplication"
+                | "KmsMasterKeyId"
+                | "KmsDataKeyReusePeriodSeconds"
+                | "SqsManagedSseEnabled"
+                | "DeduplicationScope"
+                | "FifoThroughputLimit"
+                | "Policy" => SqsError::unsupported(&format!("the attribute {name}")),
+                _ => SqsError::bad_attribute(name),
+            });
         };
-        let parsed: u32 = value
-            .parse()
-            .ok()
-            .filter(|v| (low..=high).contains(v))
-            .ok_or_else(|| {
-                SqsError::invalid(format!(
-                    "Invalid value for the parameter {name}: {value:?} is not a whole number \
-                     from {low} to {high}."
-                ))
-            })?;
-        *field = parsed;
+        *field(self) = parse_within(name, value, *low, *high)?;
         Ok(())
     }
 
-    /// Every attribute as SQS names it, with its text.
-    pub fn listed(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("VisibilityTimeout", self.visibility_timeout.to_string()),
-            ("DelaySeconds", self.delay_seconds.to_string()),
-            ("MessageRetentionPeriod", self.retention_seconds.to_string()),
-            (
-                "ReceiveMessageWaitTimeSeconds",
-                self.receive_wait_seconds.to_string(),
-            ),
-            ("MaximumMessageSize", self.maximum_message_size.to_string()),
-        ]
+    /// Every attribute as SQS names it, with its text (`region` for ARNs).
+    pub fn listed(&self, region: &str) -> Vec<(&'static str, String)> {
+        let mut copy = self.clone();
+        let mut out: Vec<(&'static str, String)> = NUMBERS
+            .iter()
+            .map(|(name, field, ..)| (*name, field(&mut copy).to_string()))
+            .collect();
+        if let Some(redrive) = &self.redrive {
+            out.push(("RedrivePolicy", redrive.json(region)));
+        }
+        out
     }
 }
 
-/// One queue.
-#[derive(Clone, Debug)]
+impl Redrive {
+    /// From `RedrivePolicy`'s JSON (`""`: none): `deadLetterTargetArn` must name a queue of
+    /// `namespace` (crest moves messages within a namespace), `maxReceiveCount` 1–1,000.
+    fn parse(namespace: &str, value: &str) -> Result<Option<Redrive>, SqsError> {
+        if value.is_empty() {
+            return Ok(None);
+        }
+        let bad = |why: &str| {
+            SqsError::invalid(format!(
+                "Value {value} for parameter RedrivePolicy is invalid. Reason: {why}"
+            ))
+        };
+        let json: serde_json::Value = serde_json::from_str(value)
+            .map_err(|_| bad("Redrive policy is not a valid JSON map."))?;
+        let arn = json
+            .get("deadLetterTargetArn")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| {
+                bad("Redrive policy does not contain mandatory attribute: deadLetterTargetArn.")
+            })?;
+        let count = match json.get("maxReceiveCount") {
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            _ => {
+                return Err(bad(
+                    "Redrive policy does not contain mandatory attribute: maxReceiveCount.",
+                ));
+            }
+        };
+        let max_receive_count = parse_within("maxReceiveCount", &count, 1, 1_000)?;
+        let dead_letter = QueueName::from_arn(arn).ok_or_else(|| {
+            bad("Dead-letter target is not a queue ARN (arn:aws:sqs:REGION:NAMESPACE:NAME).")
+        })?;
+        if dead_letter.namespace != namespace {
+            return Err(bad(
+                "Dead-letter target owner is not this queue's namespace.",
+            ));
+        }
+        Ok(Some(Redrive {
+            dead_letter,
+            max_receive_count,
+        }))
+    }
+
+    /// As `RedrivePolicy`'s JSON.
+    fn json(&self, region: &str) -> String {
+        serde_json::json!({
+            "deadLetterTargetArn": self.dead_letter.arn(region),
+            "maxReceiveCount": self.max_receive_count,
+        })
+        .to_string()
+    }
+}
+
+/// `value` as a whole number from `low` to `high`.
+fn parse_within(name: &str, value: &str, low: u32, high: u32) -> Result<u32, SqsError> {
+    value
+        .parse()
+        .ok()
+        .filter(|v| (low..=high).contains(v))
+        .ok_or_else(|| {
+            SqsError::invalid(format!(
+                "Invalid value for the parameter {name}: {value:?} is not a whole number \
+                 from {low} to {high}."
+            ))
+        })
+}
+
+/// One queue: its attributes and timestamps, as the tree keeps them in its topic's
+/// configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Queue {
     /// Its attributes.
     pub attributes: QueueAttributes,
@@ -108,8 +217,69 @@ pub struct Queue {
     pub modified: u64,
 }
 
+impl Queue {
+    /// A new queue, created now.
+    pub fn new(attributes: QueueAttributes) -> Queue {
+        let now = seconds_now();
+        Queue {
+            attributes,
+            created: now,
+            modified: now,
+        }
+    }
+
+    /// The topic configuration that keeps it: the attributes under `sqs.` names, the
+    /// redrive policy as the topic's `max_attempts` and `dead_letter_topic`.
+    pub fn to_config(&self) -> TopicConfig {
+        let mut attributes: BTreeMap<String, String> = self
+            .attributes
+            .listed("")
+            .into_iter()
+            .filter(|(name, _)| *name != "RedrivePolicy")
+            .map(|(name, value)| (format!("{KEY_PREFIX}{name}"), value))
+            .collect();
+        attributes.insert(CREATED.into(), self.created.to_string());
+        attributes.insert(MODIFIED.into(), self.modified.to_string());
+        let redrive = self.attributes.redrive.as_ref();
+        TopicConfig {
+            settings: TopicSettings {
+                max_attempts: redrive.map(|r| r.max_receive_count),
+                dead_letter_topic: redrive.map(|r| r.dead_letter.topic()),
+                ..TopicSettings::default()
+            },
+            attributes,
+            ..TopicConfig::default()
+        }
+    }
+
+    /// The queue a topic configuration keeps, if it is one (set by a gateway).
+    pub fn from_config(config: &TopicConfig) -> Option<Queue> {
+        let number = |key: &str| config.attributes.get(key)?.parse::<u64>().ok();
+        let created = number(CREATED)?;
+        let modified = number(MODIFIED).unwrap_or(created);
+        let mut attributes = QueueAttributes::default();
+        for (name, field, low, high) in NUMBERS {
+            if let Some(value) = number(&format!("{KEY_PREFIX}{name}")) {
+                *field(&mut attributes) = (value as u32).clamp(low, high);
+            }
+        }
+        let settings = &config.settings;
+        if let (Some(topic), Some(count)) = (&settings.dead_letter_topic, settings.max_attempts) {
+            attributes.redrive = Some(Redrive {
+                dead_letter: QueueName::from_topic(topic)?,
+                max_receive_count: count,
+            });
+        }
+        Some(Queue {
+            attributes,
+            created,
+            modified,
+        })
+    }
+}
+
 /// A queue's place: its namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct QueueName {
     /// The crest namespace.
     pub namespace: String,
@@ -165,87 +335,42 @@ impl QueueName {
     pub fn url(&self, host: &str) -> String {
         format!("http://{host}/{}/{}", self.namespace, self.name)
     }
-}
 
-/// The queues, bounded.
-#[derive(Debug)]
-pub struct Queues {
-    queues: BTreeMap<QueueName, Queue>,
-    max: usize,
-}
+    /// Its ARN: `arn:aws:sqs:REGION:NAMESPACE:NAME` (the namespace in the account's place).
+    pub fn arn(&self, region: &str) -> String {
+        format!("arn:aws:sqs:{region}:{}:{}", self.namespace, self.name)
+    }
 
-impl Queues {
-    /// No queues yet; at most `max`.
-    pub fn new(max: usize) -> Queues {
-        Queues {
-            queues: BTreeMap::new(),
-            max,
+    /// From an ARN (any region).
+    pub fn from_arn(arn: &str) -> Option<QueueName> {
+        let rest = arn.strip_prefix("arn:aws:sqs:")?;
+        let mut parts = rest.split(':');
+        let (_region, namespace, name) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
         }
+        QueueName::checked(namespace, name).ok()
     }
 
-    /// Creates a queue, or finds it if it exists with the same attributes.
-    pub fn create(&mut self, name: QueueName, attributes: QueueAttributes) -> Result<(), SqsError> {
-        if let Some(queue) = self.queues.get(&name) {
-            return if queue.attributes == attributes {
-                Ok(())
-            } else {
-                Err(SqsError::queue_exists(&name.name))
-            };
+    /// The queue of a crest topic, if its name is one.
+    pub fn from_topic(topic: &str) -> Option<QueueName> {
+        let (namespace, name) = topic
+            .split_once('/')
+            .unwrap_or((crest_core::access::DEFAULT_NAMESPACE, topic));
+        QueueName::checked(namespace, name).ok()
+    }
+
+    /// The topic prefix that lists this namespace's queues whose names start with `prefix`.
+    pub fn topic_prefix(namespace: &str, prefix: &str) -> String {
+        if namespace == crest_core::access::DEFAULT_NAMESPACE {
+            prefix.to_string()
+        } else {
+            format!("{namespace}/{prefix}")
         }
-        if self.queues.len() >= self.max {
-            return Err(SqsError::throttled(format!(
-                "the gateway holds its most queues ({}, setting gateway_queues_max)",
-                self.max
-            )));
-        }
-        let now = seconds_now();
-        self.queues.insert(
-            name,
-            Queue {
-                attributes,
-                created: now,
-                modified: now,
-            },
-        );
-        Ok(())
-    }
-
-    /// The queue of `name`.
-    pub fn get(&self, name: &QueueName) -> Result<&Queue, SqsError> {
-        self.queues.get(name).ok_or_else(SqsError::no_queue)
-    }
-
-    /// Changes a queue's attributes.
-    pub fn set(&mut self, name: &QueueName, changes: &[(String, String)]) -> Result<(), SqsError> {
-        let queue = self.queues.get_mut(name).ok_or_else(SqsError::no_queue)?;
-        let mut attributes = queue.attributes.clone();
-        for (key, value) in changes {
-            attributes.set(key, value)?;
-        }
-        queue.attributes = attributes;
-        queue.modified = seconds_now();
-        Ok(())
-    }
-
-    /// Forgets a queue.
-    pub fn delete(&mut self, name: &QueueName) -> Result<(), SqsError> {
-        self.queues
-            .remove(name)
-            .map(|_| ())
-            .ok_or_else(SqsError::no_queue)
-    }
-
-    /// The queues of `namespace` whose name starts with `prefix`, in name order.
-    pub fn list(&self, namespace: &str, prefix: &str) -> Vec<QueueName> {
-        self.queues
-            .keys()
-            .filter(|q| q.namespace == namespace && q.name.starts_with(prefix))
-            .cloned()
-            .collect()
     }
 }
 
-fn seconds_now() -> u64 {
+pub(crate) fn seconds_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -273,53 +398,79 @@ mod tests {
     #[test]
     fn attributes_are_checked_against_sqs_ranges() {
         let mut a = QueueAttributes::default();
-        a.set("VisibilityTimeout", "60").unwrap();
+        a.set("default", "VisibilityTimeout", "60").unwrap();
         assert_eq!(a.visibility_timeout, 60);
         assert_eq!(
-            a.set("DelaySeconds", "901").unwrap_err().code,
+            a.set("default", "DelaySeconds", "901").unwrap_err().code,
             "InvalidParameterValue"
         );
-        assert_eq!(a.set("Nope", "1").unwrap_err().code, "InvalidAttributeName");
         assert_eq!(
-            a.set("FifoQueue", "true").unwrap_err().code,
+            a.set("default", "Nope", "1").unwrap_err().code,
+            "InvalidAttributeName"
+        );
+        assert_eq!(
+            a.set("default", "FifoQueue", "true").unwrap_err().code,
             "AWS.SimpleQueueService.UnsupportedOperation"
         );
     }
 
     #[test]
-    fn a_queue_exists_once_and_only_with_the_same_attributes() {
-        let mut queues = Queues::new(2);
-        let name = QueueName::checked("default", "jobs").unwrap();
-        queues
-            .create(name.clone(), QueueAttributes::default())
-            .unwrap();
-        queues
-            .create(name.clone(), QueueAttributes::default())
-            .unwrap();
-        let other = QueueAttributes {
-            delay_seconds: 5,
+    fn a_redrive_policy_names_a_queue_of_the_namespace_and_a_receive_count() {
+        let mut a = QueueAttributes::default();
+        let policy =
+            r#"{"deadLetterTargetArn":"arn:aws:sqs:eu-west-1:orders:dlq","maxReceiveCount":"3"}"#;
+        a.set("orders", "RedrivePolicy", policy).unwrap();
+        let redrive = a.redrive.clone().unwrap();
+        assert_eq!(
+            (redrive.dead_letter.topic(), redrive.max_receive_count),
+            ("orders/dlq".into(), 3)
+        );
+        let listed = a.listed("us-east-1");
+        let (_, json) = listed.iter().find(|(n, _)| *n == "RedrivePolicy").unwrap();
+        assert_eq!(
+            json,
+            r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:orders:dlq","maxReceiveCount":3}"#
+        );
+        for bad in [
+            r#"{"deadLetterTargetArn":"arn:aws:sqs:r:other:dlq","maxReceiveCount":3}"#,
+            r#"{"deadLetterTargetArn":"arn:aws:sqs:r:orders:dlq","maxReceiveCount":0}"#,
+            r#"{"deadLetterTargetArn":"not an arn","maxReceiveCount":3}"#,
+            r#"{"maxReceiveCount":3}"#,
+            "[1",
+        ] {
+            assert_eq!(
+                a.set("orders", "RedrivePolicy", bad).unwrap_err().code,
+                "InvalidParameterValue",
+                "{bad}"
+            );
+        }
+        a.set("orders", "RedrivePolicy", "").unwrap();
+        assert_eq!(a.redrive, None);
+    }
+
+    #[test]
+    fn a_queue_round_trips_through_its_topic_configuration() {
+        let mut attributes = QueueAttributes {
+            visibility_timeout: 7,
+            delay_seconds: 3,
             ..QueueAttributes::default()
         };
+        attributes.redrive = Some(Redrive {
+            dead_letter: QueueName::checked("orders", "dlq").unwrap(),
+            max_receive_count: 4,
+        });
+        let queue = Queue::new(attributes);
+        let config = queue.to_config();
+        assert_eq!(config.settings.max_attempts, Some(4));
         assert_eq!(
-            queues.create(name.clone(), other).unwrap_err().code,
-            "QueueAlreadyExists"
+            config.settings.dead_letter_topic.as_deref(),
+            Some("orders/dlq")
         );
-        queues
-            .create(
-                QueueName::checked("a", "b").unwrap(),
-                QueueAttributes::default(),
-            )
-            .unwrap();
-        let third = QueueName::checked("a", "c").unwrap();
+        assert_eq!(Queue::from_config(&config), Some(queue));
         assert_eq!(
-            queues
-                .create(third, QueueAttributes::default())
-                .unwrap_err()
-                .code,
-            "RequestThrottled"
+            Queue::from_config(&TopicConfig::default()),
+            None,
+            "not a queue"
         );
-        assert_eq!(queues.list("default", "j"), vec![name.clone()]);
-        queues.delete(&name).unwrap();
-        assert!(queues.get(&name).is_err());
     }
 }

@@ -9,15 +9,18 @@ use crate::consumer::{ConsumerConfig, connect_root, unexpected};
 use crate::link::Link;
 use crest_core::id::{LeafId, MessageId};
 use crest_core::wire::{
-    Admin as AdminRequest, AdminOp, AdminResult, DeadLetter, Settle, Stats, Wire,
+    Admin as AdminRequest, AdminOp, AdminResult, DeadLetter, Settle, Stats, TopicConfig, Wire,
 };
 use std::time::Duration;
 
 /// How long an admin request may take.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Most requests [`Admin::purge_topic`] sends for one purge.
+/// Most requests [`Admin::purge_topic`] or [`Admin::move_topic`] sends for one call.
 pub const PURGE_ROUNDS_MAX: u32 = 1_000;
+
+/// Topic configurations asked for per page.
+const CONFIGS_PAGE: u32 = 1_000;
 
 /// A merged answer and the leaves it leaves out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,15 +125,125 @@ impl Admin {
     /// # Errors
     /// [`ClientError`] if a request failed as a whole.
     pub async fn purge_topic(&self, topic: &str) -> Result<AdminAnswer<u64>, ClientError> {
+        let op = AdminOp::PurgeTopic {
+            topic: topic.into(),
+        };
+        self.until_none(op).await
+    }
+
+    /// Moves every ready and delayed message of `topic` into `to`, a topic of the same
+    /// namespace, with its attempts reset (ids, payloads and metadata kept): e.g. a
+    /// dead-letter topic's messages back to their source after a fix. Answers how many; asks
+    /// again as [`Admin::purge_topic`] does.
+    ///
+    /// # Errors
+    /// [`ClientError`] if a request failed as a whole.
+    pub async fn move_topic(&self, topic: &str, to: &str) -> Result<AdminAnswer<u64>, ClientError> {
+        let op = AdminOp::MoveTopic {
+            topic: topic.into(),
+            to: to.into(),
+        };
+        self.until_none(op).await
+    }
+
+    /// Sets `topic`'s configuration at every leaf (the root stamps its version); answers how
+    /// many leaves keep it. A leaf that cannot be reached gets it when a listing
+    /// ([`Admin::configs`]) finds it behind.
+    ///
+    /// # Errors
+    /// [`ClientError`] if the request failed as a whole, e.g. `InvalidArgument` for settings
+    /// out of range.
+    pub async fn configure(
+        &self,
+        topic: &str,
+        config: TopicConfig,
+    ) -> Result<AdminAnswer<u64>, ClientError> {
+        let op = AdminOp::Configure {
+            topic: topic.into(),
+            config,
+        };
+        self.count(op).await
+    }
+
+    /// Removes `topic`'s configuration (the topology's settings apply again).
+    ///
+    /// # Errors
+    /// [`ClientError`] if the request failed as a whole.
+    pub async fn unconfigure(&self, topic: &str) -> Result<AdminAnswer<u64>, ClientError> {
+        let config = TopicConfig {
+            deleted: true,
+            ..TopicConfig::default()
+        };
+        self.configure(topic, config).await
+    }
+
+    /// The configurations of the topics whose names start with `prefix` (those the caller may
+    /// see), by name, the newest each leaf knows; removed ones left out. Asks for each page.
+    ///
+    /// # Errors
+    /// [`ClientError`] if a request failed as a whole.
+    pub async fn configs(
+        &self,
+        prefix: &str,
+    ) -> Result<AdminAnswer<Vec<(String, TopicConfig)>>, ClientError> {
+        let mut value = Vec::new();
+        let mut unreachable: Vec<LeafId> = Vec::new();
+        let mut after = None;
+        loop {
+            let op = AdminOp::Configs {
+                prefix: prefix.into(),
+                limit: CONFIGS_PAGE,
+                after: after.take(),
+            };
+            let (result, missing, _) = self.call(op).await?;
+            let AdminResult::Configs { configs, next } = result else {
+                return Err(mismatch(&result));
+            };
+            unreachable.extend(missing);
+            value.extend(configs.into_iter().filter(|(_, c)| !c.deleted));
+            match next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        unreachable.sort_unstable();
+        unreachable.dedup();
+        Ok(AdminAnswer { value, unreachable })
+    }
+
+    /// `topic`'s configuration, if it has one.
+    ///
+    /// # Errors
+    /// [`ClientError`] if the request failed as a whole.
+    pub async fn config(
+        &self,
+        topic: &str,
+    ) -> Result<AdminAnswer<Option<TopicConfig>>, ClientError> {
+        let op = AdminOp::Configs {
+            prefix: topic.into(),
+            limit: 1,
+            after: None,
+        };
+        let (result, unreachable, _) = self.call(op).await?;
+        let AdminResult::Configs { configs, .. } = result else {
+            return Err(mismatch(&result));
+        };
+        let value = configs
+            .into_iter()
+            .find(|(name, config)| name == topic && !config.deleted)
+            .map(|(_, config)| config);
+        Ok(AdminAnswer { value, unreachable })
+    }
+
+    /// Sends `op` (a bounded step) until a step answers 0, at most [`PURGE_ROUNDS_MAX`] times;
+    /// the counts summed.
+    async fn until_none(&self, op: AdminOp) -> Result<AdminAnswer<u64>, ClientError> {
         let mut total = AdminAnswer {
             value: 0,
             unreachable: Vec::new(),
         };
         for _ in 0..PURGE_ROUNDS_MAX {
-            let op = AdminOp::PurgeTopic {
-                topic: topic.into(),
-            };
-            let round = self.count(op).await?;
+            let round = self.count(op.clone()).await?;
             total.value += round.value;
             total.unreachable.extend(round.unreachable);
             if round.value == 0 {

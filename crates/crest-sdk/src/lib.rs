@@ -29,11 +29,12 @@ mod producer;
 pub use admin::{Admin, AdminAnswer, PURGE_ROUNDS_MAX};
 pub use consumer::{Consumer, ConsumerConfig, Heartbeat, PopOptions};
 pub use crest_core::access::{DEFAULT_NAMESPACE, Permission, namespace};
+pub use crest_core::config::TopicSettings;
 pub use crest_core::id::{LeafId, MessageId, Receipt};
 pub use crest_core::key::tier;
 pub use crest_core::time::Time;
 pub use crest_core::wire::{
-    DeadLetter, Delivery, ErrorCode, ReceiptError, Settle, Stats, TopicStats,
+    DeadLetter, Delivery, ErrorCode, ReceiptError, Settle, Stats, TopicConfig, TopicStats,
 };
 pub use owners::LeafAddresses;
 pub use producer::{BatchHandle, Message, Producer, ProducerConfig, PushHandle};

@@ -32,8 +32,16 @@ pub struct SegmentReport {
 }
 
 /// The kinds of log entries [`Report::entries`] counts, in its order.
-pub const ENTRY_KINDS: [&str; 7] = [
-    "enqueue", "lease", "delete", "release", "dead", "redrive", "dedup",
+pub const ENTRY_KINDS: [&str; 9] = [
+    "enqueue",
+    "lease",
+    "delete",
+    "release",
+    "dead",
+    "redrive",
+    "dedup",
+    "move",
+    "configure",
 ];
 
 /// What a whole directory holds.
@@ -42,7 +50,7 @@ pub struct Report {
     /// Per segment, in order.
     pub segments: Vec<SegmentReport>,
     /// Log entries by kind, in the order of [`ENTRY_KINDS`].
-    pub entries: [u64; 7],
+    pub entries: [u64; 9],
     /// Messages enqueued and not deleted: what recovery would bring back.
     pub live_messages: u64,
 }
@@ -87,6 +95,8 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
         LogRecord::Dead { .. } => report.entries[4] += 1,
         LogRecord::Redrive { .. } => report.entries[5] += 1,
         LogRecord::Dedup { .. } => report.entries[6] += 1,
+        LogRecord::Move { .. } => report.entries[7] += 1,
+        LogRecord::Configure { .. } => report.entries[8] += 1,
     };
     // The newest checkpoint starts the log; segments before its replay start hold bodies only
     // (their records are verified, not counted).

@@ -125,6 +125,91 @@ def queues_are_created_found_listed_and_checked():
     sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "0"})
     code = error_code(lambda: sqs.tag_queue(QueueUrl=url, Tags={"team": "a"}))
     assert code == "AWS.SimpleQueueService.UnsupportedOperation", code
+    # A deleted queue is gone with its messages; created again, it starts empty.
+    gone = sqs.create_queue(QueueName="boto-gone")["QueueUrl"]
+    sqs.send_message(QueueUrl=gone, MessageBody="lost")
+    sqs.delete_queue(QueueUrl=gone)
+    code = error_code(lambda: sqs.get_queue_url(QueueName="boto-gone"))
+    assert code == "AWS.SimpleQueueService.NonExistentQueue", code
+    assert gone not in sqs.list_queues(QueueNamePrefix="boto-").get("QueueUrls", [])
+    assert sqs.create_queue(QueueName="boto-gone")["QueueUrl"] == gone
+    empty = sqs.receive_message(QueueUrl=gone, WaitTimeSeconds=1)
+    assert "Messages" not in empty, empty
+
+
+def redrive_sends_a_message_out_of_receives_to_its_dead_letter_queue_and_back():
+    dlq = sqs.create_queue(QueueName="boto-dlq")["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    policy = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "2"})
+    url = sqs.create_queue(QueueName="boto-redriven", Attributes={"RedrivePolicy": policy})[
+        "QueueUrl"
+    ]
+    listed = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])
+    redrive = json.loads(listed["Attributes"]["RedrivePolicy"])
+    assert redrive == {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 2}, redrive
+    sources = sqs.list_dead_letter_source_queues(QueueUrl=dlq)["queueUrls"]
+    assert sources == [url], sources
+    missing = json.dumps(
+        {"deadLetterTargetArn": dlq_arn.replace("boto-dlq", "nope"), "maxReceiveCount": 2}
+    )
+    code = error_code(
+        lambda: sqs.set_queue_attributes(QueueUrl=url, Attributes={"RedrivePolicy": missing})
+    )
+    assert code == "InvalidParameterValue", code
+
+    sqs.send_message(QueueUrl=url, MessageBody="poison", MessageAttributes=priority(4))
+    for receive in [1, 2]:
+        [m] = receive_all(url, 1, AttributeNames=["ApproximateReceiveCount"])
+        assert m["Attributes"]["ApproximateReceiveCount"] == str(receive), m
+        sqs.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+        )
+    [dead] = receive_all(dlq, 1, MessageAttributeNames=["All"])
+    assert dead["Body"] == "poison", dead
+    assert dead["MessageAttributes"]["Priority"]["StringValue"] == "4", dead
+    empty = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)
+    assert "Messages" not in empty, empty
+    # Back to the source with a move task, once visible again in the DLQ.
+    sqs.change_message_visibility(
+        QueueUrl=dlq, ReceiptHandle=dead["ReceiptHandle"], VisibilityTimeout=0
+    )
+    handle = sqs.start_message_move_task(SourceArn=dlq_arn)["TaskHandle"]
+    [task] = sqs.list_message_move_tasks(SourceArn=dlq_arn)["Results"]
+    assert task["TaskHandle"] == handle and task["Status"] == "COMPLETED", task
+    assert task["ApproximateNumberOfMessagesMoved"] == 1, task
+    [back] = receive_all(url, 1, AttributeNames=["ApproximateReceiveCount"])
+    assert back["Body"] == "poison" and back["MessageId"] == dead["MessageId"], back
+    assert back["Attributes"]["ApproximateReceiveCount"] == "1", back
+    delete_all(url, [back])
+    code = error_code(lambda: sqs.start_message_move_task(SourceArn=dlq_arn.replace("dlq", "redriven")))
+    assert code == "InvalidParameterValue", code
+
+
+def queues_are_the_tree_s_and_every_gateway_sees_them():
+    """With SECOND_ENDPOINT: another gateway in front of the same tree."""
+    second = boto3.client(
+        "sqs",
+        endpoint_url=os.environ["SECOND_ENDPOINT"],
+        region_name="us-east-1",
+        aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET,
+        config=Config(retries={"max_attempts": 1}),
+    )
+    url = sqs.create_queue(QueueName="boto-shared", Attributes={"DelaySeconds": "0"})[
+        "QueueUrl"
+    ]
+    found = second.get_queue_url(QueueName="boto-shared")["QueueUrl"]
+    assert found.rsplit("/", 2)[1:] == url.rsplit("/", 2)[1:], (found, url)
+    second.set_queue_attributes(QueueUrl=found, Attributes={"VisibilityTimeout": "9"})
+    deadline = time.time() + 10
+    while True:
+        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])
+        if attributes["Attributes"]["VisibilityTimeout"] == "9":
+            break
+        assert time.time() < deadline, attributes
+        time.sleep(0.2)
 
 
 def messages_come_out_most_urgent_first_with_their_digests():
@@ -453,8 +538,8 @@ def the_aws_cli_sends_receives_and_deletes():
 
 
 def keys_act_in_their_namespace_with_their_principal_s_permissions():
-    """With OTHER_KEY (namespace `orders`, a principal that may produce there but not consume)
-    and its secret set."""
+    """With OTHER_KEY (namespace `orders`, a principal that may produce there and manage its
+    queues, but not consume) and its secret set."""
     other = client(os.environ["OTHER_KEY"], os.environ["OTHER_SECRET"])
     url = other.create_queue(QueueName="eu-jobs")["QueueUrl"]
     assert url.endswith("/orders/eu-jobs"), url
@@ -477,6 +562,7 @@ CHECKS = [
     a_long_poll_wakes_up_when_a_message_arrives,
     a_batch_answers_each_entry_and_refuses_only_the_bad_one,
     depths_show_in_the_queue_s_attributes,
+    redrive_sends_a_message_out_of_receives_to_its_dead_letter_queue_and_back,
     a_purge_empties_the_queue_but_leaves_received_messages_to_their_receipts,
     bad_signatures_and_unknown_keys_are_refused,
     unsigned_and_malformed_requests_get_typed_errors,
@@ -487,7 +573,10 @@ CHECKS = [
 if __name__ == "__main__":
     print(f"boto3 {boto3.__version__} against {ENDPOINT}")
     names = sys.argv[1:]
-    everything = CHECKS + [keys_act_in_their_namespace_with_their_principal_s_permissions]
+    everything = CHECKS + [
+        keys_act_in_their_namespace_with_their_principal_s_permissions,
+        queues_are_the_tree_s_and_every_gateway_sees_them,
+    ]
     chosen = [c for c in everything if c.__name__ in names] if names else CHECKS
     assert len(chosen) == len(names or CHECKS), f"unknown checks in {names}"
     CHECKS = chosen

@@ -7,12 +7,14 @@ use crate::machine::{ConnId, SyncWait};
 use crate::record::{Location, LogRecord};
 use crate::time::Time;
 use crate::wire::{
-    AdminOp, AdminResult, DeadLetter, LeafAdmin, LeafAdminReply, Stats, TopicStats, Wire,
+    AdminOp, AdminResult, DeadLetter, LeafAdmin, LeafAdminReply, Stats, TopicConfig, TopicStats,
+    Wire,
 };
 
 impl Leaf {
     pub(super) fn handle_admin(&mut self, now: Time, conn: ConnId, admin: LeafAdmin) {
         let mut records = Vec::new();
+        let mut more = false;
         let result = match &admin.op {
             AdminOp::DeadLetters {
                 topic,
@@ -76,6 +78,24 @@ impl Leaf {
             AdminOp::PurgeTopic { topic } => {
                 AdminResult::Count(self.purge_topic(topic, &mut records))
             }
+            AdminOp::MoveTopic { topic, to } => {
+                AdminResult::Count(self.move_topic(now, topic, to, &mut records))
+            }
+            AdminOp::Configure { topic, config } => {
+                AdminResult::Count(self.configure(topic, config, &mut records))
+            }
+            AdminOp::Configs {
+                prefix,
+                limit,
+                after,
+            } => {
+                let (configs, cut) = self.configs_page(prefix, *limit as usize, after.as_deref());
+                more = cut;
+                let next = cut
+                    .then(|| configs.last().map(|(name, _)| name.clone()))
+                    .flatten();
+                AdminResult::Configs { configs, next }
+            }
             AdminOp::Stats { topic } => AdminResult::Stats(self.topic_stats(topic.as_deref())),
             AdminOp::Settle { topic, op, ids } => {
                 let receipts = self.live_receipts(topic, ids);
@@ -94,7 +114,7 @@ impl Leaf {
             Wire::LeafAdminReply(LeafAdminReply {
                 tag: admin.tag,
                 result: Some(result),
-                more: false,
+                more,
             }),
         );
     }
@@ -102,46 +122,151 @@ impl Leaf {
     /// Deletes up to `purge_batch_messages` ready and delayed messages of `topic`, the most
     /// urgent ready ones first, then the delayed ones due first; answers how many.
     fn purge_topic(&mut self, topic: &str, records: &mut Vec<LogRecord>) -> u64 {
-        let Some((topic, leaf_topic)) = self.topics.get_key_value(topic) else {
+        let Some((topic, _)) = self.topics.get_key_value(topic) else {
             return 0;
         };
         let topic = topic.clone();
-        let max = self.config.settings.purge_batch_messages as usize;
-        let ready: Vec<Key> = leaf_topic
+        let keys = self.waiting_keys(&topic, self.config.settings.purge_batch_messages as usize);
+        for key in &keys {
+            let slot = self.take_waiting(&topic, key);
+            self.forget(&topic, key.id, &slot, false);
+            records.push(LogRecord::Delete { id: key.id });
+        }
+        self.counters.purged += keys.len() as u64;
+        keys.len() as u64
+    }
+
+    /// The ready and delayed messages of `topic`, the most urgent ready ones first, then the
+    /// delayed ones due first, at most `max`.
+    fn waiting_keys(&self, topic: &Topic, max: usize) -> Vec<Key> {
+        let Some(leaf_topic) = self.topics.get(topic) else {
+            return Vec::new();
+        };
+        let mut keys: Vec<Key> = leaf_topic
             .offers
             .iter()
             .map(|(key, _)| *key)
             .take(max)
             .collect();
-        let mut purged = 0;
-        for key in ready {
-            let leaf_topic = self.topics.get_mut(&topic).expect("present");
-            let slot = leaf_topic.unavailable(&key, None).expect("listed");
-            self.forget(&topic, key.id, &slot, false);
-            records.push(LogRecord::Delete { id: key.id });
-            purged += 1;
+        if keys.len() < max && leaf_topic.delayed > 0 {
+            let delayed = self
+                .delayed
+                .iter()
+                .filter(|(_, delayed)| delayed.topic == *topic)
+                .map(|(&(ready_at, id), delayed)| Key {
+                    priority: delayed.priority,
+                    ready_at,
+                    id,
+                })
+                .take(max - keys.len());
+            keys.extend(delayed);
         }
-        let room = max - purged;
-        let delayed: Vec<(Time, MessageId)> =
-            if room > 0 && self.topics.get(&topic).is_some_and(|t| t.delayed > 0) {
-                self.delayed
+        keys
+    }
+
+    /// Takes a ready or delayed message of `topic` out of its index.
+    fn take_waiting(&mut self, topic: &Topic, key: &Key) -> Slot {
+        let leaf_topic = self.topics.get_mut(topic).expect("present");
+        if let Some(slot) = leaf_topic.unavailable(key, None) {
+            return slot;
+        }
+        leaf_topic.delayed -= 1;
+        let delayed = self.delayed.remove(&(key.ready_at, key.id));
+        delayed.expect("listed as delayed").slot
+    }
+
+    /// Moves up to `purge_batch_messages` ready and delayed messages of `topic` to `to`,
+    /// attempts reset; answers how many (none when `to` would pass `topics_max`).
+    fn move_topic(
+        &mut self,
+        now: Time,
+        topic: &str,
+        to: &str,
+        records: &mut Vec<LogRecord>,
+    ) -> u64 {
+        let Some((topic, _)) = self.topics.get_key_value(topic) else {
+            return 0;
+        };
+        let topic = topic.clone();
+        let room = self.topics.contains_key(to)
+            || self.topics.len() < self.config.settings.topics_max as usize;
+        if !room || *topic == *to {
+            return 0;
+        }
+        let keys = self.waiting_keys(&topic, self.config.settings.purge_batch_messages as usize);
+        for key in &keys {
+            let slot = self.take_waiting(&topic, key);
+            records.push(LogRecord::Move {
+                id: key.id,
+                topic: to.to_string(),
+            });
+            self.retopic(now, &topic, to, *key, slot);
+        }
+        keys.len() as u64
+    }
+
+    /// Keeps `config` for `topic` unless the leaf's is as new; answers 1 if the leaf keeps
+    /// it (or a newer one), 0 if it has no room (`topic_configs_max`: a deleted one makes room).
+    fn configure(
+        &mut self,
+        topic: &str,
+        config: &TopicConfig,
+        records: &mut Vec<LogRecord>,
+    ) -> u64 {
+        match self.configs.get(topic) {
+            Some(old) if old.version >= config.version => return 1,
+            Some(_) => {}
+            None if self.configs.len() >= self.config.settings.topic_configs_max as usize => {
+                let deleted = self
+                    .configs
                     .iter()
-                    .filter(|(_, delayed)| delayed.topic == topic)
-                    .map(|(at_id, _)| *at_id)
-                    .take(room)
-                    .collect()
-            } else {
-                Vec::new()
-            };
-        for at_id in delayed {
-            let delayed = self.delayed.remove(&at_id).expect("listed");
-            self.topics.get_mut(&topic).expect("present").delayed -= 1;
-            self.forget(&topic, at_id.1, &delayed.slot, false);
-            records.push(LogRecord::Delete { id: at_id.1 });
-            purged += 1;
+                    .filter(|(_, c)| c.deleted)
+                    .min_by_key(|(_, c)| c.version)
+                    .map(|(name, _)| name.clone());
+                let Some(deleted) = deleted else {
+                    return 0;
+                };
+                self.configs.remove(&deleted);
+            }
+            None => {}
         }
-        self.counters.purged += purged as u64;
-        purged as u64
+        self.configs.insert(topic.to_string(), config.clone());
+        records.push(LogRecord::Configure {
+            topic: topic.to_string(),
+            config: config.clone(),
+        });
+        1
+    }
+
+    /// Configurations of topics starting with `prefix`, after `after`, by name: at most
+    /// `limit`, within a frame's room (`true`: it stopped short).
+    fn configs_page(
+        &self,
+        prefix: &str,
+        limit: usize,
+        after: Option<&str>,
+    ) -> (Vec<(String, TopicConfig)>, bool) {
+        use std::ops::Bound;
+        let from = match after {
+            Some(after) if after >= prefix => Bound::Excluded(after),
+            _ => Bound::Included(prefix),
+        };
+        let s = &self.config.settings;
+        let budget = u64::from(s.frame_bytes_max - crate::config::FRAME_OVERHEAD_BYTES) / 2;
+        let mut bytes = 0;
+        let mut out = Vec::new();
+        for (name, config) in self
+            .configs
+            .range::<str, _>((from, Bound::Unbounded))
+            .take_while(|(name, _)| name.starts_with(prefix))
+        {
+            bytes += config.frame_bytes(name);
+            if out.len() == limit || (!out.is_empty() && bytes > budget) {
+                return (out, true);
+            }
+            out.push((name.clone(), config.clone()));
+        }
+        (out, false)
     }
 
     /// The dead letters of `topic` among `ids` (empty: all of them).

@@ -126,6 +126,12 @@ impl Leaf {
                 token: leased.token,
             });
         }
+        for (topic, config) in &self.configs {
+            records.push(LogRecord::Configure {
+                topic: topic.clone(),
+                config: config.clone(),
+            });
+        }
         for ((until, id), (topic, key)) in &self.dedup.by_expiry {
             records.push(LogRecord::Dedup {
                 topic: topic.to_string(),

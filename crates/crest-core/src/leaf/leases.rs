@@ -411,13 +411,18 @@ impl Leaf {
         if self.expires_at(id) <= now {
             return Outcome::Expired;
         }
-        let max_attempts = self
-            .config
-            .settings
-            .topic_policy(&leased.topic)
-            .max_attempts;
+        let max_attempts = self.policy(&leased.topic).max_attempts;
         if leased.slot.attempt >= max_attempts {
-            return Outcome::Dead { reason, at: now };
+            // A topic may route to another only while the leaf has room for one more topic.
+            return match self.dead_letter_topic(&leased.topic) {
+                Some(topic)
+                    if self.topics.contains_key(topic.as_str())
+                        || self.topics.len() < self.config.settings.topics_max as usize =>
+                {
+                    Outcome::Moved { topic }
+                }
+                _ => Outcome::Dead { reason, at: now },
+            };
         }
         let mut ready_at = leased.key.ready_at;
         if delay_ms > 0 {
@@ -435,6 +440,10 @@ impl Leaf {
                 id,
                 reason: reason.clone(),
                 at: *at,
+            },
+            Outcome::Moved { topic } => LogRecord::Move {
+                id,
+                topic: topic.clone(),
             },
             Outcome::Released { ready_at } => LogRecord::Release {
                 id,
@@ -460,6 +469,10 @@ impl Leaf {
                 self.counters.expired += 1;
             }
             Outcome::Dead { reason, at } => self.bury(at, topic, key, slot, reason),
+            Outcome::Moved { topic: to } => {
+                self.counters.dead_lettered += 1;
+                self.retopic(now, &topic, &to, key, slot);
+            }
             Outcome::Released { ready_at } => {
                 if ready_at != key.ready_at {
                     key.ready_at = ready_at;

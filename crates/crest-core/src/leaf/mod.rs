@@ -463,6 +463,9 @@ pub struct Leaf {
     settle_tally: crate::access::Tally,
     /// Settlements sent directly by consumers waiting for storage (`leaf_pending_settles_max`).
     client_settles: u32,
+    /// Topic configurations set at run time (`AdminOp::Configure`), by topic, deleted ones
+    /// included (`topic_configs_max`).
+    configs: BTreeMap<String, crate::wire::TopicConfig>,
 }
 
 /// Live leases (`leaf/leases.rs`).
@@ -580,6 +583,8 @@ enum Outcome {
     Expired,
     /// Out of attempts: moved to the dead letters.
     Dead { reason: String, at: Time },
+    /// Out of attempts: moved to the topic's `dead_letter_topic`, ready there.
+    Moved { topic: String },
     /// Available again (or delayed) from `ready_at`.
     Released { ready_at: Time },
 }
@@ -642,6 +647,7 @@ impl Leaf {
             push_tally: crate::access::Tally::default(),
             settle_tally: crate::access::Tally::default(),
             client_settles: 0,
+            configs: BTreeMap::new(),
             upstream,
             clients,
             live: LiveIds::default(),
@@ -685,7 +691,51 @@ impl Leaf {
     }
 
     fn policy(&self, topic: &str) -> TopicPolicy {
-        self.config.settings.topic_policy(topic)
+        self.config
+            .settings
+            .topic_policy_with(topic, self.runtime(topic))
+    }
+
+    /// The overrides set at run time for `topic`, if any.
+    fn runtime(&self, topic: &str) -> Option<&crate::config::TopicSettings> {
+        if self.configs.is_empty() {
+            return None;
+        }
+        self.configs
+            .get(topic)
+            .filter(|config| !config.deleted)
+            .map(|config| &config.settings)
+    }
+
+    /// Where `topic`'s messages go when out of attempts, if not its own dead letters.
+    fn dead_letter_topic(&self, topic: &str) -> Option<String> {
+        self.runtime(topic)
+            .and_then(|r| r.dead_letter_topic.clone())
+            .or_else(|| {
+                let topology = self.config.settings.topics.get(topic)?;
+                topology.dead_letter_topic.clone()
+            })
+    }
+
+    /// Moves a message that is in no index from topic `from` to topic `to` (interned), ready
+    /// or delayed there as its key says, with its attempts reset.
+    fn retopic(&mut self, now: Time, from: &Topic, to: &str, key: Key, slot: Slot) {
+        let id = key.id;
+        let leaf_topic = self.topics.get_mut(from).expect("topic exists");
+        let enqueued_at = leaf_topic.enqueued_at(id);
+        leaf_topic.messages -= 1;
+        leaf_topic.age_remove(id);
+        self.dirty.insert(from.clone());
+        let to = self.topic(to);
+        let leaf_topic = self.topics.get_mut(&to).expect("interned");
+        leaf_topic.messages += 1;
+        leaf_topic.age_add(id, enqueued_at);
+        if let Some(ttl) = self.ttl.by_id.get_mut(&id) {
+            ttl.topic = to.clone();
+            ttl.key = key;
+        }
+        let slot = Slot { attempt: 0, ..slot };
+        self.place(now, to, key, slot);
     }
 
     fn next_lease_token(&mut self) -> u64 {
@@ -724,6 +774,8 @@ fn record_bytes(record: &LogRecord) -> u64 {
         }
         LogRecord::Dead { reason, .. } => 40 + reason.len() as u64,
         LogRecord::Dedup { topic, key, .. } => (40 + topic.len() + key.len()) as u64,
+        LogRecord::Move { topic, .. } => 24 + topic.len() as u64,
+        LogRecord::Configure { topic, config } => config.frame_bytes(topic),
         _ => 24,
     }
 }

@@ -227,23 +227,7 @@ impl Leaf {
             message.slot.location = location;
             return;
         }
-        // Consecutive records mostly share a topic: reuse the last one instead of hashing its
-        // name for every record.
-        let index = match &recovery.last {
-            Some((last, index)) if **last == *head.topic => *index,
-            _ => {
-                let interned = self.topic(&head.topic);
-                let index = match recovery.topics.iter().position(|t| *t == interned) {
-                    Some(index) => index as u32,
-                    None => {
-                        recovery.topics.push(interned.clone());
-                        (recovery.topics.len() - 1) as u32
-                    }
-                };
-                recovery.last = Some((interned, index));
-                index
-            }
-        };
+        let index = self.topic_index(recovery, &head.topic);
         // Ids are never reused, not even those of messages deleted since.
         self.next_seq = self.next_seq.max(id.seq() + 1).min(MESSAGE_SEQ_MAX);
         if let Some(key) = head.dedup_key {
@@ -269,6 +253,27 @@ impl Leaf {
                 },
             },
         );
+    }
+
+    /// Recovery: the index of topic `name` in `recovery.topics`, interned.
+    fn topic_index(&mut self, recovery: &mut Recovery, name: &str) -> u32 {
+        // Consecutive records mostly share a topic: reuse the last one instead of hashing its
+        // name for every record.
+        if let Some((last, index)) = &recovery.last
+            && **last == *name
+        {
+            return *index;
+        }
+        let interned = self.topic(name);
+        let index = match recovery.topics.iter().position(|t| *t == interned) {
+            Some(index) => index as u32,
+            None => {
+                recovery.topics.push(interned.clone());
+                (recovery.topics.len() - 1) as u32
+            }
+        };
+        recovery.last = Some((interned, index));
+        index
     }
 
     /// Recovery: one record of the log.
@@ -338,6 +343,24 @@ impl Leaf {
                 }
                 if let Some(body) = self.bodies.cached.remove(&id) {
                     self.bodies.bytes -= body.cached_bytes();
+                }
+            }
+            LogRecord::Move { id, topic } => {
+                if recovery.messages.contains_key(&id) {
+                    let index = self.topic_index(recovery, &topic);
+                    let message = recovery.messages.get_mut(&id).expect("present");
+                    message.topic = index;
+                    message.slot.attempt = 0;
+                }
+                recovery.leases.remove(&id);
+            }
+            LogRecord::Configure { topic, config } => {
+                let newer = self
+                    .configs
+                    .get(&topic)
+                    .is_none_or(|old| old.version < config.version);
+                if newer {
+                    self.configs.insert(topic, config);
                 }
             }
             LogRecord::Dedup {

@@ -7,9 +7,10 @@ use crate::id::LeafId;
 use crate::machine::ConnId;
 use crate::validate::validate_topic;
 use crate::wire::{
-    Admin, AdminOp, AdminReply, AdminResult, ErrorCode, LeafAdmin, LeafAdminReply, Stats, Wire,
+    Admin, AdminOp, AdminReply, AdminResult, ErrorCode, LeafAdmin, LeafAdminReply, Stats,
+    TopicConfig, Wire,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 impl Root {
     pub(super) fn validate_admin(&self, op: &AdminOp) -> Result<(), String> {
@@ -35,13 +36,52 @@ impl Root {
                 return Err("settling leases needs the ids of their messages".into());
             }
             AdminOp::Settle { op, .. } => crate::validate::validate_settle_op(&self.settings, op)?,
+            AdminOp::MoveTopic { topic, to } => {
+                validate_topic(s, to)?;
+                if to == topic {
+                    return Err(format!("moving {topic} into itself"));
+                }
+                if namespace(topic) != namespace(to) {
+                    return Err(format!(
+                        "{to} is in namespace {}, not {}: messages move within one",
+                        namespace(to),
+                        namespace(topic)
+                    ));
+                }
+            }
+            AdminOp::Configure { topic, config } => {
+                config.settings.check(s, topic)?;
+                let bytes = config.attribute_bytes();
+                if bytes > u64::from(s.topic_attributes_bytes_max) {
+                    return Err(format!(
+                        "{topic}: attributes of {bytes} bytes exceed topic_attributes_bytes_max {}",
+                        s.topic_attributes_bytes_max
+                    ));
+                }
+            }
+            AdminOp::Configs { prefix, limit, .. } => {
+                if *limit == 0 {
+                    return Err("a listing of topic configurations needs a limit above 0".into());
+                }
+                if prefix.len() > s.topic_bytes_max as usize {
+                    return Err(format!(
+                        "prefix of {} bytes exceeds topic_bytes_max {}",
+                        prefix.len(),
+                        s.topic_bytes_max
+                    ));
+                }
+            }
             _ => {}
         }
         Ok(())
     }
 
-    pub(super) fn handle_admin(&mut self, now: Time, conn: ConnId, admin: Admin) {
+    pub(super) fn handle_admin(&mut self, now: Time, conn: ConnId, mut admin: Admin) {
         self.counters.admin_requests += 1;
+        // The root's clock orders configurations: the newest wins at every leaf.
+        if let AdminOp::Configure { config, .. } = &mut admin.op {
+            config.version = now;
+        }
         if let Err(text) = self.validate_admin(&admin.op) {
             self.refuse(conn, admin.request, ErrorCode::InvalidArgument, text);
             return;
@@ -83,9 +123,18 @@ impl Root {
             AdminOp::DeadLetters { limit, .. } => {
                 (*limit as usize, AdminResult::DeadLetters(Vec::new()))
             }
+            AdminOp::Configs { limit, .. } => (
+                *limit as usize,
+                AdminResult::Configs {
+                    configs: Vec::new(),
+                    next: None,
+                },
+            ),
             AdminOp::Redrive { .. }
             | AdminOp::Purge { .. }
             | AdminOp::PurgeTopic { .. }
+            | AdminOp::MoveTopic { .. }
+            | AdminOp::Configure { .. }
             | AdminOp::Settle { .. } => (0, AdminResult::Count(0)),
             AdminOp::Stats { .. } => (0, AdminResult::Stats(Stats::default())),
         };
@@ -94,6 +143,8 @@ impl Root {
             request: admin.request,
             limit,
             cut: None,
+            name_cut: None,
+            versions: Vec::new(),
             outstanding: 0,
             result,
             unreachable: Vec::new(),
@@ -154,6 +205,44 @@ impl Root {
                 all.sort_by_key(|d| (d.dead_at, d.id));
                 all.truncate(admin.limit);
             }
+            (
+                AdminResult::Configs { configs: all, .. },
+                Some(AdminResult::Configs {
+                    configs: theirs,
+                    next,
+                }),
+            ) => {
+                if let Some(last) = next {
+                    let cut = match admin.name_cut.take() {
+                        Some(cut) if cut <= last => cut,
+                        _ => last,
+                    };
+                    admin.name_cut = Some(cut);
+                }
+                for (name, config) in theirs {
+                    admin
+                        .versions
+                        .push((from.leaf, name.clone(), config.version));
+                    match all.binary_search_by(|(n, _)| n.cmp(&name)) {
+                        Ok(at) if all[at].1.version < config.version => all[at].1 = config,
+                        Ok(_) => {}
+                        Err(at) => all.insert(at, (name, config)),
+                    }
+                }
+                if all.len() > admin.limit {
+                    // What is cut here is listed on the next page, after the last one kept.
+                    all.truncate(admin.limit);
+                    let last = all
+                        .last()
+                        .map(|(name, _)| name.clone())
+                        .expect("limit >= 1");
+                    let cut = match admin.name_cut.take() {
+                        Some(cut) if cut <= last => cut,
+                        _ => last,
+                    };
+                    admin.name_cut = Some(cut);
+                }
+            }
             (AdminResult::Count(total), Some(AdminResult::Count(theirs))) => {
                 *total = total.saturating_add(theirs);
             }
@@ -165,6 +254,44 @@ impl Root {
             }
         }
         self.finish_admin(from.admin);
+    }
+
+    /// Sends the newest of each listed configuration to the leaves that answered an older one
+    /// or none (a leaf unreachable when it was set): every listing heals the tree a little.
+    /// Their answers come back under tags nobody waits for, and are dropped.
+    fn repair_configs(
+        &mut self,
+        listed: &[(String, TopicConfig)],
+        versions: &[(LeafId, String, Time)],
+        unreachable: &[LeafId],
+    ) {
+        let answered: BTreeSet<LeafId> = self
+            .children
+            .subtree_leaves()
+            .into_iter()
+            .filter(|leaf| !unreachable.contains(leaf))
+            .collect();
+        for (name, config) in listed {
+            for &leaf in &answered {
+                let current = versions
+                    .iter()
+                    .any(|(l, n, v)| *l == leaf && n == name && *v >= config.version);
+                if current {
+                    continue;
+                }
+                let Ok(child) = self.route(leaf) else {
+                    continue;
+                };
+                let tag = self.requests.next_tag;
+                self.requests.next_tag += 1;
+                let op = AdminOp::Configure {
+                    topic: name.clone(),
+                    config: config.clone(),
+                };
+                self.counters.configs_repaired += 1;
+                self.send(child, Wire::LeafAdmin(LeafAdmin { tag, leaf, op }));
+            }
+        }
     }
 
     pub(super) fn finish_admin(&mut self, admin_id: u64) {
@@ -182,6 +309,32 @@ impl Root {
                 .retain(|t| principal.grants.any_in(namespace(&t.topic)));
         }
         let mut more = false;
+        if let AdminResult::Configs { configs: all, next } = &mut admin.result {
+            if let Some(cut) = &admin.name_cut {
+                all.retain(|(name, _)| name <= cut);
+                more = true;
+                *next = Some(cut.clone());
+            }
+            self.repair_configs(all, &admin.versions, &admin.unreachable);
+            if let Some(principal) = self.principals.get(&admin.conn) {
+                all.retain(|(name, _)| principal.grants.any_in(namespace(name)));
+            }
+            let budget = u64::from(self.settings.frame_bytes_max - FRAME_OVERHEAD_BYTES)
+                .saturating_sub(1024 + 8 * admin.unreachable.len() as u64);
+            let mut bytes = 0;
+            let fits = all
+                .iter()
+                .take_while(|(name, config)| {
+                    bytes += config.frame_bytes(name);
+                    bytes <= budget
+                })
+                .count();
+            if fits < all.len() {
+                all.truncate(fits.max(1));
+                more = true;
+                *next = all.last().map(|(name, _)| name.clone());
+            }
+        }
         if let AdminResult::DeadLetters(all) = &mut admin.result {
             if let Some(cut) = admin.cut {
                 all.retain(|d| (d.dead_at, d.id) <= cut);

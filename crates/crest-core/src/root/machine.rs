@@ -269,6 +269,7 @@ impl Machine for Root {
             ("requests_timed_out", c.requests_timed_out),
             ("settle_requests", c.settle_requests),
             ("admin_requests", c.admin_requests),
+            ("configs_repaired", c.configs_repaired),
             ("offers_received", c.offers_received),
             ("reserved_ahead", c.reserved_ahead),
             ("ahead_hits", c.ahead_hits),

@@ -272,6 +272,8 @@ struct RootCounters {
     reserves_denied: u64,
     settle_requests: u64,
     admin_requests: u64,
+    /// Topic configurations sent to leaves that answered a listing with an older one.
+    configs_repaired: u64,
     offers_received: u64,
     /// Entries reserved for the reserve-ahead buffers.
     reserved_ahead: u64,
@@ -305,6 +307,11 @@ struct PendingAdmin {
     /// merged listing must stop there too, or a next page (`after` its last entry) would
     /// skip what those leaves left out.
     cut: Option<(Time, crate::id::MessageId)>,
+    /// The same for a listing of topic configurations: the earliest last name.
+    name_cut: Option<String>,
+    /// For a listing of topic configurations: the version each leaf answered for each topic,
+    /// so that the leaves behind are sent the newest (see `Root::repair_configs`).
+    versions: Vec<(LeafId, String, Time)>,
     outstanding: usize,
     result: AdminResult,
     unreachable: Vec<LeafId>,

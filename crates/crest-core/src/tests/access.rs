@@ -79,9 +79,9 @@ fn a_push_into_a_namespace_without_produce_is_refused_whole_and_stores_nothing()
 
 #[test]
 fn pops_and_admin_requests_need_their_permission_on_the_topic_s_namespace() {
-    // Goal: the root refuses pops without `consume` and dead-letter operations without
-    // `admin`, and lists in the stats of every topic only namespaces the principal holds
-    // something in.
+    // Goal: the root refuses pops without `consume` and dead-letter operations, purges, moves
+    // and configurations without `admin`, and lists in the stats of every topic, and among
+    // topic configurations, only namespaces the principal holds something in.
     let mut t = tree(16);
     t.h.push(t.producers[0], "orders/eu", &[1]);
     t.h.push(t.producers[1], "billing/eu", &[1]);
@@ -118,6 +118,17 @@ fn pops_and_admin_requests_need_their_permission_on_the_topic_s_namespace() {
         AdminOp::Stats {
             topic: Some("billing/eu".into()),
         },
+        AdminOp::PurgeTopic {
+            topic: "orders/eu".into(),
+        },
+        AdminOp::MoveTopic {
+            topic: "orders/eu".into(),
+            to: "orders/us".into(),
+        },
+        AdminOp::Configure {
+            topic: "orders/eu".into(),
+            config: TopicConfig::default(),
+        },
     ] {
         let request = t.h.request();
         t.h.send(reader, Wire::Admin(Admin { request, op }));
@@ -138,6 +149,24 @@ fn pops_and_admin_requests_need_their_permission_on_the_topic_s_namespace() {
     };
     let topics: Vec<&str> = stats.topics.iter().map(|t| t.topic.as_str()).collect();
     assert_eq!(topics, ["orders/eu"]);
+    // Configurations are listed only in namespaces the principal holds something in.
+    for topic in ["orders/eu", "billing/eu"] {
+        let op = AdminOp::Configure {
+            topic: topic.into(),
+            config: TopicConfig::default(),
+        };
+        assert_eq!(admin(&mut t.h, t.consumer, op), AdminResult::Count(4));
+    }
+    let listing = AdminOp::Configs {
+        prefix: String::new(),
+        limit: 10,
+        after: None,
+    };
+    let AdminResult::Configs { configs, .. } = admin(&mut t.h, reader, listing) else {
+        panic!("a listing")
+    };
+    let names: Vec<&str> = configs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["orders/eu"]);
     // The refused pop took nothing: the billing message is still there, and the granted pop
     // gets its own namespace's.
     assert_eq!(t.h.pop(t.consumer, "billing/eu", 10).len(), 1);

@@ -71,6 +71,7 @@ macro_rules! pass_through {
 
 mod access;
 mod bodies;
+mod configs;
 mod delivery;
 mod flow;
 mod grants;

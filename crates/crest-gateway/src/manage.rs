@@ -1,0 +1,402 @@
+//! The SQS operations on queues themselves: create, find, list, change, delete and purge
+//! them, their dead-letter queues and message move tasks. A queue's attributes are its
+//! topic's configuration in the tree (see [`crate::queues`]), read and written with the
+//! caller's own permissions: changing a queue needs `admin` in its namespace.
+
+use crate::api::{names, number, string_map, text, tree_error};
+use crate::error::SqsError;
+use crate::queues::{Queue, QueueAttributes, QueueName};
+use crate::{Caller, Clients, MoveTask, State};
+use serde_json::{Map, Value, json};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The attributes a `CreateQueue` or `SetQueueAttributes` asks for, checked; a redrive
+/// policy's dead-letter queue must exist.
+async fn asked_attributes(
+    state: &State,
+    clients: &Clients,
+    name: &QueueName,
+    mut attributes: QueueAttributes,
+    input: &Value,
+) -> Result<QueueAttributes, SqsError> {
+    for (key, value) in string_map(input, "Attributes")? {
+        attributes.set(&name.namespace, &key, &value)?;
+    }
+    if let Some(redrive) = &attributes.redrive {
+        if redrive.dead_letter == *name {
+            return Err(SqsError::invalid(
+                "Value for parameter RedrivePolicy is invalid. Reason: a queue cannot be its \
+                 own dead-letter queue.",
+            ));
+        }
+        clients
+            .queue(&state.config, &redrive.dead_letter)
+            .await
+            .map_err(|_| {
+                SqsError::invalid(format!(
+                    "Value for parameter RedrivePolicy is invalid. Reason: Dead letter target \
+                     does not exist: {}.",
+                    redrive.dead_letter.name
+                ))
+            })?;
+    }
+    Ok(attributes)
+}
+
+/// The queue a request's `QueueUrl` names, and the caller's clients.
+fn addressed(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<(QueueName, Arc<Clients>), SqsError> {
+    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
+    Ok((name, state.clients(caller)?))
+}
+
+/// Keeps `queue` as `name`'s topic configuration in the tree, and in the key's cache.
+async fn keep(
+    state: &State,
+    clients: &Clients,
+    name: &QueueName,
+    queue: Queue,
+) -> Result<(), SqsError> {
+    let admin = clients.admin().await?;
+    let answer = admin
+        .configure(&name.topic(), queue.to_config())
+        .await
+        .map_err(tree_error)?;
+    if answer.value == 0 && answer.unreachable.is_empty() {
+        return Err(SqsError::over_limit(
+            "the tree holds its most topic configurations (setting topic_configs_max)",
+        ));
+    }
+    clients.remember(&state.config, name, Some(queue))
+}
+
+pub(crate) async fn create_queue(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let name = QueueName::checked(&caller.namespace, text(input, "QueueName")?)?;
+    let clients = state.clients(caller)?;
+    let attributes =
+        asked_attributes(state, &clients, &name, QueueAttributes::default(), input).await?;
+    match clients.fetch(&state.config, &name).await? {
+        Some(existing) if existing.attributes == attributes => {}
+        Some(_) => return Err(SqsError::queue_exists(&name.name)),
+        None => keep(state, &clients, &name, Queue::new(attributes)).await?,
+    }
+    Ok(json!({ "QueueUrl": name.url(&caller.host) }))
+}
+
+pub(crate) async fn get_queue_url(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let name = QueueName::checked(&caller.namespace, text(input, "QueueName")?)
+        .map_err(|_| SqsError::no_queue())?;
+    state.clients(caller)?.queue(&state.config, &name).await?;
+    Ok(json!({ "QueueUrl": name.url(&caller.host) }))
+}
+
+/// The queues of `namespace` whose names start with `prefix`, by name, as the tree keeps
+/// them.
+async fn queues_of(
+    clients: &Clients,
+    namespace: &str,
+    prefix: &str,
+) -> Result<Vec<(QueueName, Queue)>, SqsError> {
+    let admin = clients.admin().await?;
+    let listed = admin
+        .configs(&QueueName::topic_prefix(namespace, prefix))
+        .await
+        .map_err(tree_error)?;
+    Ok(listed
+        .value
+        .iter()
+        .filter_map(|(topic, config)| {
+            let name = QueueName::from_topic(topic)?;
+            let queue = Queue::from_config(config)?;
+            (name.namespace == namespace).then_some((name, queue))
+        })
+        .collect())
+}
+
+pub(crate) async fn list_queues(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let prefix = match input.get("QueueNamePrefix") {
+        Some(Value::String(s)) => s.as_str(),
+        _ => "",
+    };
+    let max = number(input, "MaxResults", 1000, 1000)? as usize;
+    let clients = state.clients(caller)?;
+    let urls: Vec<String> = queues_of(&clients, &caller.namespace, prefix)
+        .await?
+        .into_iter()
+        .take(max)
+        .map(|(name, _)| name.url(&caller.host))
+        .collect();
+    Ok(json!({ "QueueUrls": urls }))
+}
+
+/// Forgets the queue's attributes and deletes its waiting messages (received ones stay with
+/// their receipts).
+pub(crate) async fn delete_queue(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let (name, clients) = addressed(state, caller, input)?;
+    if clients.fetch(&state.config, &name).await?.is_none() {
+        return Err(SqsError::no_queue());
+    }
+    let admin = clients.admin().await?;
+    let topic = name.topic();
+    admin.unconfigure(&topic).await.map_err(tree_error)?;
+    clients.remember(&state.config, &name, None)?;
+    admin.purge_topic(&topic).await.map_err(tree_error)?;
+    Ok(json!({}))
+}
+
+pub(crate) async fn set_queue_attributes(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let (name, clients) = addressed(state, caller, input)?;
+    let mut queue = clients
+        .fetch(&state.config, &name)
+        .await?
+        .ok_or_else(SqsError::no_queue)?;
+    queue.attributes = asked_attributes(state, &clients, &name, queue.attributes, input).await?;
+    queue.modified = crate::queues::seconds_now();
+    keep(state, &clients, &name, queue).await?;
+    Ok(json!({}))
+}
+
+pub(crate) async fn get_queue_attributes(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let (name, clients) = addressed(state, caller, input)?;
+    let queue = clients.queue(&state.config, &name).await?;
+    let wanted = names(input, "AttributeNames")?;
+    let all = wanted.iter().any(|n| n == "All");
+    let want = |n: &str| all || wanted.iter().any(|w| w == n);
+    let mut out = Map::new();
+    for (key, value) in queue.attributes.listed(&state.config.region) {
+        if want(key) {
+            out.insert(key.into(), value.into());
+        }
+    }
+    if want("CreatedTimestamp") {
+        out.insert("CreatedTimestamp".into(), queue.created.to_string().into());
+    }
+    if want("LastModifiedTimestamp") {
+        out.insert(
+            "LastModifiedTimestamp".into(),
+            queue.modified.to_string().into(),
+        );
+    }
+    let depths = [
+        "ApproximateNumberOfMessages",
+        "ApproximateNumberOfMessagesNotVisible",
+        "ApproximateNumberOfMessagesDelayed",
+    ];
+    if depths.iter().any(|d| want(d)) {
+        let admin = clients.admin().await?;
+        let topic = name.topic();
+        let stats = admin.stats(Some(&topic)).await.map_err(tree_error)?.value;
+        let topic_stats = stats.topics.iter().find(|t| t.topic == topic);
+        let (ready, leased, delayed) =
+            topic_stats.map_or((0, 0, 0), |t| (t.ready_total(), t.in_flight, t.delayed));
+        for (key, value) in depths.iter().zip([ready, leased, delayed]) {
+            if want(key) {
+                out.insert((*key).into(), value.to_string().into());
+            }
+        }
+    }
+    for name in &wanted {
+        let known = name == "All"
+            || out.contains_key(name)
+            || matches!(name.as_str(), "QueueArn" | "Policy" | "RedrivePolicy");
+        if !known {
+            return Err(SqsError::bad_attribute(name));
+        }
+    }
+    if want("QueueArn") {
+        out.insert("QueueArn".into(), name.arn(&state.config.region).into());
+    }
+    Ok(json!({ "Attributes": out }))
+}
+
+/// Deletes the queue's ready and delayed messages; messages received and not yet deleted stay
+/// with their receipts (SQS may or may not delete those).
+pub(crate) async fn purge_queue(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let (name, clients) = addressed(state, caller, input)?;
+    clients.queue(&state.config, &name).await?;
+    let admin = clients.admin().await?;
+    admin.purge_topic(&name.topic()).await.map_err(tree_error)?;
+    Ok(json!({}))
+}
+
+/// The queues of the namespace whose redrive policy names `target`.
+async fn sources_of(clients: &Clients, target: &QueueName) -> Result<Vec<QueueName>, SqsError> {
+    Ok(queues_of(clients, &target.namespace, "")
+        .await?
+        .into_iter()
+        .filter(|(_, queue)| {
+            let redrive = queue.attributes.redrive.as_ref();
+            redrive.is_some_and(|r| r.dead_letter == *target)
+        })
+        .map(|(name, _)| name)
+        .collect())
+}
+
+pub(crate) async fn dead_letter_sources(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
+    let max = number(input, "MaxResults", 1000, 1000)? as usize;
+    let clients = state.clients(caller)?;
+    clients.queue(&state.config, &name).await?;
+    let urls: Vec<String> = sources_of(&clients, &name)
+        .await?
+        .into_iter()
+        .take(max)
+        .map(|q| q.url(&caller.host))
+        .collect();
+    Ok(json!({ "queueUrls": urls }))
+}
+
+/// A queue named by an ARN parameter, as the tree keeps it.
+async fn queue_by_arn(
+    state: &State,
+    clients: &Clients,
+    input: &Value,
+    field: &str,
+) -> Result<QueueName, SqsError> {
+    let arn = text(input, field)?;
+    let name = QueueName::from_arn(arn)
+        .ok_or_else(|| SqsError::invalid(format!("{field} {arn:?} is not a queue ARN")))?;
+    clients.queue(&state.config, &name).await?;
+    Ok(name)
+}
+
+/// Moves a dead-letter queue's messages to `DestinationArn`, or back to its one source
+/// queue; done before the answer (each leaf moves a bounded number per step, the gateway
+/// asks until none are left).
+pub(crate) async fn start_move_task(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let clients = state.clients(caller)?;
+    let source = queue_by_arn(state, &clients, input, "SourceArn").await?;
+    let sources = sources_of(&clients, &source).await?;
+    if sources.is_empty() {
+        return Err(SqsError::invalid(
+            "Source queue must be configured as a Dead Letter Queue.",
+        ));
+    }
+    let destination = match input.get("DestinationArn") {
+        None | Some(Value::Null) => match &sources[..] {
+            [only] => only.clone(),
+            _ => {
+                return Err(SqsError::invalid(
+                    "The dead-letter queue has several source queues: name DestinationArn \
+                     (crest does not record which queue each message came from).",
+                ));
+            }
+        },
+        Some(_) => queue_by_arn(state, &clients, input, "DestinationArn").await?,
+    };
+    if destination.namespace != source.namespace || destination == source {
+        return Err(SqsError::invalid(
+            "DestinationArn must name another queue of the source queue's namespace.",
+        ));
+    }
+    let started_ms = millis_now();
+    let admin = clients.admin().await?;
+    let moved = admin
+        .move_topic(&source.topic(), &destination.topic())
+        .await
+        .map_err(tree_error)?
+        .value;
+    let number = state
+        .request_ids
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let handle = format!("{started_ms:016x}{number:016x}");
+    let mut tasks = state.tasks()?;
+    if tasks.len() >= state.config.move_tasks_max {
+        tasks.pop_front();
+    }
+    tasks.push_back(MoveTask {
+        handle: handle.clone(),
+        source,
+        destination,
+        moved,
+        started_ms,
+    });
+    Ok(json!({ "TaskHandle": handle }))
+}
+
+pub(crate) async fn list_move_tasks(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let clients = state.clients(caller)?;
+    let source = queue_by_arn(state, &clients, input, "SourceArn").await?;
+    let max = number(input, "MaxResults", 1, 10)?.max(1) as usize;
+    let region = &state.config.region;
+    let results: Vec<Value> = state
+        .tasks()?
+        .iter()
+        .rev()
+        .filter(|task| task.source == source)
+        .take(max)
+        .map(|task| {
+            json!({
+                "TaskHandle": task.handle,
+                "Status": "COMPLETED",
+                "SourceArn": task.source.arn(region),
+                "DestinationArn": task.destination.arn(region),
+                "ApproximateNumberOfMessagesMoved": task.moved,
+                "ApproximateNumberOfMessagesToMove": task.moved,
+                "StartedTimestamp": task.started_ms,
+            })
+        })
+        .collect();
+    Ok(json!({ "Results": results }))
+}
+
+/// Moves are done before `StartMessageMoveTask` answers: there is never one to cancel.
+pub(crate) fn cancel_move_task(state: &State, input: &Value) -> Result<Value, SqsError> {
+    let handle = text(input, "TaskHandle")?;
+    let known = state.tasks()?.iter().any(|t| t.handle == handle);
+    Err(SqsError::not_found(if known {
+        "The task has completed: crest's moves finish before StartMessageMoveTask answers."
+    } else {
+        "No such task."
+    }))
+}
+
+fn millis_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
