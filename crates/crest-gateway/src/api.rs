@@ -34,6 +34,9 @@ pub const PRIORITY_ATTRIBUTE: &str = "Priority";
 const ATTRIBUTE_PREFIX: &str = "sqs.a.";
 /// Metadata key of the access key that sent a message (`SenderId`).
 const SENDER_KEY: &str = "sqs.sender";
+/// Metadata key of a message's `MessageGroupId`, given back as a system attribute (crest's
+/// fairness key will take it).
+const GROUP_KEY: &str = "sqs.group";
 
 /// Runs operation `action` for `caller`.
 pub(crate) async fn dispatch(
@@ -284,14 +287,34 @@ fn prepare(
         };
         message = message.metadata(format!("{ATTRIBUTE_PREFIX}{attribute_name}"), stored);
     }
-    if let Some(id) = entry.get("MessageDeduplicationId").and_then(Value::as_str) {
+    if let Some(id) = token(entry, "MessageDeduplicationId")? {
         message = message.dedup_key(id);
+    }
+    if let Some(group) = token(entry, "MessageGroupId")? {
+        message = message.metadata(GROUP_KEY, group);
     }
     Ok(Prepared {
         message,
         md5_body: md5_of_body(body),
         md5_attributes: md5_of_attributes(attributes.iter().map(|(n, a)| (n.as_str(), a))),
     })
+}
+
+/// An optional id parameter as SQS allows it: 1–128 of ASCII letters, digits and
+/// punctuation.
+fn token<'a>(entry: &'a Value, name: &str) -> Result<Option<&'a str>, SqsError> {
+    let Some(value) = entry.get(name).filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    match value.as_str() {
+        Some(id) if (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic()) => {
+            Ok(Some(id))
+        }
+        _ => Err(SqsError::invalid(format!(
+            "Value for parameter {name} is invalid. Reason: 1 to 128 ASCII letters, digits \
+             and punctuation."
+        ))),
+    }
 }
 
 fn sent(prepared: &Prepared, id: String) -> Value {
@@ -448,9 +471,13 @@ async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Resul
         let body = String::from_utf8_lossy(&delivery.payload).into_owned();
         let mut attributes: Vec<(String, Attribute)> = Vec::new();
         let mut sender = None;
+        let mut group = None;
         for (key, value) in &delivery.metadata {
             if key == SENDER_KEY {
                 sender = Some(value.clone());
+            }
+            if key == GROUP_KEY {
+                group = Some(value.clone());
             }
             let Some(attribute_name) = key.strip_prefix(ATTRIBUTE_PREFIX) else {
                 continue;
@@ -499,6 +526,11 @@ async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Resul
             && let Some(sender) = sender
         {
             system_out.insert("SenderId".into(), sender.into());
+        }
+        if want_system("MessageGroupId")
+            && let Some(group) = group
+        {
+            system_out.insert("MessageGroupId".into(), group.into());
         }
         if !system_out.is_empty() {
             out["Attributes"] = system_out.into();

@@ -346,6 +346,24 @@ def a_batch_answers_each_entry_and_refuses_only_the_bad_one():
     assert code == "AWS.SimpleQueueService.BatchEntryIdsNotDistinct", code
 
 
+def dedup_ids_send_once_and_group_ids_come_back():
+    url = sqs.create_queue(QueueName="boto-dedup")["QueueUrl"]
+    first = sqs.send_message(
+        QueueUrl=url, MessageBody="once", MessageDeduplicationId="order-7", MessageGroupId="t-42"
+    )["MessageId"]
+    again = sqs.send_message(QueueUrl=url, MessageBody="once", MessageDeduplicationId="order-7")
+    assert again["MessageId"] == first, (again, first)
+    [m] = receive_all(url, 1, AttributeNames=["All"])
+    assert m["MessageId"] == first and m["Attributes"]["MessageGroupId"] == "t-42", m
+    delete_all(url, [m])
+    empty = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)
+    assert "Messages" not in empty, "sent once"
+    code = error_code(
+        lambda: sqs.send_message(QueueUrl=url, MessageBody="x", MessageDeduplicationId="a b")
+    )
+    assert code == "InvalidParameterValue", code
+
+
 def depths_show_in_the_queue_s_attributes():
     url = sqs.create_queue(QueueName="boto-depth")["QueueUrl"]
     for i in range(3):
@@ -561,6 +579,7 @@ CHECKS = [
     visibility_timeouts_and_their_changes,
     a_long_poll_wakes_up_when_a_message_arrives,
     a_batch_answers_each_entry_and_refuses_only_the_bad_one,
+    dedup_ids_send_once_and_group_ids_come_back,
     depths_show_in_the_queue_s_attributes,
     redrive_sends_a_message_out_of_receives_to_its_dead_letter_queue_and_back,
     a_purge_empties_the_queue_but_leaves_received_messages_to_their_receipts,
