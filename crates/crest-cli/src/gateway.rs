@@ -41,9 +41,15 @@ pub(crate) async fn gateway(args: GatewayArgs) -> Result<()> {
         };
         (ProducerConfig::new(args.leaf.clone(), tls), consumer)
     };
+    // The cluster-wide settings bound it (`gateway_*`), the defaults without a topology.
+    let settings = match &args.topology {
+        Some(path) => load_topology(Some(path))?.root().settings.clone(),
+        None => crest::core::config::Settings::default(),
+    };
     let keys = crest_gateway::keys::load(&args.keys)?;
     let count = keys.len();
-    let config = crest_gateway::GatewayConfig::new(args.listen, producer, consumer, keys);
+    let config = crest_gateway::GatewayConfig::new(args.listen, producer, consumer, keys)
+        .with_settings(&settings);
     let gateway = crest_gateway::Gateway::start(config)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -52,6 +58,11 @@ pub(crate) async fn gateway(args: GatewayArgs) -> Result<()> {
         gateway.local_addr(),
         args.keys.display()
     );
+    serve_until_stopped(gateway).await
+}
+
+/// Runs until SIGINT or SIGTERM.
+async fn serve_until_stopped(gateway: crest_gateway::Gateway) -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut terminate = signal(SignalKind::terminate())?;
     tokio::select! {
@@ -60,4 +71,49 @@ pub(crate) async fn gateway(args: GatewayArgs) -> Result<()> {
     }
     gateway.stop();
     Ok(())
+}
+
+/// `crest launch --node NAME` of a `role = "gateway"` node: the topology's CA, root and
+/// leaves, the gateway's keys file and settings; its HTTP socket by socket activation
+/// (descriptor 3, a TCP listener) or bound to its `listen`.
+pub(crate) async fn launch_gateway(
+    topology_path: &Path,
+    topology: &Topology,
+    spec: &crest::core::topology::GatewaySpec,
+    mut fds: listenfd::ListenFd,
+) -> Result<()> {
+    let base = base_dir(topology_path);
+    let files = topology.tls.as_ref().with_context(|| {
+        format!(
+            "{} has no [tls] section: run `crest certs --topology {}` and add it",
+            topology_path.display(),
+            topology_path.display()
+        )
+    })?;
+    let tls = ClientTls::from_file(base.join(&files.ca))?;
+    let producer = ProducerConfig::from_topology(topology, tls.clone());
+    let consumer = ConsumerConfig::from_topology(topology, tls);
+    let keys_path = base.join(&spec.keys);
+    let keys = crest_gateway::keys::load(&keys_path)?;
+    let count = keys.len();
+    let config = crest_gateway::GatewayConfig::new(spec.listen, producer, consumer, keys)
+        .with_settings(&spec.settings);
+    let gateway = if fds.len() == 0 {
+        crest_gateway::Gateway::start(config)
+            .await
+            .with_context(|| format!("listening on {}", spec.listen))?
+    } else {
+        let listener = fds
+            .take_tcp_listener(0)
+            .context("socket activation: descriptor 3 must be the gateway's HTTP (TCP) listener")?
+            .context("socket activation: descriptor 3 was already taken")?;
+        crest_gateway::Gateway::start_on(config, listener)?
+    };
+    println!(
+        "crest gateway {}: SQS API on http://{} ({count} access keys from {})",
+        spec.name,
+        gateway.local_addr(),
+        keys_path.display()
+    );
+    serve_until_stopped(gateway).await
 }

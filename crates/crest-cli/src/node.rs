@@ -130,7 +130,8 @@ async fn start_sqs(
         ProducerConfig::from_topology(&tree.topology, tls.clone()),
         ConsumerConfig::from_topology(&tree.topology, tls),
         vec![key],
-    );
+    )
+    .with_settings(&tree.topology.root().settings);
     let gateway = crest_gateway::Gateway::start(config)
         .await
         .with_context(|| format!("starting the SQS API on {listen}"))?;
@@ -174,8 +175,16 @@ pub(crate) async fn launch(
         access: access_path,
     } = how;
     let topology = load_topology(Some(topology_path))?;
+    if let Some(gateway) = topology.gateway(name) {
+        return launch_gateway(topology_path, &topology, gateway, listen_fds).await;
+    }
     let spec = topology.node(name).with_context(|| {
-        let names: Vec<&str> = topology.nodes.iter().map(|n| n.name.as_str()).collect();
+        let names: Vec<&str> = topology
+            .nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .chain(topology.gateways.iter().map(|g| g.name.as_str()))
+            .collect();
         format!(
             "node {name:?} is not in {} (its nodes: {})",
             topology_path.display(),

@@ -1,10 +1,14 @@
 //! The SQS-compatible API of `crest local` through real AWS clients: the boto3 suite in
 //! `tests/sqs/boto3_suite.py` (it also drives the AWS CLI) against a `crest local` process
 //! started here. `scripts/test` installs boto3 and the AWS CLI in `target/sqs-venv`
-//! (`CREST_PYTHON` names another Python that has them).
+//! (`CREST_PYTHON` names another Python that has them). Gateways as processes of their own:
+//! `crest gateway`, and a `role = "gateway"` node run by `crest launch`.
 
+#[path = "common/cluster.rs"]
+mod cluster;
 mod common;
 
+use cluster::Cluster;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -14,7 +18,7 @@ use std::time::{Duration, Instant};
 use crest::core::topology::Topology;
 use crest::node::LocalTree;
 
-const CREST: &str = env!("CARGO_BIN_EXE_crest");
+use cluster::CREST;
 const DEFAULT: &str = include_str!("../../../topology/local.toml");
 
 /// A `crest` process, killed when dropped.
@@ -218,4 +222,101 @@ async fn a_gateway_process_serves_each_key_in_its_namespace_as_its_principal() {
     ];
     suite(&endpoint, ("ADMINKEY", "admin-secret"), &checks, &env).await;
     tree.shutdown().await;
+}
+
+/// Calls `action` until it answers (the gateway and the tree come up), within 60 s (a loaded
+/// machine starts eight processes slowly).
+async fn call_until_answered(
+    client: &crest_gateway::client::SqsClient,
+    action: &str,
+    input: &serde_json::Value,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match client.call(action, input).await {
+            Ok(value) => return value,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("{action}: {error}"),
+        }
+    }
+}
+
+/// A `role = "gateway"` node of the topology, run by `crest launch` with its HTTP socket by
+/// socket activation in front of a secured tree of seven processes: it serves the SQS API with
+/// the keys file the topology names, and, killed with SIGKILL and launched again, finds the
+/// queue it created (the tree keeps it) and delivers what was sent before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_node_of_the_topology_serves_sqs_and_loses_nothing_when_killed() {
+    use serde_json::json;
+    let mut cluster = Cluster::start_secure_with_gateway("gateway-node", "sqs-1");
+    let endpoint = cluster.gateway_endpoint("sqs-1");
+    let client =
+        crest_gateway::client::SqsClient::new(&endpoint, "AKIACRESTTEST", "test-secret", 4)
+            .unwrap();
+    let created = call_until_answered(&client, "CreateQueue", &json!({"QueueName": "jobs"})).await;
+    let url = created["QueueUrl"].as_str().unwrap().to_string();
+    assert!(url.ends_with("/default/jobs"), "{url}");
+    let entries: Vec<serde_json::Value> = (0..10)
+        .map(|i| {
+            json!({
+                "Id": format!("m{i}"),
+                "MessageBody": format!("body {i}"),
+                "MessageAttributes": {
+                    "Priority": {"DataType": "Number", "StringValue": (9 - i).to_string()}
+                },
+            })
+        })
+        .collect();
+    let sent = client
+        .call(
+            "SendMessageBatch",
+            &json!({"QueueUrl": url, "Entries": entries}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sent["Successful"].as_array().unwrap().len(), 10, "{sent}");
+
+    cluster.kill("sqs-1");
+    cluster.launch("sqs-1");
+    let found = call_until_answered(&client, "GetQueueUrl", &json!({"QueueName": "jobs"})).await;
+    assert_eq!(found["QueueUrl"].as_str(), Some(url.as_str()));
+    let mut bodies = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while bodies.len() < 10 && tokio::time::Instant::now() < deadline {
+        let received = client
+            .call(
+                "ReceiveMessage",
+                &json!({"QueueUrl": url, "MaxNumberOfMessages": 10, "WaitTimeSeconds": 1}),
+            )
+            .await
+            .unwrap();
+        let messages = received["Messages"].as_array().cloned().unwrap_or_default();
+        let deletes: Vec<serde_json::Value> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| json!({"Id": format!("d{i}"), "ReceiptHandle": m["ReceiptHandle"]}))
+            .collect();
+        bodies.extend(
+            messages
+                .iter()
+                .map(|m| m["Body"].as_str().unwrap().to_string()),
+        );
+        if !deletes.is_empty() {
+            let deleted = client
+                .call(
+                    "DeleteMessageBatch",
+                    &json!({"QueueUrl": url, "Entries": deletes}),
+                )
+                .await
+                .unwrap();
+            assert!(
+                deleted["Failed"].as_array().is_none_or(Vec::is_empty),
+                "{deleted}"
+            );
+        }
+    }
+    let expected: Vec<String> = (0..10).rev().map(|i| format!("body {i}")).collect();
+    assert_eq!(bodies, expected, "every message, the most urgent first");
 }

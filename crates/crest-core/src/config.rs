@@ -303,6 +303,19 @@ pub struct Settings {
     pub topic_configs_max: u32,
     /// Most bytes of attributes (names and values) one topic configuration carries.
     pub topic_attributes_bytes_max: u32,
+    /// Largest HTTP request body an SQS gateway reads, in bytes (a batch of ten 256 KiB
+    /// messages fits in the default).
+    pub gateway_body_bytes_max: u64,
+    /// Most requests an SQS gateway serves at once; beyond, `RequestThrottled` (SDKs back off
+    /// and retry).
+    pub gateway_requests_max: u32,
+    /// How long an SQS gateway uses a queue's attributes read from the tree before it reads
+    /// them again, in milliseconds (another gateway's change shows after at most this long).
+    pub gateway_queue_cache_ms: u64,
+    /// Most queues whose attributes an SQS gateway caches per access key.
+    pub gateway_queue_cache_max: u32,
+    /// Most message move tasks an SQS gateway remembers for `ListMessageMoveTasks`.
+    pub gateway_move_tasks_max: u32,
     /// Per-topic overrides of the delivery policy, by topic name.
     pub topics: BTreeMap<String, TopicSettings>,
     /// How often a leaf or aggregator reports its subtree's measurements to its parent, in
@@ -503,6 +516,11 @@ impl Default for Settings {
             purge_batch_messages: 100_000,
             topic_configs_max: 10_000,
             topic_attributes_bytes_max: 16 * 1024,
+            gateway_body_bytes_max: 4 << 20,
+            gateway_requests_max: 1024,
+            gateway_queue_cache_ms: 1000,
+            gateway_queue_cache_max: 10_000,
+            gateway_move_tasks_max: 1000,
             topics: BTreeMap::new(),
             report_interval_ms: 1_000,
             report_topics_max: 256,
@@ -535,7 +553,14 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 46] = [
+        let positive: [(&'static str, u64); 50] = [
+            ("gateway_body_bytes_max", self.gateway_body_bytes_max),
+            ("gateway_requests_max", self.gateway_requests_max.into()),
+            (
+                "gateway_queue_cache_max",
+                self.gateway_queue_cache_max.into(),
+            ),
+            ("gateway_move_tasks_max", self.gateway_move_tasks_max.into()),
             ("topic_configs_max", self.topic_configs_max.into()),
             (
                 "topic_attributes_bytes_max",

@@ -36,6 +36,12 @@
 //! listen = "10.0.0.21:7411"
 //! replication = "10.0.0.21:7421"   # where the group's Raft RPCs reach it (UDP)
 //! parent = "root"
+//!
+//! [[node]]                   # optional: the SQS-compatible API (docs/sqs.md), any number
+//! name = "sqs-1"
+//! role = "gateway"
+//! listen = "0.0.0.0:9324"    # where it serves HTTP
+//! keys = "sqs-keys.toml"     # its access keys, relative to the topology file
 //! ```
 //!
 //! Parsing checks the shape of the tree: a root without a parent, every other node's parent
@@ -113,8 +119,23 @@ struct RawNode {
     http: Option<String>,
     group: Option<String>,
     replication: Option<String>,
+    keys: Option<PathBuf>,
     #[serde(default)]
     settings: toml::Table,
+}
+
+/// A gateway of the topology (`role = "gateway"`): the SQS-compatible API in front of the
+/// tree, a client of it (not a node of the tree: it has no parent and holds no messages).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GatewaySpec {
+    /// Unique name (among nodes and gateways).
+    pub name: String,
+    /// Where it serves HTTP.
+    pub listen: SocketAddr,
+    /// Its access keys file, relative to the topology file.
+    pub keys: PathBuf,
+    /// Its settings (the `gateway_*` ones bound it).
+    pub settings: Settings,
 }
 
 /// A replica's place in its group.
@@ -166,6 +187,8 @@ impl NodeSpec {
 pub struct Topology {
     /// All nodes, in file order.
     pub nodes: Vec<NodeSpec>,
+    /// The SQS gateways, in file order.
+    pub gateways: Vec<GatewaySpec>,
     /// Certificate files, if the cluster uses its own CA.
     pub tls: Option<TlsFiles>,
 }
@@ -179,6 +202,7 @@ impl Topology {
         let raw: RawTopology =
             toml::from_str(text).map_err(|e| TopologyError::Syntax(e.to_string()))?;
         let mut nodes = Vec::with_capacity(raw.node.len());
+        let mut gateways = Vec::new();
         let mut next_leaf = 1u16;
         // Each group's id (given by a member or the next free one) and member count so far.
         let mut groups: HashMap<String, (Option<u16>, u64)> = HashMap::new();
@@ -186,16 +210,6 @@ impl Topology {
             let fail = |problem: String| TopologyError::Node {
                 node: node.name.clone(),
                 problem,
-            };
-            let role = match node.role.as_str() {
-                "root" => Role::Root,
-                "aggregator" => Role::Aggregator,
-                "leaf" => Role::Leaf,
-                other => {
-                    return Err(fail(format!(
-                        "role {other:?} is not root, aggregator or leaf"
-                    )));
-                }
             };
             let listen: SocketAddr = node
                 .listen
@@ -207,6 +221,44 @@ impl Topology {
                 .try_into()
                 .map_err(|e: toml::de::Error| fail(format!("settings: {}", e.message())))?;
             settings.validate().map_err(|e| fail(e.to_string()))?;
+            let role = match node.role.as_str() {
+                "root" => Role::Root,
+                "aggregator" => Role::Aggregator,
+                "leaf" => Role::Leaf,
+                "gateway" => {
+                    let extra = [
+                        ("parent", node.parent.is_some()),
+                        ("address", node.address.is_some()),
+                        ("id", node.id.is_some()),
+                        ("data_dir", node.data_dir.is_some()),
+                        ("http", node.http.is_some()),
+                        ("group", node.group.is_some()),
+                        ("replication", node.replication.is_some()),
+                    ];
+                    if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
+                        return Err(fail(format!("a gateway has no {field}")));
+                    }
+                    let keys = node
+                        .keys
+                        .clone()
+                        .ok_or_else(|| fail("a gateway needs its keys file (keys)".into()))?;
+                    gateways.push(GatewaySpec {
+                        name: node.name,
+                        listen,
+                        keys,
+                        settings,
+                    });
+                    continue;
+                }
+                other => {
+                    return Err(fail(format!(
+                        "role {other:?} is not root, aggregator, leaf or gateway"
+                    )));
+                }
+            };
+            if node.keys.is_some() {
+                return Err(fail("only gateways have keys".into()));
+            }
             let replica = match (&node.group, &node.replication) {
                 (None, None) => None,
                 (Some(_), _) if role != Role::Leaf => {
@@ -285,6 +337,7 @@ impl Topology {
         }
         let topology = Topology {
             nodes,
+            gateways,
             tls: raw.tls,
         };
         topology.check_tree()?;
@@ -333,6 +386,18 @@ impl Topology {
         }
         let mut names = HashSet::new();
         let mut listens = HashSet::new();
+        for gateway in &self.gateways {
+            let fail = |problem: String| TopologyError::Node {
+                node: gateway.name.clone(),
+                problem,
+            };
+            if gateway.name.is_empty() || gateway.name.chars().any(|c| c.is_whitespace()) {
+                return Err(fail("name must be non-empty, without whitespace".into()));
+            }
+            if !names.insert(gateway.name.as_str()) {
+                return Err(fail("name used twice".into()));
+            }
+        }
         let mut leaf_ids: HashMap<LeafId, &str> = HashMap::new();
         let mut replication = HashSet::new();
         for node in &self.nodes {
@@ -436,6 +501,11 @@ impl Topology {
             }
         }
         topology
+    }
+
+    /// The gateway named `name`.
+    pub fn gateway(&self, name: &str) -> Option<&GatewaySpec> {
+        self.gateways.iter().find(|g| g.name == name)
     }
 
     /// The node named `name`.
@@ -690,6 +760,39 @@ mod tests {
             topology.nodes[0].settings.credits_per_topic, 16,
             "unchanged"
         );
+    }
+
+    #[test]
+    fn gateways_are_apart_from_the_tree_and_need_their_keys() {
+        let gateway =
+            "\n[[node]]\nname = \"sqs\"\nrole = \"gateway\"\nlisten = \"127.0.0.1:9324\"\n";
+        let with = format!(
+            "{SMALL}{gateway}keys = \"keys.toml\"\nsettings = {{ gateway_requests_max = 8 }}\n"
+        );
+        let topology = Topology::parse(&with).unwrap();
+        let spec = topology.gateway("sqs").unwrap();
+        assert_eq!(spec.keys, PathBuf::from("keys.toml"));
+        assert_eq!(spec.settings.gateway_requests_max, 8);
+        assert!(topology.node("sqs").is_none(), "not a node of the tree");
+        let cases = [
+            (format!("{SMALL}{gateway}"), "needs its keys file"),
+            (
+                format!("{SMALL}{gateway}keys = \"k\"\nparent = \"root\"\n"),
+                "no parent",
+            ),
+            (
+                with.replace("name = \"sqs\"", "name = \"root\""),
+                "name used twice",
+            ),
+            (
+                SMALL.replacen("role = \"leaf\"", "role = \"leaf\"\nkeys = \"k\"", 1),
+                "only gateways",
+            ),
+        ];
+        for (text, expected) in cases {
+            let error = Topology::parse(&text).unwrap_err().to_string();
+            assert!(error.contains(expected), "{expected}: {error}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! operation does, and what is refused: docs/sqs.md.
 
 mod api;
+pub mod client;
 pub mod digest;
 pub mod error;
 pub mod keys;
@@ -23,6 +24,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State as Shared};
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::{IntoResponse, Response};
+use crest_core::config::Settings;
 use crest_sdk::Admin;
 use crest_sdk::Credential;
 use crest_sdk::{Consumer, ConsumerConfig};
@@ -72,22 +74,21 @@ pub struct GatewayConfig {
     pub consumer: ConsumerConfig,
     /// The access keys it accepts.
     pub keys: Vec<AccessKey>,
-    /// How long a queue's attributes read from the tree are used before they are read again
-    /// (another gateway's change shows after at most this long; this gateway's own at once).
-    pub queue_cache: Duration,
-    /// Most queues whose attributes each access key's cache holds.
-    pub queue_cache_max: usize,
-    /// Most message move tasks remembered for `ListMessageMoveTasks`.
-    pub move_tasks_max: usize,
-    /// Largest request body, in bytes (a batch of ten 256 KiB messages fits).
+    /// Largest request body, in bytes (`gateway_body_bytes_max`).
     pub body_bytes_max: usize,
-    /// Most requests served at once; beyond, `RequestThrottled` (SDKs back off and retry).
+    /// Most requests served at once (`gateway_requests_max`).
     pub requests_max: usize,
+    /// How long a queue's attributes read from the tree are used (`gateway_queue_cache_ms`;
+    /// this gateway's own changes show at once).
+    pub queue_cache: Duration,
+    /// Most queues whose attributes each access key's cache holds (`gateway_queue_cache_max`).
+    pub queue_cache_max: usize,
+    /// Most message move tasks remembered (`gateway_move_tasks_max`).
+    pub move_tasks_max: usize,
 }
 
 impl GatewayConfig {
-    /// Defaults: `us-east-1`, 4 MiB bodies, 1,024 requests at once, queue attributes cached
-    /// for 1 s (10,000 queues per key), 1,000 move tasks remembered.
+    /// Region `us-east-1` and the bounds of [`Settings::default`] (`gateway_*`).
     pub fn new(
         listen: SocketAddr,
         producer: ProducerConfig,
@@ -100,12 +101,24 @@ impl GatewayConfig {
             producer,
             consumer,
             keys,
-            body_bytes_max: 4 << 20,
-            requests_max: 1024,
-            queue_cache: Duration::from_secs(1),
-            queue_cache_max: 10_000,
-            move_tasks_max: 1_000,
+            body_bytes_max: 0,
+            requests_max: 0,
+            queue_cache: Duration::ZERO,
+            queue_cache_max: 0,
+            move_tasks_max: 0,
         }
+        .with_settings(&Settings::default())
+    }
+
+    /// The bounds of `settings` (`gateway_*`).
+    pub fn with_settings(mut self, settings: &Settings) -> GatewayConfig {
+        self.body_bytes_max =
+            usize::try_from(settings.gateway_body_bytes_max).unwrap_or(usize::MAX);
+        self.requests_max = settings.gateway_requests_max as usize;
+        self.queue_cache = Duration::from_millis(settings.gateway_queue_cache_ms);
+        self.queue_cache_max = settings.gateway_queue_cache_max as usize;
+        self.move_tasks_max = settings.gateway_move_tasks_max as usize;
+        self
     }
 }
 
@@ -280,6 +293,23 @@ impl Gateway {
     /// The listening socket could not be bound.
     pub async fn start(config: GatewayConfig) -> std::io::Result<Gateway> {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        Gateway::serve(config, listener)
+    }
+
+    /// Serves on `listener`, bound already (socket activation: a TCP socket the caller
+    /// holds), until dropped or stopped.
+    ///
+    /// # Errors
+    /// The socket cannot be used by tokio.
+    pub fn start_on(
+        config: GatewayConfig,
+        listener: std::net::TcpListener,
+    ) -> std::io::Result<Gateway> {
+        listener.set_nonblocking(true)?;
+        Gateway::serve(config, tokio::net::TcpListener::from_std(listener)?)
+    }
+
+    fn serve(config: GatewayConfig, listener: tokio::net::TcpListener) -> std::io::Result<Gateway> {
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             keys: config

@@ -66,7 +66,14 @@ async fn keep(
         .configure(&name.topic(), queue.to_config())
         .await
         .map_err(tree_error)?;
-    if answer.value == 0 && answer.unreachable.is_empty() {
+    // Kept by no leaf: lost if taken as done. Leaves unreachable now get it from the next
+    // listing that finds them behind, as long as one leaf keeps it.
+    if answer.value == 0 && !answer.unreachable.is_empty() {
+        return Err(SqsError::unavailable(
+            "no leaf of the tree could keep the queue's attributes now; retry",
+        ));
+    }
+    if answer.value == 0 {
         return Err(SqsError::over_limit(
             "the tree holds its most topic configurations (setting topic_configs_max)",
         ));

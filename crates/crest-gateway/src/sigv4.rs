@@ -293,6 +293,80 @@ fn parse_amz_date(text: &str) -> Option<SystemTime> {
     Some(UNIX_EPOCH + Duration::from_secs(seconds))
 }
 
+/// Signs a request as AWS SDKs do: every header given (which must include `host`) and
+/// `x-amz-date` are signed, over the body's SHA-256; answers the `X-Amz-Date` and
+/// `Authorization` headers to add. For crest's own clients of the gateway (the load
+/// generator, tests).
+#[allow(clippy::too_many_arguments)]
+pub fn sign(
+    method: &str,
+    path: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+    key_id: &str,
+    secret: &str,
+    region: &str,
+    now: SystemTime,
+) -> (String, String) {
+    let amz_date = format_amz_date(now);
+    let date = &amz_date[..8];
+    let mut all: Vec<(String, String)> = headers
+        .iter()
+        .map(|(n, v)| (n.to_ascii_lowercase(), v.clone()))
+        .collect();
+    all.push(("x-amz-date".into(), amz_date.clone()));
+    let mut signed: Vec<String> = all.iter().map(|(n, _)| n.clone()).collect();
+    signed.sort();
+    signed.dedup();
+    let request = Signed {
+        method,
+        path,
+        query: "",
+        headers: all,
+        body,
+    };
+    let canonical = canonical_request(&request, &signed).expect("every signed header is given");
+    let scope = format!("{date}/{region}/sqs/aws4_request");
+    let to_sign = format!(
+        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
+        hex(digest::digest(&digest::SHA256, canonical.as_bytes()).as_ref())
+    );
+    let key = signing_key(secret, date, region, "sqs");
+    let signature = hex(hmac::sign(&key, to_sign.as_bytes()).as_ref());
+    let authorization = format!(
+        "AWS4-HMAC-SHA256 Credential={key_id}/{scope}, SignedHeaders={}, Signature={signature}",
+        signed.join(";")
+    );
+    (amz_date, authorization)
+}
+
+/// A time as `YYYYMMDDTHHMMSSZ`.
+fn format_amz_date(at: SystemTime) -> String {
+    let seconds = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rest) = (seconds / 86_400, seconds % 86_400);
+    let (year, month, day) = civil_from_days(days as i64);
+    format!(
+        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    )
+}
+
+/// The proleptic Gregorian date of a day since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
 fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let year = if month <= 2 { year - 1 } else { year };
@@ -381,6 +455,39 @@ mod tests {
         ] {
             let error = parse_authorization(value).unwrap_err().to_string();
             assert!(error.contains(expected), "{value}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_request_signed_here_verifies_with_its_secret_only() {
+        let at = parse_amz_date("20150830T123600Z").unwrap();
+        assert_eq!(format_amz_date(at), "20150830T123600Z");
+        let headers = vec![("Host".to_string(), "example.amazonaws.com".to_string())];
+        let (date, authorization) = sign(
+            "POST",
+            "/",
+            &headers,
+            b"{}",
+            "AKIDEXAMPLE",
+            SECRET,
+            "us-east-1",
+            at,
+        );
+        let mut all = headers.clone();
+        all.push(("X-Amz-Date".into(), date));
+        all.push(("Authorization".into(), authorization));
+        let request = Signed {
+            method: "POST",
+            path: "/",
+            query: "",
+            headers: all,
+            body: b"{}",
+        };
+        assert_eq!(verify(&request, SECRET, at), Ok(()));
+        assert_eq!(verify(&request, "other", at), Err(SignatureError::Mismatch));
+        for days in [0, 59, 60, 365, 11_016, 16_677, 20_000] {
+            let (y, m, d) = civil_from_days(days);
+            assert_eq!(days_from_civil(y, m, d), days);
         }
     }
 

@@ -28,6 +28,8 @@ pub(crate) struct Cluster {
     pub(crate) token: Option<String>,
     /// Each replica's socket for its group's RPCs, by name.
     pub(crate) replication: HashMap<String, UdpSocket>,
+    /// Each SQS gateway's HTTP listener, by name.
+    pub(crate) gateways: HashMap<String, TcpListener>,
 }
 
 impl Drop for Cluster {
@@ -73,6 +75,44 @@ impl Cluster {
     /// `--access`.
     pub(crate) fn start_secure(name: &str) -> Cluster {
         let mut cluster = Cluster::prepare(name, "");
+        cluster.secure_and_launch();
+        cluster
+    }
+
+    /// As [`Cluster::start_secure`], with an SQS gateway `gateway` in the topology (keys file
+    /// `sqs-keys.toml`: key `AKIACRESTTEST` with secret `test-secret`, acting as `ops`),
+    /// launched after the nodes.
+    pub(crate) fn start_secure_with_gateway(name: &str, gateway: &str) -> Cluster {
+        let mut cluster = Cluster::prepare_nodes(name, "", &[]);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut text = std::fs::read_to_string(&cluster.topology_path).unwrap();
+        text.push_str(&format!(
+            "\n[[node]]\nname = \"{gateway}\"\nrole = \"gateway\"\nlisten = \"{}\"\n\
+             keys = \"sqs-keys.toml\"\n",
+            listener.local_addr().unwrap()
+        ));
+        std::fs::write(&cluster.topology_path, &text).unwrap();
+        cluster.topology = Topology::parse(&text).unwrap();
+        cluster.gateways.insert(gateway.to_string(), listener);
+        cluster.secure_and_launch();
+        let keys = format!(
+            "[[key]]\nid = \"AKIACRESTTEST\"\nsecret = \"test-secret\"\ntoken = \"{}\"\n",
+            cluster.token.as_ref().unwrap()
+        );
+        std::fs::write(cluster.dir.join("sqs-keys.toml"), keys).unwrap();
+        cluster.launch(gateway);
+        cluster
+    }
+
+    /// Where gateway `name` serves.
+    pub(crate) fn gateway_endpoint(&self, name: &str) -> String {
+        format!("http://{}", self.gateways[name].local_addr().unwrap())
+    }
+
+    /// Makes an access file with an `ops` principal of every permission and launches every
+    /// node with it.
+    fn secure_and_launch(&mut self) {
+        let cluster = self;
         let access = cluster.dir.join("access.toml");
         let output = Command::new(CREST)
             .args([
@@ -93,7 +133,6 @@ impl Cluster {
         for node in cluster.topology.nodes.clone() {
             cluster.launch(&node.name);
         }
-        cluster
     }
 
     /// Sends SIGHUP to every node: each re-reads its certificates and access file.
@@ -188,6 +227,7 @@ impl Cluster {
             access: None,
             token: None,
             replication: HashMap::new(),
+            gateways: HashMap::new(),
         }
     }
 
@@ -237,6 +277,7 @@ impl Cluster {
             access: None,
             token: None,
             replication,
+            gateways: HashMap::new(),
         }
     }
 
@@ -247,6 +288,25 @@ impl Cluster {
             .append(true)
             .open(self.dir.join(format!("{node}.log")))
             .unwrap();
+        if let Some(listener) = self.gateways.get(node) {
+            let fds = vec![FdMapping {
+                parent_fd: OwnedFd::from(listener.try_clone().unwrap()),
+                child_fd: 3,
+            }];
+            let mut command = Command::new(CREST);
+            command.fd_mappings(fds).unwrap();
+            let child = command
+                .args(["launch", "--node", node, "--topology"])
+                .arg(&self.topology_path)
+                .env("LISTEN_FDS", "1")
+                .env("RUST_LOG", "info")
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap();
+            self.children.push((node.to_string(), child));
+            return;
+        }
         let (quic, http) = &self.sockets[node];
         let mut fds = vec![
             FdMapping {
