@@ -6,6 +6,7 @@ mod client;
 mod gateway;
 mod node;
 mod sim;
+mod sqs_bench;
 mod status;
 mod token;
 mod topic;
@@ -17,6 +18,7 @@ use client::*;
 use gateway::*;
 use node::*;
 use sim::*;
+use sqs_bench::*;
 use token::*;
 use topic::*;
 use wal::*;
@@ -77,6 +79,9 @@ enum Command {
     },
     /// Serve the Amazon SQS-compatible API in front of a running tree (docs/sqs.md).
     Gateway(GatewayArgs),
+    /// Load the SQS-compatible API: batched sends, then receives and deletes, with
+    /// throughput and call latency (docs/sqs.md).
+    SqsBench(SqsBenchArgs),
     /// Run one node of a topology (one command per host), with certificates from `crest certs`.
     Launch {
         /// Topology file (must have a [tls] section).
@@ -372,6 +377,10 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
         Command::Gateway(args) => {
             init_tracing("info");
             gateway(args).await
+        }
+        Command::SqsBench(args) => {
+            init_tracing("warn");
+            sqs_bench(args).await
         }
         Command::Bench(args) => {
             init_tracing("warn");

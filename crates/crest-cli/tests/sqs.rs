@@ -155,6 +155,29 @@ async fn boto3_and_the_aws_cli_use_crest_local_s_sqs_api() {
     let dir = tempfile::tempdir().unwrap();
     let (_local, endpoint, id, secret) = start_local(dir.path());
     suite(&endpoint, (&id, &secret), &[], &[]).await;
+
+    // The load generator: every message sent comes back.
+    let mut bench = Command::new(CREST);
+    bench
+        .args([
+            "sqs-bench",
+            "--messages",
+            "500",
+            "--clients",
+            "4",
+            "--endpoint",
+        ])
+        .arg(&endpoint)
+        .args(["--key", &id, "--secret", &secret]);
+    let (success, text) = common::output(bench).await;
+    assert!(success, "{text}");
+    for phase in ["send ", "receive + delete "] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(phase))
+            .unwrap_or_default();
+        assert!(line.contains(" 500 messages in "), "{phase}: {text}");
+    }
 }
 
 /// `crest gateway` as processes of their own in front of a tree, with a keys file of two
