@@ -120,6 +120,56 @@ fn start_local(dir: &std::path::Path) -> (Process, String, String, String) {
     (local, endpoint, id, secret)
 }
 
+/// The directory whose `node_modules` has the AWS SDK for JavaScript.
+fn node_modules_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CREST_NODE_PACKAGES") {
+        return dir.into();
+    }
+    let dir = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../target/sqs-node"
+    ));
+    assert!(
+        dir.join("node_modules/@aws-sdk/client-sqs").exists(),
+        "{} has no @aws-sdk/client-sqs: scripts/test installs it there (or set \
+         CREST_NODE_PACKAGES)",
+        dir.display()
+    );
+    dir
+}
+
+/// Runs the docs' Node example (`examples/sqs/priority.mjs`, the AWS SDK for JavaScript)
+/// against `endpoint`; asserts it popped its jobs most urgent first.
+async fn node_example(endpoint: &str, key: (&str, &str)) {
+    let dir = node_modules_dir();
+    // Node resolves an ES module's imports from its own directory up: the example runs
+    // from beside the packages.
+    let script = dir.join("priority.mjs");
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/sqs/priority.mjs"
+    );
+    std::fs::copy(example, &script).unwrap();
+    let mut command = Command::new("node");
+    command
+        .arg(&script)
+        .env("SQS_ENDPOINT", endpoint)
+        .env("AWS_ACCESS_KEY_ID", key.0)
+        .env("AWS_SECRET_ACCESS_KEY", key.1)
+        .env_remove("AWS_PROFILE");
+    let (success, text) = common::output(command).await;
+    assert!(success, "the Node example failed:\n{text}");
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(
+        lines,
+        ["0 charge card", "5 resize thumbnails", "9 send newsletter"],
+        "{text}"
+    );
+}
+
 /// Runs the boto3 suite (`checks`: those only) against `endpoint` signing with `key`;
 /// `env` adds variables. Asserts that it passed every check it ran.
 async fn suite(endpoint: &str, key: (&str, &str), checks: &[&str], env: &[(&str, &str)]) {
@@ -155,6 +205,7 @@ async fn boto3_and_the_aws_cli_use_crest_local_s_sqs_api() {
     let dir = tempfile::tempdir().unwrap();
     let (_local, endpoint, id, secret) = start_local(dir.path());
     suite(&endpoint, (&id, &secret), &[], &[]).await;
+    node_example(&endpoint, (&id, &secret)).await;
 
     // The load generator: every message sent comes back.
     let mut bench = Command::new(CREST);
