@@ -1,5 +1,6 @@
-//! The processor time of a running tree's node processes, read from their `/metrics`
-//! (`process_cpu_seconds_total`) at the bench's marks: what each node spends per message, and
+//! The processor time of a running tree's node processes, read from their `/metrics/process`
+//! (`process_cpu_seconds_total`, answered without the node's actor, so a busy node is not
+//! missed) at the bench's marks: what each node spends per message, and
 //! so how many messages one of its cores could carry. Only with `--connect` to nodes that run
 //! as processes of their own (in a tree the bench starts, every node shares its process).
 
@@ -30,7 +31,7 @@ async fn one(addr: SocketAddr) -> Option<f64> {
         let io = hyper_util::rt::TokioIo::new(stream);
         let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.ok()?;
         tokio::spawn(connection);
-        let request = hyper::Request::get("/metrics")
+        let request = hyper::Request::get("/metrics/process")
             .header(hyper::header::HOST, addr.to_string())
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .ok()?;
