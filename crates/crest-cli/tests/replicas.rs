@@ -468,3 +468,82 @@ async fn a_producer_started_before_its_replicated_leaf_has_a_leader_waits_for_on
         .expect("connected to the leader");
     assert_eq!(push(&producer, 10).await.len(), 10);
 }
+
+/// The next delivery of `topic`, within 60 s.
+async fn pop_one(consumer: &Consumer, topic: &str) -> Delivery {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = consumer
+            .pop(topic, 1, Duration::from_secs(1))
+            .await
+            .unwrap_or_default();
+        if let Some(delivery) = got.into_iter().next() {
+            return delivery;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no delivery of {topic}"
+        );
+    }
+}
+
+/// Nacks the next delivery of `topic`; answers its id. A nack lost while a group elects its
+/// leader fails the delivery all the same, when its lease ends.
+async fn fail_one(consumer: &Consumer, topic: &str) -> MessageId {
+    let delivery = pop_one(consumer, topic).await;
+    let _ = consumer
+        .nack(&delivery.receipt(), Duration::ZERO, Some("boom"))
+        .await;
+    delivery.id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_configuration_outlives_the_leader_that_logged_it() {
+    // Goal: a configuration set at run time is part of the group's log: after its leader is
+    // killed with SIGKILL, the next leader still routes a message out of attempts to the
+    // dead-letter topic, and the listing still finds it.
+    let mut cluster = Cluster::from_template("replica-configs", TOPOLOGY);
+    for node in ["root", "agg-1", "leaf-1a", "leaf-1b", "leaf-1c"] {
+        cluster.launch(node);
+    }
+    let producer = cluster.producer().await;
+    let consumer = cluster.consumer().await;
+    let config = crest::sdk::ConsumerConfig::from_topology(&cluster.topology, cluster.tls());
+    let admin = crest::sdk::Admin::connect(config).await.unwrap();
+    let routing = crest::sdk::TopicConfig {
+        settings: crest::sdk::TopicSettings {
+            max_attempts: Some(1),
+            dead_letter_topic: Some("jobs-dlq".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = admin.configure("jobs", routing).await.unwrap();
+    assert_eq!((answer.value, answer.unreachable.len()), (1, 0));
+    let first = push(&producer, 1).await[0];
+    assert_eq!(fail_one(&consumer, "jobs").await, first);
+    let moved = pop_one(&consumer, "jobs-dlq").await;
+    assert_eq!(
+        (moved.id, moved.attempt),
+        (first, 1),
+        "moved, attempts reset"
+    );
+    ack_until_applied(&consumer, vec![moved.receipt()]).await;
+
+    let leader = current_leader(&cluster).await;
+    cluster.kill(&leader);
+    let second = push(&producer, 1).await[0];
+    assert_eq!(fail_one(&consumer, "jobs").await, second);
+    let moved = pop_one(&consumer, "jobs-dlq").await;
+    assert_eq!(
+        moved.id, second,
+        "the next leader applied the configuration"
+    );
+    ack_until_applied(&consumer, vec![moved.receipt()]).await;
+    let listed = admin.configs("jobs").await.unwrap().value;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        listed[0].1.settings.dead_letter_topic.as_deref(),
+        Some("jobs-dlq")
+    );
+}

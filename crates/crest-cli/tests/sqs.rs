@@ -246,6 +246,11 @@ async fn a_gateway_process_serves_each_key_in_its_namespace_as_its_principal() {
     grants.add(&namespace, &permissions);
     file.grant("writer", &grants).unwrap();
     let writer = file.create_token("writer", 0).unwrap();
+    let mut grants = Grants::default();
+    let (namespace, permissions) = Grants::parse_one("orders:consume").unwrap();
+    grants.add(&namespace, &permissions);
+    file.grant("reader", &grants).unwrap();
+    let reader = file.create_token("reader", 0).unwrap();
     tree.reload_access(file);
 
     let dir = tempfile::tempdir().unwrap();
@@ -255,7 +260,9 @@ async fn a_gateway_process_serves_each_key_in_its_namespace_as_its_principal() {
     let text = format!(
         "[[key]]\nid = \"ADMINKEY\"\nsecret = \"admin-secret\"\ntoken = \"{}\"\n\n\
          [[key]]\nid = \"WRITERKEY\"\nsecret = \"writer-secret\"\nnamespace = \"orders\"\n\
-         token = \"{writer}\"\n",
+         token = \"{writer}\"\n\n\
+         [[key]]\nid = \"READERKEY\"\nsecret = \"reader-secret\"\nnamespace = \"orders\"\n\
+         token = \"{reader}\"\n",
         tree.admin_token
     );
     std::fs::write(&keys, text).unwrap();
@@ -292,6 +299,8 @@ async fn a_gateway_process_serves_each_key_in_its_namespace_as_its_principal() {
     let env = [
         ("OTHER_KEY", "WRITERKEY"),
         ("OTHER_SECRET", "writer-secret"),
+        ("READER_KEY", "READERKEY"),
+        ("READER_SECRET", "reader-secret"),
         ("SECOND_ENDPOINT", second.as_str()),
     ];
     suite(&endpoint, ("ADMINKEY", "admin-secret"), &checks, &env).await;

@@ -34,9 +34,15 @@ impl Leaf {
     /// Approximate bytes a checkpoint of the live state would take.
     pub(super) fn live_bytes(&self) -> u64 {
         // Pending batches count too: the log replays them after the snapshot.
+        let configs: u64 = self
+            .configs
+            .iter()
+            .map(|(topic, config)| config.frame_bytes(topic))
+            .sum();
         (self.live.len() + self.writes.messages) * INDEX_RECORD_BYTES
             + self.bodies.unlogged_bytes
             + self.dedup_len() as u64 * 64
+            + configs
     }
 
     /// Takes a checkpoint when the log has grown by `checkpoint_log_bytes` and a snapshot would
