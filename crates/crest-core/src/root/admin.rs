@@ -10,7 +10,7 @@ use crate::wire::{
     Admin, AdminOp, AdminReply, AdminResult, ErrorCode, LeafAdmin, LeafAdminReply, Stats,
     TopicConfig, Wire,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 impl Root {
     pub(super) fn validate_admin(&self, op: &AdminOp) -> Result<(), String> {
@@ -271,11 +271,15 @@ impl Root {
             .into_iter()
             .filter(|leaf| !unreachable.contains(leaf))
             .collect();
+        let known: HashMap<(LeafId, &str), Time> = versions
+            .iter()
+            .map(|(leaf, name, version)| ((*leaf, name.as_str()), *version))
+            .collect();
         for (name, config) in listed {
             for &leaf in &answered {
-                let current = versions
-                    .iter()
-                    .any(|(l, n, v)| *l == leaf && n == name && *v >= config.version);
+                let current = known
+                    .get(&(leaf, name.as_str()))
+                    .is_some_and(|version| *version >= config.version);
                 if current {
                     continue;
                 }
