@@ -267,5 +267,22 @@ pub(crate) async fn stats(args: StatsArgs) -> Result<()> {
         "expired {}, dead-lettered {}, deduplicated {} (since each leaf started)",
         stats.expired, stats.dead_lettered, stats.deduplicated
     );
+    // Per namespace: what its topics hold together.
+    let mut namespaces: std::collections::BTreeMap<&str, (u64, u64, u64)> = Default::default();
+    for topic in &stats.topics {
+        let sum = namespaces
+            .entry(crest::sdk::namespace(&topic.topic))
+            .or_default();
+        sum.0 = sum.0.saturating_add(topic.messages());
+        sum.1 = sum.1.saturating_add(topic.bytes);
+        sum.2 = sum.2.saturating_add(topic.in_flight);
+    }
+    println!(
+        "{:<24} {:>10} {:>14} {:>10}",
+        "namespace", "messages", "bytes", "in flight"
+    );
+    for (namespace, (messages, bytes, in_flight)) in namespaces {
+        println!("{namespace:<24} {messages:>10} {bytes:>14} {in_flight:>10}");
+    }
     Ok(())
 }

@@ -152,6 +152,15 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
     assert_eq!(stats["deduplicated"], 1);
     let table = cli.ok(&["stats"]).await;
     assert!(table.contains("flaky"), "{table}");
+    // Three messages of `flaky` wait (dead, delayed, slow): 6 + 5 + 4 payload bytes in namespace
+    // `default`.
+    let default = table
+        .lines()
+        .find(|l| l.starts_with("default "))
+        .unwrap_or_default();
+    let sums: Vec<&str> = default.split_whitespace().collect();
+    assert_eq!(sums, ["default", "3", "15", "0"], "{table}");
+    assert_eq!(topic["bytes"], 15, "{json}");
 
     let (success, text) = cli.run(&["dlq", "purge", "--topic", "flaky"]).await;
     assert!(!success && text.contains("--all"), "{text}");

@@ -495,9 +495,19 @@ pub struct TopicStats {
     pub dead: u64,
     /// Enqueue time of the oldest message not in the dead-letter queue.
     pub oldest_enqueued_at: Option<Time>,
+    /// Payload bytes of its messages in every state (dead letters included).
+    #[serde(default)]
+    pub bytes: u64,
 }
 
 impl TopicStats {
+    /// Messages in every state: ready, delayed, in flight and dead.
+    pub fn messages(&self) -> u64 {
+        [self.delayed, self.in_flight, self.dead]
+            .into_iter()
+            .fold(self.ready_total(), u64::saturating_add)
+    }
+
     /// Ready messages of every priority.
     pub fn ready_total(&self) -> u64 {
         self.ready
@@ -518,6 +528,7 @@ impl TopicStats {
         self.delayed = self.delayed.saturating_add(other.delayed);
         self.in_flight = self.in_flight.saturating_add(other.in_flight);
         self.dead = self.dead.saturating_add(other.dead);
+        self.bytes = self.bytes.saturating_add(other.bytes);
         self.oldest_enqueued_at = match (self.oldest_enqueued_at, other.oldest_enqueued_at) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -643,6 +654,7 @@ mod tests {
             in_flight: u64::MAX,
             dead: u64::MAX,
             oldest_enqueued_at: Some(Time(5)),
+            bytes: u64::MAX,
         };
         let hostile = Report {
             histograms: [(Metric::Pop, Hist(vec![(u64::MAX, u64::MAX), (0, u64::MAX)]))].into(),
@@ -661,6 +673,7 @@ mod tests {
         let z = parent.stats.topic("z").unwrap();
         assert_eq!(z.ready, vec![(1, u64::MAX), (3, u64::MAX)]);
         assert_eq!((z.delayed, z.ready_total()), (u64::MAX, u64::MAX));
+        assert_eq!((z.bytes, z.messages()), (u64::MAX, u64::MAX));
         assert_eq!(parent.stats.expired, u64::MAX);
         let pops = &parent.histograms[&Metric::Pop];
         assert_eq!(pops.count(), u64::MAX);

@@ -453,10 +453,11 @@ pub fn render_prometheus(report: &Report, now_micros: u64) -> String {
         }
     }
     type TopicField = fn(&crest_core::wire::TopicStats) -> u64;
-    let fields: [(&str, TopicField); 3] = [
+    let fields: [(&str, TopicField); 4] = [
         ("crest_topic_delayed", |t| t.delayed),
         ("crest_topic_in_flight", |t| t.in_flight),
         ("crest_topic_dead", |t| t.dead),
+        ("crest_topic_bytes", |t| t.bytes),
     ];
     for (family, field) in fields {
         let _ = writeln!(out, "# TYPE {family} gauge");

@@ -382,6 +382,7 @@ async fn a_child_s_hostile_offers_and_reports_are_refused_or_contained() {
         in_flight: u64::MAX,
         dead: u64::MAX,
         oldest_enqueued_at: Some(Time(5)),
+        bytes: u64::MAX,
     };
     let report = Wire::Report(Report {
         stats: Stats {

@@ -356,6 +356,7 @@ impl Leaf {
                 in_flight: topic.leased,
                 dead: topic.dead.len() as u64,
                 oldest_enqueued_at: topic.ages.first_key_value().map(|(_, age)| age.at),
+                bytes: topic.bytes,
             })
             .collect();
         topics.sort_by(|a, b| a.topic.cmp(&b.topic));

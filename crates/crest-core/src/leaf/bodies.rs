@@ -23,6 +23,7 @@ impl Leaf {
     pub(super) fn forget(&mut self, topic: &Topic, id: MessageId, slot: &Slot, dead: bool) {
         let leaf_topic = self.topics.get_mut(topic).expect("topic exists");
         leaf_topic.messages -= 1;
+        leaf_topic.bytes -= u64::from(slot.size);
         if !dead {
             leaf_topic.age_remove(id);
         }

@@ -181,6 +181,26 @@ impl Machine for Leaf {
                 t.dead_at.len(),
                 "topic {topic}: dead letters indexed twice"
             );
+            let size = |slot: &Slot| u64::from(slot.size);
+            let bytes = t.offers.iter().map(|(_, s)| size(s)).sum::<u64>()
+                + t.dead.values().map(|d| size(&d.slot)).sum::<u64>()
+                + self
+                    .delayed
+                    .iter()
+                    .filter(|(_, d)| d.topic == *topic)
+                    .map(|(_, d)| size(&d.slot))
+                    .sum::<u64>()
+                + self
+                    .leases
+                    .by_id
+                    .values()
+                    .filter(|l| l.topic == *topic)
+                    .map(|l| size(&l.slot))
+                    .sum::<u64>();
+            assert_eq!(
+                t.bytes, bytes,
+                "topic {topic}: bytes = the sizes of its messages"
+            );
             messages += t.messages;
             delayed += t.delayed;
             leased += t.leased;
@@ -478,6 +498,7 @@ impl Machine for Leaf {
             }
             let (_, leaf_topic, age, _) = run.as_mut().expect("set above");
             leaf_topic.messages += 1;
+            leaf_topic.bytes += u64::from(size);
             age.live += 1;
             self.live.insert(id.seq());
             self.track_expiry(expires_at, &topic, key);

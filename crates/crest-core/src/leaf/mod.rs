@@ -257,6 +257,8 @@ struct LeafTopic {
     offers: OfferSet<Slot>,
     /// Messages of this topic in any state but pending.
     messages: u64,
+    /// Their payload bytes.
+    bytes: u64,
     /// Available messages per priority.
     ready: BTreeMap<u32, u64>,
     /// Delayed messages (in `Leaf::delayed`).
@@ -724,11 +726,13 @@ impl Leaf {
         let leaf_topic = self.topics.get_mut(from).expect("topic exists");
         let enqueued_at = leaf_topic.enqueued_at(id);
         leaf_topic.messages -= 1;
+        leaf_topic.bytes -= u64::from(slot.size);
         leaf_topic.age_remove(id);
         self.dirty.insert(from.clone());
         let to = self.topic(to);
         let leaf_topic = self.topics.get_mut(&to).expect("interned");
         leaf_topic.messages += 1;
+        leaf_topic.bytes += u64::from(slot.size);
         leaf_topic.age_add(id, enqueued_at);
         if let Some(ttl) = self.ttl.by_id.get_mut(&id) {
             ttl.topic = to.clone();

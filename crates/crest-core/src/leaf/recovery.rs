@@ -71,6 +71,7 @@ impl Leaf {
         #[derive(Default)]
         struct Gathered {
             messages: u64,
+            bytes: u64,
             delayed: u64,
             available: Vec<(Key, Slot)>,
             ages: Vec<(MessageId, Time)>,
@@ -122,6 +123,7 @@ impl Leaf {
             }
             let gather = &mut gathered[index as usize];
             gather.messages += 1;
+            gather.bytes += u64::from(slot.size);
             if let Some((at, reason)) = death {
                 let dead = Dead {
                     priority: key.priority,
@@ -157,6 +159,7 @@ impl Leaf {
         for (name, gather) in topics.iter().zip(gathered) {
             let topic = leaf.topics.get_mut(name).expect("interned by replay");
             topic.messages = gather.messages;
+            topic.bytes = gather.bytes;
             topic.delayed = gather.delayed;
             let mut available = gather.available;
             available.sort_unstable_by_key(|(key, _)| *key);

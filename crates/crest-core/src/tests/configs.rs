@@ -89,6 +89,11 @@ fn a_configuration_set_at_run_time_routes_failures_to_a_dead_letter_topic_and_su
     );
     let (dlq, _) = stats_of(&mut h, consumer, "jobs-dlq");
     assert_eq!(dlq.ready_total(), 1);
+    assert_eq!(
+        (jobs.bytes, dlq.bytes),
+        (0, 2),
+        "its payload's bytes moved with it"
+    );
 
     h.disconnect(leaf_end);
     let operations = crate::machine::replay(&log.lock().unwrap());
