@@ -58,11 +58,11 @@ fn spawn_printing(mut command: Command) -> (Process, mpsc::Receiver<String>) {
         .unwrap();
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
+    // Reads to the end even once nobody waits for lines: a closed pipe would fail the
+    // process's next print (EPIPE) and end it while the test still talks to it.
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
+            let _ = tx.send(line);
         }
     });
     (Process(child), rx)
