@@ -148,10 +148,16 @@ enum Command {
         #[command(subcommand)]
         command: LeaseCommand,
     },
-    /// Topic configurations the tree keeps: delivery policy set at run time, attributes.
+    /// Topic configurations the tree keeps: delivery policy set at run time, attributes,
+    /// quotas.
     Topic {
         #[command(subcommand)]
         command: TopicCommand,
+    },
+    /// Namespaces' quotas, enforced over the whole tree (needs `admin` on the namespace).
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
     },
     /// Delete every ready and delayed message of a topic (leased messages and dead letters
     /// stay; needs `admin`).
@@ -350,6 +356,10 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
         Command::Topic { command } => {
             init_tracing("warn");
             topic(command).await
+        }
+        Command::Policy { command } => {
+            init_tracing("warn");
+            policy(command).await
         }
         Command::Purge(args) => {
             init_tracing("warn");

@@ -1,7 +1,157 @@
-//! `crest topic set | list | unset`: topic configurations the tree keeps.
+//! `crest topic set | list | unset`: topic configurations the tree keeps; `crest policy set |
+//! list | unset`: a namespace's quotas, kept the same way (as the configuration `NS/`).
 
 use crate::*;
-use crest::sdk::{TopicConfig, TopicSettings};
+use crest::core::quota::{namespace_scope, scope_namespace};
+use crest::sdk::{Limits, TopicConfig, TopicSettings};
+
+/// Quotas on the command line.
+#[derive(clap::Args, Clone, Copy)]
+pub(crate) struct LimitArgs {
+    /// Most messages held in the whole tree (ready, delayed, in flight, dead letters).
+    #[arg(long)]
+    messages_max: Option<u64>,
+    /// Most payload bytes held in the whole tree.
+    #[arg(long)]
+    bytes_max: Option<u64>,
+    /// Largest payload of one message, in bytes.
+    #[arg(long)]
+    message_bytes_max: Option<u64>,
+}
+
+impl LimitArgs {
+    fn limits(self) -> Limits {
+        Limits {
+            messages_max: self.messages_max,
+            bytes_max: self.bytes_max,
+            message_bytes_max: self.message_bytes_max,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub(crate) enum PolicyCommand {
+    /// Set a namespace's quotas (replaces those it had), kept by every leaf and enforced over
+    /// the whole tree.
+    Set {
+        #[command(flatten)]
+        root: RootArgs,
+        /// The namespace.
+        #[arg(long)]
+        namespace: String,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+    /// List the namespaces' quotas and what each holds now.
+    List {
+        #[command(flatten)]
+        root: RootArgs,
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a namespace's quotas.
+    Unset {
+        #[command(flatten)]
+        root: RootArgs,
+        /// The namespace.
+        #[arg(long)]
+        namespace: String,
+    },
+}
+
+/// The limits set, as `name=value` words.
+pub(crate) fn limit_words(limits: &Limits) -> Vec<String> {
+    crest::sdk::Quota::ALL
+        .into_iter()
+        .filter_map(|which| limits.of(which).map(|value| format!("{which}={value}")))
+        .collect()
+}
+
+pub(crate) async fn policy(command: PolicyCommand) -> Result<()> {
+    match command {
+        PolicyCommand::Set {
+            root,
+            namespace,
+            limits,
+        } => {
+            let limits = limits.limits();
+            if limits.is_empty() {
+                bail!("no quota given (--messages-max, --bytes-max, --message-bytes-max)");
+            }
+            let config = TopicConfig {
+                limits,
+                ..TopicConfig::default()
+            };
+            let admin = Admin::connect(root_config(&root)?).await?;
+            let answer = admin
+                .configure(&namespace_scope(&namespace), config)
+                .await?;
+            warn_unreachable(&answer.unreachable);
+            if answer.value == 0 {
+                bail!("namespace {namespace}: no leaf kept the quotas (quota_scopes_max?)");
+            }
+            println!(
+                "namespace {namespace}: {} at {} leaves",
+                limit_words(&limits).join(" "),
+                answer.value
+            );
+        }
+        PolicyCommand::List { root, json } => {
+            let admin = Admin::connect(root_config(&root)?).await?;
+            let configs = admin.configs("").await?;
+            warn_unreachable(&configs.unreachable);
+            let stats = admin.stats(None).await?;
+            let mut held: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+            for topic in &stats.value.topics {
+                let sum = held.entry(crest::sdk::namespace(&topic.topic)).or_default();
+                sum.0 = sum.0.saturating_add(topic.messages());
+                sum.1 = sum.1.saturating_add(topic.bytes);
+            }
+            let policies: Vec<(&str, &TopicConfig)> = configs
+                .value
+                .iter()
+                .filter_map(|(scope, c)| Some((scope_namespace(scope)?, c)))
+                .filter(|(_, c)| !c.deleted && !c.limits.is_empty())
+                .collect();
+            if json {
+                let listed: Vec<serde_json::Value> = policies
+                    .iter()
+                    .map(|(namespace, c)| {
+                        let (messages, bytes) = held.get(namespace).copied().unwrap_or_default();
+                        serde_json::json!({
+                            "namespace": namespace,
+                            "limits": c.limits,
+                            "messages": messages,
+                            "bytes": bytes,
+                            "version": format_time(c.version),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&listed)?);
+                return Ok(());
+            }
+            for (namespace, c) in policies {
+                let (messages, bytes) = held.get(namespace).copied().unwrap_or_default();
+                println!(
+                    "{namespace} {} messages={messages} bytes={bytes} set={}",
+                    limit_words(&c.limits).join(" "),
+                    format_time(c.version)
+                );
+            }
+        }
+        PolicyCommand::Unset { root, namespace } => {
+            let admin = Admin::connect(root_config(&root)?).await?;
+            let answer = admin.unconfigure(&namespace_scope(&namespace)).await?;
+            warn_unreachable(&answer.unreachable);
+            println!(
+                "namespace {namespace}: quotas removed at {} leaves",
+                answer.value
+            );
+        }
+    }
+    Ok(())
+}
 
 #[derive(Subcommand)]
 pub(crate) enum TopicCommand {
@@ -32,6 +182,9 @@ pub(crate) enum TopicCommand {
         /// An attribute kept with the topic, NAME=VALUE (repeatable).
         #[arg(long = "attribute", value_parser = parse_attribute)]
         attributes: Vec<(String, String)>,
+        /// The topic's own quotas (its namespace's apply too).
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// List topic configurations.
     List {
@@ -72,6 +225,7 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
             ttl_ms,
             lease_timeout_ms,
             attributes,
+            limits,
         } => {
             let config = TopicConfig {
                 settings: TopicSettings {
@@ -82,6 +236,7 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
                     dead_letter_topic,
                 },
                 attributes: attributes.into_iter().collect(),
+                limits: limits.limits(),
                 ..TopicConfig::default()
             };
             let admin = Admin::connect(root_config(&root)?).await?;
@@ -102,6 +257,7 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
                             "topic": topic,
                             "settings": c.settings,
                             "attributes": c.attributes,
+                            "limits": c.limits,
                             "version": format_time(c.version),
                         })
                     })
@@ -125,6 +281,9 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
                 }
                 if let Some(dead) = &s.dead_letter_topic {
                     line.push_str(&format!(" dead_letter_topic={dead}"));
+                }
+                for word in limit_words(&c.limits) {
+                    line.push_str(&format!(" {word}"));
                 }
                 for (name, value) in &c.attributes {
                     line.push_str(&format!(" {name}={value:?}"));

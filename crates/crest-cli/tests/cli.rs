@@ -239,6 +239,31 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
     assert!(!success && text.contains("--yes"), "{text}");
     let purged = cli.ok(&["purge", "--topic", "flaky", "--yes"]).await;
     assert!(purged.contains("purged 1 messages of flaky"), "{purged}");
+
+    // A namespace's quota: set, listed with what the namespace holds, a push past it refused
+    // by name, and gone once unset.
+    let capped = [
+        "policy",
+        "set",
+        "--namespace",
+        "capped",
+        "--messages-max",
+        "2",
+    ];
+    let set = cli.ok(&capped).await;
+    assert!(set.contains("messages_max=2 at 4 leaves"), "{set}");
+    cli.ok(&["push", "--topic", "capped/a", "--count", "2", "one"])
+        .await;
+    let (success, text) = cli.run(&["push", "--topic", "capped/a", "three"]).await;
+    let why = "namespace capped would hold more messages than its messages_max 2";
+    assert!(!success && text.contains(why), "{text}");
+    let listed = cli.ok(&["policy", "list"]).await;
+    assert!(
+        listed.contains("capped messages_max=2 messages=2"),
+        "{listed}"
+    );
+    cli.ok(&["policy", "unset", "--namespace", "capped"]).await;
+    cli.ok(&["push", "--topic", "capped/a", "three"]).await;
     tree.shutdown().await;
 }
 

@@ -491,6 +491,12 @@ impl Machine for Aggregator {
                 Wire::Confirm(confirm) => self.handle_confirm(confirm),
                 Wire::Release(release) => self.handle_release(release),
                 Wire::LeafAdmin(admin) => self.handle_leaf_admin(admin),
+                Wire::Grant(grant) => {
+                    // A leaf out of reach gets the next one: grants are running totals.
+                    if let Ok(child) = self.children.route(grant.leaf) {
+                        self.send(child, Wire::Grant(grant));
+                    }
+                }
                 Wire::Error(_) => self.violations += 1,
                 other => self.reject_unexpected(conn, &other),
             }
@@ -532,6 +538,10 @@ impl Machine for Aggregator {
                         forwarded.admins.remove(&reply.tag);
                     }
                     self.send_up(Wire::LeafAdminReply(reply));
+                }
+                // Only for a leaf of the child's own subtree.
+                Wire::Usage(usage) if self.children.route(usage.leaf) == Ok(conn) => {
+                    self.send_up(Wire::Usage(usage));
                 }
                 other => self.reject_unexpected(conn, &other),
             }

@@ -30,6 +30,7 @@ pub mod leaf;
 pub mod machine;
 pub mod metrics;
 mod offer;
+pub mod quota;
 pub mod record;
 pub mod rng;
 pub mod root;

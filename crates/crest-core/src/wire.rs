@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 10;
+pub const PROTOCOL_VERSION: u16 = 11;
 /// First byte written on a control stream.
 pub const STREAM_CONTROL: u8 = 0xC0;
 /// First byte written on a data stream.
@@ -168,6 +168,9 @@ pub enum ErrorCode {
     /// The peer is who it says it is, but may not do this (a node the topology does not place
     /// there); the connection is closed.
     Forbidden,
+    /// The push would pass a quota of its namespace or topic ([`ErrorReply::quota`] says
+    /// which); nothing of the batch was accepted.
+    QuotaExceeded,
 }
 
 impl fmt::Display for ErrorCode {
@@ -178,7 +181,7 @@ impl fmt::Display for ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::ChecksumMismatch,
@@ -194,6 +197,7 @@ impl ErrorCode {
         ErrorCode::StorageFailed,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
+        ErrorCode::QuotaExceeded,
     ];
 }
 
@@ -216,6 +220,13 @@ pub struct ErrorReply {
     pub code: ErrorCode,
     /// Human-readable details naming the problem.
     pub message: String,
+    /// The request may succeed if sent again this many milliseconds later (say, a leaf asking
+    /// the root for a larger share of a quota).
+    #[serde(default)]
+    pub retry_after_ms: Option<u64>,
+    /// For [`ErrorCode::QuotaExceeded`]: the scope and the limit.
+    #[serde(default)]
+    pub quota: Option<crate::quota::QuotaExceeded>,
 }
 
 /// One entry of an offer: metadata only, the payload stays at the leaf.
@@ -689,6 +700,10 @@ pub struct TopicConfig {
     /// Removed: kept as a marker so that an older configuration a leaf missed the removal
     /// of does not come back.
     pub deleted: bool,
+    /// Quotas of the topic, or of the namespace for a namespace scope (`NS/`, see
+    /// [`crate::quota`]).
+    #[serde(default)]
+    pub limits: crate::quota::Limits,
 }
 
 impl TopicConfig {
@@ -818,6 +833,10 @@ pub enum Wire {
     LeafAdminReply(LeafAdminReply),
     /// Child → parent, every `report_interval_ms`: the child's subtree measurements.
     Report(crate::metrics::Report),
+    /// Leaf → root (through aggregators): its usage of each limited scope.
+    Usage(crate::quota::Usage),
+    /// Root → leaf (through aggregators): its allowances.
+    Grant(crate::quota::Grant),
 }
 
 impl Wire {
@@ -852,6 +871,8 @@ impl Wire {
             Wire::LeafAdmin(_) => "LeafAdmin",
             Wire::LeafAdminReply(_) => "LeafAdminReply",
             Wire::Report(_) => "Report",
+            Wire::Usage(_) => "Usage",
+            Wire::Grant(_) => "Grant",
         }
     }
 
@@ -861,6 +882,30 @@ impl Wire {
             request,
             code,
             message: message.into(),
+            retry_after_ms: None,
+            quota: None,
+        })
+    }
+
+    /// Refuses a push that would pass a quota.
+    pub fn over_quota(request: u64, quota: crate::quota::QuotaExceeded) -> Wire {
+        Wire::Error(ErrorReply {
+            request: Some(request),
+            code: ErrorCode::QuotaExceeded,
+            message: quota.to_string(),
+            retry_after_ms: None,
+            quota: Some(quota),
+        })
+    }
+
+    /// Refuses a request that may succeed `after` milliseconds later.
+    pub fn retry_later(request: u64, code: ErrorCode, message: String, after_ms: u64) -> Wire {
+        Wire::Error(ErrorReply {
+            request: Some(request),
+            code,
+            message,
+            retry_after_ms: Some(after_ms),
+            quota: None,
         })
     }
 }

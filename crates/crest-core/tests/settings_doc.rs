@@ -9,7 +9,7 @@ use std::path::PathBuf;
 const PREAMBLE: &str = "\
 # Settings
 
-<!-- Generated from crates/crest-core/src/config.rs by crates/crest-core/tests/settings_doc.rs:
+<!-- Generated from crates/crest-core/src/config/mod.rs by crates/crest-core/tests/settings_doc.rs:
      edit the doc comments there, then run `CREST_BLESS=1 cargo test -p crest-core --test settings_doc`. -->
 
 Every bound and timing of a node is a named setting. A topology file sets cluster-wide values in
@@ -37,12 +37,12 @@ struct Field {
     doc: String,
 }
 
-/// The fields of `pub struct Settings` in `config.rs`, in declaration order, with their doc
+/// The fields of `pub struct Settings` in `config/mod.rs`, in declaration order, with their doc
 /// comments joined into one line.
 fn settings_fields(source: &str) -> Vec<Field> {
     let start = source
         .find("pub struct Settings {")
-        .expect("config.rs declares `pub struct Settings {`");
+        .expect("config/mod.rs declares `pub struct Settings {`");
     let body = &source[start..];
     let end = body.find("\n}").expect("the struct ends with a `}` line");
     let mut fields = Vec::new();
@@ -115,7 +115,8 @@ fn human_millis(n: i64) -> Option<String> {
 
 fn generate() -> String {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let source = std::fs::read_to_string(manifest.join("src/config.rs")).expect("read config.rs");
+    let source =
+        std::fs::read_to_string(manifest.join("src/config/mod.rs")).expect("read config/mod.rs");
     let defaults = toml::Value::try_from(Settings::default()).expect("settings serialize");
     let defaults = defaults.as_table().expect("settings are a table");
     let mut page = String::from(PREAMBLE);
@@ -152,7 +153,7 @@ fn settings_reference_matches_the_code() {
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         committed == page,
-        "docs/settings.md is out of date with crates/crest-core/src/config.rs; regenerate it with \
+        "docs/settings.md is out of date with crates/crest-core/src/config/mod.rs; regenerate it with \
          `CREST_BLESS=1 cargo test -p crest-core --test settings_doc`"
     );
 }

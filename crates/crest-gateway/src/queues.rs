@@ -215,6 +215,9 @@ pub struct Queue {
     pub created: u64,
     /// When its attributes last changed.
     pub modified: u64,
+    /// Its topic's quotas, set with `crest topic set` (kept as they are when SQS calls
+    /// change the queue's attributes).
+    pub limits: crest_sdk::Limits,
 }
 
 impl Queue {
@@ -225,6 +228,7 @@ impl Queue {
             attributes,
             created: now,
             modified: now,
+            limits: Default::default(),
         }
     }
 
@@ -248,6 +252,7 @@ impl Queue {
                 ..TopicSettings::default()
             },
             attributes,
+            limits: self.limits,
             ..TopicConfig::default()
         }
     }
@@ -274,6 +279,7 @@ impl Queue {
             attributes,
             created,
             modified,
+            limits: config.limits,
         })
     }
 }

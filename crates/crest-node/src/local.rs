@@ -294,6 +294,9 @@ impl LocalTree {
     /// # Errors
     /// [`NodeError`] if it cannot start.
     pub async fn restart_node(&mut self, name: &str) -> Result<(), NodeError> {
+        // A stopped root's address stays taken for up to about two seconds (its endpoint is
+        // released once the tasks that dialled the leaves with it have ended).
+        const REBIND_ATTEMPTS: u32 = 250;
         self.stop_node(name).await;
         let spec = self
             .topology
@@ -314,7 +317,7 @@ impl LocalTree {
                         return Ok(());
                     }
                     // Its old sockets (the group's among them) may take a moment to be released.
-                    Err(_) if attempts < 50 => {
+                    Err(_) if attempts < REBIND_ATTEMPTS => {
                         attempts += 1;
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
@@ -324,7 +327,7 @@ impl LocalTree {
             }
             match start_node(&self.topology, name, &tls, &options).await {
                 Ok(node) => break node,
-                Err(NodeError::Transport(error)) if attempts < 50 => {
+                Err(NodeError::Transport(error)) if attempts < REBIND_ATTEMPTS => {
                     tracing::debug!(%error, "rebinding");
                     attempts += 1;
                     tokio::time::sleep(Duration::from_millis(20)).await;

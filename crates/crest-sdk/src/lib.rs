@@ -32,6 +32,7 @@ pub use crest_core::access::{DEFAULT_NAMESPACE, Permission, namespace};
 pub use crest_core::config::TopicSettings;
 pub use crest_core::id::{LeafId, MessageId, Receipt};
 pub use crest_core::key::tier;
+pub use crest_core::quota::{Limits, Quota, QuotaExceeded};
 pub use crest_core::time::Time;
 pub use crest_core::wire::{
     DeadLetter, Delivery, ErrorCode, ReceiptError, Settle, Stats, TopicConfig, TopicStats,
@@ -162,6 +163,21 @@ pub enum ClientError {
         code: ErrorCode,
         /// Details.
         message: String,
+    },
+    /// A push would pass a quota of its namespace or topic; nothing of its batch was
+    /// accepted.
+    #[error("quota exceeded: {0}")]
+    QuotaExceeded(QuotaExceeded),
+    /// The node refused the request for now: it may succeed if sent again after `after`
+    /// (a producer does so by itself, up to [`ProducerConfig::refused_wait_max`]).
+    #[error("rejected ({code}), retry after {after:?}: {message}")]
+    RetryLater {
+        /// Stable error code.
+        code: ErrorCode,
+        /// Details.
+        message: String,
+        /// When to try again.
+        after: std::time::Duration,
     },
     /// A receipt operation was refused.
     #[error(transparent)]

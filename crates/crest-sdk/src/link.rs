@@ -57,6 +57,26 @@ fn refusal(connection: &quinn::Connection) -> Option<ClientError> {
     })
 }
 
+/// The error a refusal stands for.
+fn refused(error: ErrorReply) -> ClientError {
+    match error {
+        ErrorReply {
+            quota: Some(quota), ..
+        } => ClientError::QuotaExceeded(quota),
+        ErrorReply {
+            code,
+            message,
+            retry_after_ms: Some(ms),
+            ..
+        } => ClientError::RetryLater {
+            code,
+            message,
+            after: Duration::from_millis(ms),
+        },
+        ErrorReply { code, message, .. } => ClientError::Rejected { code, message },
+    }
+}
+
 impl Link {
     /// Connects to `address`, says who we are, and waits for the node's `Welcome`.
     pub(crate) async fn connect(
@@ -253,9 +273,7 @@ impl Link {
             }
         };
         match answer {
-            Wire::Error(ErrorReply { code, message, .. }) => {
-                Err(ClientError::Rejected { code, message })
-            }
+            Wire::Error(error) => Err(refused(error)),
             answer => Ok(answer),
         }
     }

@@ -147,6 +147,10 @@ pub struct ProducerConfig {
     /// A connection to a leaf with no traffic for this long is given up (keep-alives go every
     /// fifth of it): how long a leaf whose host vanished goes unnoticed.
     pub leaf_idle_timeout: Duration,
+    /// How long a batch the leaf refused for now ([`ClientError::RetryLater`]: say, while the
+    /// leaf asks the root for a larger share of a quota) is sent again, each time after the
+    /// wait the leaf named, before its pushes fail with that refusal.
+    pub refused_wait_max: Duration,
 }
 
 impl ProducerConfig {
@@ -166,6 +170,7 @@ impl ProducerConfig {
             leaf_retry_max: Duration::from_secs(5),
             leaf_wait_max: Duration::from_secs(10),
             leaf_idle_timeout: Duration::from_secs(1),
+            refused_wait_max: Duration::from_secs(30),
         }
     }
 
@@ -827,7 +832,17 @@ async fn run_lane(lane: LaneTask, link: Option<Arc<Link>>, mut rx: mpsc::Unbound
             let waiting_since = tokio::time::Instant::now();
             match current_link(&link, &lane.address, config, waiting_since).await {
                 Ok(current) => {
-                    let (kept, result) = send_batch(&current, messages, config.ack_timeout).await;
+                    let (mut kept, mut result) =
+                        send_batch(&current, messages, config.ack_timeout).await;
+                    let refused_since = tokio::time::Instant::now();
+                    while let Err(ClientError::RetryLater { after, .. }) = &result {
+                        let waited = refused_since.elapsed() + *after;
+                        if kept.is_empty() || waited > config.refused_wait_max {
+                            break;
+                        }
+                        tokio::time::sleep(*after).await;
+                        (kept, result) = send_batch(&current, kept, config.ack_timeout).await;
+                    }
                     if matches!(result, Err(ClientError::Timeout(_))) {
                         // A leaf that does not answer in time is treated as gone (it may have
                         // crashed without closing the connection): the next batch reconnects.

@@ -82,7 +82,9 @@ impl Leaf {
                 AdminResult::Count(self.move_topic(now, topic, to, &mut records))
             }
             AdminOp::Configure { topic, config } => {
-                AdminResult::Count(self.configure(topic, config, &mut records))
+                let kept = self.configure(topic, config, &mut records);
+                self.sync_allowances(now);
+                AdminResult::Count(kept)
             }
             AdminOp::Configs {
                 prefix,
@@ -213,8 +215,13 @@ impl Leaf {
         config: &TopicConfig,
         records: &mut Vec<LogRecord>,
     ) -> u64 {
+        let limits_one_more = !config.deleted
+            && !config.limits.is_empty()
+            && !self.allowances.limits(topic)
+            && self.limited_configs() >= self.config.settings.quota_scopes_max as usize;
         match self.configs.get(topic) {
             Some(old) if old.version >= config.version => return 1,
+            _ if limits_one_more => return 0,
             Some(_) => {}
             None if self.configs.len() >= self.config.settings.topic_configs_max as usize => {
                 let deleted = self

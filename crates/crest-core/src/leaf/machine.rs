@@ -134,6 +134,9 @@ impl Leaf {
             Wire::Confirm(confirm) => self.handle_confirm(now, conn, confirm),
             Wire::Release(release) => self.handle_release(now, release),
             Wire::LeafAdmin(admin) => self.handle_admin(now, conn, admin),
+            Wire::Grant(grant) if grant.leaf == self.config.id => {
+                self.allowances.grant(&grant);
+            }
             Wire::Error(_) => self.violations += 1,
             other => self.reject_unexpected(conn, &other),
         }
@@ -296,6 +299,7 @@ impl Machine for Leaf {
                         // once the report arrives (see `absent_child_wait_ms`).
                         self.flush_offers(now, true);
                         self.report_tick(now);
+                        self.allowances.greet(now);
                     }
                 }
                 other => self.handle_pop_path(now, conn, other),
@@ -337,6 +341,7 @@ impl Machine for Leaf {
             }
         }
         self.flush_offers(now, false);
+        self.report_usage(now);
         self.maybe_checkpoint(now);
         self.maybe_compact(now);
     }
@@ -344,6 +349,7 @@ impl Machine for Leaf {
     fn handle_timeout(&mut self, now: Time) {
         self.tick(now);
         self.flush_offers(now, false);
+        self.report_usage(now);
         self.maybe_checkpoint(now);
         self.maybe_compact(now);
     }
@@ -369,6 +375,8 @@ impl Machine for Leaf {
             ("pushed", c.pushed),
             ("push_batches", c.push_batches),
             ("pushes_refused", c.pushes_refused),
+            ("pushes_over_quota", c.pushes_over_quota),
+            ("pushes_awaiting_allowance", c.pushes_awaiting_allowance),
             ("leased", c.leased),
             ("acked", c.acked),
             ("nacked", c.nacked),
@@ -650,6 +658,7 @@ impl Machine for Leaf {
                 .map(|((at, _), _)| *at),
             self.checkpoints.due,
             self.offer_due,
+            self.allowances.due(),
         ]
         .into_iter()
         .flatten()

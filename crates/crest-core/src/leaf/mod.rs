@@ -51,6 +51,7 @@ mod checkpoint;
 mod leases;
 mod machine;
 mod push;
+mod quota;
 mod recovery;
 
 use crate::config::{Settings, TopicPolicy};
@@ -375,6 +376,10 @@ struct Counters {
     pushed: u64,
     push_batches: u64,
     pushes_refused: u64,
+    /// Push batches refused for a quota (`QuotaExceeded`).
+    pushes_over_quota: u64,
+    /// Push batches refused while the leaf waited for a larger share of a quota.
+    pushes_awaiting_allowance: u64,
     leased: u64,
     acked: u64,
     nacked: u64,
@@ -468,6 +473,8 @@ pub struct Leaf {
     /// Topic configurations set at run time (`AdminOp::Configure`), by topic, deleted ones
     /// included (`topic_configs_max`).
     configs: BTreeMap<String, crate::wire::TopicConfig>,
+    /// What the leaf may admit of each scope with quotas ([`crate::quota`]).
+    allowances: crate::quota::Allowances,
 }
 
 /// Live leases (`leaf/leases.rs`).
@@ -650,6 +657,7 @@ impl Leaf {
             settle_tally: crate::access::Tally::default(),
             client_settles: 0,
             configs: BTreeMap::new(),
+            allowances: crate::quota::Allowances::default(),
             upstream,
             clients,
             live: LiveIds::default(),

@@ -177,6 +177,9 @@ impl Leaf {
             self.send(conn, Wire::error(Some(push.request), code, message));
             return;
         }
+        if !self.admit_within_quotas(now, conn, &push) {
+            return;
+        }
         let principal = self.principals.get(&conn).map(|p| p.name.clone());
         let max = self.config.settings.principal_requests_max;
         if !self.push_tally.take(principal.as_ref(), max) {

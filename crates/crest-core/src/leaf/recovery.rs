@@ -198,6 +198,7 @@ impl Leaf {
             .retain(|name, topic| topic.messages > 0 || leaf.dedup.keys.contains_key(name));
         leaf.dirty.clear();
         leaf.dirty.extend(leaf.topics.keys().cloned());
+        leaf.sync_allowances(now);
         leaf
     }
 

@@ -15,8 +15,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 impl Root {
     pub(super) fn validate_admin(&self, op: &AdminOp) -> Result<(), String> {
         let s = &self.settings;
-        if let Some(topic) = op.topic() {
-            validate_topic(s, topic)?;
+        match op {
+            AdminOp::Configure { topic, .. } => s.check_scope(topic)?,
+            _ => {
+                if let Some(topic) = op.topic() {
+                    validate_topic(s, topic)?;
+                }
+            }
         }
         if op.ids().len() > s.pop_messages_max as usize {
             return Err(format!(
@@ -50,7 +55,17 @@ impl Root {
                 }
             }
             AdminOp::Configure { topic, config } => {
-                config.settings.check(s, topic)?;
+                config.limits.check().map_err(|e| format!("{topic}: {e}"))?;
+                if topic.ends_with('/') {
+                    if config.settings != crate::config::TopicSettings::default() {
+                        return Err(format!(
+                            "{topic} is a namespace: its configuration carries quotas and \
+                             attributes, not a topic's settings"
+                        ));
+                    }
+                } else {
+                    config.settings.check(s, topic)?;
+                }
                 let bytes = config.attribute_bytes();
                 if bytes > u64::from(s.topic_attributes_bytes_max) {
                     return Err(format!(
@@ -298,6 +313,18 @@ impl Root {
         }
     }
 
+    /// Lists `scope`'s configuration at every leaf for the listing's read repair only (no
+    /// client waits for it): a leaf whose usage report lacks a limited scope, or has an older
+    /// configuration of it (it was away when it was set), gets the newest.
+    pub(super) fn repair_scope(&mut self, now: Time, scope: String) {
+        let op = AdminOp::Configs {
+            prefix: scope,
+            limit: 1,
+            after: None,
+        };
+        self.handle_admin(now, ROOT_ITSELF, Admin { request: 0, op });
+    }
+
     pub(super) fn finish_admin(&mut self, admin_id: u64) {
         if self.requests.admins[&admin_id].outstanding > 0 {
             return;
@@ -360,6 +387,9 @@ impl Root {
                 all.truncate(fits.max(1));
                 more = true;
             }
+        }
+        if admin.conn == ROOT_ITSELF {
+            return;
         }
         self.send(
             admin.conn,

@@ -143,6 +143,24 @@ impl Machine for Root {
                 }
                 self.dirty.insert(topic);
             }
+            (Some(crate::downstream::Peer::Child { .. }), Wire::Usage(usage))
+                if self.children.route(usage.leaf) == Ok(conn) =>
+            {
+                let subtree = self.children.subtree_leaves();
+                let wait = Duration::from_millis(self.settings.quota_start_wait_ms);
+                let answer = self.ledger.report(now, &usage, &subtree, wait);
+                if let Some(grant) = answer.grant {
+                    self.send(conn, Wire::Grant(grant));
+                }
+                for scope in answer.stale {
+                    self.repair_scope(now, scope);
+                }
+                for grant in answer.reclaim {
+                    if let Ok(child) = self.children.route(grant.leaf) {
+                        self.send(child, Wire::Grant(grant));
+                    }
+                }
+            }
             (Some(crate::downstream::Peer::Child { .. }), Wire::Report(report)) => {
                 // Its first: the leaves below it are known now, but those it waits for.
                 let heard = self.children.heard(conn);

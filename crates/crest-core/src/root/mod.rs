@@ -297,6 +297,10 @@ struct PendingConfirm {
     sent: Time,
 }
 
+/// The connection of requests the root makes of itself (no driver names a connection so):
+/// their answers go nowhere.
+const ROOT_ITSELF: ConnId = ConnId::MAX;
+
 #[derive(Debug)]
 struct PendingAdmin {
     conn: ConnId,
@@ -351,6 +355,8 @@ pub struct Root {
     /// See [`RootConfig::standby`].
     standby: bool,
     reporter: Reporter,
+    /// The leaves' allowances of each scope with quotas ([`crate::quota`]).
+    ledger: crate::quota::Ledger,
     counters: RootCounters,
     /// Direct links to leaves.
     direct: DirectLinks,
@@ -448,6 +454,7 @@ impl Root {
             name,
             standby,
             reporter,
+            ledger: crate::quota::Ledger::default(),
             counters: RootCounters::default(),
             direct: DirectLinks::default(),
             ahead: ReserveAhead {
@@ -492,7 +499,9 @@ impl Root {
 
     /// Answers `request` of `conn` with an error.
     fn refuse(&mut self, conn: ConnId, request: u64, code: ErrorCode, text: impl Into<String>) {
-        self.send(conn, Wire::error(Some(request), code, text));
+        if conn != ROOT_ITSELF {
+            self.send(conn, Wire::error(Some(request), code, text));
+        }
     }
 
     /// The name of `conn`'s principal, if the host gave one.

@@ -77,6 +77,7 @@ mod flow;
 mod grants;
 mod hostile;
 mod order;
+mod quotas;
 mod races;
 mod storage;
 

@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+mod topic;
+
+pub use topic::{TopicPolicy, TopicSettings};
+
 /// Largest payload of one message, in bytes (256 KiB).
 pub const PAYLOAD_BYTES_MAX_DEFAULT: u32 = 256 * 1024;
 /// Largest frame on any stream, in bytes (16 MiB).
@@ -303,6 +307,22 @@ pub struct Settings {
     pub topic_configs_max: u32,
     /// Most bytes of attributes (names and values) one topic configuration carries.
     pub topic_attributes_bytes_max: u32,
+    /// Most scopes (topics and namespaces) with quotas; a leaf does not keep a configuration
+    /// that would limit one more (and the configuring client is told no leaf kept it).
+    pub quota_scopes_max: u32,
+    /// How often a leaf reports its usage of each limited scope to the root, which answers
+    /// with its allowances, in milliseconds (a leaf short of allowance reports at once).
+    pub quota_report_ms: u64,
+    /// Least allowance a busy leaf asks for, in messages (it asks for twice its admissions
+    /// of the last report interval plus this).
+    pub quota_grant_messages_min: u64,
+    /// Least allowance a busy leaf asks for, in payload bytes.
+    pub quota_grant_bytes_min: u64,
+    /// After it starts, the root grants no allowance until every leaf reported its usage or
+    /// this long passed, in milliseconds (a leaf still unheard of is counted once it reports).
+    /// Also how often at most the root sends a limited scope's configuration again to a leaf
+    /// that lacks it.
+    pub quota_start_wait_ms: u64,
     /// Largest HTTP request body an SQS gateway reads, in bytes (a batch of ten 256 KiB
     /// messages fits in the default).
     pub gateway_body_bytes_max: u64,
@@ -353,91 +373,6 @@ pub struct Settings {
     /// Longest an entry stays reserved ahead before it is given back to its leaf, in
     /// milliseconds.
     pub reserve_ahead_hold_ms: u64,
-}
-
-/// Per-topic overrides of [`Settings`]; unset fields take the node's value.
-///
-/// In a topology file: `[settings.topics.orders]` then e.g. `max_attempts = 3`.
-#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TopicSettings {
-    /// Default visibility timeout, in milliseconds.
-    pub lease_timeout_ms: Option<u64>,
-    /// Deliveries before the dead-letter queue.
-    pub max_attempts: Option<u32>,
-    /// Dedup window, in milliseconds.
-    pub dedup_window_ms: Option<u64>,
-    /// Default time to live, in milliseconds (0: forever).
-    pub message_ttl_ms: Option<u64>,
-    /// Where a message goes when a delivery fails for the `max_attempts`-th time: a topic of
-    /// the same namespace, where it becomes ready again with its attempts reset (SQS's
-    /// dead-letter queue). Unset: the topic's own dead-letter queue.
-    pub dead_letter_topic: Option<String>,
-}
-
-impl TopicSettings {
-    /// These overrides over `base` (each field set here wins).
-    pub fn over(&self, base: &TopicSettings) -> TopicSettings {
-        TopicSettings {
-            lease_timeout_ms: self.lease_timeout_ms.or(base.lease_timeout_ms),
-            max_attempts: self.max_attempts.or(base.max_attempts),
-            dedup_window_ms: self.dedup_window_ms.or(base.dedup_window_ms),
-            message_ttl_ms: self.message_ttl_ms.or(base.message_ttl_ms),
-            dead_letter_topic: self
-                .dead_letter_topic
-                .clone()
-                .or_else(|| base.dead_letter_topic.clone()),
-        }
-    }
-
-    /// Checks these overrides of `topic` against the node's `settings`.
-    ///
-    /// # Errors
-    /// A sentence naming the field and the rule it breaks.
-    pub fn check(&self, settings: &Settings, topic: &str) -> Result<(), String> {
-        if self.max_attempts == Some(0) {
-            return Err(format!("{topic}: max_attempts must be at least 1"));
-        }
-        if let Some(lease) = self.lease_timeout_ms
-            && (lease == 0 || lease > settings.lease_timeout_max_ms)
-        {
-            return Err(format!(
-                "{topic}: lease_timeout_ms {lease} is outside 1..={} (lease_timeout_max_ms)",
-                settings.lease_timeout_max_ms
-            ));
-        }
-        if let Some(dead) = &self.dead_letter_topic {
-            settings
-                .check_topic(dead)
-                .map_err(|e| format!("{topic}: dead_letter_topic: {e}"))?;
-            if dead == topic {
-                return Err(format!("{topic}: dead_letter_topic names the topic itself"));
-            }
-            let (ours, theirs) = (
-                crate::access::namespace(topic),
-                crate::access::namespace(dead),
-            );
-            if ours != theirs {
-                return Err(format!(
-                    "{topic}: dead_letter_topic {dead} is in namespace {theirs}, not {ours}"
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The delivery policy of one topic: [`Settings`] with that topic's overrides applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TopicPolicy {
-    /// Default visibility timeout, in milliseconds.
-    pub lease_timeout_ms: u64,
-    /// Deliveries before the dead-letter queue.
-    pub max_attempts: u32,
-    /// Dedup window, in milliseconds.
-    pub dedup_window_ms: u64,
-    /// Default time to live, in milliseconds (0: forever).
-    pub message_ttl_ms: u64,
 }
 
 impl Default for Settings {
@@ -516,6 +451,11 @@ impl Default for Settings {
             purge_batch_messages: 100_000,
             topic_configs_max: 10_000,
             topic_attributes_bytes_max: 16 * 1024,
+            quota_scopes_max: 1024,
+            quota_report_ms: 100,
+            quota_grant_messages_min: 100,
+            quota_grant_bytes_min: 1 << 20,
+            quota_start_wait_ms: 2_000,
             gateway_body_bytes_max: 4 << 20,
             gateway_requests_max: 1024,
             gateway_queue_cache_ms: 1000,
@@ -553,7 +493,12 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 50] = [
+        let positive: [(&'static str, u64); 55] = [
+            ("quota_start_wait_ms", self.quota_start_wait_ms),
+            ("quota_scopes_max", self.quota_scopes_max.into()),
+            ("quota_report_ms", self.quota_report_ms),
+            ("quota_grant_messages_min", self.quota_grant_messages_min),
+            ("quota_grant_bytes_min", self.quota_grant_bytes_min),
             ("gateway_body_bytes_max", self.gateway_body_bytes_max),
             ("gateway_requests_max", self.gateway_requests_max.into()),
             (
@@ -704,6 +649,24 @@ impl Settings {
                 ),
             );
         }
+        // A usage report names each limited scope with eight numbers and its limits.
+        let usage_bytes =
+            u64::from(self.quota_scopes_max) * (u64::from(self.topic_bytes_max) + 160);
+        if self.quota_scopes_max as usize > crate::quota::QUOTA_SCOPES_MAX
+            || usage_bytes + 64 > u64::from(self.frame_bytes_max)
+        {
+            return fail(
+                "quota_scopes_max",
+                format!(
+                    "{} exceeds {}, or its usage reports ({usage_bytes} bytes with \
+                     topic_bytes_max {}) do not fit frame_bytes_max {}",
+                    self.quota_scopes_max,
+                    crate::quota::QUOTA_SCOPES_MAX,
+                    self.topic_bytes_max,
+                    self.frame_bytes_max
+                ),
+            );
+        }
         if self.replica_election_timeout_ms <= self.replica_heartbeat_ms {
             return fail(
                 "replica_election_timeout_ms",
@@ -807,59 +770,6 @@ impl Settings {
             }
         }
         Ok(())
-    }
-
-    /// Checks a topic's name: 1 to `topic_bytes_max` bytes, no whitespace nor control
-    /// characters.
-    ///
-    /// # Errors
-    /// A sentence naming the problem.
-    pub fn check_topic(&self, topic: &str) -> Result<(), String> {
-        if topic.is_empty() {
-            return Err("topic is empty".into());
-        }
-        if topic.len() > self.topic_bytes_max as usize {
-            return Err(format!(
-                "topic of {} bytes exceeds topic_bytes_max {}",
-                topic.len(),
-                self.topic_bytes_max
-            ));
-        }
-        if topic.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            return Err(format!(
-                "topic {topic:?} contains whitespace or control characters"
-            ));
-        }
-        Ok(())
-    }
-
-    /// The delivery policy of `topic`: these settings with the topic's overrides applied.
-    pub fn topic_policy(&self, topic: &str) -> TopicPolicy {
-        self.policy_of(self.topics.get(topic))
-    }
-
-    /// The delivery policy of `topic` with `runtime` (a configuration the tree keeps, see
-    /// [`crate::wire::TopicConfig`]) over the topic's overrides in these settings.
-    pub fn topic_policy_with(&self, topic: &str, runtime: Option<&TopicSettings>) -> TopicPolicy {
-        match (runtime, self.topics.get(topic)) {
-            (None, overrides) => self.policy_of(overrides),
-            (Some(runtime), None) => self.policy_of(Some(runtime)),
-            (Some(runtime), Some(overrides)) => self.policy_of(Some(&runtime.over(overrides))),
-        }
-    }
-
-    fn policy_of(&self, overrides: Option<&TopicSettings>) -> TopicPolicy {
-        let pick = |f: fn(&TopicSettings) -> Option<u64>, default: u64| {
-            overrides.and_then(f).unwrap_or(default)
-        };
-        TopicPolicy {
-            lease_timeout_ms: pick(|t| t.lease_timeout_ms, self.lease_timeout_ms),
-            max_attempts: overrides
-                .and_then(|t| t.max_attempts)
-                .unwrap_or(self.max_attempts),
-            dedup_window_ms: pick(|t| t.dedup_window_ms, self.dedup_window_ms),
-            message_ttl_ms: pick(|t| t.message_ttl_ms, self.message_ttl_ms),
-        }
     }
 
     /// The default visibility timeout.

@@ -1,0 +1,317 @@
+//! Quotas over the tree: a namespace's limit holds whatever leaves the producers use, refusals
+//! are typed, and a leaf short of allowance gets more from the root.
+
+use super::*;
+use crate::quota::{Limits, Quota, QuotaExceeded};
+
+fn set_limits(t: &mut Tree, scope: &str, limits: Limits) {
+    let op = AdminOp::Configure {
+        topic: scope.into(),
+        config: TopicConfig {
+            limits,
+            ..TopicConfig::default()
+        },
+    };
+    assert_eq!(admin(&mut t.h, t.consumer, op), AdminResult::Count(4));
+}
+
+/// How a push batch ended.
+#[derive(Debug, PartialEq)]
+enum Pushed {
+    Stored(usize),
+    Over(QuotaExceeded),
+}
+
+/// Pushes `count` messages of `topic` through `producer`, sending again while the leaf asks
+/// for time (it waits for its share), as the SDK's producer does.
+fn push_within(t: &mut Tree, leaf: usize, topic: &str, count: usize, bytes: usize) -> Pushed {
+    let messages: Vec<PushMessage> = (0..count)
+        .map(|_| PushMessage {
+            topic: topic.into(),
+            payload: Bytes::from(vec![b'x'; bytes]),
+            ..PushMessage::default()
+        })
+        .collect();
+    let producer = t.producers[leaf];
+    for _ in 0..100 {
+        let request = t.h.request();
+        let push = Push {
+            request,
+            messages: messages.clone(),
+        };
+        t.h.send(producer, Wire::Push(push));
+        match t.h.recv(producer) {
+            Wire::PushAck(ack) => return Pushed::Stored(ack.ids.len()),
+            Wire::Error(ErrorReply {
+                code: ErrorCode::QuotaExceeded,
+                quota: Some(quota),
+                ..
+            }) => return Pushed::Over(quota),
+            Wire::Error(ErrorReply {
+                code: ErrorCode::Overloaded,
+                retry_after_ms: Some(after),
+                ..
+            }) => t.h.advance(Duration::from_millis(after)),
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    panic!("a push never got its share")
+}
+
+fn held(t: &mut Tree, namespace_topics: &[&str]) -> u64 {
+    namespace_topics
+        .iter()
+        .map(|topic| stats_of(&mut t.h, t.consumer, topic).0.messages())
+        .sum()
+}
+
+#[test]
+fn a_namespace_quota_holds_over_four_leaves_and_frees_up_as_consumers_take() {
+    // Goal: producers on all four leaves (behind two aggregators) together get no more than
+    // the namespace's 200 messages stored, each refusal names the scope and the limit, the
+    // tree fills close to the limit (refusals start at most the unused shares early), another
+    // namespace is untouched, and consuming makes room again. Method: batches of 7 round-robin
+    // over the leaves, two topics of the namespace, until every leaf is refused.
+    let mut t = tree(4);
+    set_limits(
+        &mut t,
+        "orders/",
+        Limits {
+            messages_max: Some(200),
+            ..Limits::default()
+        },
+    );
+    let mut refused = [false; 4];
+    let mut stored = 0;
+    let mut round = 0;
+    while refused.iter().any(|r| !r) {
+        let leaf = round % 4;
+        let topic = ["orders/eu", "orders/us"][round % 2];
+        match push_within(&mut t, leaf, topic, 7, 10) {
+            Pushed::Stored(n) => stored += n,
+            Pushed::Over(quota) => {
+                assert_eq!(
+                    quota,
+                    QuotaExceeded {
+                        scope: "orders/".into(),
+                        which: Quota::Messages,
+                        limit: 200
+                    }
+                );
+                refused[leaf] = true;
+            }
+        }
+        round += 1;
+        assert!(round < 1000, "the quota never refused");
+        // Reports go on as time passes.
+        t.h.advance(Duration::from_millis(30));
+    }
+    let now_held = held(&mut t, &["orders/eu", "orders/us"]);
+    assert_eq!(
+        now_held, stored as u64,
+        "what was acknowledged is what is held"
+    );
+    assert!(now_held <= 200, "{now_held} over the quota");
+    assert!(
+        now_held >= 200 - 4 * 7,
+        "{now_held}: refused far below the quota"
+    );
+    // Another namespace is not limited.
+    assert_eq!(
+        push_within(&mut t, 0, "billing/x", 500, 10),
+        Pushed::Stored(500)
+    );
+    // Consumers take 50: pushes are admitted again, up to the quota.
+    let mut consumed = 0;
+    while consumed < 50 {
+        let got = t.h.pop(t.consumer, "orders/eu", 1);
+        assert_eq!(got.len(), 1, "orders/eu holds more");
+        assert_eq!(t.h.ack(t.consumer, vec![got[0].receipt()]), vec![Ok(())]);
+        consumed += 1;
+    }
+    t.h.advance(Duration::from_millis(300));
+    let mut again = 0;
+    for round in 0..40 {
+        if let Pushed::Stored(n) = push_within(&mut t, round % 4, "orders/us", 5, 10) {
+            again += n;
+        }
+        t.h.advance(Duration::from_millis(30));
+    }
+    assert!(
+        again >= 50 - 4 * 5,
+        "only {again} admitted after 50 were consumed"
+    );
+    let after = held(&mut t, &["orders/eu", "orders/us"]);
+    assert!(after <= 200, "{after} over the quota");
+}
+
+#[test]
+fn byte_and_message_size_limits_refuse_with_their_names_and_store_nothing() {
+    // Goal: a topic's bytes quota and largest-message limit refuse typed, and a refused batch
+    // leaves nothing behind. Method: one tree, limits on topic `media/video`.
+    let mut t = tree(4);
+    set_limits(
+        &mut t,
+        "media/video",
+        Limits {
+            bytes_max: Some(10_000),
+            message_bytes_max: Some(1_000),
+            ..Limits::default()
+        },
+    );
+    let over = push_within(&mut t, 1, "media/video", 1, 1_001);
+    assert_eq!(
+        over,
+        Pushed::Over(QuotaExceeded {
+            scope: "media/video".into(),
+            which: Quota::MessageBytes,
+            limit: 1_000
+        })
+    );
+    let mut stored = 0;
+    loop {
+        match push_within(&mut t, stored % 4, "media/video", 3, 1_000) {
+            Pushed::Stored(n) => stored += n,
+            Pushed::Over(quota) => {
+                assert_eq!(quota.which, Quota::Bytes);
+                assert_eq!(quota.limit, 10_000);
+                break;
+            }
+        }
+        t.h.advance(Duration::from_millis(30));
+    }
+    let (stats, _) = stats_of(&mut t.h, t.consumer, "media/video");
+    assert_eq!(stats.messages(), stored as u64);
+    assert!(stats.bytes <= 10_000, "{} bytes", stats.bytes);
+    // Other topics of the namespace take larger messages.
+    assert_eq!(
+        push_within(&mut t, 1, "media/audio", 1, 5_000),
+        Pushed::Stored(1)
+    );
+}
+
+#[test]
+fn a_quota_on_a_topic_name_ending_in_a_slash_is_the_namespace_s_and_pushes_there_are_refused() {
+    // Goal: `NS/` names a namespace's quotas, not a topic: a push to it is refused, and a
+    // namespace's configuration takes no topic settings.
+    let mut t = tree(4);
+    let request = t.h.request();
+    let push = Push {
+        request,
+        messages: vec![PushMessage {
+            topic: "orders/".into(),
+            ..PushMessage::default()
+        }],
+    };
+    t.h.send(t.producers[0], Wire::Push(push));
+    match t.h.recv(t.producers[0]) {
+        Wire::Error(error) => {
+            assert_eq!(error.code, ErrorCode::InvalidArgument);
+            assert!(error.message.contains("namespace"), "{}", error.message);
+        }
+        other => panic!("accepted: {other:?}"),
+    }
+    let op = AdminOp::Configure {
+        topic: "orders/".into(),
+        config: TopicConfig {
+            settings: crate::config::TopicSettings {
+                max_attempts: Some(2),
+                ..Default::default()
+            },
+            ..TopicConfig::default()
+        },
+    };
+    let request = t.h.request();
+    t.h.send(t.consumer, Wire::Admin(Admin { request, op }));
+    match t.h.recv(t.consumer) {
+        Wire::Error(error) => assert_eq!(error.code, ErrorCode::InvalidArgument),
+        other => panic!("accepted: {other:?}"),
+    }
+}
+
+#[test]
+fn a_leaf_away_when_the_quota_was_set_gets_it_when_it_comes_back() {
+    // Goal: a leaf cut off while a namespace's quota is set learns it as soon as it is back
+    // (its first usage report lacks the scope; the root sends it the configuration), so
+    // pushes there count against the quota too. Method: leaf 4's connections torn down,
+    // quota set, leaf 4 linked again, pushes to leaf 4 until refused.
+    let mut t = tree(4);
+    t.h.kill(t.leaves[3]);
+    let op = AdminOp::Configure {
+        topic: "orders/".into(),
+        config: TopicConfig {
+            limits: Limits {
+                messages_max: Some(60),
+                ..Limits::default()
+            },
+            ..TopicConfig::default()
+        },
+    };
+    let request = t.h.request();
+    t.h.send(t.consumer, Wire::Admin(Admin { request, op }));
+    match t.h.recv(t.consumer) {
+        Wire::AdminReply(reply) => {
+            assert_eq!(reply.result, AdminResult::Count(3));
+            assert_eq!(reply.unreachable, vec![LeafId(4)]);
+        }
+        other => panic!("configure failed: {other:?}"),
+    }
+    t.h.link(t.leaves[3], t.aggs[1]);
+    t.producers[3] = t.h.client(t.leaves[3], PeerKind::Producer);
+    t.h.advance(Duration::from_millis(100));
+    let mut stored = 0;
+    let refusal = loop {
+        match push_within(&mut t, 3, "orders/eu", 10, 10) {
+            Pushed::Stored(n) => stored += n,
+            Pushed::Over(quota) => break quota,
+        }
+        assert!(stored <= 60, "leaf 4 stored {stored} of a quota of 60");
+        t.h.advance(Duration::from_millis(30));
+    };
+    assert_eq!(refusal.limit, 60);
+    assert!(stored >= 50, "{stored}");
+    assert!(root_counter_of(&mut t, "configs_repaired") >= 1);
+}
+
+fn root_counter_of(t: &mut Tree, name: &str) -> u64 {
+    counter(&mut t.h, t.root, name)
+}
+
+#[test]
+fn a_child_cannot_report_usage_for_a_leaf_it_does_not_lead_to() {
+    // Goal: a rogue child cannot draw allowances in another subtree's name (nor make the
+    // root count usage there): its report is refused and counted as a violation.
+    let mut t = tree(4);
+    set_limits(
+        &mut t,
+        "orders/",
+        Limits {
+            messages_max: Some(100),
+            ..Limits::default()
+        },
+    );
+    let child = t.h.client(
+        t.root,
+        PeerKind::Node {
+            name: "agg-0".into(),
+            role: Role::Aggregator,
+            leaves: vec![LeafId(1), LeafId(2)],
+            replica: None,
+        },
+    );
+    let before = t.h.nodes[t.root].stats().violations;
+    let usage = crate::quota::Usage {
+        leaf: LeafId(3),
+        epoch: u64::MAX,
+        scopes: Vec::new(),
+    };
+    t.h.send(child, Wire::Usage(usage));
+    match t.h.recv(child) {
+        Wire::Error(error) => assert_eq!(error.code, ErrorCode::UnexpectedMessage),
+        other => panic!("answered {other:?}"),
+    }
+    assert_eq!(t.h.nodes[t.root].stats().violations, before + 1);
+    // Leaf 3 still gets its share: the rogue epoch did not replace its incarnation.
+    let stored = push_within(&mut t, 2, "orders/eu", 5, 1);
+    assert_eq!(stored, Pushed::Stored(5));
+}

@@ -1,0 +1,234 @@
+//! Namespace quotas over real QUIC: producers on all four leaves together are admitted no more
+//! than the quota, refusals are typed and store nothing, the SDK's producer waits out a leaf
+//! asking the root for its share, and limits and usage survive restarts of a leaf (from its
+//! log) and of the root.
+//!
+//! The tree is `topology/local.toml` in this process, leaves logging to a temporary directory.
+
+use crest::core::quota::namespace_scope;
+use crest::core::topology::Topology;
+use crest::node::LocalTree;
+use crest::sdk::{
+    Admin, ClientError, ConsumerConfig, Limits, Message, Producer, ProducerConfig, Quota,
+    QuotaExceeded, TopicConfig,
+};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{WAIT, consumer, tls};
+
+const QUOTA: u64 = 400;
+const BATCH: usize = 10;
+
+async fn admin(tree: &LocalTree) -> Admin {
+    Admin::connect(ConsumerConfig::from_topology(&tree.topology, tls(tree)))
+        .await
+        .unwrap()
+}
+
+/// Messages the tree holds of namespace `orders`.
+async fn held(admin: &Admin) -> u64 {
+    let stats = admin.stats(None).await.unwrap();
+    assert!(stats.unreachable.is_empty(), "{:?}", stats.unreachable);
+    stats
+        .value
+        .topics
+        .iter()
+        .filter(|t| t.topic.starts_with("orders/"))
+        .map(|t| t.messages())
+        .sum()
+}
+
+/// Pushes batches of `orders/eu` through `producer` until one is refused for the quota;
+/// returns the messages acknowledged and the refusal.
+async fn fill(producer: &Producer, deadline: Instant) -> (u64, QuotaExceeded) {
+    let mut acked = 0;
+    loop {
+        assert!(Instant::now() < deadline, "never refused");
+        let batch: Vec<Message> = (0..BATCH)
+            .map(|n| Message::new("orders/eu", format!("m{n}")))
+            .collect();
+        match producer.send_batch(batch).await.unwrap().acked().await {
+            Ok(ids) => acked += ids.len() as u64,
+            Err(ClientError::QuotaExceeded(quota)) => return (acked, quota),
+            Err(other) => panic!("unexpected error {other:?}"),
+        }
+    }
+}
+
+/// One producer per leaf, each only to its own leaf.
+async fn producers(tree: &LocalTree) -> Vec<Producer> {
+    let mut producers = Vec::new();
+    for leaf in tree.topology.leaves() {
+        let config = ProducerConfig::new(vec![leaf.address.clone()], tls(tree));
+        producers.push(Producer::connect(config).await.unwrap());
+    }
+    producers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_quota_holds_over_four_leaves_and_through_restarts() {
+    let data = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../topology/local.toml"
+    ))
+    .unwrap();
+    let topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
+    let mut tree = LocalTree::start_with(&topology, Some(data.path()))
+        .await
+        .unwrap();
+    assert!(tree.wait_connected(WAIT).await, "tree connects");
+    let admin = admin(&tree).await;
+    let limits = Limits {
+        messages_max: Some(QUOTA),
+        ..Limits::default()
+    };
+    let config = TopicConfig {
+        limits,
+        ..TopicConfig::default()
+    };
+    let kept = admin
+        .configure(&namespace_scope("orders"), config)
+        .await
+        .unwrap();
+    assert_eq!(kept.value, 4, "every leaf keeps the quota");
+
+    // Four producers, one per leaf, push at once until each is refused.
+    let producers = producers(&tree).await;
+    let deadline = Instant::now() + WAIT * 3;
+    let results = tokio::join!(
+        fill(&producers[0], deadline),
+        fill(&producers[1], deadline),
+        fill(&producers[2], deadline),
+        fill(&producers[3], deadline),
+    );
+    let results = [results.0, results.1, results.2, results.3];
+    let expected = expected();
+    let mut acked = 0;
+    for (leaf, (count, refusal)) in results.into_iter().enumerate() {
+        assert_eq!(refusal, expected, "leaf {}'s refusal", leaf + 1);
+        acked += count;
+    }
+    assert!(acked <= QUOTA, "{acked} acknowledged, quota {QUOTA}");
+    assert!(
+        acked >= QUOTA - 4 * BATCH as u64,
+        "{acked}: refused far below the quota"
+    );
+    assert_eq!(held(&admin).await, acked, "refused batches left nothing");
+
+    // A leaf restarts from its log: what it holds still counts.
+    tree.restart_node("leaf-1").await.unwrap();
+    assert!(tree.wait_connected(WAIT).await, "leaf-1 is back");
+    let again = producers_of(&tree, "leaf-1").await;
+    acked = refill(&again, acked, "leaf-1's restart").await;
+
+    // The root restarts: it knows nothing granted, learns the usage from the leaves' reports,
+    // and the quota (kept by the leaves) still holds.
+    drop(admin);
+    tree.restart_node("root").await.unwrap();
+    assert!(tree.wait_connected(WAIT).await, "the root is back");
+    acked = refill(&producers[2], acked, "the root's restart").await;
+    let admin = self::admin(&tree).await;
+    assert_eq!(held(&admin).await, acked);
+
+    // Consumers take 100: producers are admitted again, up to the quota.
+    let consumer = consumer(&tree).await;
+    let mut taken = 0;
+    let deadline = Instant::now() + WAIT * 2;
+    while taken < 100 {
+        assert!(Instant::now() < deadline, "only {taken} popped");
+        let deliveries = consumer
+            .pop("orders/eu", 100 - taken, Duration::from_millis(500))
+            .await
+            .unwrap();
+        let receipts: Vec<_> = deliveries.iter().map(|d| d.receipt()).collect();
+        for result in consumer.ack_many(&receipts).await.unwrap() {
+            result.unwrap();
+        }
+        taken += deliveries.len() as u32;
+    }
+    acked -= 100;
+    // The leaves learn that room was made from the root's answers to their next reports:
+    // until then a push may still be refused.
+    let mut more = 0;
+    let deadline = Instant::now() + WAIT * 2;
+    while more < 100 - 4 * BATCH as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "{more} admitted after 100 were taken"
+        );
+        let (admitted, refusal) = fill(&producers[3], deadline).await;
+        assert_eq!(refusal, expected);
+        more += admitted;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(acked + more <= QUOTA);
+    assert_eq!(held(&admin).await, acked + more);
+    tree.shutdown().await;
+}
+
+/// Fills through `producer` after `event`, `acked` held already: refused for the quota, never
+/// past it. The new total.
+async fn refill(producer: &Producer, acked: u64, event: &str) -> u64 {
+    let (more, refusal) = fill(producer, Instant::now() + WAIT * 2).await;
+    assert_eq!(refusal, expected());
+    assert!(acked + more <= QUOTA, "{} after {event}", acked + more);
+    acked + more
+}
+
+/// The refusal of namespace `orders`' quota.
+fn expected() -> QuotaExceeded {
+    QuotaExceeded {
+        scope: "orders/".into(),
+        which: Quota::Messages,
+        limit: QUOTA,
+    }
+}
+
+/// A producer of one leaf only.
+async fn producers_of(tree: &LocalTree, leaf: &str) -> Producer {
+    let address = tree.topology.node(leaf).unwrap().address.clone();
+    Producer::connect(ProducerConfig::new(vec![address], tls(tree)))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_size_limit_is_refused_with_its_limit_and_others_go_on() {
+    let tree = common::start_tree().await;
+    let admin = admin(&tree).await;
+    let config = TopicConfig {
+        limits: Limits {
+            message_bytes_max: Some(1024),
+            ..Limits::default()
+        },
+        ..TopicConfig::default()
+    };
+    admin.configure("media/thumbs", config).await.unwrap();
+    let producer = producers_of(&tree, "leaf-2").await;
+    let small = producer
+        .send(Message::new("media/thumbs", vec![0u8; 1024]))
+        .await
+        .unwrap();
+    small.acked().await.unwrap();
+    let large = producer
+        .send(Message::new("media/thumbs", vec![0u8; 1025]))
+        .await
+        .unwrap();
+    match large.acked().await {
+        Err(ClientError::QuotaExceeded(quota)) => {
+            assert_eq!(quota.scope, "media/thumbs");
+            assert_eq!(quota.which, Quota::MessageBytes);
+            assert_eq!(quota.limit, 1024);
+        }
+        other => panic!("expected a refusal: {other:?}"),
+    }
+    let elsewhere = producer
+        .send(Message::new("media/videos", vec![0u8; 4096]))
+        .await
+        .unwrap();
+    elsewhere.acked().await.unwrap();
+    tree.shutdown().await;
+}
