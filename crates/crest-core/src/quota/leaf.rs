@@ -1,0 +1,318 @@
+//! The leaf's side of quotas: admitting pushes within its allowances, and its reports.
+
+use super::*;
+
+/// Why a leaf does not admit a push batch.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Shortfall {
+    /// The batch would pass a limit.
+    Exceeded(QuotaExceeded),
+    /// The leaf's allowance does not cover it yet; it asked the root for more.
+    Waiting(String),
+}
+
+/// What a leaf may admit of each limited scope.
+#[derive(Debug, Default)]
+pub struct Allowances {
+    pub(super) epoch: Option<u64>,
+    scopes: BTreeMap<String, Allowance>,
+    /// When the next report is due (`None`: no scope is limited, and none is owed).
+    due: Option<Time>,
+    /// A report is owed to a new parent session even without a limited scope: the root
+    /// learns that the leaf is there and which scopes it knows.
+    owed: bool,
+}
+
+#[derive(Debug, Default)]
+struct Allowance {
+    version: Time,
+    limits: Limits,
+    granted: Amount,
+    taken: Amount,
+    /// Admitted since the last report.
+    recent: Amount,
+    /// Refused for want of allowance since the last report.
+    short: Amount,
+    /// The root's last word on how far `taken` could go ([`ScopeGrant::ceiling`]).
+    ceiling: Option<Amount>,
+    /// What the leaf asked for in its last report.
+    want: Amount,
+    /// Reports in a row with nothing admitted nor refused since the one before.
+    idle: u8,
+    /// It gave its allowance back for another leaf: its next report asks only for what it
+    /// was refused (rather than take it right back).
+    yielded: bool,
+}
+
+impl Allowance {
+    fn remaining(&self) -> Amount {
+        self.granted.minus(self.taken)
+    }
+
+    /// The pooled limit `need` would pass with what is in hand.
+    fn lacks(&self, need: Amount) -> Option<Quota> {
+        let left = self.remaining();
+        if self.limits.messages_max.is_some() && need.messages > left.messages {
+            return Some(Quota::Messages);
+        }
+        if self.limits.bytes_max.is_some() && need.bytes > left.bytes {
+            return Some(Quota::Bytes);
+        }
+        None
+    }
+
+    /// Whether `need` of `which` is past what the tree could give this leaf.
+    fn past_ceiling(&self, need: Amount, which: Quota) -> bool {
+        let Some(ceiling) = self.ceiling else {
+            return false;
+        };
+        let reach = self.taken.plus(need);
+        match which {
+            Quota::Messages => reach.messages > ceiling.messages,
+            _ => reach.bytes > ceiling.bytes,
+        }
+    }
+}
+
+impl Allowances {
+    /// No scope is limited.
+    pub fn is_empty(&self) -> bool {
+        self.scopes.is_empty()
+    }
+
+    /// When the next report is due.
+    pub fn due(&self) -> Option<Time> {
+        self.due
+    }
+
+    /// A new parent session: a report goes at once, even without a limited scope.
+    pub fn greet(&mut self, now: Time) {
+        self.owed = true;
+        self.due = Some(now);
+    }
+
+    /// Whether `scope` is limited.
+    pub fn limits(&self, scope: &str) -> bool {
+        self.scopes.contains_key(scope)
+    }
+
+    /// Follows the configurations: `limited` lists each scope with limits (at most `max` are
+    /// kept, by name), with its configuration's version. An allowance granted under other
+    /// limits is given back.
+    pub fn sync<'a>(
+        &mut self,
+        now: Time,
+        limited: impl Iterator<Item = (&'a String, Time, Limits)>,
+        max: usize,
+    ) {
+        let limited: BTreeMap<&String, (Time, Limits)> = limited
+            .map(|(name, version, limits)| (name, (version, limits)))
+            .take(max)
+            .collect();
+        self.scopes.retain(|scope, _| limited.contains_key(scope));
+        for (name, (version, limits)) in limited {
+            let allowance = self.scopes.entry(name.clone()).or_default();
+            if allowance.version != version {
+                allowance.version = version;
+                allowance.limits = limits;
+                allowance.taken = allowance.granted;
+                allowance.ceiling = None;
+            }
+        }
+        self.due = match (self.scopes.is_empty(), self.due) {
+            (true, _) => None,
+            (false, None) => Some(now),
+            (false, due) => due,
+        };
+    }
+
+    /// Admits a push batch within the allowances, or refuses all of it.
+    ///
+    /// # Errors
+    /// The first limit the batch would pass, or the scope whose allowance is short.
+    pub fn admit<'a>(
+        &mut self,
+        now: Time,
+        messages: impl Iterator<Item = (&'a str, u64)>,
+    ) -> Result<(), Shortfall> {
+        if self.scopes.is_empty() {
+            return Ok(());
+        }
+        let mut needs: Vec<(&str, Amount)> = Vec::new();
+        // A batch is mostly one topic: its scopes are looked up once per run.
+        let mut run: (&str, [Option<(&String, &Allowance)>; 2]) = ("", [None, None]);
+        for (topic, size) in messages {
+            if run.0 != topic || run.0.is_empty() {
+                let namespace = namespace_scope(crate::access::namespace(topic));
+                run = (
+                    topic,
+                    [
+                        self.scopes.get_key_value(topic),
+                        self.scopes.get_key_value(namespace.as_str()),
+                    ],
+                );
+            }
+            for (scope, allowance) in run.1.into_iter().flatten() {
+                if let Some(limit) = allowance.limits.message_bytes_max
+                    && size > limit
+                {
+                    return Err(Shortfall::Exceeded(QuotaExceeded {
+                        scope: scope.clone(),
+                        which: Quota::MessageBytes,
+                        limit,
+                    }));
+                }
+                if !allowance.limits.pooled() {
+                    continue;
+                }
+                match needs.iter_mut().find(|(s, _)| *s == scope.as_str()) {
+                    Some((_, need)) => need.add(Amount::one(size)),
+                    None => needs.push((scope.as_str(), Amount::one(size))),
+                }
+            }
+        }
+        let needs: Vec<(String, Amount)> = needs
+            .into_iter()
+            .map(|(scope, need)| (scope.to_string(), need))
+            .collect();
+        let lacking = needs.iter().find_map(|(scope, need)| {
+            let allowance = &self.scopes[scope];
+            let which = allowance.lacks(*need)?;
+            Some((scope.clone(), which, allowance.past_ceiling(*need, which)))
+        });
+        if let Some((scope, which, full)) = lacking {
+            let allowance = self.scopes.get_mut(&scope).expect("listed");
+            let limit = allowance.limits.of(which).expect("pooled");
+            for (name, need) in needs {
+                let allowance = self.scopes.get_mut(&name).expect("listed");
+                if allowance.lacks(need).is_some() {
+                    allowance.short.add(need);
+                }
+            }
+            self.due = Some(now.min(self.due.unwrap_or(now)));
+            if full {
+                return Err(Shortfall::Exceeded(QuotaExceeded {
+                    scope,
+                    which,
+                    limit,
+                }));
+            }
+            return Err(Shortfall::Waiting(format!(
+                "{scope}: this leaf's share of {which} {limit} is used; it asked the root for more"
+            )));
+        }
+        for (scope, need) in needs {
+            let allowance = self.scopes.get_mut(&scope).expect("listed");
+            allowance.taken.add(need);
+            allowance.recent.add(need);
+        }
+        Ok(())
+    }
+
+    /// The scopes a message of `topic` counts in, of those limited.
+    pub fn scopes_of(&self, topic: &str) -> impl Iterator<Item = &str> {
+        let namespace = namespace_scope(crate::access::namespace(topic));
+        [
+            self.scopes.get_key_value(topic).map(|(k, _)| k.as_str()),
+            self.scopes
+                .get_key_value(namespace.as_str())
+                .map(|(k, _)| k.as_str()),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// The report due at `now`: `used` is what the leaf holds of each scope (absent: none).
+    /// An allowance beyond twice what the leaf wants is given back. The next is due
+    /// `interval` later.
+    pub fn report(
+        &mut self,
+        now: Time,
+        leaf: LeafId,
+        used: &HashMap<String, Amount>,
+        interval: Duration,
+        least: Amount,
+    ) -> Option<Usage> {
+        if self.scopes.is_empty() && !std::mem::take(&mut self.owed) {
+            self.due = None;
+            return None;
+        }
+        self.owed = false;
+        let epoch = *self.epoch.get_or_insert(now.as_micros().max(1));
+        let scopes = self
+            .scopes
+            .iter_mut()
+            .map(|(scope, allowance)| {
+                let busy = !allowance.recent.is_zero() || !allowance.short.is_zero();
+                allowance.idle = if busy {
+                    0
+                } else {
+                    allowance.idle.saturating_add(1)
+                };
+                // A grant may come just after a report: it is kept for one quiet interval
+                // (for the push that waited for it), given back after two.
+                let want = match allowance.idle {
+                    _ if std::mem::take(&mut allowance.yielded) => allowance.short,
+                    0 => allowance.recent.times(2).plus(allowance.short).plus(least),
+                    1 => allowance.want,
+                    _ => Amount::default(),
+                };
+                allowance.want = want;
+                let left = allowance.remaining();
+                let spare = Amount {
+                    messages: if left.messages > want.messages.saturating_mul(2) {
+                        left.messages - want.messages
+                    } else {
+                        0
+                    },
+                    bytes: if left.bytes > want.bytes.saturating_mul(2) {
+                        left.bytes - want.bytes
+                    } else {
+                        0
+                    },
+                };
+                allowance.taken.add(spare);
+                let short = std::mem::take(&mut allowance.short);
+                let recent = std::mem::take(&mut allowance.recent);
+                ScopeUsage {
+                    scope: scope.clone(),
+                    version: allowance.version,
+                    limits: allowance.limits,
+                    used: used.get(scope.as_str()).copied().unwrap_or_default(),
+                    granted: allowance.granted,
+                    taken: allowance.taken,
+                    want,
+                    short,
+                    recent,
+                }
+            })
+            .collect();
+        self.due = (!self.scopes.is_empty()).then(|| now + interval);
+        Some(Usage {
+            leaf,
+            epoch,
+            scopes,
+        })
+    }
+
+    /// Takes the root's grant (one for another incarnation is ignored).
+    pub fn grant(&mut self, grant: &Grant) {
+        if self.epoch != Some(grant.epoch) {
+            return;
+        }
+        for given in &grant.scopes {
+            if let Some(allowance) = self.scopes.get_mut(&given.scope) {
+                allowance.granted = Amount {
+                    messages: allowance.granted.messages.max(given.granted.messages),
+                    bytes: allowance.granted.bytes.max(given.granted.bytes),
+                };
+                allowance.ceiling = given.ceiling;
+                if given.release {
+                    allowance.taken = allowance.granted;
+                    allowance.yielded = true;
+                    self.due = Some(Time::ZERO);
+                }
+            }
+        }
+    }
+}

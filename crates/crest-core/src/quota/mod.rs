@@ -1,0 +1,278 @@
+//! Quotas: limits on what a namespace, or one topic, holds in the whole tree (messages, payload
+//! bytes) and on its largest message, enforced by allowances the root grants the leaves.
+//!
+//! # Scopes
+//! Limits live in a topic configuration (`TopicConfig::limits`), kept by the tree like
+//! the rest of it: on a topic's own configuration, or on the one named `NS/`, the *namespace
+//! scope* of namespace `NS` (a topic name cannot end in `/`). A message counts in both its
+//! topic's scope and its namespace's; what a scope holds is its messages in every state but
+//! acknowledged: ready, delayed, in flight, dead letters, and pushes waiting for the log.
+//!
+//! # Allowances
+//! Messages enter at any leaf, so no leaf alone can tell whether a push passes a quota. Each
+//! leaf reports every limited scope to the root ([`Usage`], every `quota_report_ms`, and at
+//! once when a push finds its allowance short): what it holds (`used`), what the root granted
+//! it so far (`granted`, a running total) and how much of that it has consumed (`taken`:
+//! admitted, or given back unused). Over the leaves, `used + granted − taken` bounds what the
+//! scope can come to hold if every leaf spends what it was granted; the root grants more
+//! ([`Grant`], running totals, so a lost or repeated grant does no harm) only while that bound
+//! stays within the limit, and a leaf admits a push batch only within its allowance. So the
+//! tree never holds more than a quota, except through:
+//! - messages that enter a topic without a push: a dead-letter topic's, a move task's
+//!   (they stay within their namespace, whose total they do not change);
+//! - a root restart while a leaf is down: the new root learns each leaf's usage from its
+//!   reports, and a leaf that does not report is not counted until it does.
+//!
+//! The cost is early refusals near a limit: a leaf's push may be refused while other leaves
+//! hold allowance they have not used yet. A busy leaf asks for about two report intervals of
+//! its recent admissions (at least `quota_grant_messages_min` / `quota_grant_bytes_min`); an
+//! idle one gives its allowance back at its next report.
+//!
+//! Counters are per leaf incarnation ([`Usage::epoch`]): a restarted leaf, or a replicated
+//! leaf's new leader, starts with nothing granted, and the root forgets what it granted the
+//! former one. A changed limit takes effect at once: each leaf gives back what it was granted
+//! under the old one.
+
+use crate::id::LeafId;
+use crate::time::Time;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+/// Most limited scopes a [`Usage`] or [`Grant`] carries, and so the ceiling of the
+/// `quota_scopes_max` setting.
+pub const QUOTA_SCOPES_MAX: usize = 4096;
+
+/// The scope of namespace `namespace`'s limits: its name and a `/`.
+pub fn namespace_scope(namespace: &str) -> String {
+    format!("{namespace}/")
+}
+
+/// The namespace a scope name is the scope of, if it is a namespace scope.
+pub fn scope_namespace(scope: &str) -> Option<&str> {
+    scope.strip_suffix('/')
+}
+
+/// What a scope may hold (each `None`: no limit).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct Limits {
+    /// Most messages held in the whole tree.
+    pub messages_max: Option<u64>,
+    /// Most payload bytes held in the whole tree.
+    pub bytes_max: Option<u64>,
+    /// Largest payload of one message, in bytes.
+    pub message_bytes_max: Option<u64>,
+}
+
+impl Limits {
+    /// No limit set.
+    pub fn is_empty(&self) -> bool {
+        *self == Limits::default()
+    }
+
+    /// The limit on `which`, if one is set.
+    pub fn of(&self, which: Quota) -> Option<u64> {
+        match which {
+            Quota::Messages => self.messages_max,
+            Quota::Bytes => self.bytes_max,
+            Quota::MessageBytes => self.message_bytes_max,
+        }
+    }
+
+    /// Checks that each limit set is at least 1.
+    ///
+    /// # Errors
+    /// A sentence naming the limit.
+    pub fn check(&self) -> Result<(), String> {
+        for which in Quota::ALL {
+            if self.of(which) == Some(0) {
+                return Err(format!("{which} must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Limits the tree pools over the leaves (through allowances), as opposed to those each
+    /// leaf checks alone.
+    fn pooled(&self) -> bool {
+        self.messages_max.is_some() || self.bytes_max.is_some()
+    }
+}
+
+/// Which limit a push would pass.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum Quota {
+    /// `messages_max`.
+    Messages,
+    /// `bytes_max`.
+    Bytes,
+    /// `message_bytes_max`.
+    MessageBytes,
+}
+
+impl Quota {
+    /// Every limit.
+    pub const ALL: [Quota; 3] = [Quota::Messages, Quota::Bytes, Quota::MessageBytes];
+
+    /// Its name in configurations and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Quota::Messages => "messages_max",
+            Quota::Bytes => "bytes_max",
+            Quota::MessageBytes => "message_bytes_max",
+        }
+    }
+}
+
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A count of messages and their payload bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct Amount {
+    /// Messages.
+    pub messages: u64,
+    /// Payload bytes.
+    pub bytes: u64,
+}
+
+impl Amount {
+    /// One message of `bytes` payload bytes.
+    pub fn one(bytes: u64) -> Amount {
+        Amount { messages: 1, bytes }
+    }
+
+    fn plus(self, other: Amount) -> Amount {
+        Amount {
+            messages: self.messages.saturating_add(other.messages),
+            bytes: self.bytes.saturating_add(other.bytes),
+        }
+    }
+
+    fn minus(self, other: Amount) -> Amount {
+        Amount {
+            messages: self.messages.saturating_sub(other.messages),
+            bytes: self.bytes.saturating_sub(other.bytes),
+        }
+    }
+
+    fn times(self, factor: u64) -> Amount {
+        Amount {
+            messages: self.messages.saturating_mul(factor),
+            bytes: self.bytes.saturating_mul(factor),
+        }
+    }
+
+    fn is_zero(self) -> bool {
+        self == Amount::default()
+    }
+
+    /// Adds `other` in place.
+    pub fn add(&mut self, other: Amount) {
+        *self = self.plus(other);
+    }
+}
+
+/// Why a push was refused for a quota: the typed part of the error answer.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct QuotaExceeded {
+    /// The scope: a topic, or a namespace scope (`NS/`).
+    pub scope: String,
+    /// The limit the push would pass.
+    pub which: Quota,
+    /// Its value.
+    pub limit: u64,
+}
+
+impl fmt::Display for QuotaExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match scope_namespace(&self.scope) {
+            Some(namespace) => write!(f, "namespace {namespace}")?,
+            None => write!(f, "topic {}", self.scope)?,
+        }
+        let what = match self.which {
+            Quota::Messages => "would hold more messages than",
+            Quota::Bytes => "would hold more payload bytes than",
+            Quota::MessageBytes => "takes no message larger than",
+        };
+        write!(f, " {what} its {} {}", self.which, self.limit)
+    }
+}
+
+/// One limited scope in a leaf's [`Usage`].
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ScopeUsage {
+    /// The scope.
+    pub scope: String,
+    /// The version of the configuration the limits come from (the newest wins at the root).
+    pub version: Time,
+    /// The limits.
+    pub limits: Limits,
+    /// What the leaf holds of the scope.
+    pub used: Amount,
+    /// What the root granted this incarnation of the leaf, in total.
+    pub granted: Amount,
+    /// What of that it admitted or gave back, in total.
+    pub taken: Amount,
+    /// What it would like to have in hand.
+    pub want: Amount,
+    /// What it refused for want of allowance since its last report.
+    #[serde(default)]
+    pub short: Amount,
+    /// What it admitted since its last report.
+    #[serde(default)]
+    pub recent: Amount,
+}
+
+/// Leaf → root (through aggregators): what the leaf holds of each limited scope.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Usage {
+    /// The leaf.
+    pub leaf: LeafId,
+    /// Its incarnation: grants to another are not its own.
+    pub epoch: u64,
+    /// Every limited scope it knows.
+    #[serde(deserialize_with = "crate::bounded::vec::<_, _, QUOTA_SCOPES_MAX>")]
+    pub scopes: Vec<ScopeUsage>,
+}
+
+/// One scope of a [`Grant`].
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ScopeGrant {
+    /// The scope.
+    pub scope: String,
+    /// Everything granted to this incarnation of the leaf so far.
+    pub granted: Amount,
+    /// The most the leaf's consumed total (`taken`) could reach: what it has in hand, what is
+    /// free, and what other leaves could give back. A push past it is refused as
+    /// [`QuotaExceeded`] rather than waiting for more (`None`: not known yet).
+    pub ceiling: Option<Amount>,
+    /// Another leaf is short: give back what is unused, and report at once.
+    #[serde(default)]
+    pub release: bool,
+}
+
+/// Root → leaf (through aggregators): the leaf's allowances.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Grant {
+    /// The leaf.
+    pub leaf: LeafId,
+    /// The incarnation the grant is for.
+    pub epoch: u64,
+    /// Its scopes.
+    #[serde(deserialize_with = "crate::bounded::vec::<_, _, QUOTA_SCOPES_MAX>")]
+    pub scopes: Vec<ScopeGrant>,
+}
+
+mod leaf;
+mod root;
+
+pub use leaf::{Allowances, Shortfall};
+pub use root::{Answer, Ledger, Standing};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,294 @@
+//! The root's side of quotas: the leaves' accounts, and the grants that answer their reports.
+
+use super::*;
+
+/// The root's account of the leaves' allowances.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    leaves: BTreeMap<LeafId, LeafAccounts>,
+    /// Each scope's newest limits, with their version.
+    limits: BTreeMap<String, (Time, Limits)>,
+    /// Each scope's bound over the leaves: `used + granted − taken` summed.
+    bounds: BTreeMap<String, Amount>,
+    /// Each scope's usage over the leaves, as last reported.
+    used: BTreeMap<String, Amount>,
+    /// When the first report came: until every leaf reported, or `wait` after it, nothing
+    /// is granted (a root that restarted knows nothing of what the leaves hold).
+    started: Option<Time>,
+    /// When each scope was last found missing or old at a leaf (its repair was asked for).
+    repaired: BTreeMap<String, Time>,
+}
+
+/// The root's answer to a usage report.
+#[derive(Debug, Default)]
+pub struct Answer {
+    /// The leaf's allowances (`None`: nothing to say).
+    pub grant: Option<Grant>,
+    /// Limited scopes the leaf lacks or holds an older configuration of: their
+    /// configurations must be sent to it again (the leaf was away when they were set).
+    pub stale: Vec<String>,
+    /// Grants asking other leaves to give back what they hold unused, for this one.
+    pub reclaim: Vec<Grant>,
+}
+
+#[derive(Debug, Default)]
+struct LeafAccounts {
+    epoch: u64,
+    scopes: BTreeMap<String, Account>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Account {
+    used: Amount,
+    granted: Amount,
+    taken: Amount,
+    /// What the leaf admitted in the interval before its last report.
+    recent: Amount,
+}
+
+impl Account {
+    fn bound(&self) -> Amount {
+        self.used.plus(self.granted.minus(self.taken))
+    }
+}
+
+/// A scope's standing at the root.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Standing {
+    /// Its limits.
+    pub limits: Limits,
+    /// What the leaves hold, as last reported.
+    pub used: Amount,
+    /// What they may come to hold with the allowances granted.
+    pub bound: Amount,
+}
+
+impl Ledger {
+    /// Takes a leaf's report at `now`; `subtree` lists every leaf of the tree. Grants wait
+    /// until each of them reported, or `wait` after the first report.
+    pub fn report(
+        &mut self,
+        now: Time,
+        usage: &Usage,
+        subtree: &[LeafId],
+        wait: Duration,
+    ) -> Answer {
+        let known = self.leaves.get(&usage.leaf).map(|l| l.epoch);
+        if known.is_some_and(|epoch| epoch > usage.epoch) {
+            return Answer::default();
+        }
+        let started = *self.started.get_or_insert(now);
+        let mut accounts = self.leaves.remove(&usage.leaf).unwrap_or_default();
+        let mut former = std::mem::take(&mut accounts.scopes);
+        let dropped: Vec<String> = former.keys().cloned().collect();
+        if accounts.epoch != usage.epoch {
+            // A new incarnation: what the former one was granted is void.
+            accounts.epoch = usage.epoch;
+            for (scope, old) in std::mem::take(&mut former) {
+                self.forget(&scope, &old);
+            }
+        }
+        for scope in &usage.scopes {
+            let newer = self
+                .limits
+                .get(&scope.scope)
+                .is_none_or(|(version, _)| *version < scope.version);
+            if newer {
+                self.limits
+                    .insert(scope.scope.clone(), (scope.version, scope.limits));
+            }
+            let old = former.remove(&scope.scope).unwrap_or_default();
+            self.forget(&scope.scope, &old);
+            let account = Account {
+                used: scope.used,
+                granted: Amount {
+                    messages: old.granted.messages.max(scope.granted.messages),
+                    bytes: old.granted.bytes.max(scope.granted.bytes),
+                },
+                taken: scope.taken,
+                recent: scope.recent,
+            };
+            self.count(&scope.scope, &account);
+            accounts.scopes.insert(scope.scope.clone(), account);
+        }
+        for (scope, old) in former {
+            self.forget(&scope, &old);
+        }
+        let heard = |leaf: &LeafId| *leaf == usage.leaf || self.leaves.contains_key(leaf);
+        let ready = now >= started + wait || subtree.iter().all(heard);
+        let mut grants = Vec::with_capacity(usage.scopes.len());
+        let mut reclaim: Vec<(LeafId, u64, String)> = Vec::new();
+        for scope in &usage.scopes {
+            let name = &scope.scope;
+            let limits = self.limits[name].1;
+            // What other leaves hold in hand unused: theirs until they give it back. Those
+            // that admitted nothing in their last interval are asked to; busy ones are not
+            // (they would then run short in turn).
+            let mut holders: Vec<(LeafId, u64)> = Vec::new();
+            let mut elsewhere = Amount::default();
+            for (leaf, other) in &self.leaves {
+                let Some(account) = other.scopes.get(name) else {
+                    continue;
+                };
+                let unused = account.granted.minus(account.taken);
+                elsewhere.add(unused);
+                if !unused.is_zero() && account.recent.is_zero() {
+                    holders.push((*leaf, other.epoch));
+                }
+            }
+            let account = accounts.scopes.get_mut(name).expect("inserted");
+            let bound = self.bounds[name];
+            let in_hand = account.granted.minus(account.taken);
+            let deficit = if ready {
+                scope.want.minus(in_hand)
+            } else {
+                Amount::default()
+            };
+            let mut more = Amount::default();
+            let mut unmet = false;
+            let mut ceiling = Amount {
+                messages: u64::MAX,
+                bytes: u64::MAX,
+            };
+            let taken = account.taken;
+            for (limit, bound, deficit, in_hand, elsewhere, taken, ceiling, more) in [
+                (
+                    limits.messages_max,
+                    bound.messages,
+                    deficit.messages,
+                    in_hand.messages,
+                    elsewhere.messages,
+                    taken.messages,
+                    &mut ceiling.messages,
+                    &mut more.messages,
+                ),
+                (
+                    limits.bytes_max,
+                    bound.bytes,
+                    deficit.bytes,
+                    in_hand.bytes,
+                    elsewhere.bytes,
+                    taken.bytes,
+                    &mut ceiling.bytes,
+                    &mut more.bytes,
+                ),
+            ] {
+                let Some(limit) = limit else { continue };
+                let free = limit.saturating_sub(bound);
+                *more = deficit.min(free);
+                unmet |= *more < deficit;
+                // The most this leaf could consume: what it holds, what is free, and what
+                // the other leaves could give back.
+                *ceiling = taken
+                    .saturating_add(in_hand)
+                    .saturating_add(free)
+                    .saturating_add(elsewhere);
+            }
+            if unmet && ready {
+                reclaim.extend(
+                    holders
+                        .into_iter()
+                        .map(|(leaf, epoch)| (leaf, epoch, name.clone())),
+                );
+            }
+            if !more.is_zero() {
+                let before = *account;
+                account.granted.add(more);
+                let after = *account;
+                self.forget(name, &before);
+                self.count(name, &after);
+            }
+            grants.push(ScopeGrant {
+                scope: name.clone(),
+                granted: accounts.scopes[name].granted,
+                ceiling: ready.then_some(ceiling),
+                release: false,
+            });
+        }
+        self.leaves.insert(usage.leaf, accounts);
+        for scope in dropped {
+            self.drop_if_unreported(&scope);
+        }
+        let mut stale = Vec::new();
+        for (scope, (version, _)) in &self.limits {
+            let current = usage
+                .scopes
+                .iter()
+                .any(|s| s.scope == *scope && s.version >= *version);
+            let asked = self.repaired.get(scope).is_some_and(|at| now < *at + wait);
+            if !current && !asked {
+                stale.push(scope.clone());
+            }
+        }
+        for scope in &stale {
+            self.repaired.insert(scope.clone(), now);
+        }
+        self.repaired
+            .retain(|scope, _| self.limits.contains_key(scope));
+        let grant = (!grants.is_empty()).then_some(Grant {
+            leaf: usage.leaf,
+            epoch: usage.epoch,
+            scopes: grants,
+        });
+        let reclaim = reclaim
+            .into_iter()
+            .map(|(leaf, epoch, scope)| {
+                let granted = self.leaves[&leaf].scopes[&scope].granted;
+                Grant {
+                    leaf,
+                    epoch,
+                    scopes: vec![ScopeGrant {
+                        scope,
+                        granted,
+                        ceiling: None,
+                        release: true,
+                    }],
+                }
+            })
+            .collect();
+        Answer {
+            grant,
+            stale,
+            reclaim,
+        }
+    }
+
+    /// Each limited scope's standing.
+    pub fn standings(&self) -> impl Iterator<Item = (&str, Standing)> {
+        self.limits.iter().map(|(scope, (_, limits))| {
+            let standing = Standing {
+                limits: *limits,
+                used: self.used.get(scope).copied().unwrap_or_default(),
+                bound: self.bounds.get(scope).copied().unwrap_or_default(),
+            };
+            (scope.as_str(), standing)
+        })
+    }
+
+    fn count(&mut self, scope: &str, account: &Account) {
+        let bound = self.bounds.entry(scope.to_string()).or_default();
+        bound.add(account.bound());
+        self.used
+            .entry(scope.to_string())
+            .or_default()
+            .add(account.used);
+    }
+
+    fn forget(&mut self, scope: &str, account: &Account) {
+        if let Some(bound) = self.bounds.get_mut(scope) {
+            *bound = bound.minus(account.bound());
+        }
+        if let Some(used) = self.used.get_mut(scope) {
+            *used = used.minus(account.used);
+        }
+    }
+
+    /// Drops `scope` once no leaf reports it (its configuration is gone, or lost its limits).
+    fn drop_if_unreported(&mut self, scope: &str) {
+        if self.leaves.values().all(|l| !l.scopes.contains_key(scope)) {
+            self.bounds.remove(scope);
+            self.used.remove(scope);
+            self.limits.remove(scope);
+        }
+    }
+}
