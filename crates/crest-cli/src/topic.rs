@@ -3,7 +3,7 @@
 
 use crate::*;
 use crest::core::quota::{namespace_scope, scope_namespace};
-use crest::sdk::{Limits, TopicConfig, TopicSettings};
+use crest::sdk::{Limits, Quota, Rate, TopicConfig, TopicSettings};
 
 /// Quotas on the command line.
 #[derive(clap::Args, Clone, Copy)]
@@ -17,14 +17,35 @@ pub(crate) struct LimitArgs {
     /// Largest payload of one message, in bytes.
     #[arg(long)]
     message_bytes_max: Option<u64>,
+    /// Messages pushed per second, over the whole tree (refused `RateLimited` past it; the
+    /// SDK's producer waits and retries).
+    #[arg(long)]
+    push_rate: Option<u64>,
+    /// Most messages pushed at once after a quiet time (default: one second's worth).
+    #[arg(long, requires = "push_rate")]
+    push_burst: Option<u64>,
+    /// Payload bytes pushed per second, over the whole tree.
+    #[arg(long)]
+    push_bytes_rate: Option<u64>,
+    /// Most payload bytes pushed at once (default: one second's worth).
+    #[arg(long, requires = "push_bytes_rate")]
+    push_bytes_burst: Option<u64>,
 }
 
 impl LimitArgs {
     fn limits(self) -> Limits {
+        let rate = |per_second: Option<u64>, burst: Option<u64>| {
+            per_second.map(|per_second| Rate {
+                per_second,
+                burst: burst.unwrap_or(per_second),
+            })
+        };
         Limits {
             messages_max: self.messages_max,
             bytes_max: self.bytes_max,
             message_bytes_max: self.message_bytes_max,
+            push_rate: rate(self.push_rate, self.push_burst),
+            push_bytes_rate: rate(self.push_bytes_rate, self.push_bytes_burst),
         }
     }
 }
@@ -62,9 +83,18 @@ pub(crate) enum PolicyCommand {
 
 /// The limits set, as `name=value` words.
 pub(crate) fn limit_words(limits: &Limits) -> Vec<String> {
-    crest::sdk::Quota::ALL
+    let rates = [
+        (Quota::PushRate, limits.push_rate),
+        (Quota::PushBytesRate, limits.push_bytes_rate),
+    ];
+    Quota::ALL
         .into_iter()
-        .filter_map(|which| limits.of(which).map(|value| format!("{which}={value}")))
+        .filter_map(|which| match rates.iter().find(|(w, _)| *w == which) {
+            Some((_, rate)) => {
+                rate.map(|r| format!("{which}={}/s,burst={}", r.per_second, r.burst))
+            }
+            None => limits.of(which).map(|value| format!("{which}={value}")),
+        })
         .collect()
 }
 
@@ -77,7 +107,10 @@ pub(crate) async fn policy(command: PolicyCommand) -> Result<()> {
         } => {
             let limits = limits.limits();
             if limits.is_empty() {
-                bail!("no quota given (--messages-max, --bytes-max, --message-bytes-max)");
+                bail!(
+                    "no limit given (--messages-max, --bytes-max, --message-bytes-max, \
+                     --push-rate, --push-bytes-rate)"
+                );
             }
             let config = TopicConfig {
                 limits,
@@ -153,6 +186,8 @@ pub(crate) async fn policy(command: PolicyCommand) -> Result<()> {
     Ok(())
 }
 
+// Parsed once per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub(crate) enum TopicCommand {
     /// Set a topic's configuration (replaces the one it had): delivery policy overrides and

@@ -171,6 +171,9 @@ pub enum ErrorCode {
     /// The push would pass a quota of its namespace or topic ([`ErrorReply::quota`] says
     /// which); nothing of the batch was accepted.
     QuotaExceeded,
+    /// The push would pass a rate limit of its namespace or topic ([`ErrorReply::quota`] says
+    /// which); nothing of the batch was accepted; retry after [`ErrorReply::retry_after_ms`].
+    RateLimited,
 }
 
 impl fmt::Display for ErrorCode {
@@ -181,7 +184,7 @@ impl fmt::Display for ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::ChecksumMismatch,
@@ -198,6 +201,7 @@ impl ErrorCode {
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
         ErrorCode::QuotaExceeded,
+        ErrorCode::RateLimited,
     ];
 }
 
@@ -226,7 +230,7 @@ pub struct ErrorReply {
     pub retry_after_ms: Option<u64>,
     /// For [`ErrorCode::QuotaExceeded`]: the scope and the limit.
     #[serde(default)]
-    pub quota: Option<crate::quota::QuotaExceeded>,
+    pub quota: Option<Box<crate::quota::QuotaExceeded>>,
 }
 
 /// One entry of an offer: metadata only, the payload stays at the leaf.
@@ -572,8 +576,8 @@ pub enum AdminOp {
     Configure {
         /// The topic.
         topic: String,
-        /// Its configuration.
-        config: TopicConfig,
+        /// Its configuration (boxed: it is much larger than the other operations).
+        config: Box<TopicConfig>,
     },
     /// Lists topic configurations whose names start with `prefix`, by name, up to `limit`,
     /// after `after` (the last one of the previous page).
@@ -894,7 +898,18 @@ impl Wire {
             code: ErrorCode::QuotaExceeded,
             message: quota.to_string(),
             retry_after_ms: None,
-            quota: Some(quota),
+            quota: Some(Box::new(quota)),
+        })
+    }
+
+    /// Refuses a push that would pass a rate limit: retry `after_ms` later.
+    pub fn rate_limited(request: u64, rate: crate::quota::QuotaExceeded, after_ms: u64) -> Wire {
+        Wire::Error(ErrorReply {
+            request: Some(request),
+            code: ErrorCode::RateLimited,
+            message: format!("{rate}; retry in {after_ms} ms"),
+            retry_after_ms: Some(after_ms),
+            quota: Some(Box::new(rate)),
         })
     }
 

@@ -687,6 +687,8 @@ pub(crate) fn tree_error(error: ClientError) -> SqsError {
         },
         ClientError::Receipt(error) => receipt_error(error),
         ClientError::InvalidArgument(message) => SqsError::invalid(message),
+        ClientError::QuotaExceeded(quota) => SqsError::over_limit(quota.to_string()),
+        ClientError::RetryLater { message, .. } => SqsError::throttled(message),
         other => SqsError::unavailable(other.to_string()),
     }
 }

@@ -160,7 +160,7 @@ impl Admin {
     ) -> Result<AdminAnswer<u64>, ClientError> {
         let op = AdminOp::Configure {
             topic: topic.into(),
-            config,
+            config: Box::new(config),
         };
         self.count(op).await
     }

@@ -61,8 +61,10 @@ fn refusal(connection: &quinn::Connection) -> Option<ClientError> {
 fn refused(error: ErrorReply) -> ClientError {
     match error {
         ErrorReply {
-            quota: Some(quota), ..
-        } => ClientError::QuotaExceeded(quota),
+            code: crest_core::wire::ErrorCode::QuotaExceeded,
+            quota: Some(quota),
+            ..
+        } => ClientError::QuotaExceeded(*quota),
         ErrorReply {
             code,
             message,

@@ -10,7 +10,7 @@ use crest::core::topology::Topology;
 use crest::node::LocalTree;
 use crest::sdk::{
     Admin, ClientError, ConsumerConfig, Limits, Message, Producer, ProducerConfig, Quota,
-    QuotaExceeded, TopicConfig,
+    QuotaExceeded, Rate, TopicConfig,
 };
 use std::time::{Duration, Instant};
 
@@ -231,4 +231,66 @@ async fn a_message_over_the_size_limit_is_refused_with_its_limit_and_others_go_o
         .unwrap();
     elsewhere.acked().await.unwrap();
     tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_offering_twice_the_push_rate_is_slowed_not_refused() {
+    // Goal: the SDK's producer waits out `RateLimited` by itself: 1,000 messages offered at
+    // twice the namespace's rate over all four leaves are all acknowledged, none refused, and
+    // the tree admits them no faster than the rate allows (the burst, then 200/s). That the
+    // rate is met within 10 % is the simulator's to show (virtual time):
+    // crates/crest-core/src/tests/quotas.rs.
+    let tree = common::start_tree().await;
+    let admin = admin(&tree).await;
+    let config = TopicConfig {
+        limits: Limits {
+            push_rate: Some(Rate {
+                per_second: 200,
+                burst: 20,
+            }),
+            ..Limits::default()
+        },
+        ..TopicConfig::default()
+    };
+    admin
+        .configure(&namespace_scope("orders"), config)
+        .await
+        .unwrap();
+    let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls(&tree)))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    // A batch of 10 every 25 ms: 400 messages/s.
+    let mut pace = tokio::time::interval(Duration::from_millis(25));
+    let mut handles = Vec::new();
+    for _ in 0..100 {
+        pace.tick().await;
+        let batch: Vec<Message> = (0..10)
+            .map(|n| Message::new("orders/eu", format!("m{n}")))
+            .collect();
+        handles.push(producer.send_batch(batch).await.unwrap());
+    }
+    for handle in handles {
+        let ids = handle.acked().await.expect("slowed, not refused");
+        assert_eq!(ids.len(), 10);
+    }
+    let elapsed = start.elapsed();
+    // The tree cannot admit more than the burst plus 200 a second: 980 / 200 = 4.9 s.
+    assert!(
+        elapsed >= Duration::from_millis(4_500),
+        "1,000 messages admitted in {elapsed:?}"
+    );
+    assert_eq!(held(&admin).await, 1000);
+    let limited = counter(&tree, "pushes_rate_limited").await;
+    assert!(limited > 0, "the leaves refused for the rate: {limited}");
+    tree.shutdown().await;
+}
+
+async fn counter(tree: &LocalTree, name: &str) -> u64 {
+    let mut sum = 0;
+    for leaf in tree.topology.leaves() {
+        let report = tree.node(&leaf.name).unwrap().report().await.unwrap();
+        sum += report.nodes[0].counters.get(name).copied().unwrap_or(0);
+    }
+    sum
 }

@@ -377,6 +377,7 @@ impl Machine for Leaf {
             ("pushes_refused", c.pushes_refused),
             ("pushes_over_quota", c.pushes_over_quota),
             ("pushes_awaiting_allowance", c.pushes_awaiting_allowance),
+            ("pushes_rate_limited", c.pushes_rate_limited),
             ("leased", c.leased),
             ("acked", c.acked),
             ("nacked", c.nacked),

@@ -380,6 +380,8 @@ struct Counters {
     pushes_over_quota: u64,
     /// Push batches refused while the leaf waited for a larger share of a quota.
     pushes_awaiting_allowance: u64,
+    /// Push batches refused for a rate limit (`RateLimited`).
+    pushes_rate_limited: u64,
     leased: u64,
     acked: u64,
     nacked: u64,

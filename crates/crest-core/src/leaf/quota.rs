@@ -45,6 +45,11 @@ impl Leaf {
                 self.counters.pushes_over_quota += 1;
                 Wire::over_quota(push.request, quota)
             }
+            Err(Shortfall::RateLimited { rate, wait_ms }) => {
+                self.counters.pushes_rate_limited += 1;
+                let after = wait_ms.unwrap_or(self.config.settings.quota_report_ms);
+                Wire::rate_limited(push.request, rate, after)
+            }
             Err(Shortfall::Waiting(why)) => {
                 self.counters.pushes_awaiting_allowance += 1;
                 let after = self.config.settings.quota_report_ms;

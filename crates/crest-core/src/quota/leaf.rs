@@ -9,6 +9,14 @@ pub enum Shortfall {
     Exceeded(QuotaExceeded),
     /// The leaf's allowance does not cover it yet; it asked the root for more.
     Waiting(String),
+    /// The scope's rate has no tokens for it now: retry after `wait_ms` (`None`: not known
+    /// yet, the leaf asked the root).
+    RateLimited {
+        /// The rate and its scope.
+        rate: QuotaExceeded,
+        /// When to retry, in milliseconds.
+        wait_ms: Option<u64>,
+    },
 }
 
 /// What a leaf may admit of each limited scope.
@@ -42,6 +50,14 @@ struct Allowance {
     /// It gave its allowance back for another leaf: its next report asks only for what it
     /// was refused (rather than take it right back).
     yielded: bool,
+    /// Rate tokens granted, in total.
+    tokens_granted: Amount,
+    /// Rate tokens used or given back, in total.
+    tokens_taken: Amount,
+    /// Refused for want of rate tokens since the last report.
+    token_short: Amount,
+    /// The root's last word on when tokens come ([`ScopeGrant::token_wait_ms`]).
+    token_wait_ms: u64,
 }
 
 impl Allowance {
@@ -57,6 +73,18 @@ impl Allowance {
         }
         if self.limits.bytes_max.is_some() && need.bytes > left.bytes {
             return Some(Quota::Bytes);
+        }
+        None
+    }
+
+    /// The rate `need` would pass with the tokens in hand.
+    fn lacks_tokens(&self, need: Amount) -> Option<Quota> {
+        let left = self.tokens_granted.minus(self.tokens_taken);
+        if self.limits.push_rate.is_some() && need.messages > left.messages {
+            return Some(Quota::PushRate);
+        }
+        if self.limits.push_bytes_rate.is_some() && need.bytes > left.bytes {
+            return Some(Quota::PushBytesRate);
         }
         None
     }
@@ -116,6 +144,7 @@ impl Allowances {
                 allowance.version = version;
                 allowance.limits = limits;
                 allowance.taken = allowance.granted;
+                allowance.tokens_taken = allowance.tokens_granted;
                 allowance.ceiling = None;
             }
         }
@@ -162,7 +191,7 @@ impl Allowances {
                         limit,
                     }));
                 }
-                if !allowance.limits.pooled() {
+                if !allowance.limits.pooled() && !allowance.limits.rated() {
                     continue;
                 }
                 match needs.iter_mut().find(|(s, _)| *s == scope.as_str()) {
@@ -201,10 +230,35 @@ impl Allowances {
                 "{scope}: this leaf's share of {which} {limit} is used; it asked the root for more"
             )));
         }
+        let slow = needs.iter().find_map(|(scope, need)| {
+            let which = self.scopes[scope].lacks_tokens(*need)?;
+            Some((scope.clone(), which))
+        });
+        if let Some((scope, which)) = slow {
+            let allowance = &self.scopes[&scope];
+            let limit = allowance.limits.of(which).expect("rated");
+            let wait_ms = (allowance.token_wait_ms > 0).then_some(allowance.token_wait_ms);
+            for (name, need) in needs {
+                let allowance = self.scopes.get_mut(&name).expect("listed");
+                if allowance.lacks_tokens(need).is_some() {
+                    allowance.token_short.add(need);
+                }
+            }
+            self.due = Some(now.min(self.due.unwrap_or(now)));
+            let rate = QuotaExceeded {
+                scope,
+                which,
+                limit,
+            };
+            return Err(Shortfall::RateLimited { rate, wait_ms });
+        }
         for (scope, need) in needs {
             let allowance = self.scopes.get_mut(&scope).expect("listed");
             allowance.taken.add(need);
             allowance.recent.add(need);
+            if allowance.limits.rated() {
+                allowance.tokens_taken.add(need);
+            }
         }
         Ok(())
     }
@@ -243,7 +297,9 @@ impl Allowances {
             .scopes
             .iter_mut()
             .map(|(scope, allowance)| {
-                let busy = !allowance.recent.is_zero() || !allowance.short.is_zero();
+                let busy = !allowance.recent.is_zero()
+                    || !allowance.short.is_zero()
+                    || !allowance.token_short.is_zero();
                 allowance.idle = if busy {
                     0
                 } else {
@@ -272,6 +328,15 @@ impl Allowances {
                     },
                 };
                 allowance.taken.add(spare);
+                // Tokens: what two intervals at the recent pace take, and what was refused;
+                // an idle leaf gives its tokens back (they are not returned to the bucket).
+                let tokens_want = if allowance.idle >= 2 {
+                    allowance.tokens_taken = allowance.tokens_granted;
+                    Amount::default()
+                } else {
+                    allowance.recent.times(2).plus(allowance.token_short)
+                };
+                let tokens_short = std::mem::take(&mut allowance.token_short);
                 let short = std::mem::take(&mut allowance.short);
                 let recent = std::mem::take(&mut allowance.recent);
                 ScopeUsage {
@@ -284,6 +349,10 @@ impl Allowances {
                     want,
                     short,
                     recent,
+                    tokens_granted: allowance.tokens_granted,
+                    tokens_taken: allowance.tokens_taken,
+                    tokens_want,
+                    tokens_short,
                 }
             })
             .collect();
@@ -307,6 +376,17 @@ impl Allowances {
                     bytes: allowance.granted.bytes.max(given.granted.bytes),
                 };
                 allowance.ceiling = given.ceiling;
+                allowance.tokens_granted = Amount {
+                    messages: allowance
+                        .tokens_granted
+                        .messages
+                        .max(given.tokens_granted.messages),
+                    bytes: allowance
+                        .tokens_granted
+                        .bytes
+                        .max(given.tokens_granted.bytes),
+                };
+                allowance.token_wait_ms = given.token_wait_ms;
                 if given.release {
                     allowance.taken = allowance.granted;
                     allowance.yielded = true;

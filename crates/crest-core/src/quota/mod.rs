@@ -63,6 +63,28 @@ pub struct Limits {
     pub bytes_max: Option<u64>,
     /// Largest payload of one message, in bytes.
     pub message_bytes_max: Option<u64>,
+    /// Messages pushed per second, over the whole tree.
+    #[serde(default)]
+    pub push_rate: Option<Rate>,
+    /// Payload bytes pushed per second, over the whole tree.
+    #[serde(default)]
+    pub push_bytes_rate: Option<Rate>,
+}
+
+/// A rate: `per_second` on average, at most `burst` at once (a token bucket of `burst`
+/// tokens filled at `per_second`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Rate {
+    /// Sustained rate.
+    pub per_second: u64,
+    /// Most taken at once after a quiet time.
+    pub burst: u64,
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/s burst {}", self.per_second, self.burst)
+    }
 }
 
 impl Limits {
@@ -71,12 +93,14 @@ impl Limits {
         *self == Limits::default()
     }
 
-    /// The limit on `which`, if one is set.
+    /// The limit on `which`, if one is set (a rate's per second).
     pub fn of(&self, which: Quota) -> Option<u64> {
         match which {
             Quota::Messages => self.messages_max,
             Quota::Bytes => self.bytes_max,
             Quota::MessageBytes => self.message_bytes_max,
+            Quota::PushRate => self.push_rate.map(|r| r.per_second),
+            Quota::PushBytesRate => self.push_bytes_rate.map(|r| r.per_second),
         }
     }
 
@@ -90,7 +114,20 @@ impl Limits {
                 return Err(format!("{which} must be at least 1"));
             }
         }
+        for (which, rate) in [
+            (Quota::PushRate, self.push_rate),
+            (Quota::PushBytesRate, self.push_bytes_rate),
+        ] {
+            if rate.is_some_and(|r| r.burst == 0) {
+                return Err(format!("{which}'s burst must be at least 1"));
+            }
+        }
         Ok(())
+    }
+
+    /// Limits on the rate of pushes.
+    fn rated(&self) -> bool {
+        self.push_rate.is_some() || self.push_bytes_rate.is_some()
     }
 
     /// Limits the tree pools over the leaves (through allowances), as opposed to those each
@@ -109,11 +146,21 @@ pub enum Quota {
     Bytes,
     /// `message_bytes_max`.
     MessageBytes,
+    /// `push_rate`.
+    PushRate,
+    /// `push_bytes_rate`.
+    PushBytesRate,
 }
 
 impl Quota {
     /// Every limit.
-    pub const ALL: [Quota; 3] = [Quota::Messages, Quota::Bytes, Quota::MessageBytes];
+    pub const ALL: [Quota; 5] = [
+        Quota::Messages,
+        Quota::Bytes,
+        Quota::MessageBytes,
+        Quota::PushRate,
+        Quota::PushBytesRate,
+    ];
 
     /// Its name in configurations and on the command line.
     pub fn name(self) -> &'static str {
@@ -121,6 +168,8 @@ impl Quota {
             Quota::Messages => "messages_max",
             Quota::Bytes => "bytes_max",
             Quota::MessageBytes => "message_bytes_max",
+            Quota::PushRate => "push_rate",
+            Quota::PushBytesRate => "push_bytes_rate",
         }
     }
 }
@@ -198,6 +247,8 @@ impl fmt::Display for QuotaExceeded {
             Quota::Messages => "would hold more messages than",
             Quota::Bytes => "would hold more payload bytes than",
             Quota::MessageBytes => "takes no message larger than",
+            Quota::PushRate => "takes no more messages per second than",
+            Quota::PushBytesRate => "takes no more payload bytes per second than",
         };
         write!(f, " {what} its {} {}", self.which, self.limit)
     }
@@ -226,6 +277,18 @@ pub struct ScopeUsage {
     /// What it admitted since its last report.
     #[serde(default)]
     pub recent: Amount,
+    /// Rate tokens the root granted this incarnation, in total.
+    #[serde(default)]
+    pub tokens_granted: Amount,
+    /// What of them it used or gave back, in total.
+    #[serde(default)]
+    pub tokens_taken: Amount,
+    /// Tokens it would like to have in hand.
+    #[serde(default)]
+    pub tokens_want: Amount,
+    /// What it refused for want of tokens since its last report.
+    #[serde(default)]
+    pub tokens_short: Amount,
 }
 
 /// Leaf → root (through aggregators): what the leaf holds of each limited scope.
@@ -254,6 +317,13 @@ pub struct ScopeGrant {
     /// Another leaf is short: give back what is unused, and report at once.
     #[serde(default)]
     pub release: bool,
+    /// Rate tokens granted to this incarnation so far.
+    #[serde(default)]
+    pub tokens_granted: Amount,
+    /// When the scope's rate has tokens again for what the leaf lacked, in milliseconds
+    /// (0: it has).
+    #[serde(default)]
+    pub token_wait_ms: u64,
 }
 
 /// Root → leaf (through aggregators): the leaf's allowances.

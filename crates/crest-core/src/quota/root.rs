@@ -17,6 +17,73 @@ pub struct Ledger {
     started: Option<Time>,
     /// When each scope was last found missing or old at a leaf (its repair was asked for).
     repaired: BTreeMap<String, Time>,
+    /// Each rated scope's token bucket.
+    buckets: BTreeMap<String, Bucket>,
+}
+
+/// A scope's push rate tokens (messages, bytes): `burst` at most, filled at the rate.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    messages: f64,
+    bytes: f64,
+    at: Time,
+}
+
+impl Bucket {
+    fn full(limits: &Limits, now: Time) -> Bucket {
+        let burst = |rate: Option<Rate>| rate.map_or(0.0, |r| r.burst as f64);
+        Bucket {
+            messages: burst(limits.push_rate),
+            bytes: burst(limits.push_bytes_rate),
+            at: now,
+        }
+    }
+
+    /// Adds what the rates brought since the last fill.
+    fn fill(&mut self, limits: &Limits, now: Time) {
+        let seconds = now.as_micros().saturating_sub(self.at.as_micros()) as f64 / 1e6;
+        self.at = self.at.max(now);
+        let add = |level: f64, rate: Option<Rate>| {
+            rate.map_or(0.0, |r| {
+                (level + r.per_second as f64 * seconds).min(r.burst as f64)
+            })
+        };
+        self.messages = add(self.messages, limits.push_rate);
+        self.bytes = add(self.bytes, limits.push_bytes_rate);
+    }
+
+    /// Takes up to `want` tokens; what it gave, and how long until `short` more would be
+    /// there (0: they are), in milliseconds.
+    fn take(&mut self, limits: &Limits, want: Amount, short: Amount) -> (Amount, u64) {
+        let mut given = Amount::default();
+        let mut wait_ms = 0;
+        for (rate, level, want, short, given) in [
+            (
+                limits.push_rate,
+                &mut self.messages,
+                want.messages,
+                short.messages,
+                &mut given.messages,
+            ),
+            (
+                limits.push_bytes_rate,
+                &mut self.bytes,
+                want.bytes,
+                short.bytes,
+                &mut given.bytes,
+            ),
+        ] {
+            let Some(rate) = rate else { continue };
+            *given = want.min(level.floor() as u64);
+            *level -= *given as f64;
+            if short > *given {
+                let missing = (short - *given) as f64 - *level;
+                let ms = (missing.max(0.0) * 1000.0 / rate.per_second as f64).ceil() as u64;
+                wait_ms = wait_ms.max(ms.max(1));
+            }
+        }
+        (given, wait_ms)
+    }
 }
 
 /// The root's answer to a usage report.
@@ -44,6 +111,8 @@ struct Account {
     taken: Amount,
     /// What the leaf admitted in the interval before its last report.
     recent: Amount,
+    /// Rate tokens granted, in total.
+    tokens_granted: Amount,
 }
 
 impl Account {
@@ -107,6 +176,13 @@ impl Ledger {
                 },
                 taken: scope.taken,
                 recent: scope.recent,
+                tokens_granted: Amount {
+                    messages: old
+                        .tokens_granted
+                        .messages
+                        .max(scope.tokens_granted.messages),
+                    bytes: old.tokens_granted.bytes.max(scope.tokens_granted.bytes),
+                },
             };
             self.count(&scope.scope, &account);
             accounts.scopes.insert(scope.scope.clone(), account);
@@ -198,11 +274,27 @@ impl Ledger {
                 self.forget(name, &before);
                 self.count(name, &after);
             }
+            let mut token_wait_ms = 0;
+            if limits.rated() {
+                let bucket = self
+                    .buckets
+                    .entry(name.clone())
+                    .or_insert_with(|| Bucket::full(&limits, now));
+                bucket.fill(&limits, now);
+                let in_hand = account.tokens_granted.minus(scope.tokens_taken);
+                let want = scope.tokens_want.minus(in_hand);
+                let short = scope.tokens_short.minus(in_hand);
+                let (given, wait_ms) = bucket.take(&limits, want, short);
+                account.tokens_granted.add(given);
+                token_wait_ms = wait_ms;
+            }
             grants.push(ScopeGrant {
                 scope: name.clone(),
-                granted: accounts.scopes[name].granted,
+                granted: account.granted,
                 ceiling: ready.then_some(ceiling),
                 release: false,
+                tokens_granted: account.tokens_granted,
+                token_wait_ms,
             });
         }
         self.leaves.insert(usage.leaf, accounts);
@@ -233,15 +325,17 @@ impl Ledger {
         let reclaim = reclaim
             .into_iter()
             .map(|(leaf, epoch, scope)| {
-                let granted = self.leaves[&leaf].scopes[&scope].granted;
+                let account = self.leaves[&leaf].scopes[&scope];
                 Grant {
                     leaf,
                     epoch,
                     scopes: vec![ScopeGrant {
                         scope,
-                        granted,
+                        granted: account.granted,
                         ceiling: None,
                         release: true,
+                        tokens_granted: account.tokens_granted,
+                        token_wait_ms: 0,
                     }],
                 }
             })
@@ -289,6 +383,7 @@ impl Ledger {
             self.bounds.remove(scope);
             self.used.remove(scope);
             self.limits.remove(scope);
+            self.buckets.remove(scope);
         }
     }
 }

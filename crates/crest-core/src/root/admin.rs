@@ -305,7 +305,7 @@ impl Root {
                 self.requests.next_tag += 1;
                 let op = AdminOp::Configure {
                     topic: name.clone(),
-                    config: config.clone(),
+                    config: Box::new(config.clone()),
                 };
                 self.counters.configs_repaired += 1;
                 self.send(child, Wire::LeafAdmin(LeafAdmin { tag, leaf, op }));

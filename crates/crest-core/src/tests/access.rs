@@ -127,7 +127,7 @@ fn pops_and_admin_requests_need_their_permission_on_the_topic_s_namespace() {
         },
         AdminOp::Configure {
             topic: "orders/eu".into(),
-            config: TopicConfig::default(),
+            config: Box::new(TopicConfig::default()),
         },
     ] {
         let request = t.h.request();
@@ -153,7 +153,7 @@ fn pops_and_admin_requests_need_their_permission_on_the_topic_s_namespace() {
     for topic in ["orders/eu", "billing/eu"] {
         let op = AdminOp::Configure {
             topic: topic.into(),
-            config: TopicConfig::default(),
+            config: Box::new(TopicConfig::default()),
         };
         assert_eq!(admin(&mut t.h, t.consumer, op), AdminResult::Count(4));
     }

@@ -7,7 +7,7 @@ use crate::config::TopicSettings;
 fn configure(h: &mut Harness, client: ConnId, topic: &str, config: TopicConfig) -> u64 {
     let op = AdminOp::Configure {
         topic: topic.into(),
-        config,
+        config: Box::new(config),
     };
     let request = h.request();
     h.send(client, Wire::Admin(Admin { request, op }));
@@ -225,17 +225,17 @@ fn messages_move_between_topics_of_one_namespace_and_bad_configurations_are_refu
     assert!(refused(&mut h, across).contains("namespace"));
     let elsewhere = AdminOp::Configure {
         topic: "a/jobs".into(),
-        config: routing(2, "b/dlq"),
+        config: Box::new(routing(2, "b/dlq")),
     };
     assert!(refused(&mut h, elsewhere).contains("namespace"));
     let itself = AdminOp::Configure {
         topic: "a/jobs".into(),
-        config: routing(2, "a/jobs"),
+        config: Box::new(routing(2, "a/jobs")),
     };
     assert!(refused(&mut h, itself).contains("itself"));
     let zero = AdminOp::Configure {
         topic: "a/jobs".into(),
-        config: routing(0, "a/dlq"),
+        config: Box::new(routing(0, "a/dlq")),
     };
     assert!(refused(&mut h, zero).contains("max_attempts"));
     let mut big = routing(2, "a/dlq");
@@ -245,7 +245,7 @@ fn messages_move_between_topics_of_one_namespace_and_bad_configurations_are_refu
     );
     let big = AdminOp::Configure {
         topic: "a/jobs".into(),
-        config: big,
+        config: Box::new(big),
     };
     assert!(refused(&mut h, big).contains("topic_attributes_bytes_max"));
 }

@@ -7,10 +7,10 @@ use crate::quota::{Limits, Quota, QuotaExceeded};
 fn set_limits(t: &mut Tree, scope: &str, limits: Limits) {
     let op = AdminOp::Configure {
         topic: scope.into(),
-        config: TopicConfig {
+        config: Box::new(TopicConfig {
             limits,
             ..TopicConfig::default()
-        },
+        }),
     };
     assert_eq!(admin(&mut t.h, t.consumer, op), AdminResult::Count(4));
 }
@@ -46,9 +46,9 @@ fn push_within(t: &mut Tree, leaf: usize, topic: &str, count: usize, bytes: usiz
                 code: ErrorCode::QuotaExceeded,
                 quota: Some(quota),
                 ..
-            }) => return Pushed::Over(quota),
+            }) => return Pushed::Over(*quota),
             Wire::Error(ErrorReply {
-                code: ErrorCode::Overloaded,
+                code: ErrorCode::Overloaded | ErrorCode::RateLimited,
                 retry_after_ms: Some(after),
                 ..
             }) => t.h.advance(Duration::from_millis(after)),
@@ -213,13 +213,13 @@ fn a_quota_on_a_topic_name_ending_in_a_slash_is_the_namespace_s_and_pushes_there
     }
     let op = AdminOp::Configure {
         topic: "orders/".into(),
-        config: TopicConfig {
+        config: Box::new(TopicConfig {
             settings: crate::config::TopicSettings {
                 max_attempts: Some(2),
                 ..Default::default()
             },
             ..TopicConfig::default()
-        },
+        }),
     };
     let request = t.h.request();
     t.h.send(t.consumer, Wire::Admin(Admin { request, op }));
@@ -239,13 +239,13 @@ fn a_leaf_away_when_the_quota_was_set_gets_it_when_it_comes_back() {
     t.h.kill(t.leaves[3]);
     let op = AdminOp::Configure {
         topic: "orders/".into(),
-        config: TopicConfig {
+        config: Box::new(TopicConfig {
             limits: Limits {
                 messages_max: Some(60),
                 ..Limits::default()
             },
             ..TopicConfig::default()
-        },
+        }),
     };
     let request = t.h.request();
     t.h.send(t.consumer, Wire::Admin(Admin { request, op }));
@@ -314,4 +314,119 @@ fn a_child_cannot_report_usage_for_a_leaf_it_does_not_lead_to() {
     // Leaf 3 still gets its share: the rogue epoch did not replace its incarnation.
     let stored = push_within(&mut t, 2, "orders/eu", 5, 1);
     assert_eq!(stored, Pushed::Stored(5));
+}
+
+/// Offers batches of 5 messages of `orders/eu` every 10 ms for 5 s of virtual time (500/s),
+/// through leaf 1 only or round-robin over the four; the messages admitted.
+fn offered_for_five_seconds(t: &mut Tree, leaves: usize) -> u64 {
+    let mut admitted = 0;
+    for step in 0..500 {
+        let request = t.h.request();
+        let messages = vec![
+            PushMessage {
+                topic: "orders/eu".into(),
+                payload: Bytes::from_static(b"x"),
+                ..PushMessage::default()
+            };
+            5
+        ];
+        let producer = t.producers[step % leaves];
+        t.h.send(producer, Wire::Push(Push { request, messages }));
+        match t.h.recv(producer) {
+            Wire::PushAck(ack) => admitted += ack.ids.len() as u64,
+            Wire::Error(ErrorReply {
+                code: ErrorCode::RateLimited | ErrorCode::Overloaded,
+                retry_after_ms: Some(_),
+                ..
+            }) => {}
+            other => panic!("unexpected answer {other:?}"),
+        }
+        t.h.advance(Duration::from_millis(10));
+    }
+    admitted
+}
+
+#[test]
+fn a_push_rate_admits_its_rate_whether_the_producer_uses_one_leaf_or_four() {
+    // Goal: a namespace's push rate of 200 messages/s (burst 20) admits 1,000 ± 10 % over 5 s
+    // of pushes offered at 500/s, through one leaf or spread over four: the rate is the
+    // tree's, not each leaf's. Method: virtual time, a batch of 5 every 10 ms.
+    for leaves in [1, 4] {
+        let mut t = tree(4);
+        let rate = crate::quota::Rate {
+            per_second: 200,
+            burst: 20,
+        };
+        set_limits(
+            &mut t,
+            "orders/",
+            Limits {
+                push_rate: Some(rate),
+                ..Limits::default()
+            },
+        );
+        let admitted = offered_for_five_seconds(&mut t, leaves);
+        assert!(
+            (900..=1100).contains(&admitted),
+            "{admitted} admitted over 5 s through {leaves} leaves"
+        );
+        let held = held(&mut t, &["orders/eu"]);
+        assert_eq!(held, admitted, "refused batches left nothing");
+    }
+}
+
+#[test]
+fn a_rate_limited_push_names_the_rate_and_when_to_retry() {
+    let mut t = tree(4);
+    let rate = crate::quota::Rate {
+        per_second: 10,
+        burst: 10,
+    };
+    set_limits(
+        &mut t,
+        "orders/",
+        Limits {
+            push_rate: Some(rate),
+            ..Limits::default()
+        },
+    );
+    // The burst goes through (after the leaf's first ask), the next batch is refused.
+    assert_eq!(
+        push_within(&mut t, 0, "orders/eu", 10, 1),
+        Pushed::Stored(10)
+    );
+    let request = t.h.request();
+    let messages = vec![
+        PushMessage {
+            topic: "orders/eu".into(),
+            ..PushMessage::default()
+        };
+        5
+    ];
+    let mut refusal = None;
+    for _ in 0..3 {
+        t.h.send(
+            t.producers[0],
+            Wire::Push(Push {
+                request,
+                messages: messages.clone(),
+            }),
+        );
+        match t.h.recv(t.producers[0]) {
+            Wire::Error(error) if error.code == ErrorCode::RateLimited => {
+                refusal = Some(error);
+                break;
+            }
+            Wire::Error(error) if error.code == ErrorCode::Overloaded => {}
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    let error = refusal.expect("rate limited");
+    let rate = error.quota.expect("named");
+    assert_eq!(
+        (rate.scope.as_str(), rate.which, rate.limit),
+        ("orders/", Quota::PushRate, 10)
+    );
+    let after = error.retry_after_ms.expect("a time to retry");
+    assert!((1..=1000).contains(&after), "retry after {after} ms");
 }
