@@ -162,6 +162,9 @@ pub struct BenchConfig {
     pub progress: Option<Duration>,
     /// Seed of the priority draws.
     pub seed: u64,
+    /// Quotas and rates set on the topic's namespace before the workload (`crest bench
+    /// --against-limits`: what enforcing limits that are not hit costs).
+    pub limits: Option<crest_core::quota::Limits>,
 }
 
 impl BenchConfig {
@@ -187,6 +190,7 @@ impl BenchConfig {
             drain_idle_timeout: Duration::from_secs(10),
             progress: Some(Duration::from_secs(1)),
             seed: 1,
+            limits: None,
         }
     }
 

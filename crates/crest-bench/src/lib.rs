@@ -152,6 +152,9 @@ async fn start(target: &Target) -> Result<Running> {
 pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     config.validate()?;
     let running = start(&config.target).await?;
+    if let Some(limits) = config.limits {
+        set_limits(&running, &config.topic, limits).await?;
+    }
     let result = drive(&config, &running).await;
     let includes_tree = running.local.is_some();
     let mut violations = None;
@@ -201,6 +204,29 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     report.log_sync_by_leaf_us = log_sync_by_leaf;
     report.cpu.includes_tree = includes_tree;
     Ok(report)
+}
+
+/// Sets `limits` on `topic`'s namespace at every leaf of the tree.
+async fn set_limits(
+    running: &Running,
+    topic: &str,
+    limits: crest_core::quota::Limits,
+) -> Result<()> {
+    let admin = crest_sdk::Admin::connect(ConsumerConfig::new(
+        running.root.clone(),
+        running.tls.clone(),
+    ))
+    .await?;
+    let scope = crest_core::quota::namespace_scope(crest_core::access::namespace(topic));
+    let config = crest_sdk::TopicConfig {
+        limits,
+        ..crest_sdk::TopicConfig::default()
+    };
+    let answer = admin.configure(&scope, config).await?;
+    if !answer.unreachable.is_empty() {
+        bail!("limits not set at leaves {:?}", answer.unreachable);
+    }
+    Ok(())
 }
 
 async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {

@@ -96,6 +96,11 @@ pub(crate) struct BenchArgs {
     /// without --access), as --against does: what authentication costs.
     #[arg(long)]
     pub(crate) against_open: bool,
+    /// Compare with the same tree whose bench namespace has quotas and push rates so large
+    /// the workload never reaches them (every check made, none refusing), as --against does:
+    /// what enforcing limits costs.
+    #[arg(long, conflicts_with_all = ["against", "against_open"])]
+    pub(crate) against_limits: bool,
     /// The tree the bench starts serves clients without credentials (no access file).
     #[arg(long)]
     pub(crate) open: bool,
@@ -120,9 +125,12 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
     if !(1..=BENCH_RUNS_MAX).contains(&args.runs) {
         anyhow::bail!("--runs must be 1 to {BENCH_RUNS_MAX}, not {}", args.runs);
     }
-    if args.connect && (args.against.is_some() || args.against_open || args.open) {
+    if args.connect
+        && (args.against.is_some() || args.against_open || args.against_limits || args.open)
+    {
         anyhow::bail!(
-            "--against, --against-open and --open are about trees the bench starts: not with --connect"
+            "--against, --against-open, --against-limits and --open are about trees the bench \
+             starts: not with --connect"
         );
     }
     let topology = load_topology(args.topology.as_deref())?;
@@ -219,7 +227,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
         }
         return Ok(());
     }
-    if args.against.is_some() || args.against_open {
+    if args.against.is_some() || args.against_open || args.against_limits {
         return bench_against(&args, config).await;
     }
     if args.runs == 1 {
@@ -269,14 +277,28 @@ pub(crate) async fn bench_against(
             args.open,
             against.display().to_string(),
         ),
+        None if args.against_limits => (topology.clone(), args.open, "limits".to_string()),
         None => (topology.clone(), true, "no credentials".to_string()),
     };
+    // Limits no workload reaches: each push is checked against all of them.
+    let never = |per_second: u64| crest::sdk::Rate {
+        per_second,
+        burst: per_second,
+    };
+    let limits = args.against_limits.then_some(crest::sdk::Limits {
+        messages_max: Some(1 << 40),
+        bytes_max: Some(1 << 50),
+        message_bytes_max: Some(1 << 30),
+        push_rate: Some(never(1 << 30)),
+        push_bytes_rate: Some(never(1 << 50)),
+    });
     let b_config = crest::bench::BenchConfig {
         target: Target::Local {
             topology: b_topology,
             data_dir: data_dir.clone(),
             open: b_open,
         },
+        limits,
         ..config.clone()
     };
     let (mut a_runs, mut b_runs) = (Vec::new(), Vec::new());
