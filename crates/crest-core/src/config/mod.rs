@@ -318,6 +318,10 @@ pub struct Settings {
     pub quota_grant_messages_min: u64,
     /// Least allowance a busy leaf asks for, in payload bytes.
     pub quota_grant_bytes_min: u64,
+    /// How long a leaf that ran short of its allowance of a quota (or of a rate's tokens, before
+    /// the root said when more come) asks the producer to wait before sending the batch
+    /// again, in milliseconds: about the round trip of its request for more.
+    pub quota_retry_ms: u64,
     /// After it starts, the root grants no allowance until every leaf reported its usage or
     /// this long passed, in milliseconds (a leaf still unheard of is counted once it reports).
     /// Also how often at most the root sends a limited scope's configuration again to a leaf
@@ -455,6 +459,7 @@ impl Default for Settings {
             quota_report_ms: 100,
             quota_grant_messages_min: 100,
             quota_grant_bytes_min: 1 << 20,
+            quota_retry_ms: 5,
             quota_start_wait_ms: 2_000,
             gateway_body_bytes_max: 4 << 20,
             gateway_requests_max: 1024,
@@ -493,7 +498,8 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 55] = [
+        let positive: [(&'static str, u64); 56] = [
+            ("quota_retry_ms", self.quota_retry_ms),
             ("quota_start_wait_ms", self.quota_start_wait_ms),
             ("quota_scopes_max", self.quota_scopes_max.into()),
             ("quota_report_ms", self.quota_report_ms),

@@ -47,12 +47,12 @@ impl Leaf {
             }
             Err(Shortfall::RateLimited { rate, wait_ms }) => {
                 self.counters.pushes_rate_limited += 1;
-                let after = wait_ms.unwrap_or(self.config.settings.quota_report_ms);
+                let after = wait_ms.unwrap_or(self.config.settings.quota_retry_ms);
                 Wire::rate_limited(push.request, rate, after)
             }
             Err(Shortfall::Waiting(why)) => {
                 self.counters.pushes_awaiting_allowance += 1;
-                let after = self.config.settings.quota_report_ms;
+                let after = self.config.settings.quota_retry_ms;
                 Wire::retry_later(push.request, ErrorCode::Overloaded, why, after)
             }
         };

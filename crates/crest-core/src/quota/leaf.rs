@@ -29,6 +29,10 @@ pub struct Allowances {
     /// A report is owed to a new parent session even without a limited scope: the root
     /// learns that the leaf is there and which scopes it knows.
     owed: bool,
+    /// When the last report went (the pace of admissions is measured over the time since).
+    last_report: Option<Time>,
+    /// A report asking for more went and no grant came since: no other is sent early.
+    asking: bool,
 }
 
 #[derive(Debug, Default)]
@@ -58,6 +62,8 @@ struct Allowance {
     token_short: Amount,
     /// The root's last word on when tokens come ([`ScopeGrant::token_wait_ms`]).
     token_wait_ms: u64,
+    /// What the leaf asked for in tokens in its last report.
+    tokens_want: Amount,
 }
 
 impl Allowance {
@@ -75,6 +81,22 @@ impl Allowance {
             return Some(Quota::Bytes);
         }
         None
+    }
+
+    /// Less than half of what the leaf last asked for is left in hand (allowance or tokens).
+    fn running_low(&self) -> bool {
+        let pooled = self.limits.pooled();
+        let half = |want: u64| want / 2;
+        let left = self.remaining();
+        let tokens = self.tokens_granted.minus(self.tokens_taken);
+        let quota_low = pooled
+            && ((self.limits.messages_max.is_some() && left.messages < half(self.want.messages))
+                || (self.limits.bytes_max.is_some() && left.bytes < half(self.want.bytes)));
+        let rate_low = (self.limits.push_rate.is_some()
+            && tokens.messages < half(self.tokens_want.messages))
+            || (self.limits.push_bytes_rate.is_some()
+                && tokens.bytes < half(self.tokens_want.bytes));
+        quota_low || rate_low
     }
 
     /// The rate `need` would pass with the tokens in hand.
@@ -252,6 +274,7 @@ impl Allowances {
             };
             return Err(Shortfall::RateLimited { rate, wait_ms });
         }
+        let mut low = false;
         for (scope, need) in needs {
             let allowance = self.scopes.get_mut(&scope).expect("listed");
             allowance.taken.add(need);
@@ -259,6 +282,13 @@ impl Allowances {
             if allowance.limits.rated() {
                 allowance.tokens_taken.add(need);
             }
+            low |= allowance.running_low();
+        }
+        // Half of what it asked for is used: it asks for more before it runs out, so a busy
+        // producer never waits for a grant.
+        if low && !self.asking {
+            self.asking = true;
+            self.due = Some(now.min(self.due.unwrap_or(now)));
         }
         Ok(())
     }
@@ -293,6 +323,21 @@ impl Allowances {
         }
         self.owed = false;
         let epoch = *self.epoch.get_or_insert(now.as_micros().max(1));
+        // The pace since the last report, scaled to two report intervals: a report sent early
+        // (the leaf ran low) asks for as much as one sent on time would at that pace.
+        let since = self
+            .last_report
+            .map_or(interval, |at| {
+                Duration::from_micros(now.as_micros().saturating_sub(at.as_micros()))
+            })
+            .max(Duration::from_millis(1));
+        let pace = |recent: Amount| Amount {
+            messages: (recent.messages as f64 * 2.0 * interval.as_secs_f64() / since.as_secs_f64())
+                .ceil() as u64,
+            bytes: (recent.bytes as f64 * 2.0 * interval.as_secs_f64() / since.as_secs_f64()).ceil()
+                as u64,
+        };
+        self.last_report = Some(now);
         let scopes = self
             .scopes
             .iter_mut()
@@ -309,7 +354,7 @@ impl Allowances {
                 // (for the push that waited for it), given back after two.
                 let want = match allowance.idle {
                     _ if std::mem::take(&mut allowance.yielded) => allowance.short,
-                    0 => allowance.recent.times(2).plus(allowance.short).plus(least),
+                    0 => pace(allowance.recent).plus(allowance.short).plus(least),
                     1 => allowance.want,
                     _ => Amount::default(),
                 };
@@ -334,8 +379,9 @@ impl Allowances {
                     allowance.tokens_taken = allowance.tokens_granted;
                     Amount::default()
                 } else {
-                    allowance.recent.times(2).plus(allowance.token_short)
+                    pace(allowance.recent).plus(allowance.token_short)
                 };
+                allowance.tokens_want = tokens_want;
                 let tokens_short = std::mem::take(&mut allowance.token_short);
                 let short = std::mem::take(&mut allowance.short);
                 let recent = std::mem::take(&mut allowance.recent);
@@ -366,6 +412,7 @@ impl Allowances {
 
     /// Takes the root's grant (one for another incarnation is ignored).
     pub fn grant(&mut self, grant: &Grant) {
+        self.asking = false;
         if self.epoch != Some(grant.epoch) {
             return;
         }

@@ -209,13 +209,6 @@ impl Amount {
         }
     }
 
-    fn times(self, factor: u64) -> Amount {
-        Amount {
-            messages: self.messages.saturating_mul(factor),
-            bytes: self.bytes.saturating_mul(factor),
-        }
-    }
-
     fn is_zero(self) -> bool {
         self == Amount::default()
     }
