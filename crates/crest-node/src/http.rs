@@ -481,6 +481,29 @@ pub fn render_prometheus(report: &Report, now_micros: u64) -> String {
             );
         }
     }
+    // Each namespace's messages and payload bytes, over the topics the report carries.
+    let mut namespaces: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    for topic in topics {
+        let sum = namespaces
+            .entry(crest_core::access::namespace(&topic.topic))
+            .or_default();
+        sum.0 = sum.0.saturating_add(topic.messages());
+        sum.1 = sum.1.saturating_add(topic.bytes);
+    }
+    for (family, pick) in [
+        ("crest_namespace_messages", 0),
+        ("crest_namespace_bytes", 1),
+    ] {
+        let _ = writeln!(out, "# TYPE {family} gauge");
+        for (namespace, (messages, bytes)) in &namespaces {
+            let value = if pick == 0 { messages } else { bytes };
+            let _ = writeln!(
+                out,
+                "{family}{{namespace=\"{}\"}} {value}",
+                label(namespace)
+            );
+        }
+    }
     let stats = &report.stats;
     for (family, value) in [
         ("crest_messages_expired_total", stats.expired),
@@ -513,12 +536,27 @@ mod tests {
             nodes: vec![node("leaf-1", 5), node("le\"af\\2", 7)],
             histograms: [(Metric::PushAck, Hist(vec![(300, 2), (2_000, 1)]))].into(),
             stats: Stats {
-                topics: vec![TopicStats {
-                    topic: "jobs".into(),
-                    ready: vec![(0, 4), (9, 1)],
-                    oldest_enqueued_at: Some(Time(1_000_000)),
-                    ..TopicStats::default()
-                }],
+                topics: vec![
+                    TopicStats {
+                        topic: "jobs".into(),
+                        ready: vec![(0, 4), (9, 1)],
+                        oldest_enqueued_at: Some(Time(1_000_000)),
+                        ..TopicStats::default()
+                    },
+                    TopicStats {
+                        topic: "orders/eu".into(),
+                        ready: vec![(0, 2)],
+                        in_flight: 1,
+                        bytes: 30,
+                        ..TopicStats::default()
+                    },
+                    TopicStats {
+                        topic: "orders/us".into(),
+                        delayed: 4,
+                        bytes: 40,
+                        ..TopicStats::default()
+                    },
+                ],
                 ..Stats::default()
             },
             absent: Vec::new(),
@@ -531,6 +569,12 @@ mod tests {
         assert!(text.contains("crest_push_ack_microseconds_count 3\n"));
         assert!(text.contains("crest_topic_ready{topic=\"jobs\",priority=\"9\"} 1\n"));
         assert!(text.contains("crest_topic_oldest_age_seconds{topic=\"jobs\"} 2.000\n"));
+        assert!(
+            text.contains("crest_namespace_messages{namespace=\"orders\"} 7\n"),
+            "{text}"
+        );
+        assert!(text.contains("crest_namespace_bytes{namespace=\"orders\"} 70\n"));
+        assert!(text.contains("crest_namespace_messages{namespace=\"default\"} 5\n"));
         // Each family's TYPE line appears once.
         let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE")).collect();
         let mut unique = types.clone();
