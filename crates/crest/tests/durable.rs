@@ -15,6 +15,10 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::leaf_counter;
+
 const WAIT: Duration = Duration::from_secs(10);
 
 fn topology() -> Topology {
@@ -121,15 +125,6 @@ async fn pop(consumer: &Consumer, count: usize, ack: impl Fn(u32) -> bool) -> Ve
     got
 }
 
-async fn counter(tree: &LocalTree, name: &str) -> u64 {
-    let mut sum = 0;
-    for leaf in tree.topology.leaves() {
-        let report = tree.node(&leaf.name).unwrap().report().await.unwrap();
-        sum += report.nodes[0].counters.get(name).copied().unwrap_or(0);
-    }
-    sum
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_come_back_from_the_log_segments_are_compacted_and_a_restart_finds_the_rest() {
     let data = tempfile::tempdir().unwrap();
@@ -190,13 +185,13 @@ async fn bodies_come_back_from_the_log_segments_are_compacted_and_a_restart_find
     let leaves = tree.topology.leaves().count() as u64;
     let bound = 3 * leaves * 65_536;
     let deadline = Instant::now() + WAIT;
-    while (segments(data.path()).1 > bound || counter(&tree, "compacted").await == 0)
+    while (segments(data.path()).1 > bound || leaf_counter(&tree, "compacted").await == 0)
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (left, left_bytes) = segments(data.path());
-    let compacted = counter(&tree, "compacted").await;
+    let compacted = leaf_counter(&tree, "compacted").await;
     eprintln!(
         "{written} segments written ({written_bytes} bytes), {left} left ({left_bytes} bytes); \
          {compacted} bodies moved"
@@ -212,7 +207,7 @@ async fn bodies_come_back_from_the_log_segments_are_compacted_and_a_restart_find
         "compaction moved the live bodies of old segments"
     );
     assert_eq!(
-        counter(&tree, "body_reads").await,
+        leaf_counter(&tree, "body_reads").await,
         u64::from(total),
         "every delivery read its body"
     );

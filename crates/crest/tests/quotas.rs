@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{WAIT, consumer, tls};
+use common::{WAIT, consumer, leaf_counter, tls};
 
 const QUOTA: u64 = 400;
 const BATCH: usize = 10;
@@ -281,16 +281,7 @@ async fn a_producer_offering_twice_the_push_rate_is_slowed_not_refused() {
         "1,000 messages admitted in {elapsed:?}"
     );
     assert_eq!(held(&admin).await, 1000);
-    let limited = counter(&tree, "pushes_rate_limited").await;
+    let limited = leaf_counter(&tree, "pushes_rate_limited").await;
     assert!(limited > 0, "the leaves refused for the rate: {limited}");
     tree.shutdown().await;
-}
-
-async fn counter(tree: &LocalTree, name: &str) -> u64 {
-    let mut sum = 0;
-    for leaf in tree.topology.leaves() {
-        let report = tree.node(&leaf.name).unwrap().report().await.unwrap();
-        sum += report.nodes[0].counters.get(name).copied().unwrap_or(0);
-    }
-    sum
 }

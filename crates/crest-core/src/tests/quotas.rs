@@ -15,6 +15,16 @@ fn set_limits(t: &mut Tree, scope: &str, limits: Limits) {
     assert_eq!(admin(&mut t.h, t.consumer, op), AdminResult::Count(4));
 }
 
+/// Sets namespace `orders`' push rate.
+fn set_push_rate(t: &mut Tree, per_second: u64, burst: u64) {
+    let rate = crate::quota::Rate { per_second, burst };
+    let limits = Limits {
+        push_rate: Some(rate),
+        ..Limits::default()
+    };
+    set_limits(t, "orders/", limits);
+}
+
 /// How a push batch ended.
 #[derive(Debug, PartialEq)]
 enum Pushed {
@@ -353,18 +363,7 @@ fn a_push_rate_admits_its_rate_whether_the_producer_uses_one_leaf_or_four() {
     // tree's, not each leaf's. Method: virtual time, a batch of 5 every 10 ms.
     for leaves in [1, 4] {
         let mut t = tree(4);
-        let rate = crate::quota::Rate {
-            per_second: 200,
-            burst: 20,
-        };
-        set_limits(
-            &mut t,
-            "orders/",
-            Limits {
-                push_rate: Some(rate),
-                ..Limits::default()
-            },
-        );
+        set_push_rate(&mut t, 200, 20);
         let admitted = offered_for_five_seconds(&mut t, leaves);
         assert!(
             (900..=1100).contains(&admitted),
@@ -378,18 +377,7 @@ fn a_push_rate_admits_its_rate_whether_the_producer_uses_one_leaf_or_four() {
 #[test]
 fn a_rate_limited_push_names_the_rate_and_when_to_retry() {
     let mut t = tree(4);
-    let rate = crate::quota::Rate {
-        per_second: 10,
-        burst: 10,
-    };
-    set_limits(
-        &mut t,
-        "orders/",
-        Limits {
-            push_rate: Some(rate),
-            ..Limits::default()
-        },
-    );
+    set_push_rate(&mut t, 10, 10);
     // The burst goes through (after the leaf's first ask), the next batch is refused.
     assert_eq!(
         push_within(&mut t, 0, "orders/eu", 10, 1),

@@ -52,3 +52,13 @@ pub(crate) async fn consumer(tree: &LocalTree) -> Consumer {
         .await
         .unwrap()
 }
+
+/// Counter `name` summed over the tree's leaves.
+pub(crate) async fn leaf_counter(tree: &LocalTree, name: &str) -> u64 {
+    let mut sum = 0;
+    for leaf in tree.topology.leaves() {
+        let report = tree.node(&leaf.name).unwrap().report().await.unwrap();
+        sum += report.nodes[0].counters.get(name).copied().unwrap_or(0);
+    }
+    sum
+}
