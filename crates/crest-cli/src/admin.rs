@@ -284,5 +284,40 @@ pub(crate) async fn stats(args: StatsArgs) -> Result<()> {
     for (namespace, (messages, bytes, in_flight)) in namespaces {
         println!("{namespace:<24} {messages:>10} {bytes:>14} {in_flight:>10}");
     }
+    print_limits(&stats.limits);
     Ok(())
+}
+
+/// Each limited scope: what it holds against its quotas, its push rate against its rate
+/// limits, and what was refused (since the root started).
+fn print_limits(limits: &[crest::sdk::ScopeStats]) {
+    if limits.is_empty() {
+        return;
+    }
+    let of = |used: u64, max: Option<u64>| match max {
+        Some(max) => format!("{used}/{max}"),
+        None => used.to_string(),
+    };
+    let rate = |now: u64, limit: Option<crest::sdk::Rate>| match limit {
+        Some(limit) => format!("{now}/{}", limit.per_second),
+        None => now.to_string(),
+    };
+    println!(
+        "{:<24} {:>21} {:>25} {:>17} {:>21}  refused: quota, rate, for now",
+        "limited scope", "messages", "bytes", "pushes/s", "bytes/s"
+    );
+    for s in limits {
+        let l = &s.limits;
+        println!(
+            "{:<24} {:>21} {:>25} {:>17} {:>21}  {}, {}, {}",
+            s.scope,
+            of(s.used.messages, l.messages_max),
+            of(s.used.bytes, l.bytes_max),
+            rate(s.pushed_per_second.messages, l.push_rate),
+            rate(s.pushed_per_second.bytes, l.push_bytes_rate),
+            s.refused.over_quota,
+            s.refused.rate_limited,
+            s.refused.awaiting_allowance,
+        );
+    }
 }

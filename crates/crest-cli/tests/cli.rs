@@ -262,6 +262,25 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
         listed.contains("capped messages_max=2 messages=2"),
         "{listed}"
     );
+    // `crest stats` shows the scope's usage against its quota and the refused message, once
+    // the leaves reported them to the root (every `quota_report_ms`).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = cli.ok(&["stats"]).await;
+        let row = stats.lines().find(|l| l.starts_with("capped/ "));
+        let fields: Vec<&str> = row.map_or(Vec::new(), |r| r.split_whitespace().collect());
+        // The last three: over quota, over rate, and for now (a batch may have waited past
+        // `quota_hold_ms` while another leaf held the quota's allowance: not asserted).
+        let refused = fields.len().checked_sub(3).map(|at| &fields[at..at + 2]);
+        if fields.get(1) == Some(&"2/2") && refused == Some(&["1,", "0,"][..]) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no limits row for capped/ with 2/2 held and 1 refused over its quota:\n{stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     cli.ok(&["policy", "unset", "--namespace", "capped"]).await;
     cli.ok(&["push", "--topic", "capped/a", "three"]).await;
     tree.shutdown().await;

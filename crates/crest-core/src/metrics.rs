@@ -562,6 +562,12 @@ pub struct Stats {
     pub dead_lettered: u64,
     /// Pushes answered with an earlier message's id (dedup).
     pub deduplicated: u64,
+    /// Each scope with limits: usage against them, push rate, refusals (from the root).
+    #[serde(
+        default,
+        deserialize_with = "crate::bounded::vec::<_, _, { crate::quota::QUOTA_SCOPES_MAX }>"
+    )]
+    pub limits: Vec<crate::quota::ScopeStats>,
 }
 
 impl Stats {
@@ -584,6 +590,7 @@ impl Stats {
         self.expired = self.expired.saturating_add(other.expired);
         self.dead_lettered = self.dead_lettered.saturating_add(other.dead_lettered);
         self.deduplicated = self.deduplicated.saturating_add(other.deduplicated);
+        // Only the root knows the limits (its own stats come first): a child's are ignored.
     }
 
     /// One topic's stats, if it has any messages.
@@ -663,6 +670,7 @@ mod tests {
                 expired: u64::MAX,
                 dead_lettered: u64::MAX,
                 deduplicated: u64::MAX,
+                limits: Vec::new(),
             },
             ..Report::default()
         };

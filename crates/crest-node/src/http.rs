@@ -504,6 +504,7 @@ pub fn render_prometheus(report: &Report, now_micros: u64) -> String {
             );
         }
     }
+    render_limits(&mut out, &report.stats.limits);
     let stats = &report.stats;
     for (family, value) in [
         ("crest_messages_expired_total", stats.expired),
@@ -515,12 +516,103 @@ pub fn render_prometheus(report: &Report, now_micros: u64) -> String {
     out
 }
 
+/// Each limited scope's limits, admissions and refusals: a namespace's (scope `NS/`) as
+/// `crest_namespace_*{namespace="NS"}`, a topic's as `crest_topic_*{topic="T"}`.
+fn render_limits(out: &mut String, limits: &[crest_core::quota::ScopeStats]) {
+    type Pick = fn(&crest_core::quota::ScopeStats) -> Option<u64>;
+    let families: [(&str, &str, &str, Pick); 8] = [
+        ("messages_max", "gauge", "", |s| s.limits.messages_max),
+        ("bytes_max", "gauge", "", |s| s.limits.bytes_max),
+        ("message_bytes_max", "gauge", "", |s| {
+            s.limits.message_bytes_max
+        }),
+        ("push_rate_max", "gauge", "", |s| {
+            s.limits.push_rate.map(|r| r.per_second)
+        }),
+        ("push_bytes_rate_max", "gauge", "", |s| {
+            s.limits.push_bytes_rate.map(|r| r.per_second)
+        }),
+        ("pushed_messages_total", "counter", "", |s| {
+            Some(s.pushed.messages)
+        }),
+        ("pushed_bytes_total", "counter", "", |s| {
+            Some(s.pushed.bytes)
+        }),
+        ("refused_messages_total", "counter", "reason", |_| None),
+    ];
+    for kind in ["namespace", "topic"] {
+        let scopes: Vec<(&str, &crest_core::quota::ScopeStats)> = limits
+            .iter()
+            .filter_map(|s| match s.scope.strip_suffix('/') {
+                Some(namespace) => (kind == "namespace").then_some((namespace, s)),
+                None => (kind == "topic").then_some((s.scope.as_str(), s)),
+            })
+            .collect();
+        if scopes.is_empty() {
+            continue;
+        }
+        for (name, type_, by, pick) in families {
+            let family = format!("crest_{kind}_{name}");
+            // A family none of the scopes has (no such limit set) is left out.
+            if by.is_empty() && scopes.iter().all(|(_, s)| pick(s).is_none()) {
+                continue;
+            }
+            let _ = writeln!(out, "# TYPE {family} {type_}");
+            for (scope, stats) in &scopes {
+                let scope = label(scope);
+                if by == "reason" {
+                    let r = stats.refused;
+                    for (reason, value) in [
+                        ("over_quota", r.over_quota),
+                        ("rate_limited", r.rate_limited),
+                        ("awaiting_allowance", r.awaiting_allowance),
+                    ] {
+                        let _ = writeln!(
+                            out,
+                            "{family}{{{kind}=\"{scope}\",reason=\"{reason}\"}} {value}"
+                        );
+                    }
+                } else if let Some(value) = pick(stats) {
+                    let _ = writeln!(out, "{family}{{{kind}=\"{scope}\"}} {value}");
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crest_core::metrics::NodeReport;
     use crest_core::time::Time;
     use crest_core::wire::{Stats, TopicStats};
+
+    fn limited(scope: &str, over_quota: u64, rate_limited: u64) -> crest_core::quota::ScopeStats {
+        use crest_core::quota::{Amount, Limits, Rate, Refused, ScopeStats};
+        ScopeStats {
+            scope: scope.into(),
+            limits: Limits {
+                messages_max: Some(100),
+                push_rate: Some(Rate {
+                    per_second: 10,
+                    burst: 20,
+                }),
+                ..Limits::default()
+            },
+            used: Amount::default(),
+            bound: Amount::default(),
+            pushed: Amount {
+                messages: 40,
+                bytes: 400,
+            },
+            pushed_per_second: Amount::default(),
+            refused: Refused {
+                over_quota,
+                rate_limited,
+                awaiting_allowance: 0,
+            },
+        }
+    }
 
     #[test]
     fn prometheus_text_groups_families_and_escapes_labels() {
@@ -557,11 +649,23 @@ mod tests {
                         ..TopicStats::default()
                     },
                 ],
+                limits: vec![limited("orders/", 3, 1), limited("jobs", 0, 0)],
                 ..Stats::default()
             },
             absent: Vec::new(),
         };
         let text = render_prometheus(&report, 3_000_000);
+        for line in [
+            "crest_namespace_messages_max{namespace=\"orders\"} 100\n",
+            "crest_namespace_push_rate_max{namespace=\"orders\"} 10\n",
+            "crest_namespace_pushed_messages_total{namespace=\"orders\"} 40\n",
+            "crest_namespace_refused_messages_total{namespace=\"orders\",reason=\"over_quota\"} 3\n",
+            "crest_namespace_refused_messages_total{namespace=\"orders\",reason=\"rate_limited\"} 1\n",
+            "crest_topic_messages_max{topic=\"jobs\"} 100\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(!text.contains("crest_namespace_bytes_max"), "no such limit");
         assert!(text.contains("# TYPE crest_pushed_total counter\ncrest_pushed_total{node=\"leaf-1\",role=\"leaf\"} 5\ncrest_pushed_total{node=\"le\\\"af\\\\2\",role=\"leaf\"} 7\n"), "{text}");
         assert!(text.contains("crest_push_ack_microseconds_bucket{le=\"250\"} 0\n"));
         assert!(text.contains("crest_push_ack_microseconds_bucket{le=\"500\"} 2\n"));

@@ -32,7 +32,7 @@ pub use crest_core::access::{DEFAULT_NAMESPACE, Permission, namespace};
 pub use crest_core::config::TopicSettings;
 pub use crest_core::id::{LeafId, MessageId, Receipt};
 pub use crest_core::key::tier;
-pub use crest_core::quota::{Limits, Quota, QuotaExceeded, Rate};
+pub use crest_core::quota::{Limits, Quota, QuotaExceeded, Rate, Refused, ScopeStats};
 pub use crest_core::time::Time;
 pub use crest_core::wire::{
     DeadLetter, Delivery, ErrorCode, ReceiptError, Settle, Stats, TopicConfig, TopicStats,

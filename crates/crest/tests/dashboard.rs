@@ -353,6 +353,27 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
     // Durable leaves, so the page has the leaves' log syncs to draw too.
     let data = tempfile::tempdir().unwrap();
     let tree = tree_in(Some(data.path())).await;
+    // A quota and a push rate the load stays under: the page shows usage against them.
+    let admin = crest::sdk::Admin::connect(ConsumerConfig::from_topology(
+        &tree.topology,
+        common::tls(&tree),
+    ))
+    .await
+    .unwrap();
+    let limits = crest::sdk::Limits {
+        messages_max: Some(1_000_000),
+        push_rate: Some(crest::sdk::Rate {
+            per_second: 100_000,
+            burst: 100_000,
+        }),
+        ..crest::sdk::Limits::default()
+    };
+    let scope = format!("{}/", crest::sdk::namespace("jobs"));
+    let config = crest::sdk::TopicConfig {
+        limits,
+        ..crest::sdk::TopicConfig::default()
+    };
+    admin.configure(&scope, config).await.unwrap();
     // Load: a producer and a consumer running while the page is open.
     let (producer, consumer) = common::clients(&tree).await;
     let load = tokio::spawn(async move {
@@ -393,7 +414,13 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
             "PushAck",
             "Pop",
         ];
-        if stats["nodes"].as_array().is_some_and(|n| n.len() == 7) && levels.iter().all(|m| has(m))
+        let limited = &stats["stats"]["limits"][0];
+        let metered = limited["scope"] == scope.as_str()
+            && limited["pushed"]["messages"].as_u64() > Some(0)
+            && limited["pushed_per_second"]["messages"].as_u64() > Some(0);
+        if stats["nodes"].as_array().is_some_and(|n| n.len() == 7)
+            && levels.iter().all(|m| has(m))
+            && metered
         {
             break;
         }
@@ -446,6 +473,20 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
         dom.contains("direct links to 4 leaves"),
         "the root's direct pop path in the tree"
     );
+    let limits_row = dom
+        .find(&format!("<td>{scope}</td>"))
+        .map(|at| &dom[at..at + dom[at..].find("</tr>").unwrap()])
+        .unwrap_or_else(|| panic!("the quota's row:\n{dom}"));
+    assert!(limits_row.contains(" / 1000000<"), "{limits_row}");
+    assert!(limits_row.contains(" / 100000<"), "{limits_row}");
+    let (_, metrics) = get(root, "/metrics").await;
+    let namespace = crest::sdk::namespace("jobs");
+    for line in [
+        format!("crest_namespace_messages_max{{namespace=\"{namespace}\"}} 1000000\n"),
+        format!("crest_namespace_push_rate_max{{namespace=\"{namespace}\"}} 100000\n"),
+    ] {
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
 
     let artifacts = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();

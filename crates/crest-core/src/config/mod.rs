@@ -319,9 +319,16 @@ pub struct Settings {
     /// Least allowance a busy leaf asks for, in payload bytes.
     pub quota_grant_bytes_min: u64,
     /// How long a leaf that ran short of its allowance of a quota (or of a rate's tokens, before
-    /// the root said when more come) asks the producer to wait before sending the batch
-    /// again, in milliseconds: about the round trip of its request for more.
+    /// the root said when more come) and could not hold the batch any longer asks the producer
+    /// to wait before sending it again, in milliseconds.
     pub quota_retry_ms: u64,
+    /// How long a leaf that ran short of its allowance (or of a rate's tokens, before the root
+    /// said when more come) holds a push batch for the root's grant before it refuses it with
+    /// a time to retry, in milliseconds.
+    pub quota_hold_ms: u64,
+    /// Most push batches a leaf holds waiting for the root's grant (`quota_hold_ms`); past
+    /// it a batch is refused with a time to retry.
+    pub quota_hold_batches_max: u32,
     /// After it starts, the root grants no allowance until every leaf reported its usage or
     /// this long passed, in milliseconds (a leaf still unheard of is counted once it reports).
     /// Also how often at most the root sends a limited scope's configuration again to a leaf
@@ -460,6 +467,8 @@ impl Default for Settings {
             quota_grant_messages_min: 100,
             quota_grant_bytes_min: 1 << 20,
             quota_retry_ms: 5,
+            quota_hold_ms: 100,
+            quota_hold_batches_max: 256,
             quota_start_wait_ms: 2_000,
             gateway_body_bytes_max: 4 << 20,
             gateway_requests_max: 1024,
@@ -498,8 +507,10 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 56] = [
+        let positive: [(&'static str, u64); 58] = [
             ("quota_retry_ms", self.quota_retry_ms),
+            ("quota_hold_ms", self.quota_hold_ms),
+            ("quota_hold_batches_max", self.quota_hold_batches_max.into()),
             ("quota_start_wait_ms", self.quota_start_wait_ms),
             ("quota_scopes_max", self.quota_scopes_max.into()),
             ("quota_report_ms", self.quota_report_ms),

@@ -372,6 +372,7 @@ impl Leaf {
             expired: self.counters.expired,
             dead_lettered: self.counters.dead_lettered,
             deduplicated: self.counters.deduplicated,
+            limits: Vec::new(),
         }
     }
 }

@@ -18,6 +18,7 @@ use std::sync::Arc;
 impl Leaf {
     /// Everything time moves: lease deadlines, delays, time to live, dedup windows.
     pub(super) fn tick(&mut self, now: Time) {
+        self.expire_held_pushes(now);
         let mut records = Vec::new();
         while let Some(&(deadline, id)) = self.leases.by_deadline.first() {
             if deadline > now {
@@ -135,7 +136,11 @@ impl Leaf {
             Wire::Release(release) => self.handle_release(now, release),
             Wire::LeafAdmin(admin) => self.handle_admin(now, conn, admin),
             Wire::Grant(grant) if grant.leaf == self.config.id => {
-                self.allowances.grant(&grant);
+                let grew = self.allowances.grant(&grant);
+                self.release_held_pushes(now);
+                if grew && !self.held_pushes.is_empty() {
+                    self.allowances.ask(now);
+                }
             }
             Wire::Error(_) => self.violations += 1,
             other => self.reject_unexpected(conn, &other),
@@ -278,6 +283,8 @@ impl Machine for Leaf {
 
     fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
         self.principals.remove(&conn);
+        // A held batch was not accepted: its producer sends it again on another connection.
+        self.held_pushes.retain(|held| held.conn != conn);
         if self.upstream.disconnected(conn) {
             for topic in self.topics.values_mut() {
                 topic.offers.reset();
@@ -377,6 +384,7 @@ impl Machine for Leaf {
             ("pushes_refused", c.pushes_refused),
             ("pushes_over_quota", c.pushes_over_quota),
             ("pushes_awaiting_allowance", c.pushes_awaiting_allowance),
+            ("pushes_held", c.pushes_held),
             ("pushes_rate_limited", c.pushes_rate_limited),
             ("leased", c.leased),
             ("acked", c.acked),
@@ -660,6 +668,7 @@ impl Machine for Leaf {
             self.checkpoints.due,
             self.offer_due,
             self.allowances.due(),
+            self.held_pushes_due(),
         ]
         .into_iter()
         .flatten()

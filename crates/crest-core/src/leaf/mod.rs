@@ -380,6 +380,7 @@ struct Counters {
     pushes_over_quota: u64,
     /// Push batches refused while the leaf waited for a larger share of a quota.
     pushes_awaiting_allowance: u64,
+    pushes_held: u64,
     /// Push batches refused for a rate limit (`RateLimited`).
     pushes_rate_limited: u64,
     leased: u64,
@@ -477,6 +478,9 @@ pub struct Leaf {
     configs: BTreeMap<String, crate::wire::TopicConfig>,
     /// What the leaf may admit of each scope with quotas ([`crate::quota`]).
     allowances: crate::quota::Allowances,
+    /// Push batches waiting for the allowance the leaf asked the root for, oldest first
+    /// (`quota_hold_batches_max`, `quota_hold_ms`).
+    held_pushes: std::collections::VecDeque<quota::HeldPush>,
 }
 
 /// Live leases (`leaf/leases.rs`).
@@ -660,6 +664,7 @@ impl Leaf {
             client_settles: 0,
             configs: BTreeMap::new(),
             allowances: crate::quota::Allowances::default(),
+            held_pushes: std::collections::VecDeque::new(),
             upstream,
             clients,
             live: LiveIds::default(),

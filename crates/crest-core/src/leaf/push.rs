@@ -147,6 +147,11 @@ impl Leaf {
     }
 
     pub(super) fn handle_push(&mut self, now: Time, conn: ConnId, push: Push) {
+        self.push_batch(now, conn, push, None);
+    }
+
+    /// Takes a push batch, new or held since `held` for an allowance.
+    pub(super) fn push_batch(&mut self, now: Time, conn: ConnId, push: Push, held: Option<Time>) {
         let refused = self.principals.get(&conn).and_then(|principal| {
             let permission = crate::access::Permission::Produce;
             // A batch is mostly one topic: each run of equal topics is checked once.
@@ -177,9 +182,9 @@ impl Leaf {
             self.send(conn, Wire::error(Some(push.request), code, message));
             return;
         }
-        if !self.admit_within_quotas(now, conn, &push) {
+        let Some(push) = self.admit_within_quotas(now, conn, push, held) else {
             return;
-        }
+        };
         let principal = self.principals.get(&conn).map(|p| p.name.clone());
         let max = self.config.settings.principal_requests_max;
         if !self.push_tally.take(principal.as_ref(), max) {

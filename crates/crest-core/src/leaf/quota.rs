@@ -3,11 +3,20 @@
 
 use super::*;
 use crate::machine::ConnId;
-use crate::quota::{Amount, Shortfall};
+use crate::quota::{Amount, Refused, Shortfall};
 use crate::time::Time;
 use crate::wire::{ErrorCode, Push, Wire};
 use std::collections::HashMap;
 use std::time::Duration;
+
+/// A push batch waiting at the leaf for the allowance it asked the root for: a short wait
+/// here costs the producer less than a refusal and a retry.
+pub(super) struct HeldPush {
+    /// When it arrived.
+    since: Time,
+    pub(super) conn: ConnId,
+    push: Push,
+}
 
 impl Leaf {
     /// Configurations that limit a scope.
@@ -29,36 +38,113 @@ impl Leaf {
         self.allowances.sync(now, limited, max);
     }
 
-    /// Admits `push` within the allowances, or answers its refusal: `QuotaExceeded`, or
-    /// `Overloaded` with a time to retry while the leaf asks the root for a larger share.
-    pub(super) fn admit_within_quotas(&mut self, now: Time, conn: ConnId, push: &Push) -> bool {
+    /// Admits `push` (held since `held`) within the allowances and gives it back, or holds
+    /// it until the root's grant while the leaf asks for a larger share, or answers its
+    /// refusal: `QuotaExceeded`, `RateLimited`, or `Overloaded` with a time to retry when it
+    /// waited `quota_hold_ms` or `quota_hold_batches_max` others wait.
+    pub(super) fn admit_within_quotas(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        push: Push,
+        held: Option<Time>,
+    ) -> Option<Push> {
         if self.allowances.is_empty() {
-            return true;
+            return Some(push);
         }
         let messages = push
             .messages
             .iter()
             .map(|m| (m.topic.as_str(), m.payload.len() as u64));
-        let reply = match self.allowances.admit(now, messages) {
-            Ok(()) => return true,
+        let since = held.unwrap_or(now);
+        let s = &self.config.settings;
+        let holds = now.saturating_since(since) < Duration::from_millis(s.quota_hold_ms)
+            && self.held_pushes.len() < s.quota_hold_batches_max as usize;
+        let reply = match self.allowances.admit_held(now, messages, held.is_some()) {
+            Ok(()) => return Some(push),
             Err(Shortfall::Exceeded(quota)) => {
                 self.counters.pushes_over_quota += 1;
+                let count = self.messages_in(&quota.scope, &push);
+                let refused = Refused {
+                    over_quota: count,
+                    ..Refused::default()
+                };
+                self.allowances.count_refused(&quota.scope, refused);
                 Wire::over_quota(push.request, quota)
             }
-            Err(Shortfall::RateLimited { rate, wait_ms }) => {
+            Err(Shortfall::RateLimited {
+                rate,
+                wait_ms: Some(after),
+            }) => {
                 self.counters.pushes_rate_limited += 1;
-                let after = wait_ms.unwrap_or(self.config.settings.quota_retry_ms);
+                self.count_rate_limited(&rate.scope, &push);
                 Wire::rate_limited(push.request, rate, after)
             }
-            Err(Shortfall::Waiting(why)) => {
+            Err(Shortfall::RateLimited { wait_ms: None, .. } | Shortfall::Waiting { .. })
+                if holds =>
+            {
+                self.counters.pushes_held += u64::from(held.is_none());
+                self.held_pushes.push_back(HeldPush { since, conn, push });
+                return None;
+            }
+            Err(Shortfall::RateLimited {
+                rate,
+                wait_ms: None,
+            }) => {
+                self.counters.pushes_rate_limited += 1;
+                self.count_rate_limited(&rate.scope, &push);
+                let after = self.config.settings.quota_retry_ms;
+                Wire::rate_limited(push.request, rate, after)
+            }
+            Err(Shortfall::Waiting { scope, why }) => {
                 self.counters.pushes_awaiting_allowance += 1;
+                let refused = Refused {
+                    awaiting_allowance: self.messages_in(&scope, &push),
+                    ..Refused::default()
+                };
+                self.allowances.count_refused(&scope, refused);
                 let after = self.config.settings.quota_retry_ms;
                 Wire::retry_later(push.request, ErrorCode::Overloaded, why, after)
             }
         };
         self.counters.pushes_refused += 1;
         self.send(conn, reply);
-        false
+        None
+    }
+
+    /// The messages of `push` that count in `scope`.
+    fn messages_in(&self, scope: &str, push: &Push) -> u64 {
+        let of = |topic: &str| self.allowances.scopes_of(topic).any(|s| s == scope);
+        push.messages.iter().filter(|m| of(&m.topic)).count() as u64
+    }
+
+    fn count_rate_limited(&mut self, scope: &str, push: &Push) {
+        let refused = Refused {
+            rate_limited: self.messages_in(scope, push),
+            ..Refused::default()
+        };
+        self.allowances.count_refused(scope, refused);
+    }
+
+    /// A grant came: the held batches are admitted, or held again until the next one.
+    pub(super) fn release_held_pushes(&mut self, now: Time) {
+        for held in std::mem::take(&mut self.held_pushes) {
+            self.push_batch(now, held.conn, held.push, Some(held.since));
+        }
+    }
+
+    /// When the oldest held batch has waited `quota_hold_ms`.
+    pub(super) fn held_pushes_due(&self) -> Option<Time> {
+        let hold = Duration::from_millis(self.config.settings.quota_hold_ms);
+        self.held_pushes.front().map(|held| held.since + hold)
+    }
+
+    /// Held batches that waited `quota_hold_ms` are refused with a time to retry.
+    pub(super) fn expire_held_pushes(&mut self, now: Time) {
+        while self.held_pushes_due().is_some_and(|due| due <= now) {
+            let held = self.held_pushes.pop_front().expect("due");
+            self.push_batch(now, held.conn, held.push, Some(held.since));
+        }
     }
 
     /// Sends the usage report when one is due.
@@ -75,12 +161,21 @@ impl Leaf {
                 });
             }
         }
+        // Pushes waiting for the log, summed per run of one topic first: the scopes of a
+        // topic are looked up once per run, not per message.
+        let mut pending: Vec<(&str, Amount)> = Vec::new();
         for batch in self.writes.batches.values() {
             for message in &batch.messages {
-                for scope in self.allowances.scopes_of(&message.topic) {
-                    let one = Amount::one(u64::from(message.size));
-                    used.entry(scope.to_string()).or_default().add(one);
+                let one = Amount::one(u64::from(message.size));
+                match pending.last_mut() {
+                    Some((topic, sum)) if **topic == *message.topic => sum.add(one),
+                    _ => pending.push((&message.topic, one)),
                 }
+            }
+        }
+        for (topic, sum) in pending {
+            for scope in self.allowances.scopes_of(topic) {
+                used.entry(scope.to_string()).or_default().add(sum);
             }
         }
         let s = &self.config.settings;

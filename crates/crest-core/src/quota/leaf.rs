@@ -7,8 +7,13 @@ use super::*;
 pub enum Shortfall {
     /// The batch would pass a limit.
     Exceeded(QuotaExceeded),
-    /// The leaf's allowance does not cover it yet; it asked the root for more.
-    Waiting(String),
+    /// The leaf's allowance of `scope` does not cover it yet; it asked the root for more.
+    Waiting {
+        /// The scope.
+        scope: String,
+        /// Why, for the producer.
+        why: String,
+    },
     /// The scope's rate has no tokens for it now: retry after `wait_ms` (`None`: not known
     /// yet, the leaf asked the root).
     RateLimited {
@@ -64,6 +69,8 @@ struct Allowance {
     token_wait_ms: u64,
     /// What the leaf asked for in tokens in its last report.
     tokens_want: Amount,
+    /// Messages refused since the last report.
+    refused: Refused,
 }
 
 impl Allowance {
@@ -177,7 +184,8 @@ impl Allowances {
         };
     }
 
-    /// Admits a push batch within the allowances, or refuses all of it.
+    /// Admits a push batch within the allowances, or refuses all of it; a short leaf asks the
+    /// root for more at once.
     ///
     /// # Errors
     /// The first limit the batch would pass, or the scope whose allowance is short.
@@ -185,6 +193,21 @@ impl Allowances {
         &mut self,
         now: Time,
         messages: impl Iterator<Item = (&'a str, u64)>,
+    ) -> Result<(), Shortfall> {
+        self.admit_held(now, messages, false)
+    }
+
+    /// [`Allowances::admit`] for a batch held since an earlier try (`again`): the leaf asks
+    /// again at once only if its last report went before `now` (the root answered that one;
+    /// within the same instant asking again would only repeat it).
+    ///
+    /// # Errors
+    /// As [`Allowances::admit`].
+    pub fn admit_held<'a>(
+        &mut self,
+        now: Time,
+        messages: impl Iterator<Item = (&'a str, u64)>,
+        again: bool,
     ) -> Result<(), Shortfall> {
         if self.scopes.is_empty() {
             return Ok(());
@@ -240,7 +263,9 @@ impl Allowances {
                     allowance.short.add(need);
                 }
             }
-            self.due = Some(now.min(self.due.unwrap_or(now)));
+            if !again || self.last_report.is_some_and(|at| at < now) {
+                self.due = Some(now.min(self.due.unwrap_or(now)));
+            }
             if full {
                 return Err(Shortfall::Exceeded(QuotaExceeded {
                     scope,
@@ -248,9 +273,10 @@ impl Allowances {
                     limit,
                 }));
             }
-            return Err(Shortfall::Waiting(format!(
+            let why = format!(
                 "{scope}: this leaf's share of {which} {limit} is used; it asked the root for more"
-            )));
+            );
+            return Err(Shortfall::Waiting { scope, why });
         }
         let slow = needs.iter().find_map(|(scope, need)| {
             let which = self.scopes[scope].lacks_tokens(*need)?;
@@ -266,7 +292,9 @@ impl Allowances {
                     allowance.token_short.add(need);
                 }
             }
-            self.due = Some(now.min(self.due.unwrap_or(now)));
+            if !again || self.last_report.is_some_and(|at| at < now) {
+                self.due = Some(now.min(self.due.unwrap_or(now)));
+            }
             let rate = QuotaExceeded {
                 scope,
                 which,
@@ -291,6 +319,13 @@ impl Allowances {
             self.due = Some(now.min(self.due.unwrap_or(now)));
         }
         Ok(())
+    }
+
+    /// Counts `refused` messages of `scope` for its next report.
+    pub fn count_refused(&mut self, scope: &str, refused: Refused) {
+        if let Some(allowance) = self.scopes.get_mut(scope) {
+            allowance.refused.add(refused);
+        }
     }
 
     /// The scopes a message of `topic` counts in, of those limited.
@@ -399,6 +434,7 @@ impl Allowances {
                     tokens_taken: allowance.tokens_taken,
                     tokens_want,
                     tokens_short,
+                    refused: std::mem::take(&mut allowance.refused),
                 }
             })
             .collect();
@@ -410,14 +446,23 @@ impl Allowances {
         })
     }
 
-    /// Takes the root's grant (one for another incarnation is ignored).
-    pub fn grant(&mut self, grant: &Grant) {
+    /// A report goes at once (batches held for allowance still lack it after a grant that
+    /// gave more: the root may give more again).
+    pub fn ask(&mut self, now: Time) {
+        self.due = Some(now.min(self.due.unwrap_or(now)));
+    }
+
+    /// Takes the root's grant (one for another incarnation is ignored); whether it gave
+    /// anything more.
+    pub fn grant(&mut self, grant: &Grant) -> bool {
         self.asking = false;
         if self.epoch != Some(grant.epoch) {
-            return;
+            return false;
         }
+        let mut grew = false;
         for given in &grant.scopes {
             if let Some(allowance) = self.scopes.get_mut(&given.scope) {
+                let before = (allowance.granted, allowance.tokens_granted);
                 allowance.granted = Amount {
                     messages: allowance.granted.messages.max(given.granted.messages),
                     bytes: allowance.granted.bytes.max(given.granted.bytes),
@@ -434,6 +479,7 @@ impl Allowances {
                         .max(given.tokens_granted.bytes),
                 };
                 allowance.token_wait_ms = given.token_wait_ms;
+                grew |= (allowance.granted, allowance.tokens_granted) != before;
                 if given.release {
                     allowance.taken = allowance.granted;
                     allowance.yielded = true;
@@ -441,5 +487,6 @@ impl Allowances {
                 }
             }
         }
+        grew
     }
 }

@@ -282,6 +282,50 @@ pub struct ScopeUsage {
     /// What it refused for want of tokens since its last report.
     #[serde(default)]
     pub tokens_short: Amount,
+    /// Messages it refused for good since its last report, by reason.
+    #[serde(default)]
+    pub refused: Refused,
+}
+
+/// A limited scope's standing at the root, as `/stats`, `crest stats` and `/metrics` show it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ScopeStats {
+    /// The scope: a topic, or a namespace's `NS/`.
+    pub scope: String,
+    /// Its limits.
+    pub limits: Limits,
+    /// What its topics hold (messages and payload bytes), as the leaves last reported.
+    pub used: Amount,
+    /// What they may come to hold with the allowances the root granted (at most the quota).
+    pub bound: Amount,
+    /// What the leaves admitted since the root started.
+    pub pushed: Amount,
+    /// What they admitted per second, over the last second or so.
+    pub pushed_per_second: Amount,
+    /// Messages they refused since the root started, by reason.
+    pub refused: Refused,
+}
+
+/// Messages refused, by reason (a batch refused for now and sent again counts each time).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct Refused {
+    /// Over a quota (`QuotaExceeded`).
+    pub over_quota: u64,
+    /// Over a rate (`RateLimited`).
+    pub rate_limited: u64,
+    /// Short of the leaf's allowance and not held (`Overloaded`, retry soon).
+    pub awaiting_allowance: u64,
+}
+
+impl Refused {
+    /// Adds `other`, saturating.
+    pub fn add(&mut self, other: Refused) {
+        self.over_quota = self.over_quota.saturating_add(other.over_quota);
+        self.rate_limited = self.rate_limited.saturating_add(other.rate_limited);
+        self.awaiting_allowance = self
+            .awaiting_allowance
+            .saturating_add(other.awaiting_allowance);
+    }
 }
 
 /// Leaf → root (through aggregators): what the leaf holds of each limited scope.
@@ -335,7 +379,7 @@ mod leaf;
 mod root;
 
 pub use leaf::{Allowances, Shortfall};
-pub use root::{Answer, Ledger, Standing};
+pub use root::{Answer, Ledger};
 
 #[cfg(test)]
 mod tests;

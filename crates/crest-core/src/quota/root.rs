@@ -19,6 +19,40 @@ pub struct Ledger {
     repaired: BTreeMap<String, Time>,
     /// Each rated scope's token bucket.
     buckets: BTreeMap<String, Bucket>,
+    /// What each scope's leaves admitted and refused, since the root started.
+    meters: BTreeMap<String, Meter>,
+}
+
+/// A scope's admissions and refusals, and its recent push rate.
+#[derive(Debug, Default, Clone, Copy)]
+struct Meter {
+    pushed: Amount,
+    refused: Refused,
+    /// The pushes counted at the start of the current measuring window.
+    mark: Option<(Time, Amount)>,
+    /// Pushes per second over the last full window.
+    per_second: Amount,
+}
+
+impl Meter {
+    /// The push rate is measured over windows of at least this long.
+    const WINDOW: Duration = Duration::from_secs(1);
+
+    fn count(&mut self, now: Time, pushed: Amount, refused: Refused) {
+        self.pushed.add(pushed);
+        self.refused.add(refused);
+        let (since, at_start) = *self.mark.get_or_insert((now, self.pushed));
+        let elapsed = now.saturating_since(since);
+        if elapsed >= Meter::WINDOW {
+            let seconds = elapsed.as_secs_f64();
+            let done = self.pushed.minus(at_start);
+            self.per_second = Amount {
+                messages: (done.messages as f64 / seconds).round() as u64,
+                bytes: (done.bytes as f64 / seconds).round() as u64,
+            };
+            self.mark = Some((now, self.pushed));
+        }
+    }
 }
 
 /// A scope's push rate tokens (messages, bytes): `burst` at most, filled at the rate.
@@ -52,9 +86,10 @@ impl Bucket {
         self.bytes = add(self.bytes, limits.push_bytes_rate);
     }
 
-    /// Takes up to `want` tokens; what it gave, and how long until `short` more would be
-    /// there (0: they are), in milliseconds.
-    fn take(&mut self, limits: &Limits, want: Amount, short: Amount) -> (Amount, u64) {
+    /// Takes up to `want` tokens, or `1/shares` of the level if more and anything is wanted;
+    /// what it gave, and how long until `short` more would be there (0: they are), in
+    /// milliseconds.
+    fn take(&mut self, limits: &Limits, want: Amount, short: Amount, shares: u64) -> (Amount, u64) {
         let mut given = Amount::default();
         let mut wait_ms = 0;
         for (rate, level, want, short, given) in [
@@ -74,7 +109,12 @@ impl Bucket {
             ),
         ] {
             let Some(rate) = rate else { continue };
-            *given = want.min(level.floor() as u64);
+            let share = if want > 0 {
+                (*level / shares as f64) as u64
+            } else {
+                0
+            };
+            *given = want.max(share).min(level.floor() as u64);
             *level -= *given as f64;
             if short > *given {
                 let missing = (short - *given) as f64 - *level;
@@ -119,17 +159,6 @@ impl Account {
     fn bound(&self) -> Amount {
         self.used.plus(self.granted.minus(self.taken))
     }
-}
-
-/// A scope's standing at the root.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct Standing {
-    /// Its limits.
-    pub limits: Limits,
-    /// What the leaves hold, as last reported.
-    pub used: Amount,
-    /// What they may come to hold with the allowances granted.
-    pub bound: Amount,
 }
 
 impl Ledger {
@@ -186,12 +215,19 @@ impl Ledger {
             };
             self.count(&scope.scope, &account);
             accounts.scopes.insert(scope.scope.clone(), account);
+            self.meters.entry(scope.scope.clone()).or_default().count(
+                now,
+                scope.recent,
+                scope.refused,
+            );
         }
         for (scope, old) in former {
             self.forget(&scope, &old);
         }
         let heard = |leaf: &LeafId| *leaf == usage.leaf || self.leaves.contains_key(leaf);
         let ready = now >= started + wait || subtree.iter().all(heard);
+        // A leaf that asks gets at least this part of what is free or in the bucket.
+        let shares = 2 * subtree.len().max(1) as u64;
         let mut grants = Vec::with_capacity(usage.scopes.len());
         let mut reclaim: Vec<(LeafId, u64, String)> = Vec::new();
         for scope in &usage.scopes {
@@ -251,7 +287,10 @@ impl Ledger {
             ] {
                 let Some(limit) = limit else { continue };
                 let free = limit.saturating_sub(bound);
-                *more = deficit.min(free);
+                // Far from the limit a leaf that asks gets a share of what is free, so a
+                // producer that speeds up does not wait for its leaf's next grants.
+                let share = if deficit > 0 { free / shares } else { 0 };
+                *more = deficit.max(share).min(free);
                 unmet |= *more < deficit;
                 // The most this leaf could consume: what it holds, what is free, and what
                 // the other leaves could give back.
@@ -284,7 +323,7 @@ impl Ledger {
                 let in_hand = account.tokens_granted.minus(scope.tokens_taken);
                 let want = scope.tokens_want.minus(in_hand);
                 let short = scope.tokens_short.minus(in_hand);
-                let (given, wait_ms) = bucket.take(&limits, want, short);
+                let (given, wait_ms) = bucket.take(&limits, want, short, shares);
                 account.tokens_granted.add(given);
                 token_wait_ms = wait_ms;
             }
@@ -347,16 +386,24 @@ impl Ledger {
         }
     }
 
-    /// Each limited scope's standing.
-    pub fn standings(&self) -> impl Iterator<Item = (&str, Standing)> {
-        self.limits.iter().map(|(scope, (_, limits))| {
-            let standing = Standing {
-                limits: *limits,
-                used: self.used.get(scope).copied().unwrap_or_default(),
-                bound: self.bounds.get(scope).copied().unwrap_or_default(),
-            };
-            (scope.as_str(), standing)
-        })
+    /// The standing of each limited scope `show` accepts, by name.
+    pub fn stats(&self, show: impl Fn(&str) -> bool) -> Vec<ScopeStats> {
+        self.limits
+            .iter()
+            .filter(|(scope, _)| show(scope))
+            .map(|(scope, (_, limits))| {
+                let meter = self.meters.get(scope).copied().unwrap_or_default();
+                ScopeStats {
+                    scope: scope.clone(),
+                    limits: *limits,
+                    used: self.used.get(scope).copied().unwrap_or_default(),
+                    bound: self.bounds.get(scope).copied().unwrap_or_default(),
+                    pushed: meter.pushed,
+                    pushed_per_second: meter.per_second,
+                    refused: meter.refused,
+                }
+            })
+            .collect()
     }
 
     fn count(&mut self, scope: &str, account: &Account) {
@@ -384,6 +431,7 @@ impl Ledger {
             self.used.remove(scope);
             self.limits.remove(scope);
             self.buckets.remove(scope);
+            self.meters.remove(scope);
         }
     }
 }

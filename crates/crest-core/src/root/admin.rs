@@ -5,6 +5,7 @@ use crate::access::namespace;
 use crate::config::FRAME_OVERHEAD_BYTES;
 use crate::id::LeafId;
 use crate::machine::ConnId;
+use crate::quota::namespace_scope;
 use crate::validate::validate_topic;
 use crate::wire::{
     Admin, AdminOp, AdminReply, AdminResult, ErrorCode, LeafAdmin, LeafAdminReply, Stats,
@@ -151,7 +152,20 @@ impl Root {
             | AdminOp::MoveTopic { .. }
             | AdminOp::Configure { .. }
             | AdminOp::Settle { .. } => (0, AdminResult::Count(0)),
-            AdminOp::Stats { .. } => (0, AdminResult::Stats(Stats::default())),
+            AdminOp::Stats { topic } => {
+                // The topic's own limits and its namespace's; every scope's without a topic.
+                let namespace = topic.as_deref().map(|t| namespace_scope(namespace(t)));
+                let show = |scope: &str| {
+                    topic.is_none()
+                        || topic.as_deref() == Some(scope)
+                        || namespace.as_deref() == Some(scope)
+                };
+                let stats = Stats {
+                    limits: self.ledger.stats(show),
+                    ..Stats::default()
+                };
+                (0, AdminResult::Stats(stats))
+            }
         };
         let mut pending = PendingAdmin {
             conn,
@@ -338,6 +352,9 @@ impl Root {
             stats
                 .topics
                 .retain(|t| principal.grants.any_in(namespace(&t.topic)));
+            stats
+                .limits
+                .retain(|l| principal.grants.any_in(namespace(&l.scope)));
         }
         let mut more = false;
         if let AdminResult::Configs { configs: all, next } = &mut admin.result {

@@ -319,7 +319,10 @@ impl Machine for Root {
             connected: true,
             counters: named(&counters),
             gauges: named(&gauges),
-            stats: Stats::default(),
+            stats: Stats {
+                limits: self.ledger.stats(|_| true),
+                ..Stats::default()
+            },
             absent: Vec::new(),
             group: None,
         };

@@ -25,6 +25,18 @@ fn set_push_rate(t: &mut Tree, per_second: u64, burst: u64) {
     set_limits(t, "orders/", limits);
 }
 
+/// The next answer to `client`, waiting in virtual time (a leaf may hold a push batch while
+/// it asks for allowance).
+fn answer_to(t: &mut Tree, client: ConnId) -> Wire {
+    for _ in 0..10_000 {
+        if let Some(answer) = t.h.try_recv(client) {
+            return answer;
+        }
+        t.h.advance(Duration::from_millis(1));
+    }
+    panic!("no answer in 10 s")
+}
+
 /// How a push batch ended.
 #[derive(Debug, PartialEq)]
 enum Pushed {
@@ -50,7 +62,7 @@ fn push_within(t: &mut Tree, leaf: usize, topic: &str, count: usize, bytes: usiz
             messages: messages.clone(),
         };
         t.h.send(producer, Wire::Push(push));
-        match t.h.recv(producer) {
+        match answer_to(t, producer) {
             Wire::PushAck(ack) => return Pushed::Stored(ack.ids.len()),
             Wire::Error(ErrorReply {
                 code: ErrorCode::QuotaExceeded,
@@ -417,4 +429,89 @@ fn a_rate_limited_push_names_the_rate_and_when_to_retry() {
     );
     let after = error.retry_after_ms.expect("a time to retry");
     assert!((1..=1000).contains(&after), "retry after {after} ms");
+}
+
+fn one_batch(topic: &str, count: usize) -> Wire {
+    let message = PushMessage {
+        topic: topic.into(),
+        payload: Bytes::from_static(b"x"),
+        ..PushMessage::default()
+    };
+    Wire::Push(Push {
+        request: u64::MAX,
+        messages: vec![message; count],
+    })
+}
+
+/// A tree whose namespace `orders` has a quota of 100,000 messages.
+fn far_quota() -> Tree {
+    let mut t = tree(4);
+    let limits = Limits {
+        messages_max: Some(100_000),
+        ..Limits::default()
+    };
+    set_limits(&mut t, "orders/", limits);
+    t
+}
+
+#[test]
+fn a_batch_beyond_its_leaf_s_allowance_waits_there_for_the_root_s_grant_and_is_stored() {
+    // Goal: a producer whose batch is larger than what its leaf holds of a far-off quota sees
+    // no refusal: the leaf holds the batch while it asks the root for more, then stores it.
+    let mut t = far_quota();
+    // Leaf 1 holds no allowance yet: the root grants none before every leaf reported, and
+    // leaf 1 reported first. The batch waits for its first grant.
+    t.h.send(t.producers[0], one_batch("orders/eu", 400));
+    match t.h.recv(t.producers[0]) {
+        Wire::PushAck(ack) => assert_eq!(ack.ids.len(), 400),
+        other => panic!("answered {other:?}"),
+    }
+    let leaf = t.leaves[0];
+    assert_eq!(counter(&mut t.h, leaf, "pushes_held"), 1);
+    assert_eq!(counter(&mut t.h, leaf, "pushes_awaiting_allowance"), 0);
+    assert_eq!(held(&mut t, &["orders/eu"]), 400);
+}
+
+#[test]
+fn a_held_batch_whose_grant_does_not_come_is_refused_with_a_time_to_retry_and_not_stored() {
+    // Goal: a leaf cut off from the root holds a batch beyond its allowance no longer than
+    // `quota_hold_ms`, then refuses it (`Overloaded`, retry after `quota_retry_ms`); the batch
+    // is stored once the leaf is linked again and the producer sends it again.
+    let mut t = far_quota();
+    let (producer, leaf, parent) = (t.producers[0], t.leaves[0], t.aggs[0]);
+    let uplink =
+        t.h.ends
+            .iter()
+            .find(|(_, (owner, other))| {
+                *owner == Owner::Node(leaf) && t.h.ends[other].0 == Owner::Node(parent)
+            })
+            .map(|(end, _)| *end)
+            .expect("leaf 1 is linked to its aggregator");
+    t.h.disconnect(uplink);
+    t.h.send(producer, one_batch("orders/eu", 400));
+    assert_eq!(t.h.try_recv(producer), None, "held while the leaf asks");
+    let settings = Settings::default();
+    t.h.advance(Duration::from_millis(settings.quota_hold_ms - 1));
+    assert_eq!(t.h.try_recv(producer), None, "held for quota_hold_ms");
+    t.h.advance(Duration::from_millis(1));
+    match t.h.recv(producer) {
+        Wire::Error(error) => {
+            assert_eq!(error.code, ErrorCode::Overloaded);
+            assert_eq!(error.retry_after_ms, Some(settings.quota_retry_ms));
+        }
+        other => panic!("answered {other:?}"),
+    }
+    assert_eq!(counter(&mut t.h, leaf, "pushes_awaiting_allowance"), 1);
+    t.h.link(leaf, parent);
+    t.h.advance(Duration::from_millis(settings.quota_report_ms));
+    t.h.send(producer, one_batch("orders/eu", 400));
+    match t.h.recv(producer) {
+        Wire::PushAck(ack) => assert_eq!(ack.ids.len(), 400),
+        other => panic!("answered {other:?}"),
+    }
+    assert_eq!(
+        held(&mut t, &["orders/eu"]),
+        400,
+        "the refused batch left nothing"
+    );
 }
