@@ -15,19 +15,23 @@ impl Sim {
     pub(super) fn observe_transmit(&mut self, node: usize, conn: ConnId, msg: &Wire) {
         match (self.roles[node], msg) {
             (Role::Leaf, Wire::PushAck(ack)) => {
-                if let Some(priorities) = self.pushes.remove(&(conn, ack.request)) {
+                if let Some((topic, priorities)) = self.pushes.remove(&(conn, ack.request)) {
+                    let truth = self.truth.entry(topic.clone()).or_default();
                     for (id, priority) in ack.ids.iter().zip(priorities) {
-                        self.truth.acked(*id, priority);
-                        self.pushed += 1;
-                        self.current.pushed += 1;
+                        truth.acked(*id, priority);
                     }
+                    let count = ack.ids.len() as u64;
+                    self.pushed += count;
+                    self.current.pushed += count;
+                    self.tally(&topic).pushed += count;
                 }
             }
             (Role::Leaf, Wire::Error(error)) => {
                 if let Some(request) = error.request
-                    && self.pushes.remove(&(conn, request)).is_some()
+                    && let Some((topic, priorities)) = self.pushes.remove(&(conn, request))
                 {
                     self.push_errors += 1;
+                    self.tally(&topic).refused += priorities.len() as u64;
                 }
             }
             (Role::Leaf, Wire::Reserved(reserved)) => {
@@ -53,10 +57,11 @@ impl Sim {
             (Role::Root, Wire::PopReply(reply)) => {
                 for delivery in &reply.deliveries {
                     self.unconfirmed.insert(delivery.id);
+                    let truth = self.truth.entry(delivery.topic.clone()).or_default();
                     if let Some((rank, inversion)) =
-                        self.truth
-                            .delivered(delivery.id, delivery.priority, self.now)
+                        truth.delivered(delivery.id, delivery.priority, self.now)
                     {
+                        self.tally(&delivery.topic).delivered += 1;
                         self.rank_error.saturating_record(rank);
                         self.inversion.saturating_record(inversion.max(1));
                         self.current.delivered += 1;
@@ -128,7 +133,7 @@ impl Sim {
         let spec = &self.consumers[consumer].spec;
         let pop = Pop {
             request,
-            topic: self.topic.clone(),
+            topic: self.consumers[consumer].topic.clone(),
             max: spec.max,
             wait_ms: spec.wait_ms,
             ..Pop::default()
@@ -153,10 +158,11 @@ impl Sim {
             batches.push((end, count));
         }
         let spec = self.producers[producer].spec.clone();
+        let topic = self.producers[producer].topic.clone();
         for (end, count) in batches {
             let messages: Vec<PushMessage> = (0..count)
                 .map(|_| PushMessage {
-                    topic: self.topic.clone(),
+                    topic: topic.clone(),
                     priority: spec.priorities.draw(&mut self.rng),
                     payload: Bytes::from(vec![0u8; spec.payload_bytes]),
                     ..PushMessage::default()

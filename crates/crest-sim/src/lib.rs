@@ -31,11 +31,11 @@
 mod workload;
 
 pub use crest_core::metrics::Percentiles;
-pub use report::{Sample, SimReport};
+pub use report::{Sample, SimReport, TopicReport};
 pub use run::run;
 pub use workload::{
-    ConsumerSpec, DiskModel, FaultSpec, LinkModel, PartitionSpec, PriorityMix, ProducerSpec,
-    RandomFaults, ReplicationModel, Workload,
+    ConsumerSpec, DiskModel, FaultSpec, LimitSpec, LinkModel, PartitionSpec, PriorityMix,
+    ProducerSpec, RandomFaults, ReplicationModel, Workload,
 };
 
 mod clients;
@@ -46,7 +46,7 @@ mod report;
 mod run;
 
 use net::Cut;
-use report::{Truth, histogram};
+use report::{TopicTally, Truth, histogram};
 
 use crest_core::aggregator::{Aggregator, AggregatorConfig};
 use crest_core::id::{MessageId, Receipt};
@@ -132,6 +132,8 @@ enum Event {
     Report,
     /// A time-series sample.
     Sample,
+    /// The workload's limits are set (through the first consumer's connection to the root).
+    Configure,
 }
 
 /// How often a simulated consumer sends an ack that found its leaf unreachable.
@@ -169,6 +171,8 @@ struct ProducerState {
     last_tick: Time,
     /// Push requests in flight: request → (sent at, on which end).
     in_flight: HashMap<u64, (Time, ConnId)>,
+    /// The topic it pushes to.
+    topic: String,
 }
 
 struct ConsumerState {
@@ -178,6 +182,8 @@ struct ConsumerState {
     pending: Option<(u64, Time)>,
     /// Ack requests in flight: request → the receipts and how many times they were sent.
     acks: HashMap<u64, (Vec<Receipt>, u32)>,
+    /// The topic it pops from.
+    topic: String,
 }
 
 struct Sim {
@@ -188,7 +194,6 @@ struct Sim {
     rng: Rng,
     link: LinkModel,
     disk: DiskModel,
-    topic: String,
     nodes: Vec<Box<dyn Machine>>,
     roles: Vec<Role>,
     armed: Vec<Option<Time>>,
@@ -254,9 +259,13 @@ struct Sim {
     next_request: u64,
     producers: Vec<ProducerState>,
     consumers: Vec<ConsumerState>,
-    /// Push requests at leaves: (leaf end, request) → priorities of the messages.
-    pushes: HashMap<(ConnId, u64), Vec<u32>>,
-    truth: Truth,
+    /// Push requests at leaves: (leaf end, request) → the batch's topic and the priorities
+    /// of its messages.
+    pushes: HashMap<(ConnId, u64), (String, Vec<u32>)>,
+    /// Ground truth per topic (rank error and inversion are within a topic).
+    truth: BTreeMap<String, Truth>,
+    /// What each topic's producers and consumers saw.
+    by_topic: BTreeMap<String, TopicTally>,
     // Measurements.
     pushed: u64,
     push_errors: u64,
@@ -272,7 +281,20 @@ struct Sim {
     current: Sample,
 }
 
-impl Sim {}
+impl Sim {
+    /// Messages acknowledged and not yet delivered, over every topic.
+    fn waiting_total(&self) -> u64 {
+        self.truth.values().map(Truth::waiting_total).sum()
+    }
+
+    /// What `topic`'s producers and consumers saw so far.
+    fn tally(&mut self, topic: &str) -> &mut TopicTally {
+        if !self.by_topic.contains_key(topic) {
+            self.by_topic.insert(topic.to_string(), TopicTally::new());
+        }
+        self.by_topic.get_mut(topic).expect("inserted")
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -174,8 +174,11 @@ impl Sim {
                     }
                 }
                 if let Wire::Push(push) = &msg {
+                    // A simulated producer's batch is of one topic.
+                    let topic = push.messages.first().map(|m| m.topic.clone());
                     let priorities = push.messages.iter().map(|m| m.priority).collect();
-                    self.pushes.insert((to, push.request), priorities);
+                    let pushed = (topic.unwrap_or_default(), priorities);
+                    self.pushes.insert((to, push.request), pushed);
                 }
                 if self.roles[node] == Role::Leaf {
                     self.observe_settle(&msg);
@@ -193,9 +196,12 @@ impl Sim {
                     if let Some((sent, _)) = self.producers[producer].in_flight.remove(&ack.request)
                     {
                         let micros = self.now.saturating_since(sent).as_micros() as u64;
-                        for _ in &ack.ids {
-                            self.push_ack.saturating_record(micros.max(1));
-                        }
+                        let topic = self.producers[producer].topic.clone();
+                        let count = ack.ids.len() as u64;
+                        self.push_ack.saturating_record_n(micros.max(1), count);
+                        self.tally(&topic)
+                            .push_ack
+                            .saturating_record_n(micros.max(1), count);
                     }
                 }
                 Wire::Error(error) => {
@@ -255,6 +261,10 @@ impl Sim {
                     if !reply.deliveries.is_empty() {
                         let micros = self.now.saturating_since(sent).as_micros() as u64;
                         self.pop_latency.saturating_record(micros.max(1));
+                        let topic = self.consumers[consumer].topic.clone();
+                        self.tally(&topic)
+                            .pop_latency
+                            .saturating_record(micros.max(1));
                         let receipts: Vec<Receipt> =
                             reply.deliveries.iter().map(|d| d.receipt()).collect();
                         self.ack(consumer, receipts, 1);

@@ -100,8 +100,56 @@ pub struct SimReport {
     pub unexpected_duplicates: u64,
     /// Events processed.
     pub events: u64,
+    /// Per topic, what its producers and consumers saw (with more than one topic).
+    pub topics: BTreeMap<String, TopicReport>,
     /// Time series, one sample per `sample_ms`.
     pub series: Vec<Sample>,
+}
+
+/// What one topic's producers and consumers saw.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TopicReport {
+    /// Messages acknowledged by leaves.
+    pub pushed: u64,
+    /// Messages of push batches refused by a leaf (quota, rate, or any other reason).
+    pub refused: u64,
+    /// First deliveries.
+    pub delivered: u64,
+    /// Push-ack latency at its producers, µs.
+    pub push_ack_us: Percentiles,
+    /// Pop latency at its consumers (pops that delivered), µs.
+    pub pop_latency_us: Percentiles,
+}
+
+/// A topic's counts and latencies as the run goes.
+pub(super) struct TopicTally {
+    pub(super) pushed: u64,
+    pub(super) refused: u64,
+    pub(super) delivered: u64,
+    pub(super) push_ack: Histogram<u64>,
+    pub(super) pop_latency: Histogram<u64>,
+}
+
+impl TopicTally {
+    pub(super) fn new() -> TopicTally {
+        TopicTally {
+            pushed: 0,
+            refused: 0,
+            delivered: 0,
+            push_ack: histogram(),
+            pop_latency: histogram(),
+        }
+    }
+
+    pub(super) fn report(&self) -> TopicReport {
+        TopicReport {
+            pushed: self.pushed,
+            refused: self.refused,
+            delivered: self.delivered,
+            push_ack_us: Percentiles::of(&self.push_ack),
+            pop_latency_us: Percentiles::of(&self.pop_latency),
+        }
+    }
 }
 
 impl SimReport {
@@ -212,6 +260,34 @@ impl SimReport {
                 "  {:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
                 name, p.count, p.p50, p.p90, p.p99, p.p999, p.max
             );
+        }
+        if self.topics.len() > 1 {
+            let _ = writeln!(
+                out,
+                "  {:<20} {:>9} {:>9} {:>9} {:>14} {:>14} {:>14} {:>14}",
+                "topic",
+                "pushed",
+                "refused",
+                "delivered",
+                "push-ack p50",
+                "push-ack p99",
+                "pop p50",
+                "pop p99"
+            );
+            for (topic, t) in &self.topics {
+                let _ = writeln!(
+                    out,
+                    "  {:<20} {:>9} {:>9} {:>9} {:>14} {:>14} {:>14} {:>14}",
+                    topic,
+                    t.pushed,
+                    t.refused,
+                    t.delivered,
+                    t.push_ack_us.p50,
+                    t.push_ack_us.p99,
+                    t.pop_latency_us.p50,
+                    t.pop_latency_us.p99
+                );
+            }
         }
         out
     }

@@ -66,6 +66,12 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
     sim.add_clients(topology, workload, &index, plan.begin)?;
     sim.schedule_faults(workload, &index, seed, plan.begin)?;
     sim.schedule(plan.start + Duration::from_secs(1), Event::Report);
+    if !workload.limits.is_empty() {
+        // Halfway through the warm-up: the clients' connections are open, and the leaves
+        // have their allowances before the load starts.
+        let at = plan.start + Duration::from_millis(workload.warmup_ms / 2);
+        sim.schedule(at, Event::Configure);
+    }
     sim.schedule(
         plan.begin + Duration::from_millis(workload.sample_ms),
         Event::Sample,
@@ -85,7 +91,6 @@ impl Sim {
             rng: Rng::new(seed),
             link: workload.link,
             disk: workload.disk,
-            topic: workload.topic.clone(),
             nodes: Vec::new(),
             roles: Vec::new(),
             armed: Vec::new(),
@@ -131,7 +136,8 @@ impl Sim {
             producers: Vec::new(),
             consumers: Vec::new(),
             pushes: HashMap::new(),
-            truth: Truth::default(),
+            truth: BTreeMap::new(),
+            by_topic: BTreeMap::new(),
             pushed: 0,
             push_errors: 0,
             rank_error: histogram(),
@@ -270,6 +276,7 @@ impl Sim {
                 owed: 0.0,
                 last_tick: from,
                 in_flight: HashMap::new(),
+                topic: spec.topic.clone().unwrap_or_else(|| workload.topic.clone()),
             });
             for leaf in targets {
                 self.connect_producer(p, leaf);
@@ -282,6 +289,7 @@ impl Sim {
                 end: 0,
                 pending: None,
                 acks: HashMap::new(),
+                topic: spec.topic.clone().unwrap_or_else(|| workload.topic.clone()),
             });
             self.connect_consumer(c, self.root);
             self.schedule(begin, Event::Consume { consumer: c });
@@ -379,7 +387,7 @@ impl Sim {
                 continue;
             }
             if self.now >= plan.end
-                && self.truth.waiting_total() == 0
+                && self.waiting_total() == 0
                 && self.pushes.is_empty()
                 && self.producers.iter().all(|p| p.in_flight.is_empty())
             {
@@ -485,10 +493,25 @@ impl Sim {
                 }
                 self.schedule(now + Duration::from_secs(1), Event::Report);
             }
+            Event::Configure => {
+                let end = self.consumers[0].end;
+                for limit in &workload.limits {
+                    let op = crest_core::wire::AdminOp::Configure {
+                        topic: limit.scope.clone(),
+                        config: Box::new(crest_core::wire::TopicConfig {
+                            limits: limit.limits(),
+                            ..crest_core::wire::TopicConfig::default()
+                        }),
+                    };
+                    let request = self.request();
+                    let admin = crest_core::wire::Admin { request, op };
+                    self.send(end, Wire::Admin(admin));
+                }
+            }
             Event::Sample => {
                 let mut sample = std::mem::take(&mut self.current);
                 sample.at_ms = self.now.saturating_since(plan.begin).as_millis() as u64;
-                sample.waiting = self.truth.waiting_total();
+                sample.waiting = self.waiting_total();
                 sample.window_entries = (0..self.nodes.len())
                     .filter(|&i| self.roles[i] != Role::Leaf)
                     .map(|i| self.nodes[i].stats().window_entries)
@@ -505,7 +528,14 @@ impl Sim {
 
     /// What the run measured.
     fn report(self, seed: u64, workload: &Workload, bound: u64, begin: Time) -> SimReport {
-        let delivered = self.truth.delivered.len() as u64;
+        let waiting = self.waiting_total();
+        let truths = self.truth.values();
+        let delivered = truths.clone().map(|t| t.delivered.len() as u64).sum();
+        let duplicates = truths.clone().map(|t| t.duplicates).sum();
+        let unexpected_duplicates = truths
+            .flat_map(|t| &t.duplicate_ids)
+            .filter(|id| !self.exposed.contains(id))
+            .count() as u64;
         let seconds = |d: Duration| d.as_secs_f64().max(1e-9);
         SimReport {
             seed,
@@ -514,8 +544,8 @@ impl Sim {
             simulated_ms: self.now.saturating_since(self.start).as_millis() as u64,
             pushed: self.pushed,
             delivered,
-            duplicates: self.truth.duplicates,
-            undelivered: self.truth.waiting_total(),
+            duplicates,
+            undelivered: waiting,
             push_errors: self.push_errors,
             push_rate: self.pushed as f64 / seconds(Duration::from_millis(workload.duration_ms)),
             delivery_rate: delivered as f64 / seconds(self.now.saturating_since(begin)),
@@ -539,13 +569,13 @@ impl Sim {
             group_violation: self.group_violation,
             lease_violations: self.lease_violations,
             lease_violation: self.lease_violation,
-            unexpected_duplicates: self
-                .truth
-                .duplicate_ids
-                .iter()
-                .filter(|id| !self.exposed.contains(id))
-                .count() as u64,
+            unexpected_duplicates,
             events: self.processed,
+            topics: self
+                .by_topic
+                .iter()
+                .map(|(topic, tally)| (topic.clone(), tally.report()))
+                .collect(),
             series: self.series,
         }
     }

@@ -46,6 +46,12 @@
 //! max = 16                    # messages per pop
 //! wait_ms = 100               # long-poll
 //! rate = 0                    # pops per second; 0 pops again as soon as answered
+//! # topic = "orders/eu"       # a producer's or consumer's own topic (default `topic`)
+//!
+//! [[limits]]                  # optional: quotas and rates set during the warm-up
+//! scope = "noisy/"            # a namespace (`NS/`) or a topic
+//! push_rate = 1000            # also messages_max, bytes_max, message_bytes_max,
+//! push_burst = 100            #   push_bytes_rate, push_bytes_burst (burst: 1 s's worth)
 //! ```
 
 use serde::Deserialize;
@@ -251,6 +257,58 @@ pub struct ProducerSpec {
     /// When it stops, ms after the warm-up (default: the end of the load).
     #[serde(default)]
     pub stop_ms: Option<u64>,
+    /// The topic it pushes to (default: the workload's).
+    #[serde(default)]
+    pub topic: Option<String>,
+}
+
+/// Quotas and rates set on a scope (a topic, or a namespace's `NS/`) during the warm-up, as
+/// `crest policy set` / `crest topic set` do. A rate's burst defaults to one second's worth.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSpec {
+    /// The scope.
+    pub scope: String,
+    /// Most messages held.
+    #[serde(default)]
+    pub messages_max: Option<u64>,
+    /// Most payload bytes held.
+    #[serde(default)]
+    pub bytes_max: Option<u64>,
+    /// Largest payload.
+    #[serde(default)]
+    pub message_bytes_max: Option<u64>,
+    /// Messages pushed per second.
+    #[serde(default)]
+    pub push_rate: Option<u64>,
+    /// Its burst.
+    #[serde(default)]
+    pub push_burst: Option<u64>,
+    /// Payload bytes pushed per second.
+    #[serde(default)]
+    pub push_bytes_rate: Option<u64>,
+    /// Its burst.
+    #[serde(default)]
+    pub push_bytes_burst: Option<u64>,
+}
+
+impl LimitSpec {
+    /// The limits, as a topic configuration carries them.
+    pub fn limits(&self) -> crest_core::quota::Limits {
+        let rate = |per_second: Option<u64>, burst: Option<u64>| {
+            per_second.map(|per_second| crest_core::quota::Rate {
+                per_second,
+                burst: burst.unwrap_or(per_second),
+            })
+        };
+        crest_core::quota::Limits {
+            messages_max: self.messages_max,
+            bytes_max: self.bytes_max,
+            message_bytes_max: self.message_bytes_max,
+            push_rate: rate(self.push_rate, self.push_burst),
+            push_bytes_rate: rate(self.push_bytes_rate, self.push_bytes_burst),
+        }
+    }
 }
 
 fn pop_max() -> u32 {
@@ -274,6 +332,9 @@ pub struct ConsumerSpec {
     /// Pops per second; 0 pops again as soon as answered.
     #[serde(default)]
     pub rate: f64,
+    /// The topic it pops from (default: the workload's).
+    #[serde(default)]
+    pub topic: Option<String>,
 }
 
 fn duration_ms() -> u64 {
@@ -335,6 +396,9 @@ pub struct Workload {
     /// Faults drawn from the seed.
     #[serde(default)]
     pub random_faults: RandomFaults,
+    /// Quotas and rates set during the warm-up.
+    #[serde(default)]
+    pub limits: Vec<LimitSpec>,
 }
 
 /// A scripted fault: a node crashes (its connections drop; a leaf loses what its disk had not
@@ -425,6 +489,28 @@ impl Workload {
         }
         if (random.crashes + random.partitions > 0) && random.down_ms_max < 10 {
             return Err("random_faults: down_ms_max must be at least 10".into());
+        }
+        let settings = crest_core::config::Settings::default();
+        let topics = self.producers.iter().map(|p| &p.topic);
+        for topic in topics
+            .chain(self.consumers.iter().map(|c| &c.topic))
+            .flatten()
+        {
+            settings
+                .check_topic(topic)
+                .map_err(|e| format!("topic {topic:?}: {e}"))?;
+        }
+        if self.limits.len() > 64 {
+            return Err("at most 64 [[limits]]".into());
+        }
+        for limit in &self.limits {
+            let scope = limit.scope.strip_suffix('/').unwrap_or(&limit.scope);
+            settings
+                .check_topic(scope)
+                .map_err(|e| format!("limits scope {:?}: {e}", limit.scope))?;
+            if limit.limits().is_empty() {
+                return Err(format!("limits scope {:?}: sets no limit", limit.scope));
+            }
         }
         for (i, c) in self.consumers.iter().enumerate() {
             if c.max == 0 || !(c.rate >= 0.0 && c.rate <= 1_000_000.0) {

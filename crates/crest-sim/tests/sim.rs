@@ -362,3 +362,49 @@ fn a_failing_disk_and_torn_writes_lose_nothing_acknowledged() {
             .contains("append_failures")
     );
 }
+
+const NOISY_NEIGHBOUR: &str = include_str!("../../../examples/sim/noisy-neighbour.toml");
+
+#[test]
+fn a_noisy_namespace_is_held_to_its_rate_and_its_neighbours_see_what_they_would_alone() {
+    // Goal: namespace `noisy` offering 20x its push rate over every leaf is admitted at its
+    // rate, tree-wide; the two well-behaved namespaces next to it see no refusal, get every
+    // message delivered, and push-ack and pop latencies within 20 % of a run without it.
+    let topology = Topology::parse(LOCAL).unwrap();
+    let workload = Workload::parse(NOISY_NEIGHBOUR).unwrap();
+    let mut alone = workload.clone();
+    alone
+        .producers
+        .retain(|p| p.topic.as_deref() != Some("noisy/jobs"));
+    for seed in 1..=2 {
+        let with = run(&topology, &workload, seed).unwrap();
+        let without = run(&topology, &alone, seed).unwrap();
+        let text = format!("with:\n{}\nwithout:\n{}", with.text(), without.text());
+        assert!(with.violations().is_empty(), "{text}");
+        let noisy = &with.topics["noisy/jobs"];
+        // 1,000/s for 3 s, and the burst of 100.
+        let expected = 1_000.0 * 3.0 + 100.0;
+        let admitted = noisy.pushed as f64;
+        assert!(
+            (admitted - expected).abs() <= expected * 0.1,
+            "seed {seed}: noisy admitted {admitted}, expected {expected} ± 10 %\n{text}"
+        );
+        assert!(noisy.refused > 10 * noisy.pushed, "seed {seed}\n{text}");
+        for topic in ["quiet-a/jobs", "quiet-b/jobs"] {
+            let (near, apart) = (&with.topics[topic], &without.topics[topic]);
+            assert_eq!(near.refused, 0, "seed {seed} {topic}\n{text}");
+            assert_eq!(near.delivered, near.pushed, "seed {seed} {topic}\n{text}");
+            assert!(near.pushed >= 5_900, "seed {seed} {topic}\n{text}");
+            for (what, near, apart) in [
+                ("push-ack p99", near.push_ack_us.p99, apart.push_ack_us.p99),
+                ("pop p99", near.pop_latency_us.p99, apart.pop_latency_us.p99),
+            ] {
+                assert!(
+                    near as f64 <= apart as f64 * 1.2,
+                    "seed {seed} {topic}: {what} {near} us next to the noisy one, {apart} us \
+                     without it\n{text}"
+                );
+            }
+        }
+    }
+}

@@ -54,8 +54,9 @@ struct Allowance {
     ceiling: Option<Amount>,
     /// What the leaf asked for in its last report.
     want: Amount,
-    /// Reports in a row with nothing admitted nor refused since the one before.
-    idle: u8,
+    /// The last report with something admitted or refused since the one before (idleness
+    /// is measured in time: a leaf reports early for other scopes).
+    busy_at: Option<Time>,
     /// It gave its allowance back for another leaf: its next report asks only for what it
     /// was refused (rather than take it right back).
     yielded: bool,
@@ -292,8 +293,15 @@ impl Allowances {
                     allowance.token_short.add(need);
                 }
             }
-            if !again || self.last_report.is_some_and(|at| at < now) {
-                self.due = Some(now.min(self.due.unwrap_or(now)));
+            // The root said when the bucket has the tokens: the leaf asks then, not at once
+            // (a producer offering far more than the rate would have it report at every push).
+            let ask_at = match wait_ms {
+                Some(ms) => Some(now + Duration::from_millis(ms)),
+                None if !again || self.last_report.is_some_and(|at| at < now) => Some(now),
+                None => None,
+            };
+            if let Some(at) = ask_at {
+                self.due = Some(at.min(self.due.unwrap_or(at)));
             }
             let rate = QuotaExceeded {
                 scope,
@@ -380,14 +388,20 @@ impl Allowances {
                 let busy = !allowance.recent.is_zero()
                     || !allowance.short.is_zero()
                     || !allowance.token_short.is_zero();
-                allowance.idle = if busy {
-                    0
-                } else {
-                    allowance.idle.saturating_add(1)
+                if busy {
+                    allowance.busy_at = Some(now);
+                }
+                let quiet = allowance
+                    .busy_at
+                    .map_or(Duration::MAX, |at| now.saturating_since(at));
+                let idle = match quiet {
+                    _ if busy => 0,
+                    quiet if quiet < interval * 2 => 1,
+                    _ => 2,
                 };
-                // A grant may come just after a report: it is kept for one quiet interval
-                // (for the push that waited for it), given back after two.
-                let want = match allowance.idle {
+                // A grant may come just after a report: it is kept for two quiet intervals
+                // (for the push that waited for it), given back after.
+                let want = match idle {
                     _ if std::mem::take(&mut allowance.yielded) => allowance.short,
                     0 => pace(allowance.recent).plus(allowance.short).plus(least),
                     1 => allowance.want,
@@ -410,7 +424,7 @@ impl Allowances {
                 allowance.taken.add(spare);
                 // Tokens: what two intervals at the recent pace take, and what was refused;
                 // an idle leaf gives its tokens back (they are not returned to the bucket).
-                let tokens_want = if allowance.idle >= 2 {
+                let tokens_want = if idle >= 2 {
                     allowance.tokens_taken = allowance.tokens_granted;
                     Amount::default()
                 } else {
