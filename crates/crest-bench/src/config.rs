@@ -165,6 +165,10 @@ pub struct BenchConfig {
     /// Quotas and rates set on the topic's namespace before the workload (`crest bench
     /// --against-limits`: what enforcing limits that are not hit costs).
     pub limits: Option<crest_core::quota::Limits>,
+    /// Limits set on other scopes before the workload (a noisy neighbour's namespace).
+    pub other_limits: Vec<(String, crest_core::quota::Limits)>,
+    /// A noisy neighbour running alongside the workload.
+    pub noise: Option<crate::noise::Noise>,
 }
 
 impl BenchConfig {
@@ -191,6 +195,8 @@ impl BenchConfig {
             progress: Some(Duration::from_secs(1)),
             seed: 1,
             limits: None,
+            other_limits: Vec::new(),
+            noise: None,
         }
     }
 

@@ -20,6 +20,7 @@
 mod config;
 mod ledger;
 mod load;
+mod noise;
 mod probe;
 pub mod redis;
 mod report;
@@ -28,6 +29,7 @@ pub mod wal;
 pub use config::{BenchConfig, Phase, PriorityMix, Target};
 pub use crest_core::metrics::Percentiles;
 pub use ledger::LEASE_RANK_MESSAGES_MAX;
+pub use noise::{Noise, NoiseReport};
 pub use probe::NodeHttp;
 pub use report::{
     BenchComparison, BenchReport, BenchSummary, CpuUse, Latencies, NodeCpu, Spread, Versus,
@@ -153,7 +155,12 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     config.validate()?;
     let running = start(&config.target).await?;
     if let Some(limits) = config.limits {
-        set_limits(&running, &config.topic, limits).await?;
+        let scope =
+            crest_core::quota::namespace_scope(crest_core::access::namespace(&config.topic));
+        set_limits(&running, &scope, limits).await?;
+    }
+    for (scope, limits) in &config.other_limits {
+        set_limits(&running, scope, *limits).await?;
     }
     let result = drive(&config, &running).await;
     let includes_tree = running.local.is_some();
@@ -206,10 +213,10 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     Ok(report)
 }
 
-/// Sets `limits` on `topic`'s namespace at every leaf of the tree.
+/// Sets `limits` on `scope` (a topic, or a namespace's `NS/`) at every leaf of the tree.
 async fn set_limits(
     running: &Running,
-    topic: &str,
+    scope: &str,
     limits: crest_core::quota::Limits,
 ) -> Result<()> {
     let admin = crest_sdk::Admin::connect(ConsumerConfig::new(
@@ -217,12 +224,11 @@ async fn set_limits(
         running.tls.clone(),
     ))
     .await?;
-    let scope = crest_core::quota::namespace_scope(crest_core::access::namespace(topic));
     let config = crest_sdk::TopicConfig {
         limits,
         ..crest_sdk::TopicConfig::default()
     };
-    let answer = admin.configure(&scope, config).await?;
+    let answer = admin.configure(scope, config).await?;
     if !answer.unreachable.is_empty() {
         bail!("limits not set at leaves {:?}", answer.unreachable);
     }
@@ -272,6 +278,14 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
         .progress
         .map(|every| spawn_progress(shared.clone(), every));
     let producer_config = ProducerConfig::new(running.leaves.clone(), running.tls.clone());
+    let stop_noise = Arc::new(AtomicBool::new(false));
+    let noise = config.noise.clone().map(|noise| {
+        tokio::spawn(noise::run(
+            noise,
+            producer_config.clone(),
+            stop_noise.clone(),
+        ))
+    });
     let producers: Vec<_> = (0..config.producers)
         .map(|index| {
             tokio::spawn(run_producer(
@@ -317,6 +331,11 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
     for task in consumer_tasks {
         results.push(task.await.context("consumer task")??);
     }
+    stop_noise.store(true, Ordering::Release);
+    let noise = match noise {
+        Some(task) => Some(task.await.context("noisy producer")??),
+        None => None,
+    };
     let cpu = CpuMarks {
         start: cpu_start,
         producers_done: cpu_producers_done,
@@ -327,6 +346,7 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
         progress.abort();
     }
     let mut report = report(&config, &shared, push_ack, results, cpu);
+    report.noise = noise;
     report.nodes_cpu = probe::usage(
         &nodes,
         [&nodes_start, &nodes_done, &nodes_end],

@@ -121,6 +121,8 @@ pub struct BenchReport {
     pub cpu: CpuUse,
     /// With `--connect`: processor time of each node process that answered on `/metrics`.
     pub nodes_cpu: Vec<NodeCpu>,
+    /// What a noisy neighbour running alongside was admitted and refused.
+    pub noise: Option<crate::noise::NoiseReport>,
 }
 
 /// A node process's processor time over a run against a running tree (user + system, all its
@@ -671,6 +673,7 @@ pub(super) fn report(
         log_sync_by_leaf_us: BTreeMap::new(),
         cpu: cpu.usage(config.phase, pushed, seen.distinct),
         nodes_cpu: Vec::new(),
+        noise: None,
     }
 }
 

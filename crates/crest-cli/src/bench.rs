@@ -101,6 +101,16 @@ pub(crate) struct BenchArgs {
     /// what enforcing limits costs.
     #[arg(long, conflicts_with_all = ["against", "against_open"])]
     pub(crate) against_limits: bool,
+    /// Compare with the same tree and workload next to a noisy neighbour: a producer of
+    /// namespace `noisy` offering 20 times that namespace's push rate (--noisy-rate), open
+    /// loop, while the workload runs; both trees have the rate set. What the noise costs the
+    /// well-behaved workload.
+    #[arg(long, conflicts_with_all = ["against", "against_open", "against_limits"])]
+    pub(crate) against_noisy: bool,
+    /// The noisy namespace's push rate for --against-noisy, messages per second (it offers
+    /// 20 times this).
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) noisy_rate: u64,
     /// The tree the bench starts serves clients without credentials (no access file).
     #[arg(long)]
     pub(crate) open: bool,
@@ -126,11 +136,15 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
         anyhow::bail!("--runs must be 1 to {BENCH_RUNS_MAX}, not {}", args.runs);
     }
     if args.connect
-        && (args.against.is_some() || args.against_open || args.against_limits || args.open)
+        && (args.against.is_some()
+            || args.against_open
+            || args.against_limits
+            || args.against_noisy
+            || args.open)
     {
         anyhow::bail!(
-            "--against, --against-open, --against-limits and --open are about trees the bench \
-             starts: not with --connect"
+            "--against, --against-open, --against-limits, --against-noisy and --open are about \
+             trees the bench starts: not with --connect"
         );
     }
     let topology = load_topology(args.topology.as_deref())?;
@@ -227,7 +241,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
         }
         return Ok(());
     }
-    if args.against.is_some() || args.against_open || args.against_limits {
+    if args.against.is_some() || args.against_open || args.against_limits || args.against_noisy {
         return bench_against(&args, config).await;
     }
     if args.runs == 1 {
@@ -278,6 +292,7 @@ pub(crate) async fn bench_against(
             against.display().to_string(),
         ),
         None if args.against_limits => (topology.clone(), args.open, "limits".to_string()),
+        None if args.against_noisy => (topology.clone(), args.open, "noisy".to_string()),
         None => (topology.clone(), true, "no credentials".to_string()),
     };
     // Limits no workload reaches: each push is checked against all of them.
@@ -292,6 +307,23 @@ pub(crate) async fn bench_against(
         push_rate: Some(never(1 << 30)),
         push_bytes_rate: Some(never(1 << 50)),
     });
+    let mut config = config.clone();
+    if args.against_noisy {
+        // Both trees rate-limit the noisy namespace; only B has its producer.
+        let rate = crest::sdk::Rate {
+            per_second: args.noisy_rate,
+            burst: args.noisy_rate,
+        };
+        let limits = crest::sdk::Limits {
+            push_rate: Some(rate),
+            ..crest::sdk::Limits::default()
+        };
+        config.other_limits = vec![("noisy/".to_string(), limits)];
+    }
+    let noise = args.against_noisy.then(|| crest::bench::Noise {
+        topic: "noisy/bench".into(),
+        offered: 20.0 * args.noisy_rate as f64,
+    });
     let b_config = crest::bench::BenchConfig {
         target: Target::Local {
             topology: b_topology,
@@ -299,9 +331,11 @@ pub(crate) async fn bench_against(
             open: b_open,
         },
         limits,
+        noise,
         ..config.clone()
     };
     let (mut a_runs, mut b_runs) = (Vec::new(), Vec::new());
+    let mut b_runs_noise = Vec::new();
     for run in 1..=args.runs {
         // A then B, then B then A: the second run of a pair is faster (it gets memory the
         // first one gave back, which a virtual machine need not fault in again from its host), so
@@ -313,6 +347,9 @@ pub(crate) async fn bench_against(
         for (name, config, runs) in pair {
             let report = crest::bench::run(config.clone()).await?;
             print!("{name} run {run}/{}: {}", args.runs, report.line());
+            if name == "B" {
+                b_runs_noise.push(report.noise);
+            }
             runs.push(report);
         }
     }
@@ -320,6 +357,18 @@ pub(crate) async fn bench_against(
     print!("A: {}", comparison.a.table());
     print!("B ({b_name}): {}", comparison.b.table());
     print!("{}", comparison.table());
+    let noise: Vec<_> = b_runs_noise.iter().flatten().collect();
+    if !noise.is_empty() {
+        for (run, n) in noise.iter().enumerate() {
+            println!(
+                "noisy neighbour, B run {}: offered {}, admitted {}, refused {}",
+                run + 1,
+                n.offered,
+                n.admitted,
+                n.refused
+            );
+        }
+    }
     write_json(args.json.as_deref(), &comparison)?;
     let missing = comparison.a.missing + comparison.b.missing;
     if missing > 0 {

@@ -555,6 +555,47 @@ async fn bench_measures_what_authentication_costs_against_an_open_tree() {
     assert!(!ok && text.contains("not with --connect"), "{text}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_runs_the_workload_next_to_a_noisy_neighbour_held_to_its_rate() {
+    // Goal: `--against-noisy` runs the workload (A) and the workload next to a producer of
+    // namespace `noisy` offering 20 times its push rate (B); every message of the workload is
+    // accounted for on both sides, and the noisy producer is admitted about its rate, the
+    // rest refused.
+    let (text, comparison) = bench_ok(&[
+        "--memory",
+        "--messages",
+        "20000",
+        "--rate",
+        "10000",
+        "--against-noisy",
+        "--noisy-rate",
+        "200",
+    ])
+    .await;
+    assert!(text.contains("B (noisy)"), "{text}");
+    for side in ["a", "b"] {
+        let runs = comparison[side]["runs"].as_array().unwrap();
+        assert_run_accounted(&runs[0], 20000, &text);
+    }
+    let run = &comparison["b"]["runs"][0];
+    let noise = &run["noise"];
+    let (offered, admitted, refused) = (
+        noise["offered"].as_u64().unwrap(),
+        noise["admitted"].as_u64().unwrap(),
+        noise["refused"].as_u64().unwrap(),
+    );
+    assert_eq!(offered, admitted + refused, "{noise}");
+    // No more than the rate over the time it offered, plus the burst (a bound the tree
+    // cannot beat, however the machine schedules the producer), and the rest refused.
+    let seconds = noise["millis"].as_u64().unwrap() as f64 / 1000.0;
+    assert!(
+        (admitted as f64) <= 200.0 * seconds + 200.0,
+        "admitted {admitted} in {seconds:.1} s at 200/s: {noise}"
+    );
+    assert!(admitted > 0 && refused > 0, "{noise}");
+    assert!(text.contains("noisy neighbour, B run 1: offered"), "{text}");
+}
+
 /// A redis-server of its own, on a Unix socket in a temporary directory (no port to pick),
 /// syncing its append-only file on every write; killed when dropped.
 struct RedisServer {
