@@ -303,21 +303,23 @@ fn print_limits(limits: &[crest::sdk::ScopeStats]) {
         None => now.to_string(),
     };
     println!(
-        "{:<24} {:>21} {:>25} {:>17} {:>21}  refused: quota, rate, for now",
-        "limited scope", "messages", "bytes", "pushes/s", "bytes/s"
+        "{:<24} {:>21} {:>25} {:>17} {:>21} {:>15}  refused: quota, rate, for now, pops",
+        "limited scope", "messages", "bytes", "pushes/s", "bytes/s", "pops/s"
     );
     for s in limits {
         let l = &s.limits;
         println!(
-            "{:<24} {:>21} {:>25} {:>17} {:>21}  {}, {}, {}",
+            "{:<24} {:>21} {:>25} {:>17} {:>21} {:>15}  {}, {}, {}, {}",
             s.scope,
             of(s.used.messages, l.messages_max),
             of(s.used.bytes, l.bytes_max),
             rate(s.pushed_per_second.messages, l.push_rate),
             rate(s.pushed_per_second.bytes, l.push_bytes_rate),
+            rate(s.popped_per_second, l.pop_rate),
             s.refused.over_quota,
             s.refused.rate_limited,
             s.refused.awaiting_allowance,
+            s.refused.pops_rate_limited,
         );
     }
 }

@@ -306,6 +306,7 @@ pub(crate) async fn bench_against(
         message_bytes_max: Some(1 << 30),
         push_rate: Some(never(1 << 30)),
         push_bytes_rate: Some(never(1 << 50)),
+        pop_rate: Some(never(1 << 30)),
     });
     let mut config = config.clone();
     if args.against_noisy {

@@ -2,7 +2,7 @@
 //! list | unset`: a namespace's quotas, kept the same way (as the configuration `NS/`).
 
 use crate::*;
-use crest::core::quota::{namespace_scope, scope_namespace};
+use crest::core::quota::{namespace_scope, principal_scope, scope_namespace, scope_principal};
 use crest::sdk::{Limits, Quota, Rate, TopicConfig, TopicSettings};
 
 /// Quotas on the command line.
@@ -30,6 +30,37 @@ pub(crate) struct LimitArgs {
     /// Most payload bytes pushed at once (default: one second's worth).
     #[arg(long, requires = "push_bytes_rate")]
     push_bytes_burst: Option<u64>,
+    /// Messages popped per second, over the whole tree (a pop past it waits for the rate
+    /// within its wait, then is refused `RateLimited`).
+    #[arg(long)]
+    pop_rate: Option<u64>,
+    /// Most messages popped at once after a quiet time (default: one second's worth).
+    #[arg(long, requires = "pop_rate")]
+    pop_burst: Option<u64>,
+}
+
+/// Whose limits: a namespace's (quotas and rates) or a principal's (rates, over every
+/// namespace).
+#[derive(clap::Args, Clone)]
+#[group(required = true, multiple = false)]
+pub(crate) struct ScopeArgs {
+    /// The namespace.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// The principal (its rates count what it pushes and pops in every namespace).
+    #[arg(long)]
+    principal: Option<String>,
+}
+
+impl ScopeArgs {
+    /// The scope's name in the tree, and how to print it.
+    fn scope(&self) -> (String, String) {
+        match (&self.namespace, &self.principal) {
+            (Some(namespace), _) => (namespace_scope(namespace), format!("namespace {namespace}")),
+            (_, Some(principal)) => (principal_scope(principal), format!("principal {principal}")),
+            (None, None) => unreachable!("clap requires one"),
+        }
+    }
 }
 
 impl LimitArgs {
@@ -46,24 +77,24 @@ impl LimitArgs {
             message_bytes_max: self.message_bytes_max,
             push_rate: rate(self.push_rate, self.push_burst),
             push_bytes_rate: rate(self.push_bytes_rate, self.push_bytes_burst),
+            pop_rate: rate(self.pop_rate, self.pop_burst),
         }
     }
 }
 
 #[derive(Subcommand)]
 pub(crate) enum PolicyCommand {
-    /// Set a namespace's quotas (replaces those it had), kept by every leaf and enforced over
-    /// the whole tree.
+    /// Set a namespace's quotas and rates, or a principal's rates (replaces those it had),
+    /// kept by every leaf and enforced over the whole tree.
     Set {
         #[command(flatten)]
         root: RootArgs,
-        /// The namespace.
-        #[arg(long)]
-        namespace: String,
+        #[command(flatten)]
+        scope: ScopeArgs,
         #[command(flatten)]
         limits: LimitArgs,
     },
-    /// List the namespaces' quotas and what each holds now.
+    /// List the namespaces' and principals' limits, and what each namespace holds now.
     List {
         #[command(flatten)]
         root: RootArgs,
@@ -71,28 +102,21 @@ pub(crate) enum PolicyCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Remove a namespace's quotas.
+    /// Remove a namespace's or a principal's limits.
     Unset {
         #[command(flatten)]
         root: RootArgs,
-        /// The namespace.
-        #[arg(long)]
-        namespace: String,
+        #[command(flatten)]
+        scope: ScopeArgs,
     },
 }
 
 /// The limits set, as `name=value` words.
 pub(crate) fn limit_words(limits: &Limits) -> Vec<String> {
-    let rates = [
-        (Quota::PushRate, limits.push_rate),
-        (Quota::PushBytesRate, limits.push_bytes_rate),
-    ];
     Quota::ALL
         .into_iter()
-        .filter_map(|which| match rates.iter().find(|(w, _)| *w == which) {
-            Some((_, rate)) => {
-                rate.map(|r| format!("{which}={}/s,burst={}", r.per_second, r.burst))
-            }
+        .filter_map(|which| match limits.rate(which) {
+            Some(r) => Some(format!("{which}={}/s,burst={}", r.per_second, r.burst)),
             None => limits.of(which).map(|value| format!("{which}={value}")),
         })
         .collect()
@@ -102,30 +126,29 @@ pub(crate) async fn policy(command: PolicyCommand) -> Result<()> {
     match command {
         PolicyCommand::Set {
             root,
-            namespace,
+            scope,
             limits,
         } => {
             let limits = limits.limits();
             if limits.is_empty() {
                 bail!(
                     "no limit given (--messages-max, --bytes-max, --message-bytes-max, \
-                     --push-rate, --push-bytes-rate)"
+                     --push-rate, --push-bytes-rate, --pop-rate)"
                 );
             }
+            let (scope, named) = scope.scope();
             let config = TopicConfig {
                 limits,
                 ..TopicConfig::default()
             };
             let admin = Admin::connect(root_config(&root)?).await?;
-            let answer = admin
-                .configure(&namespace_scope(&namespace), config)
-                .await?;
+            let answer = admin.configure(&scope, config).await?;
             warn_unreachable(&answer.unreachable);
             if answer.value == 0 {
-                bail!("namespace {namespace}: no leaf kept the quotas (quota_scopes_max?)");
+                bail!("{named}: no leaf kept the limits (quota_scopes_max?)");
             }
             println!(
-                "namespace {namespace}: {} at {} leaves",
+                "{named}: {} at {} leaves",
                 limit_words(&limits).join(" "),
                 answer.value
             );
@@ -147,6 +170,12 @@ pub(crate) async fn policy(command: PolicyCommand) -> Result<()> {
                 .filter_map(|(scope, c)| Some((scope_namespace(scope)?, c)))
                 .filter(|(_, c)| !c.deleted && !c.limits.is_empty())
                 .collect();
+            let principals: Vec<(&str, &TopicConfig)> = configs
+                .value
+                .iter()
+                .filter_map(|(scope, c)| Some((scope_principal(scope)?, c)))
+                .filter(|(_, c)| !c.deleted && !c.limits.is_empty())
+                .collect();
             if json {
                 let listed: Vec<serde_json::Value> = policies
                     .iter()
@@ -160,6 +189,13 @@ pub(crate) async fn policy(command: PolicyCommand) -> Result<()> {
                             "version": format_time(c.version),
                         })
                     })
+                    .chain(principals.iter().map(|(principal, c)| {
+                        serde_json::json!({
+                            "principal": principal,
+                            "limits": c.limits,
+                            "version": format_time(c.version),
+                        })
+                    }))
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&listed)?);
                 return Ok(());
@@ -172,15 +208,20 @@ pub(crate) async fn policy(command: PolicyCommand) -> Result<()> {
                     format_time(c.version)
                 );
             }
+            for (principal, c) in principals {
+                println!(
+                    "principal {principal} {} set={}",
+                    limit_words(&c.limits).join(" "),
+                    format_time(c.version)
+                );
+            }
         }
-        PolicyCommand::Unset { root, namespace } => {
+        PolicyCommand::Unset { root, scope } => {
+            let (scope, named) = scope.scope();
             let admin = Admin::connect(root_config(&root)?).await?;
-            let answer = admin.unconfigure(&namespace_scope(&namespace)).await?;
+            let answer = admin.unconfigure(&scope).await?;
             warn_unreachable(&answer.unreachable);
-            println!(
-                "namespace {namespace}: quotas removed at {} leaves",
-                answer.value
-            );
+            println!("{named}: limits removed at {} leaves", answer.value);
         }
     }
     Ok(())

@@ -269,9 +269,9 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
         let stats = cli.ok(&["stats"]).await;
         let row = stats.lines().find(|l| l.starts_with("capped/ "));
         let fields: Vec<&str> = row.map_or(Vec::new(), |r| r.split_whitespace().collect());
-        // The last three: over quota, over rate, and for now (a batch may have waited past
-        // `quota_hold_ms` while another leaf held the quota's allowance: not asserted).
-        let refused = fields.len().checked_sub(3).map(|at| &fields[at..at + 2]);
+        // The last four: over quota, over rate, for now (a batch may have waited past
+        // `quota_hold_ms` while another leaf held the quota's allowance: not asserted), pops.
+        let refused = fields.len().checked_sub(4).map(|at| &fields[at..at + 2]);
         if fields.get(1) == Some(&"2/2") && refused == Some(&["1,", "0,"][..]) {
             break;
         }
@@ -283,6 +283,28 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
     }
     cli.ok(&["policy", "unset", "--namespace", "capped"]).await;
     cli.ok(&["push", "--topic", "capped/a", "three"]).await;
+
+    // A principal's rates: set, listed, refused as a quota, and unset.
+    let principal = ["policy", "set", "--principal", "robot"];
+    let set = cli
+        .ok(&[&principal[..], &["--pop-rate", "5"]].concat())
+        .await;
+    assert!(
+        set.contains("principal robot: pop_rate=5/s,burst=5 at 4 leaves"),
+        "{set}"
+    );
+    let listed = cli.ok(&["policy", "list"]).await;
+    assert!(
+        listed.contains("principal robot pop_rate=5/s,burst=5"),
+        "{listed}"
+    );
+    let (success, text) = cli
+        .run(&[&principal[..], &["--messages-max", "5"]].concat())
+        .await;
+    assert!(!success && text.contains("takes rates"), "{text}");
+    cli.ok(&["policy", "unset", "--principal", "robot"]).await;
+    let listed = cli.ok(&["policy", "list"]).await;
+    assert!(!listed.contains("robot"), "{listed}");
     tree.shutdown().await;
 }
 

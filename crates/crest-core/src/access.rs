@@ -22,8 +22,12 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 /// A grant on this namespace applies to every namespace.
 pub const ANY_NAMESPACE: &str = "*";
 
-/// The namespace `topic` lives in.
+/// The namespace `topic` lives in; a principal's scope (`@NAME`, its rates) lives in every
+/// namespace ([`ANY_NAMESPACE`]): configuring it takes `admin` on `*`.
 pub fn namespace(topic: &str) -> &str {
+    if topic.starts_with('@') {
+        return ANY_NAMESPACE;
+    }
     topic
         .split_once('/')
         .map_or(DEFAULT_NAMESPACE, |(namespace, _)| namespace)

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 12;
+pub const PROTOCOL_VERSION: u16 = 13;
 /// First byte written on a control stream.
 pub const STREAM_CONTROL: u8 = 0xC0;
 /// First byte written on a data stream.

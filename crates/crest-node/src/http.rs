@@ -517,10 +517,11 @@ pub fn render_prometheus(report: &Report, now_micros: u64) -> String {
 }
 
 /// Each limited scope's limits, admissions and refusals: a namespace's (scope `NS/`) as
-/// `crest_namespace_*{namespace="NS"}`, a topic's as `crest_topic_*{topic="T"}`.
+/// `crest_namespace_*{namespace="NS"}`, a topic's as `crest_topic_*{topic="T"}`, a
+/// principal's (`@NAME`) as `crest_principal_*{principal="NAME"}`.
 fn render_limits(out: &mut String, limits: &[crest_core::quota::ScopeStats]) {
     type Pick = fn(&crest_core::quota::ScopeStats) -> Option<u64>;
-    let families: [(&str, &str, &str, Pick); 8] = [
+    let families: [(&str, &str, &str, Pick); 11] = [
         ("messages_max", "gauge", "", |s| s.limits.messages_max),
         ("bytes_max", "gauge", "", |s| s.limits.bytes_max),
         ("message_bytes_max", "gauge", "", |s| {
@@ -538,14 +539,28 @@ fn render_limits(out: &mut String, limits: &[crest_core::quota::ScopeStats]) {
         ("pushed_bytes_total", "counter", "", |s| {
             Some(s.pushed.bytes)
         }),
+        ("pop_rate_max", "gauge", "", |s| {
+            s.limits.pop_rate.map(|r| r.per_second)
+        }),
+        // Pops are counted in scopes with a pop rate only (the root meters those alone).
+        ("popped_messages_total", "counter", "", |s| {
+            s.limits.pop_rate.map(|_| s.popped)
+        }),
+        ("refused_pops_total", "counter", "", |s| {
+            s.limits.pop_rate.map(|_| s.refused.pops_rate_limited)
+        }),
         ("refused_messages_total", "counter", "reason", |_| None),
     ];
-    for kind in ["namespace", "topic"] {
+    for kind in ["namespace", "topic", "principal"] {
         let scopes: Vec<(&str, &crest_core::quota::ScopeStats)> = limits
             .iter()
-            .filter_map(|s| match s.scope.strip_suffix('/') {
-                Some(namespace) => (kind == "namespace").then_some((namespace, s)),
-                None => (kind == "topic").then_some((s.scope.as_str(), s)),
+            .filter_map(|s| {
+                let (of, name) = match (s.scope.strip_suffix('/'), s.scope.strip_prefix('@')) {
+                    (Some(namespace), _) => ("namespace", namespace),
+                    (_, Some(principal)) => ("principal", principal),
+                    _ => ("topic", s.scope.as_str()),
+                };
+                (of == kind).then_some((name, s))
             })
             .collect();
         if scopes.is_empty() {
@@ -609,8 +624,31 @@ mod tests {
             refused: Refused {
                 over_quota,
                 rate_limited,
-                awaiting_allowance: 0,
+                ..Refused::default()
             },
+            popped: 0,
+            popped_per_second: 0,
+        }
+    }
+
+    /// Principal `name`'s pop rate of 50/s, with `popped` delivered and 2 pops refused.
+    fn principal(name: &str, popped: u64) -> crest_core::quota::ScopeStats {
+        use crest_core::quota::{Limits, Rate, Refused};
+        let limits = Limits {
+            pop_rate: Some(Rate {
+                per_second: 50,
+                burst: 50,
+            }),
+            ..Limits::default()
+        };
+        crest_core::quota::ScopeStats {
+            limits,
+            popped,
+            refused: Refused {
+                pops_rate_limited: 2,
+                ..Refused::default()
+            },
+            ..limited(&format!("@{name}"), 0, 0)
         }
     }
 
@@ -649,7 +687,11 @@ mod tests {
                         ..TopicStats::default()
                     },
                 ],
-                limits: vec![limited("orders/", 3, 1), limited("jobs", 0, 0)],
+                limits: vec![
+                    limited("orders/", 3, 1),
+                    limited("jobs", 0, 0),
+                    principal("alice", 9),
+                ],
                 ..Stats::default()
             },
             absent: Vec::new(),
@@ -662,6 +704,9 @@ mod tests {
             "crest_namespace_refused_messages_total{namespace=\"orders\",reason=\"over_quota\"} 3\n",
             "crest_namespace_refused_messages_total{namespace=\"orders\",reason=\"rate_limited\"} 1\n",
             "crest_topic_messages_max{topic=\"jobs\"} 100\n",
+            "crest_principal_pop_rate_max{principal=\"alice\"} 50\n",
+            "crest_principal_popped_messages_total{principal=\"alice\"} 9\n",
+            "crest_principal_refused_pops_total{principal=\"alice\"} 2\n",
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }

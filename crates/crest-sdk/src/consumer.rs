@@ -202,10 +202,14 @@ impl Consumer {
     }
 
     /// Pops up to `max` deliveries of `topic`, most urgent first, waiting up to `wait` for
-    /// the first one. Returns an empty list if none was ready in time.
+    /// the first one. Returns an empty list if none was ready in time. Over a pop rate
+    /// (`pop_rate` of the topic, its namespace or the principal), it waits for the rate
+    /// within `wait`.
     ///
     /// # Errors
-    /// [`ClientError::Rejected`] for invalid arguments (named in the message).
+    /// [`ClientError::Rejected`] for invalid arguments (named in the message);
+    /// [`ClientError::RetryLater`] (`RateLimited`) over a pop rate that has no token within
+    /// `wait`.
     pub async fn pop(
         &self,
         topic: &str,
@@ -229,10 +233,12 @@ impl Consumer {
         topic: &str,
         options: PopOptions,
     ) -> Result<Vec<Delivery>, ClientError> {
-        let wait_ms = millis(options.wait);
         let lease_ms = options.visibility.map(millis);
         let mut tries = Tries::new(&self.inner.config);
+        let deadline = tokio::time::Instant::now() + options.wait;
         let answer = loop {
+            let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let wait_ms = millis(wait);
             let answer = self
                 .request(
                     |request| {
@@ -245,11 +251,20 @@ impl Consumer {
                             max_priority: options.max_priority,
                         })
                     },
-                    options.wait + ANSWER_MARGIN,
+                    wait + ANSWER_MARGIN,
                 )
                 .await;
             match answer {
                 Err(error) if retryable(&error) && tries.again().await => {}
+                // Over a pop rate: the pop waits for the rate's next tokens as it would for
+                // messages, within its own wait.
+                Err(ClientError::RetryLater {
+                    code: ErrorCode::RateLimited,
+                    after,
+                    ..
+                }) if tokio::time::Instant::now() + after <= deadline => {
+                    tokio::time::sleep(after).await;
+                }
                 // A root standing by that no node is with: the others may have them.
                 Err(ClientError::Rejected {
                     code: ErrorCode::Unavailable,

@@ -51,7 +51,8 @@
 //! [[limits]]                  # optional: quotas and rates set during the warm-up
 //! scope = "noisy/"            # a namespace (`NS/`) or a topic
 //! push_rate = 1000            # also messages_max, bytes_max, message_bytes_max,
-//! push_burst = 100            #   push_bytes_rate, push_bytes_burst (burst: 1 s's worth)
+//! push_burst = 100            #   push_bytes_rate, push_bytes_burst, pop_rate, pop_burst
+//!                             #   (burst: 1 s's worth)
 //! ```
 
 use serde::Deserialize;
@@ -290,6 +291,12 @@ pub struct LimitSpec {
     /// Its burst.
     #[serde(default)]
     pub push_bytes_burst: Option<u64>,
+    /// Messages popped per second.
+    #[serde(default)]
+    pub pop_rate: Option<u64>,
+    /// Its burst.
+    #[serde(default)]
+    pub pop_burst: Option<u64>,
 }
 
 impl LimitSpec {
@@ -307,6 +314,7 @@ impl LimitSpec {
             message_bytes_max: self.message_bytes_max,
             push_rate: rate(self.push_rate, self.push_burst),
             push_bytes_rate: rate(self.push_bytes_rate, self.push_bytes_burst),
+            pop_rate: rate(self.pop_rate, self.pop_burst),
         }
     }
 }

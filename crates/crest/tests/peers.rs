@@ -399,6 +399,8 @@ async fn a_child_s_hostile_offers_and_reports_are_refused_or_contained() {
                 pushed: Default::default(),
                 pushed_per_second: Default::default(),
                 refused: Default::default(),
+                popped: 0,
+                popped_per_second: 0,
             }],
         },
         ..Report::default()

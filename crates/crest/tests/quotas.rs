@@ -1,16 +1,18 @@
-//! Namespace quotas over real QUIC: producers on all four leaves together are admitted no more
-//! than the quota, refusals are typed and store nothing, the SDK's producer waits out a leaf
-//! asking the root for its share, and limits and usage survive restarts of a leaf (from its
-//! log) and of the root.
+//! Namespace quotas and principals' rates over real QUIC: producers on all four leaves
+//! together are admitted no more than the quota, refusals are typed and store nothing, the
+//! SDK's producer waits out a leaf asking the root for its share and a push rate, its
+//! consumer a pop rate, and limits and usage survive restarts of a leaf (from its log) and of
+//! the root.
 //!
 //! The tree is `topology/local.toml` in this process, leaves logging to a temporary directory.
 
-use crest::core::quota::namespace_scope;
+use crest::core::access::Permission;
+use crest::core::quota::{namespace_scope, principal_scope};
 use crest::core::topology::Topology;
 use crest::node::LocalTree;
 use crest::sdk::{
-    Admin, ClientError, ConsumerConfig, Limits, Message, Producer, ProducerConfig, Quota,
-    QuotaExceeded, Rate, TopicConfig,
+    Admin, ClientError, ClientTls, Consumer, ConsumerConfig, Credential, Limits, Message, Producer,
+    ProducerConfig, Quota, QuotaExceeded, Rate, TopicConfig,
 };
 use std::time::{Duration, Instant};
 
@@ -233,6 +235,26 @@ async fn a_message_over_the_size_limit_is_refused_with_its_limit_and_others_go_o
     tree.shutdown().await;
 }
 
+/// Sends `batches` batches of 10 messages of `orders/eu`, one every `every`, and waits until
+/// each is acknowledged (slowed, not refused); the time that took.
+async fn offer_paced(producer: &Producer, batches: usize, every: Duration) -> Duration {
+    let start = Instant::now();
+    let mut pace = tokio::time::interval(every);
+    let mut handles = Vec::new();
+    for _ in 0..batches {
+        pace.tick().await;
+        let batch: Vec<Message> = (0..10)
+            .map(|n| Message::new("orders/eu", format!("m{n}")))
+            .collect();
+        handles.push(producer.send_batch(batch).await.unwrap());
+    }
+    for handle in handles {
+        let ids = handle.acked().await.expect("slowed, not refused");
+        assert_eq!(ids.len(), 10);
+    }
+    start.elapsed()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_offering_twice_the_push_rate_is_slowed_not_refused() {
     // Goal: the SDK's producer waits out `RateLimited` by itself: 1,000 messages offered at
@@ -259,22 +281,8 @@ async fn a_producer_offering_twice_the_push_rate_is_slowed_not_refused() {
     let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls(&tree)))
         .await
         .unwrap();
-    let start = Instant::now();
     // A batch of 10 every 25 ms: 400 messages/s.
-    let mut pace = tokio::time::interval(Duration::from_millis(25));
-    let mut handles = Vec::new();
-    for _ in 0..100 {
-        pace.tick().await;
-        let batch: Vec<Message> = (0..10)
-            .map(|n| Message::new("orders/eu", format!("m{n}")))
-            .collect();
-        handles.push(producer.send_batch(batch).await.unwrap());
-    }
-    for handle in handles {
-        let ids = handle.acked().await.expect("slowed, not refused");
-        assert_eq!(ids.len(), 10);
-    }
-    let elapsed = start.elapsed();
+    let elapsed = offer_paced(&producer, 100, Duration::from_millis(25)).await;
     // The tree cannot admit more than the burst plus 200 a second: 980 / 200 = 4.9 s.
     assert!(
         elapsed >= Duration::from_millis(4_500),
@@ -283,5 +291,111 @@ async fn a_producer_offering_twice_the_push_rate_is_slowed_not_refused() {
     assert_eq!(held(&admin).await, 1000);
     let limited = leaf_counter(&tree, "pushes_rate_limited").await;
     assert!(limited > 0, "the leaves refused for the rate: {limited}");
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_s_rates_hold_over_every_leaf_and_its_clients_wait_them_out() {
+    // Goal: principal `alice`'s push rate (100/s, burst 20) and pop rate (100/s, burst 10)
+    // are kept over the whole tree: 400 messages offered at twice the rate through all four
+    // leaves are all acknowledged (the SDK's producer waits out `RateLimited`) no faster
+    // than the rate allows, then popped with long-polls that wait out the pop rate without an
+    // error, no faster than it allows; another principal is not limited by alice's rates;
+    // `stats.limits` shows what alice pushed and popped.
+    let mut tree = common::start_tree().await;
+    let mut file = tree.access_file().clone();
+    let mut grants = crest::core::access::Grants::default();
+    grants.add("orders", &[Permission::Produce, Permission::Consume]);
+    file.grant("alice", &grants).unwrap();
+    let token = file.create_token("alice", 0).unwrap();
+    tree.reload_access(file);
+    let admin = admin(&tree).await;
+    let rate = |per_second, burst| Some(Rate { per_second, burst });
+    let config = TopicConfig {
+        limits: Limits {
+            push_rate: rate(100, 20),
+            pop_rate: rate(100, 10),
+            ..Limits::default()
+        },
+        ..TopicConfig::default()
+    };
+    admin
+        .configure(&principal_scope("alice"), config)
+        .await
+        .unwrap();
+    let alice = ClientTls::new(tree.ca_pem.clone()).with_credential(Credential::Token(token));
+    let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, alice.clone()))
+        .await
+        .unwrap();
+    // A batch of 10 every 50 ms: 200 messages/s. No more than the burst and then 100 a
+    // second are admitted: 380 / 100 = 3.8 s.
+    let pushing = offer_paced(&producer, 40, Duration::from_millis(50)).await;
+    assert!(
+        pushing >= Duration::from_millis(3_400),
+        "400 admitted in {pushing:?}"
+    );
+    assert!(leaf_counter(&tree, "pushes_rate_limited").await > 0);
+
+    // The administrator is not limited by alice's rates.
+    let theirs = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls(&tree)))
+        .await
+        .unwrap();
+    let batch: Vec<Message> = (0..50)
+        .map(|n| Message::new("orders/us", format!("a{n}")))
+        .collect();
+    assert_eq!(
+        theirs
+            .send_batch(batch)
+            .await
+            .unwrap()
+            .acked()
+            .await
+            .unwrap()
+            .len(),
+        50
+    );
+
+    let consumer = Consumer::connect(ConsumerConfig::from_topology(&tree.topology, alice))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut popped = 0;
+    while popped < 400 {
+        assert!(start.elapsed() < WAIT * 2, "popped {popped} of 400");
+        let deliveries = consumer
+            .pop("orders/eu", 16, Duration::from_secs(2))
+            .await
+            .unwrap();
+        popped += deliveries.len();
+        let receipts: Vec<_> = deliveries.iter().map(|d| d.receipt()).collect();
+        assert!(
+            consumer
+                .ack_many(&receipts)
+                .await
+                .unwrap()
+                .iter()
+                .all(Result::is_ok)
+        );
+    }
+    let popping = start.elapsed();
+    // No more than the burst and then 100 a second: 390 / 100 = 3.9 s.
+    assert!(
+        popping >= Duration::from_millis(3_500),
+        "400 popped in {popping:?}"
+    );
+    let admins = common::consumer(&tree).await;
+    let mut theirs_popped = 0;
+    for _ in 0..4 {
+        let deliveries = admins.pop("orders/us", 16, Duration::ZERO).await.unwrap();
+        theirs_popped += deliveries.len();
+    }
+    assert_eq!(theirs_popped, 50, "not held back by alice's pop rate");
+    let stats = admin.stats(None).await.unwrap().value;
+    let scope = stats
+        .limits
+        .iter()
+        .find(|s| s.scope == "@alice")
+        .expect("shown");
+    assert_eq!((scope.pushed.messages, scope.popped), (400, 400));
     tree.shutdown().await;
 }

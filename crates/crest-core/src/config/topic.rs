@@ -115,15 +115,23 @@ impl Settings {
                 "topic {topic:?} ends in '/': such a name is a namespace's (its quotas)"
             ));
         }
+        if topic.starts_with('@') {
+            return Err(format!(
+                "topic {topic:?} starts with '@': such a name is a principal's (its rates)"
+            ));
+        }
         Ok(())
     }
 
-    /// Checks the name of what a configuration configures: a topic, or a namespace scope
-    /// (`NS/`, the namespace `NS`'s quotas).
+    /// Checks the name of what a configuration configures: a topic, a namespace scope
+    /// (`NS/`, the namespace `NS`'s quotas) or a principal scope (`@NAME`, its rates).
     ///
     /// # Errors
     /// A sentence naming the problem.
     pub fn check_scope(&self, scope: &str) -> Result<(), String> {
+        if let Some(principal) = crate::quota::scope_principal(scope) {
+            return crate::access::check_principal_name(principal);
+        }
         match scope.strip_suffix('/') {
             Some(namespace) if namespace.is_empty() || namespace.contains('/') => Err(format!(
                 "{scope:?} is neither a topic nor a namespace (NS/, one '/', at the end)"

@@ -60,7 +60,11 @@ impl Leaf {
         let s = &self.config.settings;
         let holds = now.saturating_since(since) < Duration::from_millis(s.quota_hold_ms)
             && self.held_pushes.len() < s.quota_hold_batches_max as usize;
-        let reply = match self.allowances.admit_held(now, messages, held.is_some()) {
+        let principal = self.principals.get(&conn).map(|p| p.name.clone());
+        let admitted =
+            self.allowances
+                .admit_held(now, messages, principal.as_deref(), held.is_some());
+        let reply = match admitted {
             Ok(()) => return Some(push),
             Err(Shortfall::Exceeded(quota)) => {
                 self.counters.pushes_over_quota += 1;
@@ -114,6 +118,9 @@ impl Leaf {
 
     /// The messages of `push` that count in `scope`.
     fn messages_in(&self, scope: &str, push: &Push) -> u64 {
+        if crate::quota::scope_principal(scope).is_some() {
+            return push.messages.len() as u64;
+        }
         let of = |topic: &str| self.allowances.scopes_of(topic).any(|s| s == scope);
         push.messages.iter().filter(|m| of(&m.topic)).count() as u64
     }

@@ -195,7 +195,7 @@ impl Allowances {
         now: Time,
         messages: impl Iterator<Item = (&'a str, u64)>,
     ) -> Result<(), Shortfall> {
-        self.admit_held(now, messages, false)
+        self.admit_held(now, messages, None, false)
     }
 
     /// [`Allowances::admit`] for a batch held since an earlier try (`again`): the leaf asks
@@ -208,15 +208,18 @@ impl Allowances {
         &mut self,
         now: Time,
         messages: impl Iterator<Item = (&'a str, u64)>,
+        principal: Option<&str>,
         again: bool,
     ) -> Result<(), Shortfall> {
         if self.scopes.is_empty() {
             return Ok(());
         }
         let mut needs: Vec<(&str, Amount)> = Vec::new();
+        let mut total = Amount::default();
         // A batch is mostly one topic: its scopes are looked up once per run.
         let mut run: (&str, [Option<(&String, &Allowance)>; 2]) = ("", [None, None]);
         for (topic, size) in messages {
+            total.add(Amount::one(size));
             if run.0 != topic || run.0.is_empty() {
                 let namespace = namespace_scope(crate::access::namespace(topic));
                 run = (
@@ -246,10 +249,17 @@ impl Allowances {
                 }
             }
         }
-        let needs: Vec<(String, Amount)> = needs
+        let mut needs: Vec<(String, Amount)> = needs
             .into_iter()
             .map(|(scope, need)| (scope.to_string(), need))
             .collect();
+        // A principal's rates count every message of its batch, whatever the topic.
+        if let Some(principal) = principal {
+            let scope = principal_scope(principal);
+            if self.scopes.get(&scope).is_some_and(|a| a.limits.rated()) {
+                needs.push((scope, total));
+            }
+        }
         let lacking = needs.iter().find_map(|(scope, need)| {
             let allowance = &self.scopes[scope];
             let which = allowance.lacks(*need)?;
@@ -336,7 +346,8 @@ impl Allowances {
         }
     }
 
-    /// The scopes a message of `topic` counts in, of those limited.
+    /// The scopes a message of `topic` counts in, of those limited (a principal's scope
+    /// counts every message its principal pushes).
     pub fn scopes_of(&self, topic: &str) -> impl Iterator<Item = &str> {
         let namespace = namespace_scope(crate::access::namespace(topic));
         [

@@ -28,6 +28,13 @@
 //! its recent admissions (at least `quota_grant_messages_min` / `quota_grant_bytes_min`); an
 //! idle one gives its allowance back at its next report.
 //!
+//! # Principals and pops
+//! A principal's rates are the scope `@NAME` (a topic name cannot start with `@`): a leaf
+//! charges it every message of a batch its connection's principal pushes. Pop rates are kept by
+//! the root alone, which serves every pop ([`Ledger::take_pops`]): a pop takes up to its `max`
+//! tokens of each scope it counts in when it arrives and gives back the unused ones when it is
+//! answered.
+//!
 //! Counters are per leaf incarnation ([`Usage::epoch`]): a restarted leaf, or a replicated
 //! leaf's new leader, starts with nothing granted, and the root forgets what it granted the
 //! former one. A changed limit takes effect at once: each leaf gives back what it was granted
@@ -54,6 +61,17 @@ pub fn scope_namespace(scope: &str) -> Option<&str> {
     scope.strip_suffix('/')
 }
 
+/// The scope of principal `principal`'s rates: `@` and its name (a topic name cannot start
+/// with `@`).
+pub fn principal_scope(principal: &str) -> String {
+    format!("@{principal}")
+}
+
+/// The principal a scope name is the scope of, if it is a principal scope.
+pub fn scope_principal(scope: &str) -> Option<&str> {
+    scope.strip_prefix('@')
+}
+
 /// What a scope may hold (each `None`: no limit).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct Limits {
@@ -69,6 +87,9 @@ pub struct Limits {
     /// Payload bytes pushed per second, over the whole tree.
     #[serde(default)]
     pub push_bytes_rate: Option<Rate>,
+    /// Messages popped per second, over the whole tree (the root serves every pop).
+    #[serde(default)]
+    pub pop_rate: Option<Rate>,
 }
 
 /// A rate: `per_second` on average, at most `burst` at once (a token bucket of `burst`
@@ -101,6 +122,17 @@ impl Limits {
             Quota::MessageBytes => self.message_bytes_max,
             Quota::PushRate => self.push_rate.map(|r| r.per_second),
             Quota::PushBytesRate => self.push_bytes_rate.map(|r| r.per_second),
+            Quota::PopRate => self.pop_rate.map(|r| r.per_second),
+        }
+    }
+
+    /// The rate `which` is, if it is a rate and set.
+    pub fn rate(&self, which: Quota) -> Option<Rate> {
+        match which {
+            Quota::PushRate => self.push_rate,
+            Quota::PushBytesRate => self.push_bytes_rate,
+            Quota::PopRate => self.pop_rate,
+            _ => None,
         }
     }
 
@@ -114,12 +146,28 @@ impl Limits {
                 return Err(format!("{which} must be at least 1"));
             }
         }
-        for (which, rate) in [
-            (Quota::PushRate, self.push_rate),
-            (Quota::PushBytesRate, self.push_bytes_rate),
-        ] {
-            if rate.is_some_and(|r| r.burst == 0) {
+        for which in Quota::ALL {
+            if self.rate(which).is_some_and(|r| r.burst == 0) {
                 return Err(format!("{which}'s burst must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Limits::check`], and that a principal's scope (`@NAME`) sets rates only: what a
+    /// principal pushed is held by topics, not by it.
+    ///
+    /// # Errors
+    /// A sentence naming the limit.
+    pub fn check_for(&self, scope: &str) -> Result<(), String> {
+        self.check()?;
+        if scope_principal(scope).is_some() {
+            let held = [Quota::Messages, Quota::Bytes, Quota::MessageBytes];
+            if let Some(which) = held.into_iter().find(|w| self.of(*w).is_some()) {
+                return Err(format!(
+                    "{scope} is a principal: it takes rates (push_rate, push_bytes_rate, \
+                     pop_rate), not {which}"
+                ));
             }
         }
         Ok(())
@@ -150,16 +198,19 @@ pub enum Quota {
     PushRate,
     /// `push_bytes_rate`.
     PushBytesRate,
+    /// `pop_rate`.
+    PopRate,
 }
 
 impl Quota {
     /// Every limit.
-    pub const ALL: [Quota; 5] = [
+    pub const ALL: [Quota; 6] = [
         Quota::Messages,
         Quota::Bytes,
         Quota::MessageBytes,
         Quota::PushRate,
         Quota::PushBytesRate,
+        Quota::PopRate,
     ];
 
     /// Its name in configurations and on the command line.
@@ -170,6 +221,7 @@ impl Quota {
             Quota::MessageBytes => "message_bytes_max",
             Quota::PushRate => "push_rate",
             Quota::PushBytesRate => "push_bytes_rate",
+            Quota::PopRate => "pop_rate",
         }
     }
 }
@@ -232,9 +284,10 @@ pub struct QuotaExceeded {
 
 impl fmt::Display for QuotaExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match scope_namespace(&self.scope) {
-            Some(namespace) => write!(f, "namespace {namespace}")?,
-            None => write!(f, "topic {}", self.scope)?,
+        match (scope_namespace(&self.scope), scope_principal(&self.scope)) {
+            (Some(namespace), _) => write!(f, "namespace {namespace}")?,
+            (_, Some(principal)) => write!(f, "principal {principal}")?,
+            _ => write!(f, "topic {}", self.scope)?,
         }
         let what = match self.which {
             Quota::Messages => "would hold more messages than",
@@ -242,6 +295,7 @@ impl fmt::Display for QuotaExceeded {
             Quota::MessageBytes => "takes no message larger than",
             Quota::PushRate => "takes no more messages per second than",
             Quota::PushBytesRate => "takes no more payload bytes per second than",
+            Quota::PopRate => "gives no more messages per second than",
         };
         write!(f, " {what} its {} {}", self.which, self.limit)
     }
@@ -304,6 +358,12 @@ pub struct ScopeStats {
     pub pushed_per_second: Amount,
     /// Messages they refused since the root started, by reason.
     pub refused: Refused,
+    /// Messages delivered to pops since the root started.
+    #[serde(default)]
+    pub popped: u64,
+    /// Messages delivered per second, over the last second or so.
+    #[serde(default)]
+    pub popped_per_second: u64,
 }
 
 /// Messages refused, by reason (a batch refused for now and sent again counts each time).
@@ -315,6 +375,9 @@ pub struct Refused {
     pub rate_limited: u64,
     /// Short of the leaf's allowance and not held (`Overloaded`, retry soon).
     pub awaiting_allowance: u64,
+    /// Pops refused over a pop rate (`RateLimited`), counted once per pop.
+    #[serde(default)]
+    pub pops_rate_limited: u64,
 }
 
 impl Refused {
@@ -325,6 +388,9 @@ impl Refused {
         self.awaiting_allowance = self
             .awaiting_allowance
             .saturating_add(other.awaiting_allowance);
+        self.pops_rate_limited = self
+            .pops_rate_limited
+            .saturating_add(other.pops_rate_limited);
     }
 }
 

@@ -21,6 +21,10 @@ pub struct Ledger {
     buckets: BTreeMap<String, Bucket>,
     /// What each scope's leaves admitted and refused, since the root started.
     meters: BTreeMap<String, Meter>,
+    /// Each scope with a pop rate: its tokens, and when they were last filled.
+    pop_buckets: BTreeMap<String, (f64, Time)>,
+    /// Some scope has a pop rate.
+    pop_rated: bool,
 }
 
 /// A scope's admissions and refusals, and its recent push rate.
@@ -28,29 +32,36 @@ pub struct Ledger {
 struct Meter {
     pushed: Amount,
     refused: Refused,
-    /// The pushes counted at the start of the current measuring window.
-    mark: Option<(Time, Amount)>,
+    popped: u64,
+    /// The pushes and pops counted at the start of the current measuring window.
+    mark: Option<(Time, Amount, u64)>,
     /// Pushes per second over the last full window.
     per_second: Amount,
+    /// Pops per second over the last full window.
+    popped_per_second: u64,
 }
 
 impl Meter {
-    /// The push rate is measured over windows of at least this long.
+    /// Rates are measured over windows of at least this long.
     const WINDOW: Duration = Duration::from_secs(1);
 
-    fn count(&mut self, now: Time, pushed: Amount, refused: Refused) {
+    fn count(&mut self, now: Time, pushed: Amount, refused: Refused, popped: u64) {
         self.pushed.add(pushed);
         self.refused.add(refused);
-        let (since, at_start) = *self.mark.get_or_insert((now, self.pushed));
+        self.popped = self.popped.saturating_add(popped);
+        let (since, pushed_then, popped_then) =
+            *self.mark.get_or_insert((now, self.pushed, self.popped));
         let elapsed = now.saturating_since(since);
         if elapsed >= Meter::WINDOW {
             let seconds = elapsed.as_secs_f64();
-            let done = self.pushed.minus(at_start);
+            let per_second = |done: u64| (done as f64 / seconds).round() as u64;
+            let done = self.pushed.minus(pushed_then);
             self.per_second = Amount {
-                messages: (done.messages as f64 / seconds).round() as u64,
-                bytes: (done.bytes as f64 / seconds).round() as u64,
+                messages: per_second(done.messages),
+                bytes: per_second(done.bytes),
             };
-            self.mark = Some((now, self.pushed));
+            self.popped_per_second = per_second(self.popped - popped_then);
+            self.mark = Some((now, self.pushed, self.popped));
         }
     }
 }
@@ -219,6 +230,7 @@ impl Ledger {
                 now,
                 scope.recent,
                 scope.refused,
+                0,
             );
         }
         for (scope, old) in former {
@@ -340,6 +352,7 @@ impl Ledger {
         for scope in dropped {
             self.drop_if_unreported(&scope);
         }
+        self.pop_rated = self.limits.values().any(|(_, l)| l.pop_rate.is_some());
         let mut stale = Vec::new();
         for (scope, (version, _)) in &self.limits {
             let current = usage
@@ -401,9 +414,92 @@ impl Ledger {
                     pushed: meter.pushed,
                     pushed_per_second: meter.per_second,
                     refused: meter.refused,
+                    popped: meter.popped,
+                    popped_per_second: meter.popped_per_second,
                 }
             })
             .collect()
+    }
+
+    /// The scopes a pop of `topic` by `principal` counts in that have a pop rate (none when
+    /// no scope has one, without allocating).
+    pub fn pop_scopes(&self, topic: &str, principal: Option<&str>) -> Vec<String> {
+        if !self.pop_rated {
+            return Vec::new();
+        }
+        let namespace = namespace_scope(crate::access::namespace(topic));
+        let principal = principal.map(principal_scope);
+        [Some(topic.to_string()), Some(namespace), principal]
+            .into_iter()
+            .flatten()
+            .filter(|scope| {
+                self.limits
+                    .get(scope)
+                    .is_some_and(|(_, limits)| limits.pop_rate.is_some())
+            })
+            .collect()
+    }
+
+    /// Takes pop tokens from each of `scopes` at `now`: as many as `max`, or as the fullest
+    /// bucket among them holds; none when one of them has less than one, then the rate it
+    /// would pass and when it has one again, in milliseconds.
+    ///
+    /// # Errors
+    /// The rate with no token, and the wait.
+    pub fn take_pops(
+        &mut self,
+        now: Time,
+        scopes: &[String],
+        max: u64,
+    ) -> Result<u64, (QuotaExceeded, u64)> {
+        let mut take = max;
+        for scope in scopes {
+            let Some(rate) = self.limits.get(scope).and_then(|(_, l)| l.pop_rate) else {
+                continue;
+            };
+            let bucket = self
+                .pop_buckets
+                .entry(scope.clone())
+                .or_insert((rate.burst as f64, now));
+            let seconds = now.saturating_since(bucket.1).as_secs_f64();
+            bucket.0 = (bucket.0 + rate.per_second as f64 * seconds).min(rate.burst as f64);
+            bucket.1 = bucket.1.max(now);
+            if bucket.0 < 1.0 {
+                let wait_ms = ((1.0 - bucket.0) * 1000.0 / rate.per_second as f64).ceil() as u64;
+                let rate = QuotaExceeded {
+                    scope: scope.clone(),
+                    which: Quota::PopRate,
+                    limit: rate.per_second,
+                };
+                let meter = self.meters.entry(scope.clone()).or_default();
+                meter.refused.pops_rate_limited += 1;
+                return Err((rate, wait_ms.max(1)));
+            }
+            take = take.min(bucket.0.floor() as u64);
+        }
+        for scope in scopes {
+            if let Some(bucket) = self.pop_buckets.get_mut(scope) {
+                bucket.0 -= take as f64;
+            }
+        }
+        Ok(take)
+    }
+
+    /// A pop that took `taken` tokens of `scopes` delivered `delivered` messages: the rest go
+    /// back, and the deliveries are counted.
+    pub fn popped(&mut self, now: Time, scopes: &[String], taken: u64, delivered: u64) {
+        let unused = taken.saturating_sub(delivered) as f64;
+        for scope in scopes {
+            if let Some((_, limits)) = self.limits.get(scope)
+                && let Some(rate) = limits.pop_rate
+                && let Some(bucket) = self.pop_buckets.get_mut(scope)
+            {
+                bucket.0 = (bucket.0 + unused).min(rate.burst as f64);
+            }
+            if let Some(meter) = self.meters.get_mut(scope) {
+                meter.count(now, Amount::default(), Refused::default(), delivered);
+            }
+        }
     }
 
     fn count(&mut self, scope: &str, account: &Account) {
@@ -432,6 +528,7 @@ impl Ledger {
             self.limits.remove(scope);
             self.buckets.remove(scope);
             self.meters.remove(scope);
+            self.pop_buckets.remove(scope);
         }
     }
 }

@@ -56,12 +56,15 @@ impl Root {
                 }
             }
             AdminOp::Configure { topic, config } => {
-                config.limits.check().map_err(|e| format!("{topic}: {e}"))?;
-                if topic.ends_with('/') {
+                config
+                    .limits
+                    .check_for(topic)
+                    .map_err(|e| format!("{topic}: {e}"))?;
+                if topic.ends_with('/') || topic.starts_with('@') {
                     if config.settings != crate::config::TopicSettings::default() {
                         return Err(format!(
-                            "{topic} is a namespace: its configuration carries quotas and \
-                             attributes, not a topic's settings"
+                            "{topic} is a namespace or a principal: its configuration carries \
+                             quotas and attributes, not a topic's settings"
                         ));
                     }
                 } else {

@@ -192,11 +192,15 @@ impl Root {
         }
     }
 
-    pub(super) fn consumer_gone(&mut self, conn: ConnId) {
+    pub(super) fn consumer_gone(&mut self, now: Time, conn: ConnId) {
         let pops = sorted_where(&self.pops.by_id, |p| p.conn == conn);
         for pop_id in pops {
             let pop = self.pops.by_id.remove(&pop_id).expect("present");
             self.tallies.pops.give(pop.principal.as_ref());
+            if !pop.pop_scopes.is_empty() {
+                // Its deliveries go back: so do their tokens.
+                self.ledger.popped(now, &pop.pop_scopes, pop.pop_tokens, 0);
+            }
             self.pops.deadlines.remove(&(pop.deadline, pop_id));
             self.pops.deadlines.remove(&(pop.order_deadline, pop_id));
             if let Some(queue) = self.pops.waiting.get_mut(&pop.topic) {

@@ -78,7 +78,7 @@ impl Machine for Root {
         match self.children.peers.get(&conn) {
             Some(crate::downstream::Peer::Child { .. }) => self.child_gone(now, conn),
             Some(crate::downstream::Peer::Consumer) => {
-                self.consumer_gone(conn);
+                self.consumer_gone(now, conn);
                 self.children.disconnect(conn, now);
             }
             _ => {
@@ -281,6 +281,7 @@ impl Machine for Root {
         let counters = [
             ("pops", c.pops),
             ("empty_pops", c.empty_pops),
+            ("pops_rate_limited", c.pops_rate_limited),
             ("deliveries", c.deliveries),
             ("reserves", c.reserves),
             ("reserves_denied", c.reserves_denied),

@@ -110,6 +110,10 @@ struct PendingPop {
     arrived: Time,
     /// Whose pop it is ([`Root::tallies`]).
     principal: Option<Arc<str>>,
+    /// The scopes whose pop rates it took tokens of (none: no pop rate applies).
+    pop_scopes: Vec<String>,
+    /// How many tokens it took of each: deliveries it does not make give theirs back.
+    pop_tokens: u64,
 }
 
 /// Reservations waiting for their leaf's answer, by number.
@@ -267,6 +271,8 @@ struct Reservation {
 struct RootCounters {
     pops: u64,
     empty_pops: u64,
+    /// Pops refused over a pop rate.
+    pops_rate_limited: u64,
     deliveries: u64,
     reserves: u64,
     reserves_denied: u64,

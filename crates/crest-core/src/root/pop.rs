@@ -78,6 +78,25 @@ impl Root {
         if !self.admit(conn, pop.request, principal.as_ref(), true) {
             return;
         }
+        let pop_scopes = self.ledger.pop_scopes(&pop.topic, principal.as_deref());
+        let mut max = pop.max as usize;
+        let mut pop_tokens = 0;
+        if !pop_scopes.is_empty() {
+            match self.ledger.take_pops(now, &pop_scopes, max as u64) {
+                Ok(tokens) => {
+                    pop_tokens = tokens;
+                    max = tokens as usize;
+                }
+                Err((rate, wait_ms)) => {
+                    self.tallies.pops.give(principal.as_ref());
+                    self.counters.pops_rate_limited += 1;
+                    if conn != ROOT_ITSELF {
+                        self.send(conn, Wire::rate_limited(pop.request, rate, wait_ms));
+                    }
+                    return;
+                }
+            }
+        }
         let id = self.pops.next_id;
         self.pops.next_id += 1;
         let topic = self.children.topic(&pop.topic);
@@ -85,7 +104,7 @@ impl Root {
             conn,
             request: pop.request,
             topic: topic.clone(),
-            max: pop.max as usize,
+            max,
             max_priority: pop.max_priority.unwrap_or(u32::MAX),
             lease_ms: pop
                 .lease_ms
@@ -99,6 +118,8 @@ impl Root {
             granted: false,
             arrived: now,
             principal,
+            pop_scopes,
+            pop_tokens,
         };
         self.counters.pops += 1;
         self.pops.deadlines.insert((pending.deadline, id));
@@ -284,6 +305,11 @@ impl Root {
     pub(super) fn answer_pop(&mut self, now: Time, pop_id: u64) {
         let pop = self.pops.by_id.remove(&pop_id).expect("pop exists");
         self.tallies.pops.give(pop.principal.as_ref());
+        if !pop.pop_scopes.is_empty() {
+            let delivered = pop.deliveries.len() as u64;
+            self.ledger
+                .popped(now, &pop.pop_scopes, pop.pop_tokens, delivered);
+        }
         if pop.deliveries.is_empty() {
             self.counters.empty_pops += 1;
         } else {

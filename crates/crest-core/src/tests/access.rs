@@ -5,7 +5,7 @@ use super::*;
 use crate::access::{Grants, Principal};
 
 /// A principal named `name` holding `grants` (`NAMESPACE:PERM,...` each).
-fn principal(name: &str, grants: &[&str]) -> Principal {
+pub(super) fn principal(name: &str, grants: &[&str]) -> Principal {
     let mut all = Grants::default();
     for grant in grants {
         let (namespace, permissions) = Grants::parse_one(grant).unwrap();

@@ -79,6 +79,7 @@ mod hostile;
 mod order;
 mod quotas;
 mod races;
+mod rates;
 mod storage;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -4,14 +4,19 @@
 use super::*;
 use crate::quota::{Limits, Quota, QuotaExceeded};
 
-fn set_limits(t: &mut Tree, scope: &str, limits: Limits) {
-    let op = AdminOp::Configure {
+/// The admin request that sets `scope`'s limits.
+pub(super) fn configure(scope: &str, limits: Limits) -> AdminOp {
+    AdminOp::Configure {
         topic: scope.into(),
         config: Box::new(TopicConfig {
             limits,
             ..TopicConfig::default()
         }),
-    };
+    }
+}
+
+pub(super) fn set_limits(t: &mut Tree, scope: &str, limits: Limits) {
+    let op = configure(scope, limits);
     assert_eq!(admin(&mut t.h, t.consumer, op), AdminResult::Count(4));
 }
 
@@ -259,16 +264,11 @@ fn a_leaf_away_when_the_quota_was_set_gets_it_when_it_comes_back() {
     // quota set, leaf 4 linked again, pushes to leaf 4 until refused.
     let mut t = tree(4);
     t.h.kill(t.leaves[3]);
-    let op = AdminOp::Configure {
-        topic: "orders/".into(),
-        config: Box::new(TopicConfig {
-            limits: Limits {
-                messages_max: Some(60),
-                ..Limits::default()
-            },
-            ..TopicConfig::default()
-        }),
+    let limits = Limits {
+        messages_max: Some(60),
+        ..Limits::default()
     };
+    let op = configure("orders/", limits);
     let request = t.h.request();
     t.h.send(t.consumer, Wire::Admin(Admin { request, op }));
     match t.h.recv(t.consumer) {
@@ -431,7 +431,8 @@ fn a_rate_limited_push_names_the_rate_and_when_to_retry() {
     assert!((1..=1000).contains(&after), "retry after {after} ms");
 }
 
-fn one_batch(topic: &str, count: usize) -> Wire {
+/// A push of `count` one-byte messages of `topic`.
+pub(super) fn one_batch(topic: &str, count: usize) -> Wire {
     let message = PushMessage {
         topic: topic.into(),
         payload: Bytes::from_static(b"x"),
