@@ -303,23 +303,27 @@ fn print_limits(limits: &[crest::sdk::ScopeStats]) {
         None => now.to_string(),
     };
     println!(
-        "{:<24} {:>21} {:>25} {:>17} {:>21} {:>15}  refused: quota, rate, for now, pops",
-        "limited scope", "messages", "bytes", "pushes/s", "bytes/s", "pops/s"
+        "{:<24} {:>21} {:>25} {:>17} {:>21} {:>15} {:>15}  refused pushes: quota, rate, \
+         for now; pops: rate, in flight",
+        "limited scope", "messages", "bytes", "pushes/s", "bytes/s", "pops/s", "in flight"
     );
     for s in limits {
         let l = &s.limits;
+        let r = &s.refused;
         println!(
-            "{:<24} {:>21} {:>25} {:>17} {:>21} {:>15}  {}, {}, {}, {}",
+            "{:<24} {:>21} {:>25} {:>17} {:>21} {:>15} {:>15}  {}, {}, {}; {}, {}",
             s.scope,
             of(s.used.messages, l.messages_max),
             of(s.used.bytes, l.bytes_max),
             rate(s.pushed_per_second.messages, l.push_rate),
             rate(s.pushed_per_second.bytes, l.push_bytes_rate),
             rate(s.popped_per_second, l.pop_rate),
-            s.refused.over_quota,
-            s.refused.rate_limited,
-            s.refused.awaiting_allowance,
-            s.refused.pops_rate_limited,
+            of(s.in_flight, l.in_flight_max),
+            r.over_quota,
+            r.rate_limited,
+            r.awaiting_allowance,
+            r.pops_rate_limited,
+            r.pops_over_in_flight,
         );
     }
 }

@@ -307,6 +307,7 @@ pub(crate) async fn bench_against(
         push_rate: Some(never(1 << 30)),
         push_bytes_rate: Some(never(1 << 50)),
         pop_rate: Some(never(1 << 30)),
+        in_flight_max: Some(1 << 40),
     });
     let mut config = config.clone();
     if args.against_noisy {

@@ -37,6 +37,10 @@ pub(crate) struct LimitArgs {
     /// Most messages popped at once after a quiet time (default: one second's worth).
     #[arg(long, requires = "pop_rate")]
     pop_burst: Option<u64>,
+    /// Most messages in flight (delivered, not yet settled) in the whole tree: a pop past it
+    /// is refused `QuotaExceeded` until consumers settle some.
+    #[arg(long)]
+    in_flight_max: Option<u64>,
 }
 
 /// Whose limits: a namespace's (quotas and rates) or a principal's (rates, over every
@@ -78,6 +82,7 @@ impl LimitArgs {
             push_rate: rate(self.push_rate, self.push_burst),
             push_bytes_rate: rate(self.push_bytes_rate, self.push_bytes_burst),
             pop_rate: rate(self.pop_rate, self.pop_burst),
+            in_flight_max: self.in_flight_max,
         }
     }
 }
@@ -133,7 +138,7 @@ pub(crate) async fn policy(command: PolicyCommand) -> Result<()> {
             if limits.is_empty() {
                 bail!(
                     "no limit given (--messages-max, --bytes-max, --message-bytes-max, \
-                     --push-rate, --push-bytes-rate, --pop-rate)"
+                     --push-rate, --push-bytes-rate, --pop-rate, --in-flight-max)"
                 );
             }
             let (scope, named) = scope.scope();

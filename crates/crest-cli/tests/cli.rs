@@ -269,9 +269,10 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
         let stats = cli.ok(&["stats"]).await;
         let row = stats.lines().find(|l| l.starts_with("capped/ "));
         let fields: Vec<&str> = row.map_or(Vec::new(), |r| r.split_whitespace().collect());
-        // The last four: over quota, over rate, for now (a batch may have waited past
-        // `quota_hold_ms` while another leaf held the quota's allowance: not asserted), pops.
-        let refused = fields.len().checked_sub(4).map(|at| &fields[at..at + 2]);
+        // The last five: pushes over quota, over rate, for now (a batch may have waited past
+        // `quota_hold_ms` while another leaf held the quota's allowance: not asserted), pops
+        // over rate and in flight.
+        let refused = fields.len().checked_sub(5).map(|at| &fields[at..at + 2]);
         if fields.get(1) == Some(&"2/2") && refused == Some(&["1,", "0,"][..]) {
             break;
         }

@@ -521,7 +521,7 @@ pub fn render_prometheus(report: &Report, now_micros: u64) -> String {
 /// principal's (`@NAME`) as `crest_principal_*{principal="NAME"}`.
 fn render_limits(out: &mut String, limits: &[crest_core::quota::ScopeStats]) {
     type Pick = fn(&crest_core::quota::ScopeStats) -> Option<u64>;
-    let families: [(&str, &str, &str, Pick); 11] = [
+    let families: [(&str, &str, &str, Pick); 13] = [
         ("messages_max", "gauge", "", |s| s.limits.messages_max),
         ("bytes_max", "gauge", "", |s| s.limits.bytes_max),
         ("message_bytes_max", "gauge", "", |s| {
@@ -546,8 +546,12 @@ fn render_limits(out: &mut String, limits: &[crest_core::quota::ScopeStats]) {
         ("popped_messages_total", "counter", "", |s| {
             s.limits.pop_rate.map(|_| s.popped)
         }),
-        ("refused_pops_total", "counter", "", |s| {
-            s.limits.pop_rate.map(|_| s.refused.pops_rate_limited)
+        ("in_flight_max", "gauge", "", |s| s.limits.in_flight_max),
+        ("in_flight", "gauge", "", |s| {
+            s.limits.in_flight_max.map(|_| s.in_flight)
+        }),
+        ("refused_pops_total", "counter", "pop_reason", |s| {
+            (s.limits.pop_rate.is_some() || s.limits.in_flight_max.is_some()).then_some(0)
         }),
         ("refused_messages_total", "counter", "reason", |_| None),
     ];
@@ -569,7 +573,7 @@ fn render_limits(out: &mut String, limits: &[crest_core::quota::ScopeStats]) {
         for (name, type_, by, pick) in families {
             let family = format!("crest_{kind}_{name}");
             // A family none of the scopes has (no such limit set) is left out.
-            if by.is_empty() && scopes.iter().all(|(_, s)| pick(s).is_none()) {
+            if by != "reason" && scopes.iter().all(|(_, s)| pick(s).is_none()) {
                 continue;
             }
             let _ = writeln!(out, "# TYPE {family} {type_}");
@@ -581,6 +585,20 @@ fn render_limits(out: &mut String, limits: &[crest_core::quota::ScopeStats]) {
                         ("over_quota", r.over_quota),
                         ("rate_limited", r.rate_limited),
                         ("awaiting_allowance", r.awaiting_allowance),
+                    ] {
+                        let _ = writeln!(
+                            out,
+                            "{family}{{{kind}=\"{scope}\",reason=\"{reason}\"}} {value}"
+                        );
+                    }
+                } else if by == "pop_reason" {
+                    if pick(stats).is_none() {
+                        continue;
+                    }
+                    let r = stats.refused;
+                    for (reason, value) in [
+                        ("rate_limited", r.pops_rate_limited),
+                        ("over_in_flight", r.pops_over_in_flight),
                     ] {
                         let _ = writeln!(
                             out,
@@ -628,6 +646,7 @@ mod tests {
             },
             popped: 0,
             popped_per_second: 0,
+            in_flight: 0,
         }
     }
 
@@ -706,7 +725,8 @@ mod tests {
             "crest_topic_messages_max{topic=\"jobs\"} 100\n",
             "crest_principal_pop_rate_max{principal=\"alice\"} 50\n",
             "crest_principal_popped_messages_total{principal=\"alice\"} 9\n",
-            "crest_principal_refused_pops_total{principal=\"alice\"} 2\n",
+            "crest_principal_refused_pops_total{principal=\"alice\",reason=\"rate_limited\"} 2\n",
+            "crest_principal_refused_pops_total{principal=\"alice\",reason=\"over_in_flight\"} 0\n",
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }

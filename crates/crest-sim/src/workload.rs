@@ -51,8 +51,8 @@
 //! [[limits]]                  # optional: quotas and rates set during the warm-up
 //! scope = "noisy/"            # a namespace (`NS/`) or a topic
 //! push_rate = 1000            # also messages_max, bytes_max, message_bytes_max,
-//! push_burst = 100            #   push_bytes_rate, push_bytes_burst, pop_rate, pop_burst
-//!                             #   (burst: 1 s's worth)
+//! push_burst = 100            #   push_bytes_rate, push_bytes_burst, pop_rate, pop_burst,
+//!                             #   in_flight_max (burst: 1 s's worth)
 //! ```
 
 use serde::Deserialize;
@@ -297,6 +297,9 @@ pub struct LimitSpec {
     /// Its burst.
     #[serde(default)]
     pub pop_burst: Option<u64>,
+    /// Most messages in flight.
+    #[serde(default)]
+    pub in_flight_max: Option<u64>,
 }
 
 impl LimitSpec {
@@ -315,6 +318,7 @@ impl LimitSpec {
             push_rate: rate(self.push_rate, self.push_burst),
             push_bytes_rate: rate(self.push_bytes_rate, self.push_bytes_burst),
             pop_rate: rate(self.pop_rate, self.pop_burst),
+            in_flight_max: self.in_flight_max,
         }
     }
 }

@@ -401,6 +401,7 @@ async fn a_child_s_hostile_offers_and_reports_are_refused_or_contained() {
                 refused: Default::default(),
                 popped: 0,
                 popped_per_second: 0,
+                in_flight: 0,
             }],
         },
         ..Report::default()

@@ -29,6 +29,15 @@ async fn admin(tree: &LocalTree) -> Admin {
         .unwrap()
 }
 
+/// Sets `scope`'s limits (a topic, `NS/`, or `@PRINCIPAL`).
+async fn set_limits(admin: &Admin, scope: &str, limits: Limits) {
+    let config = TopicConfig {
+        limits,
+        ..TopicConfig::default()
+    };
+    admin.configure(scope, config).await.unwrap();
+}
+
 /// Messages the tree holds of namespace `orders`.
 async fn held(admin: &Admin) -> u64 {
     let stats = admin.stats(None).await.unwrap();
@@ -201,14 +210,11 @@ async fn producers_of(tree: &LocalTree, leaf: &str) -> Producer {
 async fn a_message_over_the_size_limit_is_refused_with_its_limit_and_others_go_on() {
     let tree = common::start_tree().await;
     let admin = admin(&tree).await;
-    let config = TopicConfig {
-        limits: Limits {
-            message_bytes_max: Some(1024),
-            ..Limits::default()
-        },
-        ..TopicConfig::default()
+    let limits = Limits {
+        message_bytes_max: Some(1024),
+        ..Limits::default()
     };
-    admin.configure("media/thumbs", config).await.unwrap();
+    set_limits(&admin, "media/thumbs", limits).await;
     let producer = producers_of(&tree, "leaf-2").await;
     let small = producer
         .send(Message::new("media/thumbs", vec![0u8; 1024]))
@@ -264,20 +270,14 @@ async fn a_producer_offering_twice_the_push_rate_is_slowed_not_refused() {
     // crates/crest-core/src/tests/quotas.rs.
     let tree = common::start_tree().await;
     let admin = admin(&tree).await;
-    let config = TopicConfig {
-        limits: Limits {
-            push_rate: Some(Rate {
-                per_second: 200,
-                burst: 20,
-            }),
-            ..Limits::default()
-        },
-        ..TopicConfig::default()
+    let limits = Limits {
+        push_rate: Some(Rate {
+            per_second: 200,
+            burst: 20,
+        }),
+        ..Limits::default()
     };
-    admin
-        .configure(&namespace_scope("orders"), config)
-        .await
-        .unwrap();
+    set_limits(&admin, &namespace_scope("orders"), limits).await;
     let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls(&tree)))
         .await
         .unwrap();
@@ -311,18 +311,12 @@ async fn a_principal_s_rates_hold_over_every_leaf_and_its_clients_wait_them_out(
     tree.reload_access(file);
     let admin = admin(&tree).await;
     let rate = |per_second, burst| Some(Rate { per_second, burst });
-    let config = TopicConfig {
-        limits: Limits {
-            push_rate: rate(100, 20),
-            pop_rate: rate(100, 10),
-            ..Limits::default()
-        },
-        ..TopicConfig::default()
+    let limits = Limits {
+        push_rate: rate(100, 20),
+        pop_rate: rate(100, 10),
+        ..Limits::default()
     };
-    admin
-        .configure(&principal_scope("alice"), config)
-        .await
-        .unwrap();
+    set_limits(&admin, &principal_scope("alice"), limits).await;
     let alice = ClientTls::new(tree.ca_pem.clone()).with_credential(Credential::Token(token));
     let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, alice.clone()))
         .await
@@ -367,15 +361,7 @@ async fn a_principal_s_rates_hold_over_every_leaf_and_its_clients_wait_them_out(
             .await
             .unwrap();
         popped += deliveries.len();
-        let receipts: Vec<_> = deliveries.iter().map(|d| d.receipt()).collect();
-        assert!(
-            consumer
-                .ack_many(&receipts)
-                .await
-                .unwrap()
-                .iter()
-                .all(Result::is_ok)
-        );
+        common::ack_all(&consumer, &deliveries).await;
     }
     let popping = start.elapsed();
     // No more than the burst and then 100 a second: 390 / 100 = 3.9 s.
@@ -397,5 +383,81 @@ async fn a_principal_s_rates_hold_over_every_leaf_and_its_clients_wait_them_out(
         .find(|s| s.scope == "@alice")
         .expect("shown");
     assert_eq!((scope.pushed.messages, scope.popped), (400, 400));
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_flight_quota_refuses_pops_until_consumers_settle() {
+    // Goal: namespace `orders` limited to 20 messages in flight over the four leaves: pops
+    // deliver 20 (plus at most one pop's worth, the documented slack of a grant overtaking a
+    // leaf's report), then are refused `QuotaExceeded` naming the quota; once the consumer
+    // acks, pops deliver again; nothing is lost.
+    let tree = common::start_tree().await;
+    let admin = admin(&tree).await;
+    let limits = Limits {
+        in_flight_max: Some(20),
+        ..Limits::default()
+    };
+    set_limits(&admin, &namespace_scope("orders"), limits).await;
+    for producer in producers(&tree).await {
+        let batch: Vec<Message> = (0..10)
+            .map(|n| Message::new("orders/eu", format!("m{n}")))
+            .collect();
+        producer
+            .send_batch(batch)
+            .await
+            .unwrap()
+            .acked()
+            .await
+            .unwrap();
+    }
+    // The root learns the quota from the leaves' next reports.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let stats = admin.stats(None).await.unwrap().value;
+        if stats.limits.iter().any(|s| s.scope == "orders/") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the root never showed the quota");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let consumer = consumer(&tree).await;
+    let mut leased = Vec::new();
+    let refusal = loop {
+        assert!(leased.len() <= 24, "{} in flight", leased.len());
+        match consumer.pop("orders/eu", 4, Duration::ZERO).await {
+            Ok(deliveries) => leased.extend(deliveries),
+            Err(ClientError::QuotaExceeded(quota)) => break quota,
+            Err(other) => panic!("unexpected error {other:?}"),
+        }
+    };
+    assert!(
+        (20..=24).contains(&leased.len()),
+        "{} in flight",
+        leased.len()
+    );
+    assert_eq!(
+        (refusal.scope.as_str(), refusal.which, refusal.limit),
+        ("orders/", Quota::InFlight, 20)
+    );
+    common::ack_all(&consumer, &leased).await;
+    // Room comes back once the leaves report the acks (every `quota_report_ms`).
+    let deadline = Instant::now() + WAIT;
+    let mut popped = leased.len();
+    while popped < 40 {
+        assert!(Instant::now() < deadline, "popped {popped} of 40");
+        match consumer.pop("orders/eu", 4, Duration::ZERO).await {
+            Ok(deliveries) => {
+                popped += deliveries.len();
+                common::ack_all(&consumer, &deliveries).await;
+            }
+            Err(ClientError::QuotaExceeded(_)) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(other) => panic!("unexpected error {other:?}"),
+        }
+    }
+    assert_eq!(popped, 40);
+    assert_eq!(held(&admin).await, 0);
     tree.shutdown().await;
 }

@@ -160,12 +160,16 @@ impl Leaf {
             return;
         }
         let mut used: HashMap<String, Amount> = HashMap::new();
+        let mut in_flight: HashMap<String, u64> = HashMap::new();
         for (name, topic) in &self.topics {
             for scope in self.allowances.scopes_of(name) {
                 used.entry(scope.to_string()).or_default().add(Amount {
                     messages: topic.messages,
                     bytes: topic.bytes,
                 });
+                if topic.leased > 0 {
+                    *in_flight.entry(scope.to_string()).or_default() += topic.leased;
+                }
             }
         }
         // Pushes waiting for the log, summed per run of one topic first: the scopes of a
@@ -192,7 +196,10 @@ impl Leaf {
         };
         let interval = Duration::from_millis(s.quota_report_ms);
         let id = self.config.id;
-        let Some(usage) = self.allowances.report(now, id, &used, interval, least) else {
+        let report = self
+            .allowances
+            .report(now, id, &used, &in_flight, interval, least);
+        let Some(usage) = report else {
             return;
         };
         if let Some(parent) = self.upstream.session() {

@@ -360,7 +360,8 @@ impl Allowances {
         .flatten()
     }
 
-    /// The report due at `now`: `used` is what the leaf holds of each scope (absent: none).
+    /// The report due at `now`: `used` is what the leaf holds of each scope (absent: none),
+    /// `in_flight` how many of its messages are leased.
     /// An allowance beyond twice what the leaf wants is given back. The next is due
     /// `interval` later.
     pub fn report(
@@ -368,6 +369,7 @@ impl Allowances {
         now: Time,
         leaf: LeafId,
         used: &HashMap<String, Amount>,
+        in_flight: &HashMap<String, u64>,
         interval: Duration,
         least: Amount,
     ) -> Option<Usage> {
@@ -450,6 +452,7 @@ impl Allowances {
                     version: allowance.version,
                     limits: allowance.limits,
                     used: used.get(scope.as_str()).copied().unwrap_or_default(),
+                    in_flight: in_flight.get(scope.as_str()).copied().unwrap_or_default(),
                     granted: allowance.granted,
                     taken: allowance.taken,
                     want,

@@ -33,7 +33,9 @@
 //! charges it every message of a batch its connection's principal pushes. Pop rates are kept by
 //! the root alone, which serves every pop ([`Ledger::take_pops`]): a pop takes up to its `max`
 //! tokens of each scope it counts in when it arrives and gives back the unused ones when it is
-//! answered.
+//! answered. In-flight quotas are the root's too: leaves report what each scope has leased,
+//! the root adds what it delivered since and what waiting pops may take, and a pop takes at
+//! most the room left.
 //!
 //! Counters are per leaf incarnation ([`Usage::epoch`]): a restarted leaf, or a replicated
 //! leaf's new leader, starts with nothing granted, and the root forgets what it granted the
@@ -90,6 +92,10 @@ pub struct Limits {
     /// Messages popped per second, over the whole tree (the root serves every pop).
     #[serde(default)]
     pub pop_rate: Option<Rate>,
+    /// Most messages in flight (delivered, neither acknowledged, nacked nor expired) in the
+    /// whole tree.
+    #[serde(default)]
+    pub in_flight_max: Option<u64>,
 }
 
 /// A rate: `per_second` on average, at most `burst` at once (a token bucket of `burst`
@@ -123,6 +129,7 @@ impl Limits {
             Quota::PushRate => self.push_rate.map(|r| r.per_second),
             Quota::PushBytesRate => self.push_bytes_rate.map(|r| r.per_second),
             Quota::PopRate => self.pop_rate.map(|r| r.per_second),
+            Quota::InFlight => self.in_flight_max,
         }
     }
 
@@ -162,7 +169,12 @@ impl Limits {
     pub fn check_for(&self, scope: &str) -> Result<(), String> {
         self.check()?;
         if scope_principal(scope).is_some() {
-            let held = [Quota::Messages, Quota::Bytes, Quota::MessageBytes];
+            let held = [
+                Quota::Messages,
+                Quota::Bytes,
+                Quota::MessageBytes,
+                Quota::InFlight,
+            ];
             if let Some(which) = held.into_iter().find(|w| self.of(*w).is_some()) {
                 return Err(format!(
                     "{scope} is a principal: it takes rates (push_rate, push_bytes_rate, \
@@ -200,17 +212,20 @@ pub enum Quota {
     PushBytesRate,
     /// `pop_rate`.
     PopRate,
+    /// `in_flight_max`.
+    InFlight,
 }
 
 impl Quota {
     /// Every limit.
-    pub const ALL: [Quota; 6] = [
+    pub const ALL: [Quota; 7] = [
         Quota::Messages,
         Quota::Bytes,
         Quota::MessageBytes,
         Quota::PushRate,
         Quota::PushBytesRate,
         Quota::PopRate,
+        Quota::InFlight,
     ];
 
     /// Its name in configurations and on the command line.
@@ -222,6 +237,7 @@ impl Quota {
             Quota::PushRate => "push_rate",
             Quota::PushBytesRate => "push_bytes_rate",
             Quota::PopRate => "pop_rate",
+            Quota::InFlight => "in_flight_max",
         }
     }
 }
@@ -296,6 +312,7 @@ impl fmt::Display for QuotaExceeded {
             Quota::PushRate => "takes no more messages per second than",
             Quota::PushBytesRate => "takes no more payload bytes per second than",
             Quota::PopRate => "gives no more messages per second than",
+            Quota::InFlight => "would have more messages in flight than",
         };
         write!(f, " {what} its {} {}", self.which, self.limit)
     }
@@ -312,6 +329,9 @@ pub struct ScopeUsage {
     pub limits: Limits,
     /// What the leaf holds of the scope.
     pub used: Amount,
+    /// Its messages in flight (leased) at the leaf.
+    #[serde(default)]
+    pub in_flight: u64,
     /// What the root granted this incarnation of the leaf, in total.
     pub granted: Amount,
     /// What of that it admitted or gave back, in total.
@@ -350,6 +370,10 @@ pub struct ScopeStats {
     pub limits: Limits,
     /// What its topics hold (messages and payload bytes), as the leaves last reported.
     pub used: Amount,
+    /// Its messages in flight: as the leaves last reported, with what the root delivered
+    /// since and what waiting pops may take.
+    #[serde(default)]
+    pub in_flight: u64,
     /// What they may come to hold with the allowances the root granted (at most the quota).
     pub bound: Amount,
     /// What the leaves admitted since the root started.
@@ -378,6 +402,9 @@ pub struct Refused {
     /// Pops refused over a pop rate (`RateLimited`), counted once per pop.
     #[serde(default)]
     pub pops_rate_limited: u64,
+    /// Pops refused at the in-flight quota (`QuotaExceeded`), counted once per pop.
+    #[serde(default)]
+    pub pops_over_in_flight: u64,
 }
 
 impl Refused {
@@ -391,6 +418,9 @@ impl Refused {
         self.pops_rate_limited = self
             .pops_rate_limited
             .saturating_add(other.pops_rate_limited);
+        self.pops_over_in_flight = self
+            .pops_over_in_flight
+            .saturating_add(other.pops_over_in_flight);
     }
 }
 
@@ -445,7 +475,7 @@ mod leaf;
 mod root;
 
 pub use leaf::{Allowances, Shortfall};
-pub use root::{Answer, Ledger};
+pub use root::{Answer, Ledger, PopRefused};
 
 #[cfg(test)]
 mod tests;

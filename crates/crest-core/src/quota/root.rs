@@ -23,8 +23,27 @@ pub struct Ledger {
     meters: BTreeMap<String, Meter>,
     /// Each scope with a pop rate: its tokens, and when they were last filled.
     pop_buckets: BTreeMap<String, (f64, Time)>,
-    /// Some scope has a pop rate.
-    pop_rated: bool,
+    /// Some scope has a pop rate or an in-flight quota.
+    pop_limited: bool,
+    /// Each scope's messages in flight over the leaves: as each last reported, and what the
+    /// root delivered of it since.
+    in_flight: BTreeMap<String, u64>,
+    /// What pops waiting now may still deliver, per scope with an in-flight quota.
+    in_flight_pending: BTreeMap<String, u64>,
+}
+
+/// Why the root refuses a pop.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum PopRefused {
+    /// A pop rate has no token now: retry after `wait_ms`.
+    RateLimited {
+        /// The rate.
+        rate: QuotaExceeded,
+        /// When its bucket holds a token again, in milliseconds.
+        wait_ms: u64,
+    },
+    /// The scope has `in_flight_max` messages in flight: settle some first.
+    InFlight(QuotaExceeded),
 }
 
 /// A scope's admissions and refusals, and its recent push rate.
@@ -164,6 +183,8 @@ struct Account {
     recent: Amount,
     /// Rate tokens granted, in total.
     tokens_granted: Amount,
+    /// Messages in flight: as last reported, and what the root delivered since.
+    in_flight: u64,
 }
 
 impl Account {
@@ -216,6 +237,7 @@ impl Ledger {
                 },
                 taken: scope.taken,
                 recent: scope.recent,
+                in_flight: scope.in_flight,
                 tokens_granted: Amount {
                     messages: old
                         .tokens_granted
@@ -352,7 +374,10 @@ impl Ledger {
         for scope in dropped {
             self.drop_if_unreported(&scope);
         }
-        self.pop_rated = self.limits.values().any(|(_, l)| l.pop_rate.is_some());
+        self.pop_limited = self
+            .limits
+            .values()
+            .any(|(_, l)| l.pop_rate.is_some() || l.in_flight_max.is_some());
         let mut stale = Vec::new();
         for (scope, (version, _)) in &self.limits {
             let current = usage
@@ -410,6 +435,7 @@ impl Ledger {
                     scope: scope.clone(),
                     limits: *limits,
                     used: self.used.get(scope).copied().unwrap_or_default(),
+                    in_flight: self.in_flight_of(scope),
                     bound: self.bounds.get(scope).copied().unwrap_or_default(),
                     pushed: meter.pushed,
                     pushed_per_second: meter.per_second,
@@ -421,10 +447,10 @@ impl Ledger {
             .collect()
     }
 
-    /// The scopes a pop of `topic` by `principal` counts in that have a pop rate (none when
-    /// no scope has one, without allocating).
+    /// The scopes a pop of `topic` by `principal` counts in that have a pop rate or an
+    /// in-flight quota (none when no scope has one, without allocating).
     pub fn pop_scopes(&self, topic: &str, principal: Option<&str>) -> Vec<String> {
-        if !self.pop_rated {
+        if !self.pop_limited {
             return Vec::new();
         }
         let namespace = namespace_scope(crate::access::namespace(topic));
@@ -433,26 +459,37 @@ impl Ledger {
             .into_iter()
             .flatten()
             .filter(|scope| {
-                self.limits
-                    .get(scope)
-                    .is_some_and(|(_, limits)| limits.pop_rate.is_some())
+                self.limits.get(scope).is_some_and(|(_, limits)| {
+                    limits.pop_rate.is_some() || limits.in_flight_max.is_some()
+                })
             })
             .collect()
     }
 
-    /// Takes pop tokens from each of `scopes` at `now`: as many as `max`, or as the fullest
-    /// bucket among them holds; none when one of them has less than one, then the rate it
-    /// would pass and when it has one again, in milliseconds.
+    /// Takes what a pop of at most `max` messages may deliver of each of `scopes` at `now`:
+    /// as many as `max`, or as the emptiest bucket holds tokens, or as an in-flight quota
+    /// leaves room for; none when one of them has no room or less than one token.
     ///
     /// # Errors
-    /// The rate with no token, and the wait.
-    pub fn take_pops(
-        &mut self,
-        now: Time,
-        scopes: &[String],
-        max: u64,
-    ) -> Result<u64, (QuotaExceeded, u64)> {
+    /// The in-flight quota reached, or the rate with no token and the wait.
+    pub fn take_pops(&mut self, now: Time, scopes: &[String], max: u64) -> Result<u64, PopRefused> {
         let mut take = max;
+        for scope in scopes {
+            let Some(limit) = self.limits.get(scope).and_then(|(_, l)| l.in_flight_max) else {
+                continue;
+            };
+            let room = limit.saturating_sub(self.in_flight_of(scope));
+            if room == 0 {
+                let meter = self.meters.entry(scope.clone()).or_default();
+                meter.refused.pops_over_in_flight += 1;
+                return Err(PopRefused::InFlight(QuotaExceeded {
+                    scope: scope.clone(),
+                    which: Quota::InFlight,
+                    limit,
+                }));
+            }
+            take = take.min(room);
+        }
         for scope in scopes {
             let Some(rate) = self.limits.get(scope).and_then(|(_, l)| l.pop_rate) else {
                 continue;
@@ -473,7 +510,8 @@ impl Ledger {
                 };
                 let meter = self.meters.entry(scope.clone()).or_default();
                 meter.refused.pops_rate_limited += 1;
-                return Err((rate, wait_ms.max(1)));
+                let wait_ms = wait_ms.max(1);
+                return Err(PopRefused::RateLimited { rate, wait_ms });
             }
             take = take.min(bucket.0.floor() as u64);
         }
@@ -481,23 +519,51 @@ impl Ledger {
             if let Some(bucket) = self.pop_buckets.get_mut(scope) {
                 bucket.0 -= take as f64;
             }
+            if self.limits[scope].1.in_flight_max.is_some() {
+                *self.in_flight_pending.entry(scope.clone()).or_default() += take;
+            }
         }
         Ok(take)
     }
 
-    /// A pop that took `taken` tokens of `scopes` delivered `delivered` messages: the rest go
-    /// back, and the deliveries are counted.
-    pub fn popped(&mut self, now: Time, scopes: &[String], taken: u64, delivered: u64) {
-        let unused = taken.saturating_sub(delivered) as f64;
+    /// A pop that took `taken` of `scopes` delivered messages of the leaves `delivered` (one
+    /// per message): the tokens it did not use go back, and what it delivered is in flight
+    /// until the leaves' next reports count it.
+    pub fn popped(
+        &mut self,
+        now: Time,
+        scopes: &[String],
+        taken: u64,
+        delivered: impl Iterator<Item = LeafId> + Clone,
+    ) {
+        let count = delivered.clone().count() as u64;
+        let unused = taken.saturating_sub(count) as f64;
         for scope in scopes {
-            if let Some((_, limits)) = self.limits.get(scope)
-                && let Some(rate) = limits.pop_rate
+            if let Some(pending) = self.in_flight_pending.get_mut(scope) {
+                *pending = pending.saturating_sub(taken);
+            }
+            let Some((_, limits)) = self.limits.get(scope) else {
+                continue;
+            };
+            if let Some(rate) = limits.pop_rate
                 && let Some(bucket) = self.pop_buckets.get_mut(scope)
             {
                 bucket.0 = (bucket.0 + unused).min(rate.burst as f64);
             }
+            if limits.in_flight_max.is_some() {
+                for leaf in delivered.clone() {
+                    let account = self
+                        .leaves
+                        .get_mut(&leaf)
+                        .and_then(|l| l.scopes.get_mut(scope));
+                    if let Some(account) = account {
+                        account.in_flight += 1;
+                        *self.in_flight.entry(scope.clone()).or_default() += 1;
+                    }
+                }
+            }
             if let Some(meter) = self.meters.get_mut(scope) {
-                meter.count(now, Amount::default(), Refused::default(), delivered);
+                meter.count(now, Amount::default(), Refused::default(), count);
             }
         }
     }
@@ -509,6 +575,8 @@ impl Ledger {
             .entry(scope.to_string())
             .or_default()
             .add(account.used);
+        let in_flight = self.in_flight.entry(scope.to_string()).or_default();
+        *in_flight = in_flight.saturating_add(account.in_flight);
     }
 
     fn forget(&mut self, scope: &str, account: &Account) {
@@ -518,6 +586,23 @@ impl Ledger {
         if let Some(used) = self.used.get_mut(scope) {
             *used = used.minus(account.used);
         }
+        if let Some(in_flight) = self.in_flight.get_mut(scope) {
+            *in_flight = in_flight.saturating_sub(account.in_flight);
+        }
+    }
+
+    /// What `scope` has in flight, with what waiting pops may still deliver.
+    fn in_flight_of(&self, scope: &str) -> u64 {
+        let pending = self
+            .in_flight_pending
+            .get(scope)
+            .copied()
+            .unwrap_or_default();
+        self.in_flight
+            .get(scope)
+            .copied()
+            .unwrap_or_default()
+            .saturating_add(pending)
     }
 
     /// Drops `scope` once no leaf reports it (its configuration is gone, or lost its limits).
@@ -529,6 +614,8 @@ impl Ledger {
             self.buckets.remove(scope);
             self.meters.remove(scope);
             self.pop_buckets.remove(scope);
+            self.in_flight.remove(scope);
+            self.in_flight_pending.remove(scope);
         }
     }
 }

@@ -7,6 +7,14 @@ const LEAST: Amount = Amount {
     bytes: 1000,
 };
 
+/// The report of a leaf that holds nothing (leaf 2).
+fn report_nothing(allowances: &mut Allowances, now: Time) -> Usage {
+    let none = HashMap::new();
+    allowances
+        .report(now, LeafId(2), &none, &HashMap::new(), INTERVAL, LEAST)
+        .expect("owed")
+}
+
 /// The ledger's grant for `usage`, every leaf heard from.
 fn answer(ledger: &mut Ledger, usage: &Usage) -> Option<Grant> {
     ledger
@@ -71,7 +79,7 @@ impl TestLeaf {
             },
         )]);
         self.allowances
-            .report(now, self.id, &used, INTERVAL, LEAST)
+            .report(now, self.id, &used, &HashMap::new(), INTERVAL, LEAST)
             .expect("a limited scope")
     }
 }
@@ -338,18 +346,14 @@ fn a_leaf_that_lacks_a_limited_scope_or_has_an_older_one_is_named_for_repair_onc
     // Leaf 2 was away when the quota was set: it reports no scope.
     let mut two = Allowances::default();
     two.greet(now);
-    let usage = two
-        .report(now, LeafId(2), &HashMap::new(), INTERVAL, LEAST)
-        .expect("owed");
+    let usage = report_nothing(&mut two, now);
     assert!(usage.scopes.is_empty());
     let answer = ledger.report(now, &usage, &[], wait);
     assert!(answer.grant.is_none());
     assert_eq!(answer.stale, vec!["orders/".to_string()]);
     // Not asked again within the wait, asked again after it.
     two.greet(now);
-    let usage = two
-        .report(now, LeafId(2), &HashMap::new(), INTERVAL, LEAST)
-        .expect("owed");
+    let usage = report_nothing(&mut two, now);
     assert!(ledger.report(now, &usage, &[], wait).stale.is_empty());
     let later = now + wait;
     assert_eq!(ledger.report(later, &usage, &[], wait).stale.len(), 1);

@@ -199,7 +199,9 @@ impl Root {
             self.tallies.pops.give(pop.principal.as_ref());
             if !pop.pop_scopes.is_empty() {
                 // Its deliveries go back: so do their tokens.
-                self.ledger.popped(now, &pop.pop_scopes, pop.pop_tokens, 0);
+                let none = std::iter::empty();
+                self.ledger
+                    .popped(now, &pop.pop_scopes, pop.pop_tokens, none);
             }
             self.pops.deadlines.remove(&(pop.deadline, pop_id));
             self.pops.deadlines.remove(&(pop.order_deadline, pop_id));

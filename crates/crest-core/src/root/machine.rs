@@ -282,6 +282,7 @@ impl Machine for Root {
             ("pops", c.pops),
             ("empty_pops", c.empty_pops),
             ("pops_rate_limited", c.pops_rate_limited),
+            ("pops_over_in_flight", c.pops_over_in_flight),
             ("deliveries", c.deliveries),
             ("reserves", c.reserves),
             ("reserves_denied", c.reserves_denied),

@@ -112,7 +112,8 @@ struct PendingPop {
     principal: Option<Arc<str>>,
     /// The scopes whose pop rates it took tokens of (none: no pop rate applies).
     pop_scopes: Vec<String>,
-    /// How many tokens it took of each: deliveries it does not make give theirs back.
+    /// How many deliveries it took tokens and in-flight room for in each: those it does not
+    /// make give theirs back.
     pop_tokens: u64,
 }
 
@@ -273,6 +274,8 @@ struct RootCounters {
     empty_pops: u64,
     /// Pops refused over a pop rate.
     pops_rate_limited: u64,
+    /// Pops refused at an in-flight quota.
+    pops_over_in_flight: u64,
     deliveries: u64,
     reserves: u64,
     reserves_denied: u64,

@@ -8,6 +8,7 @@ use crate::downstream::Topic;
 use crate::id::{LeafId, Receipt};
 use crate::machine::ConnId;
 use crate::metrics::Metric;
+use crate::quota::PopRefused;
 use crate::time::Time;
 use crate::validate::validate_topic;
 use crate::wire::{
@@ -87,11 +88,20 @@ impl Root {
                     pop_tokens = tokens;
                     max = tokens as usize;
                 }
-                Err((rate, wait_ms)) => {
+                Err(refused) => {
                     self.tallies.pops.give(principal.as_ref());
-                    self.counters.pops_rate_limited += 1;
+                    let reply = match refused {
+                        PopRefused::RateLimited { rate, wait_ms } => {
+                            self.counters.pops_rate_limited += 1;
+                            Wire::rate_limited(pop.request, rate, wait_ms)
+                        }
+                        PopRefused::InFlight(quota) => {
+                            self.counters.pops_over_in_flight += 1;
+                            Wire::over_quota(pop.request, quota)
+                        }
+                    };
                     if conn != ROOT_ITSELF {
-                        self.send(conn, Wire::rate_limited(pop.request, rate, wait_ms));
+                        self.send(conn, reply);
                     }
                     return;
                 }
@@ -306,7 +316,7 @@ impl Root {
         let pop = self.pops.by_id.remove(&pop_id).expect("pop exists");
         self.tallies.pops.give(pop.principal.as_ref());
         if !pop.pop_scopes.is_empty() {
-            let delivered = pop.deliveries.len() as u64;
+            let delivered = pop.deliveries.iter().map(|(_, d)| d.id.leaf());
             self.ledger
                 .popped(now, &pop.pop_scopes, pop.pop_tokens, delivered);
         }

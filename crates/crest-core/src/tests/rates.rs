@@ -1,5 +1,6 @@
-//! Rates of principals and of pops: a principal's push rate holds over every leaf it pushes
-//! through, a pop rate is kept by the root, and each refusal is typed with a time to retry.
+//! Rates of principals and of pops, and in-flight quotas: a principal's push rate holds over
+//! every leaf it pushes through, a pop rate and an in-flight quota are kept by the root at each
+//! pop, and each refusal is typed (with a time to retry for a rate).
 
 use super::access::principal;
 use super::quotas::{configure, one_batch as batch, set_limits};
@@ -99,19 +100,25 @@ fn a_principal_s_push_rate_holds_over_all_the_leaves_it_pushes_through() {
     assert_eq!(stats.messages(), stored);
 }
 
-/// Pops `topic` (max 16, no wait) through `consumer` and acks what it got: the number of
-/// deliveries, or the pop rate's refusal (scope, which, retry after).
-fn pop_once(t: &mut Tree, consumer: ConnId, topic: &str) -> Result<usize, (String, Quota, u64)> {
+/// The answer to a pop of up to 16 of `topic` through `consumer`, without a wait.
+fn pop_now(t: &mut Tree, consumer: ConnId, topic: &str, lease_ms: Option<u64>) -> Wire {
     let request = t.h.request();
     let pop = Pop {
         request,
         topic: topic.into(),
         max: 16,
         wait_ms: 0,
+        lease_ms,
         ..Pop::default()
     };
     t.h.send(consumer, Wire::Pop(pop));
-    match t.h.recv(consumer) {
+    t.h.recv(consumer)
+}
+
+/// Pops `topic` (max 16, no wait) through `consumer` and acks what it got: the number of
+/// deliveries, or the pop rate's refusal (scope, which, retry after).
+fn pop_once(t: &mut Tree, consumer: ConnId, topic: &str) -> Result<usize, (String, Quota, u64)> {
+    match pop_now(t, consumer, topic, None) {
         Wire::PopReply(reply) => {
             let receipts: Vec<Receipt> = reply.deliveries.iter().map(|d| d.receipt()).collect();
             let count = receipts.len();
@@ -263,4 +270,95 @@ fn a_principal_s_limits_are_rates_set_by_an_admin_of_every_namespace() {
         }
         other => panic!("unexpected {other:?}"),
     }
+}
+
+/// Pops up to 16 of `topic` (no wait, `lease_ms` visibility) without settling them: the
+/// deliveries, or the quota that refused the pop.
+fn pop_leased(
+    t: &mut Tree,
+    topic: &str,
+    lease_ms: u64,
+) -> Result<Vec<Delivery>, crate::quota::QuotaExceeded> {
+    let consumer = t.consumer;
+    match pop_now(t, consumer, topic, Some(lease_ms)) {
+        Wire::PopReply(reply) => Ok(reply.deliveries),
+        Wire::Error(ErrorReply {
+            code: ErrorCode::QuotaExceeded,
+            quota: Some(quota),
+            ..
+        }) => Err(*quota),
+        other => panic!("unexpected answer {other:?}"),
+    }
+}
+
+/// Pops `topic` until the in-flight quota refuses; the deliveries.
+fn pop_until_refused(t: &mut Tree, topic: &str, lease_ms: u64) -> Vec<Delivery> {
+    let mut all = Vec::new();
+    loop {
+        match pop_leased(t, topic, lease_ms) {
+            Ok(deliveries) => {
+                assert!(!deliveries.is_empty(), "ran dry before the quota");
+                all.extend(deliveries);
+            }
+            Err(quota) => {
+                assert_eq!(
+                    (quota.scope.as_str(), quota.which, quota.limit),
+                    ("orders/", Quota::InFlight, 30)
+                );
+                return all;
+            }
+        }
+    }
+}
+
+#[test]
+fn an_in_flight_quota_holds_over_every_leaf_and_frees_as_deliveries_settle_or_expire() {
+    // Goal: namespace `orders` limited to 30 messages in flight delivers exactly 30 from
+    // messages on all four leaves and two topics, then refuses pops `QuotaExceeded` naming
+    // the quota; another namespace is not limited; acking 10 frees 10 once the leaves
+    // report it; expired leases free theirs; nothing refused is lost.
+    let mut t = tree(16);
+    for i in 0..4 {
+        let producer = t.producers[i];
+        t.h.push(producer, ["orders/eu", "orders/us"][i % 2], &[1; 25]);
+        t.h.push(producer, "billing/eu", &[1; 10]);
+    }
+    let limits = Limits {
+        in_flight_max: Some(30),
+        ..Limits::default()
+    };
+    set_limits(&mut t, "orders/", limits);
+    settle_limits(&mut t);
+    let mut leased = pop_until_refused(&mut t, "orders/eu", 60_000);
+    leased.extend(pop_until_refused(&mut t, "orders/us", 60_000));
+    assert_eq!(leased.len(), 30);
+    let leaves: std::collections::BTreeSet<LeafId> = leased.iter().map(|d| d.id.leaf()).collect();
+    assert!(leaves.len() >= 2, "from several leaves: {leaves:?}");
+    let billing = t.h.pop(t.consumer, "billing/eu", 16);
+    assert_eq!(billing.len(), 16, "another namespace is not limited");
+    let (_, all) = stats_of(&mut t.h, t.consumer, "orders/eu");
+    let scope = all
+        .limits
+        .iter()
+        .find(|s| s.scope == "orders/")
+        .expect("shown");
+    assert_eq!(scope.in_flight, 30);
+    assert!(scope.refused.pops_over_in_flight >= 2);
+
+    // Settled deliveries free their room once the leaves report (every `quota_report_ms`).
+    let acked: Vec<Receipt> = leased.drain(..10).map(|d| d.receipt()).collect();
+    assert!(t.h.ack(t.consumer, acked).iter().all(Result::is_ok));
+    settle_limits(&mut t);
+    let more = pop_until_refused(&mut t, "orders/eu", 1_000);
+    assert_eq!(more.len(), 10);
+    // Expired leases too: those 10 were leased for 1 s.
+    t.h.advance(Duration::from_millis(1_500));
+    let again = pop_until_refused(&mut t, "orders/eu", 60_000);
+    assert_eq!(again.len(), 10);
+    // Nothing was lost: 100 pushed, 10 acknowledged.
+    let held: u64 = ["orders/eu", "orders/us"]
+        .iter()
+        .map(|topic| stats_of(&mut t.h, t.consumer, topic).0.messages())
+        .sum();
+    assert_eq!(held, 90);
 }

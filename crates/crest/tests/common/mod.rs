@@ -62,3 +62,10 @@ pub(crate) async fn leaf_counter(tree: &LocalTree, name: &str) -> u64 {
     }
     sum
 }
+
+/// Acknowledges `deliveries`, each of which must succeed.
+pub(crate) async fn ack_all(consumer: &Consumer, deliveries: &[crest::sdk::Delivery]) {
+    let receipts: Vec<crest::sdk::Receipt> = deliveries.iter().map(|d| d.receipt()).collect();
+    let results = consumer.ack_many(&receipts).await.unwrap();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
