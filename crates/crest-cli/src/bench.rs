@@ -96,9 +96,9 @@ pub(crate) struct BenchArgs {
     /// without --access), as --against does: what authentication costs.
     #[arg(long)]
     pub(crate) against_open: bool,
-    /// Compare with the same tree whose bench namespace has quotas and push rates so large
-    /// the workload never reaches them (every check made, none refusing), as --against does:
-    /// what enforcing limits costs.
+    /// Compare with the same tree whose bench namespace has quotas, push and pop rates and an
+    /// in-flight quota so large the workload never reaches them (every check made, none
+    /// refusing), as --against does: what enforcing limits costs.
     #[arg(long, conflicts_with_all = ["against", "against_open"])]
     pub(crate) against_limits: bool,
     /// Compare with the same tree and workload next to a noisy neighbour: a producer of
