@@ -303,18 +303,26 @@ fn print_limits(limits: &[crest::sdk::ScopeStats]) {
         None => now.to_string(),
     };
     println!(
-        "{:<24} {:>21} {:>25} {:>17} {:>21} {:>15} {:>15}  refused pushes: quota, rate, \
-         for now; pops: rate, in flight",
-        "limited scope", "messages", "bytes", "pushes/s", "bytes/s", "pops/s", "in flight"
+        "{:<24} {:>21} {:>25} {:>13} {:>17} {:>21} {:>15} {:>15}  refused pushes: quota, \
+         rate, for now; pops: rate, in flight",
+        "limited scope",
+        "messages",
+        "bytes",
+        "topics",
+        "pushes/s",
+        "bytes/s",
+        "pops/s",
+        "in flight"
     );
     for s in limits {
         let l = &s.limits;
         let r = &s.refused;
         println!(
-            "{:<24} {:>21} {:>25} {:>17} {:>21} {:>15} {:>15}  {}, {}, {}; {}, {}",
+            "{:<24} {:>21} {:>25} {:>13} {:>17} {:>21} {:>15} {:>15}  {}, {}, {}; {}, {}",
             s.scope,
             of(s.used.messages, l.messages_max),
             of(s.used.bytes, l.bytes_max),
+            of(s.topics, l.topics_max),
             rate(s.pushed_per_second.messages, l.push_rate),
             rate(s.pushed_per_second.bytes, l.push_bytes_rate),
             rate(s.popped_per_second, l.pop_rate),

@@ -308,6 +308,9 @@ pub(crate) async fn bench_against(
         push_bytes_rate: Some(never(1 << 50)),
         pop_rate: Some(never(1 << 30)),
         in_flight_max: Some(1 << 40),
+        // Not yet measured with a topic quota: left out so the figures in
+        // docs/performance.md describe this command.
+        topics_max: None,
     });
     let mut config = config.clone();
     if args.against_noisy {

@@ -41,6 +41,10 @@ pub(crate) struct LimitArgs {
     /// is refused `QuotaExceeded` until consumers settle some.
     #[arg(long)]
     in_flight_max: Option<u64>,
+    /// Most topics of the namespace holding messages in the whole tree: a push to another
+    /// topic is refused `QuotaExceeded`.
+    #[arg(long)]
+    topics_max: Option<u64>,
 }
 
 /// Whose limits: a namespace's (quotas and rates) or a principal's (rates, over every
@@ -83,6 +87,7 @@ impl LimitArgs {
             push_bytes_rate: rate(self.push_bytes_rate, self.push_bytes_burst),
             pop_rate: rate(self.pop_rate, self.pop_burst),
             in_flight_max: self.in_flight_max,
+            topics_max: self.topics_max,
         }
     }
 }
@@ -138,7 +143,7 @@ pub(crate) async fn policy(command: PolicyCommand) -> Result<()> {
             if limits.is_empty() {
                 bail!(
                     "no limit given (--messages-max, --bytes-max, --message-bytes-max, \
-                     --push-rate, --push-bytes-rate, --pop-rate, --in-flight-max)"
+                     --push-rate, --push-bytes-rate, --pop-rate, --in-flight-max, --topics-max)"
                 );
             }
             let (scope, named) = scope.scope();

@@ -306,6 +306,15 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
     cli.ok(&["policy", "unset", "--principal", "robot"]).await;
     let listed = cli.ok(&["policy", "list"]).await;
     assert!(!listed.contains("robot"), "{listed}");
+
+    // A namespace's number of topics, over the leaves the pushes go to.
+    cli.ok(&["policy", "set", "--namespace", "few", "--topics-max", "1"])
+        .await;
+    cli.ok(&["push", "--topic", "few/a", "--count", "4", "one"])
+        .await;
+    let (success, text) = cli.run(&["push", "--topic", "few/b", "two"]).await;
+    let why = "namespace few would hold more topics than its topics_max 1";
+    assert!(!success && text.contains(why), "{text}");
     tree.shutdown().await;
 }
 

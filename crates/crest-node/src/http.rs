@@ -521,7 +521,7 @@ pub fn render_prometheus(report: &Report, now_micros: u64) -> String {
 /// principal's (`@NAME`) as `crest_principal_*{principal="NAME"}`.
 fn render_limits(out: &mut String, limits: &[crest_core::quota::ScopeStats]) {
     type Pick = fn(&crest_core::quota::ScopeStats) -> Option<u64>;
-    let families: [(&str, &str, &str, Pick); 13] = [
+    let families: [(&str, &str, &str, Pick); 15] = [
         ("messages_max", "gauge", "", |s| s.limits.messages_max),
         ("bytes_max", "gauge", "", |s| s.limits.bytes_max),
         ("message_bytes_max", "gauge", "", |s| {
@@ -547,6 +547,10 @@ fn render_limits(out: &mut String, limits: &[crest_core::quota::ScopeStats]) {
             s.limits.pop_rate.map(|_| s.popped)
         }),
         ("in_flight_max", "gauge", "", |s| s.limits.in_flight_max),
+        ("topics_max", "gauge", "", |s| s.limits.topics_max),
+        ("topics", "gauge", "", |s| {
+            s.limits.topics_max.map(|_| s.topics)
+        }),
         ("in_flight", "gauge", "", |s| {
             s.limits.in_flight_max.map(|_| s.in_flight)
         }),
@@ -647,6 +651,7 @@ mod tests {
             popped: 0,
             popped_per_second: 0,
             in_flight: 0,
+            topics: 0,
         }
     }
 

@@ -52,7 +52,7 @@
 //! scope = "noisy/"            # a namespace (`NS/`) or a topic
 //! push_rate = 1000            # also messages_max, bytes_max, message_bytes_max,
 //! push_burst = 100            #   push_bytes_rate, push_bytes_burst, pop_rate, pop_burst,
-//!                             #   in_flight_max (burst: 1 s's worth)
+//!                             #   in_flight_max, topics_max (burst: 1 s's worth)
 //! ```
 
 use serde::Deserialize;
@@ -300,6 +300,9 @@ pub struct LimitSpec {
     /// Most messages in flight.
     #[serde(default)]
     pub in_flight_max: Option<u64>,
+    /// Most topics (a namespace's).
+    #[serde(default)]
+    pub topics_max: Option<u64>,
 }
 
 impl LimitSpec {
@@ -319,6 +322,7 @@ impl LimitSpec {
             push_bytes_rate: rate(self.push_bytes_rate, self.push_bytes_burst),
             pop_rate: rate(self.pop_rate, self.pop_burst),
             in_flight_max: self.in_flight_max,
+            topics_max: self.topics_max,
         }
     }
 }

@@ -402,6 +402,7 @@ async fn a_child_s_hostile_offers_and_reports_are_refused_or_contained() {
                 popped: 0,
                 popped_per_second: 0,
                 in_flight: 0,
+                topics: 0,
             }],
         },
         ..Report::default()

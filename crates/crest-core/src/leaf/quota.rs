@@ -3,10 +3,9 @@
 
 use super::*;
 use crate::machine::ConnId;
-use crate::quota::{Amount, Refused, Shortfall};
+use crate::quota::{Amount, Holdings, Refused, Shortfall};
 use crate::time::Time;
 use crate::wire::{ErrorCode, Push, Wire};
-use std::collections::HashMap;
 use std::time::Duration;
 
 /// A push batch waiting at the leaf for the allowance it asked the root for: a short wait
@@ -61,9 +60,11 @@ impl Leaf {
         let holds = now.saturating_since(since) < Duration::from_millis(s.quota_hold_ms)
             && self.held_pushes.len() < s.quota_hold_batches_max as usize;
         let principal = self.principals.get(&conn).map(|p| p.name.clone());
+        let topics = &self.topics;
+        let known = |topic: &str| topics.contains_key(topic);
         let admitted =
             self.allowances
-                .admit_held(now, messages, principal.as_deref(), held.is_some());
+                .admit_held(now, messages, principal.as_deref(), &known, held.is_some());
         let reply = match admitted {
             Ok(()) => return Some(push),
             Err(Shortfall::Exceeded(quota)) => {
@@ -159,16 +160,25 @@ impl Leaf {
         if self.allowances.due().is_none_or(|due| due > now) {
             return;
         }
-        let mut used: HashMap<String, Amount> = HashMap::new();
-        let mut in_flight: HashMap<String, u64> = HashMap::new();
+        let mut holdings = Holdings::default();
         for (name, topic) in &self.topics {
             for scope in self.allowances.scopes_of(name) {
-                used.entry(scope.to_string()).or_default().add(Amount {
-                    messages: topic.messages,
-                    bytes: topic.bytes,
-                });
+                holdings
+                    .used
+                    .entry(scope.to_string())
+                    .or_default()
+                    .add(Amount {
+                        messages: topic.messages,
+                        bytes: topic.bytes,
+                    });
                 if topic.leased > 0 {
-                    *in_flight.entry(scope.to_string()).or_default() += topic.leased;
+                    *holdings.in_flight.entry(scope.to_string()).or_default() += topic.leased;
+                }
+                if self.allowances.counts_topics(scope) {
+                    let names = holdings.topics.entry(scope.to_string()).or_default();
+                    if names.len() < crate::quota::QUOTA_TOPICS_MAX {
+                        names.push(name.to_string());
+                    }
                 }
             }
         }
@@ -186,7 +196,7 @@ impl Leaf {
         }
         for (topic, sum) in pending {
             for scope in self.allowances.scopes_of(topic) {
-                used.entry(scope.to_string()).or_default().add(sum);
+                holdings.used.entry(scope.to_string()).or_default().add(sum);
             }
         }
         let s = &self.config.settings;
@@ -196,9 +206,7 @@ impl Leaf {
         };
         let interval = Duration::from_millis(s.quota_report_ms);
         let id = self.config.id;
-        let report = self
-            .allowances
-            .report(now, id, &used, &in_flight, interval, least);
+        let report = self.allowances.report(now, id, &holdings, interval, least);
         let Some(usage) = report else {
             return;
         };

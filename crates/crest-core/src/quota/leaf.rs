@@ -72,6 +72,12 @@ struct Allowance {
     tokens_want: Amount,
     /// Messages refused since the last report.
     refused: Refused,
+    /// Topics new to the leaf the root admitted (a scope with `topics_max`).
+    topics_admitted: BTreeSet<String>,
+    /// Topics the root refused since the last report.
+    topics_refused: BTreeSet<String>,
+    /// Topics pushes wait for, to ask the root at the next report.
+    topics_wanted: BTreeSet<String>,
 }
 
 impl Allowance {
@@ -195,7 +201,7 @@ impl Allowances {
         now: Time,
         messages: impl Iterator<Item = (&'a str, u64)>,
     ) -> Result<(), Shortfall> {
-        self.admit_held(now, messages, None, false)
+        self.admit_held(now, messages, None, &|_| true, false)
     }
 
     /// [`Allowances::admit`] for a batch held since an earlier try (`again`): the leaf asks
@@ -209,12 +215,15 @@ impl Allowances {
         now: Time,
         messages: impl Iterator<Item = (&'a str, u64)>,
         principal: Option<&str>,
+        holds: &dyn Fn(&str) -> bool,
         again: bool,
     ) -> Result<(), Shortfall> {
         if self.scopes.is_empty() {
             return Ok(());
         }
         let mut needs: Vec<(&str, Amount)> = Vec::new();
+        // Topics new to this leaf in a namespace with `topics_max`, with that scope.
+        let mut new_topics: Vec<(&str, &str)> = Vec::new();
         let mut total = Amount::default();
         // A batch is mostly one topic: its scopes are looked up once per run.
         let mut run: (&str, [Option<(&String, &Allowance)>; 2]) = ("", [None, None]);
@@ -229,6 +238,14 @@ impl Allowances {
                         self.scopes.get_key_value(namespace.as_str()),
                     ],
                 );
+                if let Some((scope, allowance)) = run.1[1]
+                    && allowance.limits.topics_max.is_some()
+                    && !allowance.topics_admitted.contains(topic)
+                    && !new_topics.contains(&(scope.as_str(), topic))
+                    && !holds(topic)
+                {
+                    new_topics.push((scope.as_str(), topic));
+                }
             }
             for (scope, allowance) in run.1.into_iter().flatten() {
                 if let Some(limit) = allowance.limits.message_bytes_max
@@ -248,6 +265,13 @@ impl Allowances {
                     None => needs.push((scope.as_str(), Amount::one(size))),
                 }
             }
+        }
+        if !new_topics.is_empty() {
+            let new_topics: Vec<(String, String)> = new_topics
+                .into_iter()
+                .map(|(scope, topic)| (scope.to_string(), topic.to_string()))
+                .collect();
+            return Err(self.ask_for_topics(now, new_topics, again));
         }
         let mut needs: Vec<(String, Amount)> = needs
             .into_iter()
@@ -339,6 +363,47 @@ impl Allowances {
         Ok(())
     }
 
+    /// Topics new to the leaf wait for the root's word: refused if it refused one since the
+    /// last report, else asked for (at once, unless `again` in the instant of the last report).
+    fn ask_for_topics(
+        &mut self,
+        now: Time,
+        topics: Vec<(String, String)>,
+        again: bool,
+    ) -> Shortfall {
+        for (scope, topic) in &topics {
+            let allowance = self.scopes.get_mut(scope).expect("listed");
+            if allowance.topics_refused.contains(topic) {
+                let limit = allowance.limits.topics_max.expect("limited");
+                return Shortfall::Exceeded(QuotaExceeded {
+                    scope: scope.clone(),
+                    which: Quota::Topics,
+                    limit,
+                });
+            }
+        }
+        let (scope, first) = topics[0].clone();
+        for (scope, topic) in topics {
+            let allowance = self.scopes.get_mut(&scope).expect("listed");
+            allowance.topics_wanted.insert(topic);
+        }
+        if !again || self.last_report.is_some_and(|at| at < now) {
+            self.due = Some(now.min(self.due.unwrap_or(now)));
+        }
+        let why = format!(
+            "{scope}: topic {first} is new to this leaf; it asked the root whether it fits \
+             topics_max"
+        );
+        Shortfall::Waiting { scope, why }
+    }
+
+    /// Whether `scope` counts its topics (`topics_max`).
+    pub fn counts_topics(&self, scope: &str) -> bool {
+        self.scopes
+            .get(scope)
+            .is_some_and(|a| a.limits.topics_max.is_some())
+    }
+
     /// Counts `refused` messages of `scope` for its next report.
     pub fn count_refused(&mut self, scope: &str, refused: Refused) {
         if let Some(allowance) = self.scopes.get_mut(scope) {
@@ -360,16 +425,14 @@ impl Allowances {
         .flatten()
     }
 
-    /// The report due at `now`: `used` is what the leaf holds of each scope (absent: none),
-    /// `in_flight` how many of its messages are leased.
+    /// The report due at `now`, of what the leaf holds of each scope (absent: none).
     /// An allowance beyond twice what the leaf wants is given back. The next is due
     /// `interval` later.
     pub fn report(
         &mut self,
         now: Time,
         leaf: LeafId,
-        used: &HashMap<String, Amount>,
-        in_flight: &HashMap<String, u64>,
+        holdings: &Holdings,
         interval: Duration,
         least: Amount,
     ) -> Option<Usage> {
@@ -445,14 +508,29 @@ impl Allowances {
                 };
                 allowance.tokens_want = tokens_want;
                 let tokens_short = std::mem::take(&mut allowance.token_short);
+                // Refused topics are asked for again after this report (room may have come).
+                allowance.topics_refused.clear();
                 let short = std::mem::take(&mut allowance.short);
                 let recent = std::mem::take(&mut allowance.recent);
                 ScopeUsage {
                     scope: scope.clone(),
                     version: allowance.version,
                     limits: allowance.limits,
-                    used: used.get(scope.as_str()).copied().unwrap_or_default(),
-                    in_flight: in_flight.get(scope.as_str()).copied().unwrap_or_default(),
+                    used: holdings
+                        .used
+                        .get(scope.as_str())
+                        .copied()
+                        .unwrap_or_default(),
+                    in_flight: (holdings.in_flight.get(scope.as_str()).copied())
+                        .unwrap_or_default(),
+                    topics: holdings
+                        .topics
+                        .get(scope.as_str())
+                        .cloned()
+                        .unwrap_or_default(),
+                    topics_wanted: std::mem::take(&mut allowance.topics_wanted)
+                        .into_iter()
+                        .collect(),
                     granted: allowance.granted,
                     taken: allowance.taken,
                     want,
@@ -508,6 +586,13 @@ impl Allowances {
                 };
                 allowance.token_wait_ms = given.token_wait_ms;
                 grew |= (allowance.granted, allowance.tokens_granted) != before;
+                // A reclaim carries no word on topics: what was admitted stays.
+                if allowance.limits.topics_max.is_some() && !given.release {
+                    allowance.topics_admitted = given.topics_admitted.iter().cloned().collect();
+                    allowance
+                        .topics_refused
+                        .extend(given.topics_refused.iter().cloned());
+                }
                 if given.release {
                     allowance.taken = allowance.granted;
                     allowance.yielded = true;

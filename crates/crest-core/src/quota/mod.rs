@@ -35,7 +35,8 @@
 //! tokens of each scope it counts in when it arrives and gives back the unused ones when it is
 //! answered. In-flight quotas are the root's too: leaves report what each scope has leased,
 //! the root adds what it delivered since and what waiting pops may take, and a pop takes at
-//! most the room left.
+//! most the room left. Topic quotas count the union of the names the leaves hold
+//! (`topics` module): a leaf asks before it holds a topic new to it.
 //!
 //! Counters are per leaf incarnation ([`Usage::epoch`]): a restarted leaf, or a replicated
 //! leaf's new leader, starts with nothing granted, and the root forgets what it granted the
@@ -45,13 +46,29 @@
 use crate::id::LeafId;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::time::Duration;
 
 /// Most limited scopes a [`Usage`] or [`Grant`] carries, and so the ceiling of the
 /// `quota_scopes_max` setting.
 pub const QUOTA_SCOPES_MAX: usize = 4096;
+
+/// Most topic names one scope of a [`Usage`] or [`Grant`] carries (the ceiling of a leaf's
+/// `topics_max`).
+pub const QUOTA_TOPICS_MAX: usize = 65_536;
+
+/// What a leaf holds, for its usage report: per limited scope, messages and bytes, messages in
+/// flight, and (for scopes with `topics_max`) its topics.
+#[derive(Debug, Default)]
+pub struct Holdings {
+    /// Messages and payload bytes held.
+    pub used: HashMap<String, Amount>,
+    /// Messages leased.
+    pub in_flight: HashMap<String, u64>,
+    /// Topics held.
+    pub topics: HashMap<String, Vec<String>>,
+}
 
 /// The scope of namespace `namespace`'s limits: its name and a `/`.
 pub fn namespace_scope(namespace: &str) -> String {
@@ -96,6 +113,9 @@ pub struct Limits {
     /// whole tree.
     #[serde(default)]
     pub in_flight_max: Option<u64>,
+    /// Most topics of a namespace holding messages in the whole tree (a namespace's limit).
+    #[serde(default)]
+    pub topics_max: Option<u64>,
 }
 
 /// A rate: `per_second` on average, at most `burst` at once (a token bucket of `burst`
@@ -130,6 +150,7 @@ impl Limits {
             Quota::PushBytesRate => self.push_bytes_rate.map(|r| r.per_second),
             Quota::PopRate => self.pop_rate.map(|r| r.per_second),
             Quota::InFlight => self.in_flight_max,
+            Quota::Topics => self.topics_max,
         }
     }
 
@@ -168,6 +189,11 @@ impl Limits {
     /// A sentence naming the limit.
     pub fn check_for(&self, scope: &str) -> Result<(), String> {
         self.check()?;
+        if self.topics_max.is_some() && scope_namespace(scope).is_none() {
+            return Err(format!(
+                "{scope} is not a namespace: topics_max limits a namespace's (NS/) topics"
+            ));
+        }
         if scope_principal(scope).is_some() {
             let held = [
                 Quota::Messages,
@@ -214,11 +240,13 @@ pub enum Quota {
     PopRate,
     /// `in_flight_max`.
     InFlight,
+    /// `topics_max`.
+    Topics,
 }
 
 impl Quota {
     /// Every limit.
-    pub const ALL: [Quota; 7] = [
+    pub const ALL: [Quota; 8] = [
         Quota::Messages,
         Quota::Bytes,
         Quota::MessageBytes,
@@ -226,6 +254,7 @@ impl Quota {
         Quota::PushBytesRate,
         Quota::PopRate,
         Quota::InFlight,
+        Quota::Topics,
     ];
 
     /// Its name in configurations and on the command line.
@@ -238,6 +267,7 @@ impl Quota {
             Quota::PushBytesRate => "push_bytes_rate",
             Quota::PopRate => "pop_rate",
             Quota::InFlight => "in_flight_max",
+            Quota::Topics => "topics_max",
         }
     }
 }
@@ -313,6 +343,7 @@ impl fmt::Display for QuotaExceeded {
             Quota::PushBytesRate => "takes no more payload bytes per second than",
             Quota::PopRate => "gives no more messages per second than",
             Quota::InFlight => "would have more messages in flight than",
+            Quota::Topics => "would hold more topics than",
         };
         write!(f, " {what} its {} {}", self.which, self.limit)
     }
@@ -332,6 +363,18 @@ pub struct ScopeUsage {
     /// Its messages in flight (leased) at the leaf.
     #[serde(default)]
     pub in_flight: u64,
+    /// For a scope with `topics_max`: the topics the leaf holds of it.
+    #[serde(
+        default,
+        deserialize_with = "crate::bounded::vec::<_, _, QUOTA_TOPICS_MAX>"
+    )]
+    pub topics: Vec<String>,
+    /// Topics new to the leaf that pushes wait for the root to admit.
+    #[serde(
+        default,
+        deserialize_with = "crate::bounded::vec::<_, _, QUOTA_TOPICS_MAX>"
+    )]
+    pub topics_wanted: Vec<String>,
     /// What the root granted this incarnation of the leaf, in total.
     pub granted: Amount,
     /// What of that it admitted or gave back, in total.
@@ -374,6 +417,10 @@ pub struct ScopeStats {
     /// since and what waiting pops may take.
     #[serde(default)]
     pub in_flight: u64,
+    /// Its topics holding messages, with those admitted and not yet reported (a scope with
+    /// `topics_max`).
+    #[serde(default)]
+    pub topics: u64,
     /// What they may come to hold with the allowances the root granted (at most the quota).
     pub bound: Amount,
     /// What the leaves admitted since the root started.
@@ -457,6 +504,18 @@ pub struct ScopeGrant {
     /// (0: it has).
     #[serde(default)]
     pub token_wait_ms: u64,
+    /// Topics new to the leaf that it may now hold.
+    #[serde(
+        default,
+        deserialize_with = "crate::bounded::vec::<_, _, QUOTA_TOPICS_MAX>"
+    )]
+    pub topics_admitted: Vec<String>,
+    /// Topics it asked for that would pass `topics_max`.
+    #[serde(
+        default,
+        deserialize_with = "crate::bounded::vec::<_, _, QUOTA_TOPICS_MAX>"
+    )]
+    pub topics_refused: Vec<String>,
 }
 
 /// Root → leaf (through aggregators): the leaf's allowances.
@@ -473,6 +532,7 @@ pub struct Grant {
 
 mod leaf;
 mod root;
+mod topics;
 
 pub use leaf::{Allowances, Shortfall};
 pub use root::{Answer, Ledger, PopRefused};

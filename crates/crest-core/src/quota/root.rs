@@ -30,6 +30,8 @@ pub struct Ledger {
     in_flight: BTreeMap<String, u64>,
     /// What pops waiting now may still deliver, per scope with an in-flight quota.
     in_flight_pending: BTreeMap<String, u64>,
+    /// Each topics-limited scope's topics.
+    topics: super::topics::TopicCounts,
 }
 
 /// Why the root refuses a pop.
@@ -216,6 +218,7 @@ impl Ledger {
             accounts.epoch = usage.epoch;
             for (scope, old) in std::mem::take(&mut former) {
                 self.forget(&scope, &old);
+                self.topics.forget(usage.leaf, &scope);
             }
         }
         for scope in &usage.scopes {
@@ -257,6 +260,7 @@ impl Ledger {
         }
         for (scope, old) in former {
             self.forget(&scope, &old);
+            self.topics.forget(usage.leaf, &scope);
         }
         let heard = |leaf: &LeafId| *leaf == usage.leaf || self.leaves.contains_key(leaf);
         let ready = now >= started + wait || subtree.iter().all(heard);
@@ -361,6 +365,22 @@ impl Ledger {
                 account.tokens_granted.add(given);
                 token_wait_ms = wait_ms;
             }
+            let (topics_admitted, topics_refused) = match limits.topics_max {
+                Some(limit) => self.topics.report(
+                    now,
+                    usage.leaf,
+                    name,
+                    limit,
+                    &scope.topics,
+                    &scope.topics_wanted,
+                    ready,
+                    wait,
+                ),
+                None => {
+                    self.topics.drop_scope(name);
+                    (Vec::new(), Vec::new())
+                }
+            };
             grants.push(ScopeGrant {
                 scope: name.clone(),
                 granted: account.granted,
@@ -368,6 +388,8 @@ impl Ledger {
                 release: false,
                 tokens_granted: account.tokens_granted,
                 token_wait_ms,
+                topics_admitted,
+                topics_refused,
             });
         }
         self.leaves.insert(usage.leaf, accounts);
@@ -413,6 +435,8 @@ impl Ledger {
                         release: true,
                         tokens_granted: account.tokens_granted,
                         token_wait_ms: 0,
+                        topics_admitted: Vec::new(),
+                        topics_refused: Vec::new(),
                     }],
                 }
             })
@@ -436,6 +460,7 @@ impl Ledger {
                     limits: *limits,
                     used: self.used.get(scope).copied().unwrap_or_default(),
                     in_flight: self.in_flight_of(scope),
+                    topics: self.topics.count(scope),
                     bound: self.bounds.get(scope).copied().unwrap_or_default(),
                     pushed: meter.pushed,
                     pushed_per_second: meter.per_second,
@@ -616,6 +641,7 @@ impl Ledger {
             self.pop_buckets.remove(scope);
             self.in_flight.remove(scope);
             self.in_flight_pending.remove(scope);
+            self.topics.drop_scope(scope);
         }
     }
 }

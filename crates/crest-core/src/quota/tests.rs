@@ -9,9 +9,9 @@ const LEAST: Amount = Amount {
 
 /// The report of a leaf that holds nothing (leaf 2).
 fn report_nothing(allowances: &mut Allowances, now: Time) -> Usage {
-    let none = HashMap::new();
+    let none = Holdings::default();
     allowances
-        .report(now, LeafId(2), &none, &HashMap::new(), INTERVAL, LEAST)
+        .report(now, LeafId(2), &none, INTERVAL, LEAST)
         .expect("owed")
 }
 
@@ -78,8 +78,12 @@ impl TestLeaf {
                 bytes: self.held * 10,
             },
         )]);
+        let holdings = Holdings {
+            used,
+            ..Holdings::default()
+        };
         self.allowances
-            .report(now, self.id, &used, &HashMap::new(), INTERVAL, LEAST)
+            .report(now, self.id, &holdings, INTERVAL, LEAST)
             .expect("a limited scope")
     }
 }

@@ -516,3 +516,52 @@ fn a_held_batch_whose_grant_does_not_come_is_refused_with_a_time_to_retry_and_no
         "the refused batch left nothing"
     );
 }
+
+#[test]
+fn a_namespace_topic_quota_counts_the_tree_s_topics_whatever_leaf_creates_them() {
+    // Goal: namespace `orders` limited to 3 topics takes 3 new topics through three leaves,
+    // refuses a fourth `QuotaExceeded` naming the limit (through a fourth leaf), still takes
+    // pushes to a topic the tree holds through a leaf that does not, and takes a new topic
+    // once one is emptied; another namespace is not limited; nothing refused is stored.
+    let mut t = tree(16);
+    let limits = Limits {
+        topics_max: Some(3),
+        ..Limits::default()
+    };
+    set_limits(&mut t, "orders/", limits);
+    t.h.advance(Duration::from_millis(300));
+    for (leaf, topic) in [(0, "orders/a"), (1, "orders/b"), (2, "orders/c")] {
+        assert_eq!(push_within(&mut t, leaf, topic, 2, 1), Pushed::Stored(2));
+    }
+    let over = QuotaExceeded {
+        scope: "orders/".into(),
+        which: Quota::Topics,
+        limit: 3,
+    };
+    assert_eq!(
+        push_within(&mut t, 3, "orders/d", 2, 1),
+        Pushed::Over(over.clone())
+    );
+    assert_eq!(push_within(&mut t, 3, "orders/a", 2, 1), Pushed::Stored(2));
+    assert_eq!(push_within(&mut t, 3, "billing/x", 2, 1), Pushed::Stored(2));
+    t.h.advance(Duration::from_millis(300));
+    let (_, all) = stats_of(&mut t.h, t.consumer, "orders/a");
+    let scope = all
+        .limits
+        .iter()
+        .find(|s| s.scope == "orders/")
+        .expect("shown");
+    assert_eq!(scope.topics, 3);
+    assert_eq!(
+        held(&mut t, &["orders/a", "orders/b", "orders/c", "orders/d"]),
+        8
+    );
+
+    // Emptied, `orders/c` leaves the count once its leaf reports.
+    let deliveries = t.h.pop(t.consumer, "orders/c", 16);
+    let receipts: Vec<Receipt> = deliveries.iter().map(|d| d.receipt()).collect();
+    assert!(t.h.ack(t.consumer, receipts).iter().all(Result::is_ok));
+    t.h.advance(Duration::from_millis(300));
+    assert_eq!(push_within(&mut t, 3, "orders/d", 2, 1), Pushed::Stored(2));
+    assert_eq!(push_within(&mut t, 2, "orders/c", 1, 1), Pushed::Over(over));
+}
