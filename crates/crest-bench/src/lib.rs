@@ -166,10 +166,11 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     let includes_tree = running.local.is_some();
     let mut violations = None;
     let mut lost = None;
+    let mut held = None;
     let mut log_sync = None;
     let mut log_sync_by_leaf = BTreeMap::new();
     if let Some(tree) = &running.local {
-        let (mut violations_sum, mut lost_sum) = (0, 0);
+        let (mut violations_sum, mut lost_sum, mut held_sum) = (0, 0, (0, 0));
         let mut syncs = crest_core::metrics::Hist::default();
         for node in &tree.nodes {
             if node.role() == crest_core::wire::Role::Leaf
@@ -180,6 +181,14 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
                 syncs.merge(hist);
                 log_sync_by_leaf.insert(node.name().to_string(), hist.percentiles());
             }
+            if node.role() == crest_core::wire::Role::Leaf
+                && let Ok(report) = node.report().await
+                && let Some(own) = report.nodes.first()
+            {
+                let counter = |name: &str| own.counters.get(name).copied().unwrap_or(0);
+                held_sum.0 += counter("pushes_held");
+                held_sum.1 += counter("pushes_awaiting_allowance");
+            }
             if let Ok(stats) = node.stats().await {
                 violations_sum += stats.violations;
             }
@@ -189,6 +198,7 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
         }
         violations = Some(violations_sum);
         lost = Some(lost_sum);
+        held = Some(held_sum);
         log_sync = (syncs.count() > 0).then(|| syncs.percentiles());
     }
     if let Some(tree) = running.local {
@@ -207,6 +217,7 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
     report.syncing_leaves = running.syncing_leaves;
     report.protocol_violations = violations;
     report.quic_lost_packets = lost;
+    report.pushes_held = held;
     report.log_sync_us = log_sync;
     report.log_sync_by_leaf_us = log_sync_by_leaf;
     report.cpu.includes_tree = includes_tree;

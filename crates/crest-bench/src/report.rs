@@ -111,6 +111,11 @@ pub struct BenchReport {
     /// (both ends of every link between nodes; the clients' own ends not counted); `None` for
     /// a remote tree. Each loss cuts a link's congestion window.
     pub quic_lost_packets: Option<u64>,
+    /// Push batches the local tree's leaves held for want of an allowance or rate tokens from
+    /// the root (limits), and those they refused for it; `None` for a remote tree. Each held
+    /// batch waited a round trip to the root.
+    #[serde(default)]
+    pub pushes_held: Option<(u64, u64)>,
     /// The local tree's leaves' log syncs (`fdatasync` of groups pushes and acks waited
     /// for), microseconds, over the leaves' recent past (their last 10–20 s: all of a short
     /// run); `None` for a remote tree or leaves in memory.
@@ -482,8 +487,14 @@ impl BenchReport {
 
     /// One line of a repeated run.
     pub fn line(&self) -> String {
+        let held = match self.pushes_held {
+            Some((held, refused)) if held + refused > 0 => {
+                format!("  held {held} refused {refused}")
+            }
+            _ => String::new(),
+        };
         format!(
-            "pushes {:.0}/s  pops {:.0}/s  push-ack p99 {} us  pop p99 {} us  CPU {:.2} s  missing {}  duplicates {}\n",
+            "pushes {:.0}/s  pops {:.0}/s  push-ack p99 {} us  pop p99 {} us  CPU {:.2} s  missing {}  duplicates {}{held}\n",
             self.push_rate,
             self.pop_rate,
             self.latency.push_ack_us.p99,
@@ -669,6 +680,7 @@ pub(super) fn report(
         lease_inverted_pops: lease_rank_error.map(|(_, inverted)| inverted),
         protocol_violations: None,
         quic_lost_packets: None,
+        pushes_held: None,
         log_sync_us: None,
         log_sync_by_leaf_us: BTreeMap::new(),
         cpu: cpu.usage(config.phase, pushed, seen.distinct),
@@ -775,6 +787,13 @@ impl BenchReport {
         if let Some(lost) = self.quic_lost_packets {
             out.push_str(&format!(
                 "  QUIC packets lost on the tree's links: {lost}\n"
+            ));
+        }
+        if let Some((held, refused)) = self.pushes_held
+            && held + refused > 0
+        {
+            out.push_str(&format!(
+                "  push batches held for an allowance: {held}, refused for now: {refused}\n"
             ));
         }
         out.push_str(&self.cpu.line());

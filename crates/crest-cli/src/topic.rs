@@ -73,12 +73,7 @@ impl ScopeArgs {
 
 impl LimitArgs {
     fn limits(self) -> Limits {
-        let rate = |per_second: Option<u64>, burst: Option<u64>| {
-            per_second.map(|per_second| Rate {
-                per_second,
-                burst: burst.unwrap_or(per_second),
-            })
-        };
+        let rate = Rate::of;
         Limits {
             messages_max: self.messages_max,
             bytes_max: self.bytes_max,

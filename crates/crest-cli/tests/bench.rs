@@ -556,6 +556,28 @@ async fn bench_measures_what_authentication_costs_against_an_open_tree() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_measures_what_limits_cost_when_none_is_reached() {
+    // Goal: `--against-limits` runs the workload on a tree without limits (A) and with the
+    // bench namespace limited far beyond the workload (B): every message accounted for on
+    // both sides, B's leaves refuse none (they may hold a batch while they ask the root for
+    // an allowance), A's hold none.
+    let (text, comparison) =
+        bench_ok(&["--memory", "--messages", "2000", "--against-limits"]).await;
+    assert!(text.contains("B (limits)"), "{text}");
+    for side in ["a", "b"] {
+        let runs = comparison[side]["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 1, "{text}");
+        assert_run_accounted(&runs[0], 2000, &text);
+    }
+    let held = |side: &str| -> (u64, u64) {
+        let held = &comparison[side]["runs"][0]["pushes_held"];
+        (held[0].as_u64().unwrap(), held[1].as_u64().unwrap())
+    };
+    assert_eq!(held("a"), (0, 0), "{text}");
+    assert_eq!(held("b").1, 0, "refused for want of an allowance: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_runs_the_workload_next_to_a_noisy_neighbour_held_to_its_rate() {
     // Goal: `--against-noisy` runs the workload (A) and the workload next to a producer of
     // namespace `noisy` offering 20 times its push rate (B); every message of the workload is

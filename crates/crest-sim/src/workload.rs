@@ -308,12 +308,7 @@ pub struct LimitSpec {
 impl LimitSpec {
     /// The limits, as a topic configuration carries them.
     pub fn limits(&self) -> crest_core::quota::Limits {
-        let rate = |per_second: Option<u64>, burst: Option<u64>| {
-            per_second.map(|per_second| crest_core::quota::Rate {
-                per_second,
-                burst: burst.unwrap_or(per_second),
-            })
-        };
+        let rate = crest_core::quota::Rate::of;
         crest_core::quota::Limits {
             messages_max: self.messages_max,
             bytes_max: self.bytes_max,

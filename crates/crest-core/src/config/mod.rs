@@ -314,7 +314,8 @@ pub struct Settings {
     /// with its allowances, in milliseconds (a leaf short of allowance reports at once).
     pub quota_report_ms: u64,
     /// Least allowance a busy leaf asks for, in messages (it asks for twice its admissions
-    /// of the last report interval plus this).
+    /// of the last report interval plus this); also what a leaf asks ahead for when a scope's
+    /// limits are set, if the quota or burst is at least eight times this.
     pub quota_grant_messages_min: u64,
     /// Least allowance a busy leaf asks for, in payload bytes.
     pub quota_grant_bytes_min: u64,

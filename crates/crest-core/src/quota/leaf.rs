@@ -78,6 +78,11 @@ struct Allowance {
     topics_refused: BTreeSet<String>,
     /// Topics pushes wait for, to ask the root at the next report.
     topics_wanted: BTreeSet<String>,
+    /// Its limits are new and nothing was admitted since: the leaf's reports ask ahead for a
+    /// standing allowance ([`Allowance::standing`]), so that the first push after a
+    /// configuration does not wait for the root; given back, like any, after two quiet
+    /// report intervals.
+    fresh: bool,
 }
 
 impl Allowance {
@@ -111,6 +116,27 @@ impl Allowance {
             || (self.limits.push_bytes_rate.is_some()
                 && tokens.bytes < half(self.tokens_want.bytes));
         quota_low || rate_low
+    }
+
+    /// What a leaf asks ahead for while its scope is fresh, of the quota and of the rates'
+    /// tokens: `least` of each limit or burst at least eight times as large, nothing of a
+    /// smaller one (where a share held ahead by a leaf that may never push would be missed by
+    /// those that do).
+    fn standing(&self, least: Amount) -> (Amount, Amount) {
+        let part = |limit: Option<u64>, least: u64| {
+            limit.map_or(0, |l| if l / 8 >= least { least } else { 0 })
+        };
+        let limits = &self.limits;
+        let burst = |rate: Option<Rate>| rate.map(|r| r.burst);
+        let quota = Amount {
+            messages: part(limits.messages_max, least.messages),
+            bytes: part(limits.bytes_max, least.bytes),
+        };
+        let tokens = Amount {
+            messages: part(burst(limits.push_rate), least.messages),
+            bytes: part(burst(limits.push_bytes_rate), least.bytes),
+        };
+        (quota, tokens)
     }
 
     /// The rate `need` would pass with the tokens in hand.
@@ -182,6 +208,9 @@ impl Allowances {
                 allowance.taken = allowance.granted;
                 allowance.tokens_taken = allowance.tokens_granted;
                 allowance.ceiling = None;
+                // Quiet intervals count from the change.
+                allowance.busy_at = Some(now);
+                allowance.fresh = true;
             }
         }
         self.due = match (self.scopes.is_empty(), self.due) {
@@ -266,13 +295,10 @@ impl Allowances {
                 }
             }
         }
-        if !new_topics.is_empty() {
-            let new_topics: Vec<(String, String)> = new_topics
-                .into_iter()
-                .map(|(scope, topic)| (scope.to_string(), topic.to_string()))
-                .collect();
-            return Err(self.ask_for_topics(now, new_topics, again));
-        }
+        let new_topics: Vec<(String, String)> = new_topics
+            .into_iter()
+            .map(|(scope, topic)| (scope.to_string(), topic.to_string()))
+            .collect();
         let mut needs: Vec<(String, Amount)> = needs
             .into_iter()
             .map(|(scope, need)| (scope.to_string(), need))
@@ -283,6 +309,20 @@ impl Allowances {
             if self.scopes.get(&scope).is_some_and(|a| a.limits.rated()) {
                 needs.push((scope, total));
             }
+        }
+        if !new_topics.is_empty() {
+            // The report that asks for the topics asks for what else the batch lacks: one
+            // round trip to the root, not one for the topics and then one for the allowance.
+            for (scope, need) in &needs {
+                let allowance = self.scopes.get_mut(scope).expect("listed");
+                if allowance.lacks(*need).is_some() {
+                    allowance.short.add(*need);
+                }
+                if allowance.lacks_tokens(*need).is_some() {
+                    allowance.token_short.add(*need);
+                }
+            }
+            return Err(self.ask_for_topics(now, new_topics, again));
         }
         let lacking = needs.iter().find_map(|(scope, need)| {
             let allowance = &self.scopes[scope];
@@ -475,11 +515,15 @@ impl Allowances {
                     quiet if quiet < interval * 2 => 1,
                     _ => 2,
                 };
+                if idle != 1 {
+                    allowance.fresh = false;
+                }
                 // A grant may come just after a report: it is kept for two quiet intervals
                 // (for the push that waited for it), given back after.
                 let want = match idle {
                     _ if std::mem::take(&mut allowance.yielded) => allowance.short,
                     0 => pace(allowance.recent).plus(allowance.short).plus(least),
+                    1 if allowance.fresh => allowance.standing(least).0,
                     1 => allowance.want,
                     _ => Amount::default(),
                 };
@@ -503,6 +547,8 @@ impl Allowances {
                 let tokens_want = if idle >= 2 {
                     allowance.tokens_taken = allowance.tokens_granted;
                     Amount::default()
+                } else if allowance.fresh {
+                    allowance.standing(least).1
                 } else {
                     pace(allowance.recent).plus(allowance.token_short)
                 };

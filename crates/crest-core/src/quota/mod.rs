@@ -26,7 +26,9 @@
 //! The cost is early refusals near a limit: a leaf's push may be refused while other leaves
 //! hold allowance they have not used yet. A busy leaf asks for about two report intervals of
 //! its recent admissions (at least `quota_grant_messages_min` / `quota_grant_bytes_min`); an
-//! idle one gives its allowance back at its next report.
+//! idle one gives its allowance back at its next report. A scope whose limits are new is asked
+//! for ahead (that least, of limits at least eight times as large, granted only that far from
+//! them), so that the first push after a configuration does not wait for the root.
 //!
 //! # Principals and pops
 //! A principal's rates are the scope `@NAME` (a topic name cannot start with `@`): a leaf
@@ -126,6 +128,16 @@ pub struct Rate {
     pub per_second: u64,
     /// Most taken at once after a quiet time.
     pub burst: u64,
+}
+
+impl Rate {
+    /// `per_second` with `burst`, which defaults to one second's worth (`None`: no rate).
+    pub fn of(per_second: Option<u64>, burst: Option<u64>) -> Option<Rate> {
+        per_second.map(|per_second| Rate {
+            per_second,
+            burst: burst.unwrap_or(per_second),
+        })
+    }
 }
 
 impl fmt::Display for Rate {

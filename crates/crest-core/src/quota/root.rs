@@ -121,7 +121,14 @@ impl Bucket {
     /// Takes up to `want` tokens, or `1/shares` of the level if more and anything is wanted;
     /// what it gave, and how long until `short` more would be there (0: they are), in
     /// milliseconds.
-    fn take(&mut self, limits: &Limits, want: Amount, short: Amount, shares: u64) -> (Amount, u64) {
+    fn take(
+        &mut self,
+        limits: &Limits,
+        want: Amount,
+        short: Amount,
+        shares: u64,
+        ahead: bool,
+    ) -> (Amount, u64) {
         let mut given = Amount::default();
         let mut wait_ms = 0;
         for (rate, level, want, short, given) in [
@@ -141,6 +148,10 @@ impl Bucket {
             ),
         ] {
             let Some(rate) = rate else { continue };
+            // Tokens asked for ahead of any push are only given from a bucket far from empty.
+            if ahead && (want as f64) * shares as f64 > *level {
+                continue;
+            }
             let share = if want > 0 {
                 (*level / shares as f64) as u64
             } else {
@@ -301,6 +312,8 @@ impl Ledger {
                 bytes: u64::MAX,
             };
             let taken = account.taken;
+            let ahead =
+                scope.recent.is_zero() && scope.short.is_zero() && scope.tokens_short.is_zero();
             for (limit, bound, deficit, in_hand, elsewhere, taken, ceiling, more) in [
                 (
                     limits.messages_max,
@@ -326,10 +339,13 @@ impl Ledger {
                 let Some(limit) = limit else { continue };
                 let free = limit.saturating_sub(bound);
                 // Far from the limit a leaf that asks gets a share of what is free, so a
-                // producer that speeds up does not wait for its leaf's next grants.
-                let share = if deficit > 0 { free / shares } else { 0 };
-                *more = deficit.max(share).min(free);
-                unmet |= *more < deficit;
+                // producer that speeds up does not wait for its leaf's next grants. What it
+                // asks for ahead of any push is only granted that far (and is not unmet).
+                if !(ahead && deficit.saturating_mul(shares) > free) {
+                    let share = if deficit > 0 { free / shares } else { 0 };
+                    *more = deficit.max(share).min(free);
+                    unmet |= *more < deficit;
+                }
                 // The most this leaf could consume: what it holds, what is free, and what
                 // the other leaves could give back.
                 *ceiling = taken
@@ -361,7 +377,7 @@ impl Ledger {
                 let in_hand = account.tokens_granted.minus(scope.tokens_taken);
                 let want = scope.tokens_want.minus(in_hand);
                 let short = scope.tokens_short.minus(in_hand);
-                let (given, wait_ms) = bucket.take(&limits, want, short, shares);
+                let (given, wait_ms) = bucket.take(&limits, want, short, shares, ahead);
                 account.tokens_granted.add(given);
                 token_wait_ms = wait_ms;
             }

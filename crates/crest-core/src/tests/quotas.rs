@@ -444,11 +444,11 @@ pub(super) fn one_batch(topic: &str, count: usize) -> Wire {
     })
 }
 
-/// A tree whose namespace `orders` has a quota of 100,000 messages.
-fn far_quota() -> Tree {
+/// A tree whose namespace `orders` has a quota of `max` messages.
+fn far_quota(max: u64) -> Tree {
     let mut t = tree(4);
     let limits = Limits {
-        messages_max: Some(100_000),
+        messages_max: Some(max),
         ..Limits::default()
     };
     set_limits(&mut t, "orders/", limits);
@@ -456,21 +456,46 @@ fn far_quota() -> Tree {
 }
 
 #[test]
+fn a_first_push_after_a_far_off_quota_is_set_needs_no_round_trip_to_the_root() {
+    // Goal: leaves ask ahead for a standing allowance of a newly limited scope when the limit
+    // is far, so a producer's first batch is stored without waiting for a grant; once quiet
+    // for two report intervals they give it back, and the next batch waits for one.
+    let mut t = far_quota(100_000);
+    let (producer, leaf) = (t.producers[0], t.leaves[0]);
+    t.h.send(producer, one_batch("orders/eu", 400));
+    match t.h.recv(producer) {
+        Wire::PushAck(ack) => assert_eq!(ack.ids.len(), 400),
+        other => panic!("answered {other:?}"),
+    }
+    assert_eq!(counter(&mut t.h, leaf, "pushes_held"), 0);
+    // Leaves 2 to 4 never pushed: quiet since the change, they give their share back.
+    let report = Duration::from_millis(Settings::default().quota_report_ms);
+    t.h.advance(report * 3);
+    let second = t.producers[1];
+    t.h.send(second, one_batch("orders/eu", 400));
+    match answer_to(&mut t, second) {
+        Wire::PushAck(ack) => assert_eq!(ack.ids.len(), 400),
+        other => panic!("answered {other:?}"),
+    }
+    assert_eq!(counter(&mut t.h, t.leaves[1], "pushes_held"), 1);
+    assert_eq!(held(&mut t, &["orders/eu"]), 800);
+}
+
+#[test]
 fn a_batch_beyond_its_leaf_s_allowance_waits_there_for_the_root_s_grant_and_is_stored() {
     // Goal: a producer whose batch is larger than what its leaf holds of a far-off quota sees
     // no refusal: the leaf holds the batch while it asks the root for more, then stores it.
-    let mut t = far_quota();
-    // Leaf 1 holds no allowance yet: the root grants none before every leaf reported, and
-    // leaf 1 reported first. The batch waits for its first grant.
-    t.h.send(t.producers[0], one_batch("orders/eu", 400));
+    // Each leaf asked ahead for a share (an eighth of 20,000 or less): 4,000 is beyond it.
+    let mut t = far_quota(20_000);
+    t.h.send(t.producers[0], one_batch("orders/eu", 4000));
     match t.h.recv(t.producers[0]) {
-        Wire::PushAck(ack) => assert_eq!(ack.ids.len(), 400),
+        Wire::PushAck(ack) => assert_eq!(ack.ids.len(), 4000),
         other => panic!("answered {other:?}"),
     }
     let leaf = t.leaves[0];
     assert_eq!(counter(&mut t.h, leaf, "pushes_held"), 1);
     assert_eq!(counter(&mut t.h, leaf, "pushes_awaiting_allowance"), 0);
-    assert_eq!(held(&mut t, &["orders/eu"]), 400);
+    assert_eq!(held(&mut t, &["orders/eu"]), 4000);
 }
 
 #[test]
@@ -478,7 +503,7 @@ fn a_held_batch_whose_grant_does_not_come_is_refused_with_a_time_to_retry_and_no
     // Goal: a leaf cut off from the root holds a batch beyond its allowance no longer than
     // `quota_hold_ms`, then refuses it (`Overloaded`, retry after `quota_retry_ms`); the batch
     // is stored once the leaf is linked again and the producer sends it again.
-    let mut t = far_quota();
+    let mut t = far_quota(20_000);
     let (producer, leaf, parent) = (t.producers[0], t.leaves[0], t.aggs[0]);
     let uplink =
         t.h.ends
@@ -489,7 +514,7 @@ fn a_held_batch_whose_grant_does_not_come_is_refused_with_a_time_to_retry_and_no
             .map(|(end, _)| *end)
             .expect("leaf 1 is linked to its aggregator");
     t.h.disconnect(uplink);
-    t.h.send(producer, one_batch("orders/eu", 400));
+    t.h.send(producer, one_batch("orders/eu", 4000));
     assert_eq!(t.h.try_recv(producer), None, "held while the leaf asks");
     let settings = Settings::default();
     t.h.advance(Duration::from_millis(settings.quota_hold_ms - 1));
@@ -505,14 +530,14 @@ fn a_held_batch_whose_grant_does_not_come_is_refused_with_a_time_to_retry_and_no
     assert_eq!(counter(&mut t.h, leaf, "pushes_awaiting_allowance"), 1);
     t.h.link(leaf, parent);
     t.h.advance(Duration::from_millis(settings.quota_report_ms));
-    t.h.send(producer, one_batch("orders/eu", 400));
+    t.h.send(producer, one_batch("orders/eu", 4000));
     match t.h.recv(producer) {
-        Wire::PushAck(ack) => assert_eq!(ack.ids.len(), 400),
+        Wire::PushAck(ack) => assert_eq!(ack.ids.len(), 4000),
         other => panic!("answered {other:?}"),
     }
     assert_eq!(
         held(&mut t, &["orders/eu"]),
-        400,
+        4000,
         "the refused batch left nothing"
     );
 }
