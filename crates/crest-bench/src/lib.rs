@@ -175,19 +175,18 @@ pub async fn run(config: BenchConfig) -> Result<BenchReport> {
         for node in &tree.nodes {
             if node.role() == crest_core::wire::Role::Leaf
                 && let Ok(report) = node.report().await
-                && let Some(hist) = report.histograms.get(&Metric::LogSync)
-                && hist.count() > 0
             {
-                syncs.merge(hist);
-                log_sync_by_leaf.insert(node.name().to_string(), hist.percentiles());
-            }
-            if node.role() == crest_core::wire::Role::Leaf
-                && let Ok(report) = node.report().await
-                && let Some(own) = report.nodes.first()
-            {
-                let counter = |name: &str| own.counters.get(name).copied().unwrap_or(0);
-                held_sum.0 += counter("pushes_held");
-                held_sum.1 += counter("pushes_awaiting_allowance");
+                if let Some(hist) = report.histograms.get(&Metric::LogSync)
+                    && hist.count() > 0
+                {
+                    syncs.merge(hist);
+                    log_sync_by_leaf.insert(node.name().to_string(), hist.percentiles());
+                }
+                if let Some(own) = report.nodes.first() {
+                    let counter = |name: &str| own.counters.get(name).copied().unwrap_or(0);
+                    held_sum.0 += counter("pushes_held");
+                    held_sum.1 += counter("pushes_awaiting_allowance");
+                }
             }
             if let Ok(stats) = node.stats().await {
                 violations_sum += stats.violations;
