@@ -1,5 +1,5 @@
-//! Admin commands: `crest dlq list | redrive | purge`, `crest purge`, `crest lease` and
-//! `crest stats`.
+//! Admin commands: `crest dlq list | redrive | purge`, `crest purge`, `crest lease`,
+//! `crest reprioritize` and `crest stats`.
 
 use crate::*;
 
@@ -156,6 +156,57 @@ pub(crate) async fn purge(args: PurgeArgs) -> Result<()> {
     Ok(())
 }
 
+/// `crest reprioritize`: an admin's escalation of one waiting message.
+#[derive(Args)]
+pub(crate) struct ReprioritizeArgs {
+    #[command(flatten)]
+    pub(crate) root: RootArgs,
+    /// The message id (LEAF.SEQ).
+    pub(crate) id: MessageId,
+    /// Its topic.
+    #[arg(long)]
+    pub(crate) topic: String,
+    /// Its priority from now on (0 is the most urgent).
+    #[arg(long, value_parser = parse_priority)]
+    pub(crate) priority: u32,
+    /// Why (logged with the change; shown with its deliveries and dead letters).
+    #[arg(long, default_value = "")]
+    pub(crate) reason: String,
+}
+
+pub(crate) async fn reprioritize(args: ReprioritizeArgs) -> Result<()> {
+    let admin = Admin::connect(root_config(&args.root)?).await?;
+    let escalation = admin
+        .reprioritize(&args.topic, args.id, args.priority, &args.reason)
+        .await
+        .with_context(|| format!("reprioritize {} of {}", args.id, args.topic))?;
+    println!(
+        "{}: priority {} (pushed with {}) at {} by {}",
+        args.id,
+        args.priority,
+        escalation.original_priority,
+        format_time(escalation.escalated_at),
+        escalation.escalated_by.as_deref().unwrap_or("-")
+    );
+    Ok(())
+}
+
+/// How a delivery's or dead letter's priority changed, for a listing (empty: it did not).
+pub(crate) fn escalation_text(escalation: Option<&crest::sdk::Escalation>) -> String {
+    let Some(e) = escalation else {
+        return String::new();
+    };
+    format!(
+        " original_priority={} escalated_at={} escalated_by={} escalation_reason={:?}",
+        e.original_priority,
+        format_time(e.escalated_at),
+        e.escalated_by
+            .as_deref()
+            .unwrap_or(if e.aged { "aging" } else { "-" }),
+        e.reason
+    )
+}
+
 pub(crate) fn warn_unreachable(unreachable: &[crest::sdk::LeafId]) {
     if !unreachable.is_empty() {
         let list: Vec<String> = unreachable.iter().map(|l| l.to_string()).collect();
@@ -190,6 +241,7 @@ pub(crate) async fn dlq(command: DlqCommand) -> Result<()> {
                     format_time(dead.dead_at),
                     dead.reason
                 );
+                print!("{}", escalation_text(dead.escalation.as_ref()));
                 if payloads {
                     print!(" payload={}", String::from_utf8_lossy(&dead.payload));
                 }

@@ -100,7 +100,7 @@ pub(crate) struct PushArgs {
 }
 
 /// A priority from the command line: a whole number from 0, the most urgent.
-fn parse_priority(text: &str) -> Result<u32, String> {
+pub(crate) fn parse_priority(text: &str) -> Result<u32, String> {
     match text.parse::<i64>() {
         Ok(n) if n < 0 => Err(format!(
             "{n} is below 0: priorities are whole numbers from 0 (the most urgent) to {}",
@@ -269,11 +269,12 @@ pub(crate) async fn pop(args: PopArgs) -> Result<()> {
     }
     for delivery in &deliveries {
         println!(
-            "id={} priority={} attempt={} receipt={} payload={}",
+            "id={} priority={} attempt={} receipt={}{} payload={}",
             delivery.id,
             delivery.priority,
             delivery.attempt,
             delivery.receipt(),
+            escalation_text(delivery.escalation.as_ref()),
             String::from_utf8_lossy(&delivery.payload)
         );
     }

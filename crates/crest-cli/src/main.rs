@@ -162,6 +162,9 @@ enum Command {
     /// Delete every ready and delayed message of a topic (leased messages and dead letters
     /// stay; needs `admin`).
     Purge(PurgeArgs),
+    /// Change the priority of a waiting message (an escalation, logged with who, when and why;
+    /// needs `admin`): it moves in the tree at once.
+    Reprioritize(ReprioritizeArgs),
     /// Depths per topic and priority, in flight, delayed, dead letters, oldest message, and
     /// event counters, for the whole tree.
     Stats(StatsArgs),
@@ -364,6 +367,10 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
         Command::Purge(args) => {
             init_tracing("warn");
             admin::purge(args).await
+        }
+        Command::Reprioritize(args) => {
+            init_tracing("warn");
+            admin::reprioritize(args).await
         }
         Command::Stats(args) => {
             init_tracing("warn");

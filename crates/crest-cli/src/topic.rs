@@ -260,6 +260,13 @@ pub(crate) enum TopicCommand {
         /// Default visibility timeout, in milliseconds.
         #[arg(long)]
         lease_timeout_ms: Option<u64>,
+        /// Aging: a message ready longer than DURATION at PRIORITY moves one priority up,
+        /// PRIORITY=DURATION (repeatable; e.g. `--aging 3=30m --aging 4=1h`).
+        #[arg(long = "aging", value_parser = parse_aging)]
+        aging: Vec<(u32, Duration)>,
+        /// The most urgent priority aging promotes to (default 0).
+        #[arg(long, requires = "aging")]
+        aging_floor: Option<u32>,
         /// An attribute kept with the topic, NAME=VALUE (repeatable).
         #[arg(long = "attribute", value_parser = parse_attribute)]
         attributes: Vec<(String, String)>,
@@ -288,6 +295,16 @@ pub(crate) enum TopicCommand {
     },
 }
 
+fn parse_aging(text: &str) -> Result<(u32, Duration), String> {
+    let (priority, threshold) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected PRIORITY=DURATION (e.g. 3=30m)"))?;
+    let priority = crate::client::parse_priority(priority.trim())?;
+    let threshold = humantime::parse_duration(threshold.trim())
+        .map_err(|e| format!("{threshold:?}: {e} (e.g. 30m, 1h)"))?;
+    Ok((priority, threshold))
+}
+
 fn parse_attribute(text: &str) -> Result<(String, String), String> {
     let (name, value) = text
         .split_once('=')
@@ -305,9 +322,14 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
             dedup_window_ms,
             ttl_ms,
             lease_timeout_ms,
+            aging,
+            aging_floor,
             attributes,
             limits,
         } => {
+            let aging = (!aging.is_empty()).then(|| crest::core::config::Aging {
+                thresholds: aging.into_iter().collect(),
+            });
             let config = TopicConfig {
                 settings: TopicSettings {
                     lease_timeout_ms,
@@ -315,6 +337,8 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
                     dedup_window_ms,
                     message_ttl_ms: ttl_ms,
                     dead_letter_topic,
+                    aging,
+                    aging_floor,
                 },
                 attributes: attributes.into_iter().collect(),
                 limits: limits.limits(),
@@ -362,6 +386,13 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
                 }
                 if let Some(dead) = &s.dead_letter_topic {
                     line.push_str(&format!(" dead_letter_topic={dead}"));
+                }
+                for (priority, threshold) in s.aging.iter().flat_map(|a| &a.thresholds) {
+                    let threshold = humantime::format_duration(*threshold);
+                    line.push_str(&format!(" aging={priority}={threshold}"));
+                }
+                if let Some(floor) = s.aging_floor {
+                    line.push_str(&format!(" aging_floor={floor}"));
                 }
                 for word in limit_words(&c.limits) {
                     line.push_str(&format!(" {word}"));

@@ -31,6 +31,13 @@ fn messages() -> Vec<(&'static str, Wire)> {
         lease_deadline: Time(31_000),
         metadata: vec![("trace".into(), "abc".into())],
         payload: Bytes::from_static(b"payload"),
+        escalation: Some(Escalation {
+            original_priority: 4,
+            escalated_at: Time(2_000),
+            escalated_by: Some("ops".into()),
+            reason: "customer waiting".into(),
+            aged: false,
+        }),
     };
     let report = Report {
         nodes: vec![NodeReport {

@@ -162,6 +162,24 @@ impl<V: Offerable> OfferSet<V> {
         self.offered.iter().chain(self.unoffered.iter())
     }
 
+    /// Up to `max` keys from `from` on, offered or not, in key order.
+    pub(crate) fn keys_from(&self, from: &Key, max: usize) -> Vec<Key> {
+        let mut offered = self.offered.range(from..).map(|(k, _)| *k).peekable();
+        let mut unoffered = self.unoffered.range_from(from).map(|(k, _)| *k).peekable();
+        let mut keys = Vec::new();
+        while keys.len() < max {
+            let next = match (offered.peek(), unoffered.peek()) {
+                (Some(a), Some(b)) if a < b => offered.next(),
+                (Some(_), None) => offered.next(),
+                (_, Some(_)) => unoffered.next(),
+                (None, None) => None,
+            };
+            let Some(key) = next else { break };
+            keys.push(key);
+        }
+        keys
+    }
+
     /// Adds a candidate (not offered until the next [`OfferSet::rebalance`]).
     pub(crate) fn insert(&mut self, key: Key, candidate: V) {
         let previous = self.unoffered.insert(key, candidate);

@@ -155,6 +155,17 @@ pub enum LogRecord {
         /// Its configuration.
         config: crate::wire::TopicConfig,
     },
+    /// A waiting message's priority changed (an admin's `Reprioritize`, or aging); checkpoints
+    /// log each changed message's latest change after its `Index` (which has its priority of
+    /// now), so that its `Escalation` outlives the log it replaces.
+    Reprioritize {
+        /// The message.
+        id: MessageId,
+        /// Its priority from now on.
+        priority: u32,
+        /// Who, when and why, and the priority it was pushed with.
+        escalation: crate::wire::Escalation,
+    },
     /// A dedup key whose window is still open (checkpoints only: it may outlive its message).
     Dedup {
         /// The topic.

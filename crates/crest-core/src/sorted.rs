@@ -207,6 +207,20 @@ impl<K: Ord + Copy, V> SortedMap<K, V> {
         Some(first)
     }
 
+    /// The entries from `from` on, in key order.
+    pub(crate) fn range_from(&self, from: &K) -> impl Iterator<Item = (&K, &V)> {
+        // The chunk that would hold `from` (or the first), then the chunks after it.
+        let start = self.chunk_of(from).map_or_else(
+            || self.chunks.first_key_value().map(|(k, _)| *k),
+            |(k, _)| Some(k),
+        );
+        start
+            .into_iter()
+            .flat_map(move |start| self.chunks.range(start..))
+            .flat_map(|(_, chunk)| chunk.iter().map(|(k, v)| (k, v)))
+            .skip_while(move |(k, _)| *k < from)
+    }
+
     /// Every entry in key order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.chunks

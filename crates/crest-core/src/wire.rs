@@ -329,6 +329,50 @@ pub struct Delivery {
     pub metadata: Vec<(String, String)>,
     /// The payload.
     pub payload: Bytes,
+    /// How its priority came to differ from the one it was pushed with (`None`: it did not);
+    /// `priority` is the effective one.
+    #[serde(default)]
+    pub escalation: Option<Escalation>,
+}
+
+/// A change of a waiting message's priority: by an admin ([`AdminOp::Reprioritize`]) or by
+/// its topic's aging. Kept with the message (in its leaf's log) and shown with its deliveries
+/// and dead letters.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Escalation {
+    /// The priority the message was pushed with.
+    pub original_priority: u32,
+    /// When its priority last changed (the leaf's clock).
+    pub escalated_at: Time,
+    /// The principal of the admin who changed it last (`None`: aging, or an admin connection
+    /// the host gave no principal).
+    pub escalated_by: Option<String>,
+    /// Why: the admin's reason, or the aging step that promoted it.
+    pub reason: String,
+    /// Aging made the last change (no admin set its priority): aging may promote it again.
+    pub aged: bool,
+}
+
+impl Escalation {
+    /// An upper bound on its size in a frame.
+    pub fn frame_bytes(&self) -> u64 {
+        32 + self.escalated_by.as_ref().map_or(0, String::len) as u64 + self.reason.len() as u64
+    }
+}
+
+/// Why [`AdminOp::Reprioritize`] changed nothing: the message is not waiting.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, thiserror::Error)]
+pub enum NotWaiting {
+    /// No message of that id is in the topic (acknowledged, expired, never pushed, or in
+    /// another topic).
+    #[error("no such message in the topic (acknowledged, expired or never pushed)")]
+    Unknown,
+    /// The message is leased to a consumer: its priority no longer matters.
+    #[error("the message is leased: settle or wait for its lease first")]
+    Leased,
+    /// The message is a dead letter: redrive it first.
+    #[error("the message is a dead letter: redrive it first")]
+    Dead,
 }
 
 impl Delivery {
@@ -595,6 +639,24 @@ pub enum AdminOp {
         /// One topic, or all.
         topic: Option<String>,
     },
+    /// Changes the priority of a waiting (ready or delayed) message of a topic: it moves in the
+    /// tree at once (retracted and offered again where its parent held it). Logged with who,
+    /// when and why, and shown with its deliveries and dead letters ([`Escalation`]); the
+    /// message is no longer aged. Answered with [`AdminResult::Reprioritized`].
+    Reprioritize {
+        /// The topic.
+        topic: String,
+        /// The message.
+        id: MessageId,
+        /// Its priority from now on.
+        priority: u32,
+        /// Why (at most `reason_bytes_max` bytes).
+        reason: String,
+        /// Who asked: set by the root to the request's principal (what a client sends here is
+        /// replaced).
+        #[serde(default)]
+        by: Option<String>,
+    },
     /// Settles the live leases of messages of a topic by id, whoever they were delivered to:
     /// an admin's override of a consumer's receipt (release a stuck lease, ack a message a
     /// lost consumer finished). Ids not leased now, or of another topic, are left alone; the
@@ -619,6 +681,7 @@ impl AdminOp {
             | AdminOp::PurgeTopic { topic }
             | AdminOp::MoveTopic { topic, .. }
             | AdminOp::Configure { topic, .. }
+            | AdminOp::Reprioritize { topic, .. }
             | AdminOp::Settle { topic, .. } => Some(topic),
             AdminOp::Stats { topic } => topic.as_deref(),
             AdminOp::Configs { .. } => None,
@@ -631,6 +694,7 @@ impl AdminOp {
             AdminOp::Redrive { ids, .. }
             | AdminOp::Purge { ids, .. }
             | AdminOp::Settle { ids, .. } => ids,
+            AdminOp::Reprioritize { id, .. } => std::slice::from_ref(id),
             _ => &[],
         }
     }
@@ -669,6 +733,9 @@ pub struct DeadLetter {
     pub metadata: Vec<(String, String)>,
     /// The payload.
     pub payload: Bytes,
+    /// How its priority came to differ from the one it was pushed with (`None`: it did not).
+    #[serde(default)]
+    pub escalation: Option<Escalation>,
 }
 
 impl DeadLetter {
@@ -684,6 +751,7 @@ impl DeadLetter {
             + self.reason.len() as u64
             + self.payload.len() as u64
             + metadata
+            + self.escalation.as_ref().map_or(0, Escalation::frame_bytes)
     }
 }
 
@@ -753,6 +821,9 @@ pub enum AdminResult {
     Count(u64),
     /// Depths and counters (for `Stats`).
     Stats(Stats),
+    /// The message's escalation as now logged, or why it was not waiting (for
+    /// `Reprioritize`).
+    Reprioritized(Result<Escalation, NotWaiting>),
 }
 
 /// Client → root: an administrative operation.

@@ -24,7 +24,10 @@ relation between them (e.g. a push batch larger than a frame), naming the settin
 
 const FOOTER: &str = "
 Per-topic overrides go in `[settings.topics.NAME]`: `lease_timeout_ms`, `max_attempts`,
-`dedup_window_ms`, `message_ttl_ms`; unset ones take the node's value.
+`dedup_window_ms`, `message_ttl_ms`, `dead_letter_topic`, and aging: `aging = { 3 = \"30m\",
+4 = \"1h\" }` (a message ready longer than its priority's threshold moves one priority up) with
+`aging_floor` (the most urgent priority aging promotes to, default 0); unset ones take the
+node's value. `crest topic set` sets the same at run time (`--aging 3=30m --aging-floor 1`).
 
 Memory above the leaves is bounded by `children × topics_max × credits_per_topic` window
 entries (about 40 bytes each) per node, and at the root also by `reserve_ahead_bytes_max` of

@@ -9,7 +9,8 @@ use crate::consumer::{ConsumerConfig, connect_root, unexpected};
 use crate::link::Link;
 use crest_core::id::{LeafId, MessageId};
 use crest_core::wire::{
-    Admin as AdminRequest, AdminOp, AdminResult, DeadLetter, Settle, Stats, TopicConfig, Wire,
+    Admin as AdminRequest, AdminOp, AdminResult, DeadLetter, ErrorCode, Escalation, Settle, Stats,
+    TopicConfig, Wire,
 };
 use std::time::Duration;
 
@@ -274,6 +275,39 @@ impl Admin {
             ids: ids.to_vec(),
         };
         self.count(op).await
+    }
+
+    /// Changes the priority of `topic`'s waiting (ready or delayed) message `id` to
+    /// `priority`, for `reason` (an admin's escalation; `admin` permission in the topic's
+    /// namespace): the message moves in the tree at once, and its deliveries and dead-letter
+    /// listing show the change ([`Escalation`]: when, by whom, why, the original priority).
+    /// Aging leaves it alone from then on.
+    ///
+    /// # Errors
+    /// [`ClientError::NotWaiting`] if the message is leased, dead or not in the topic;
+    /// `Unavailable` if its leaf cannot be reached; [`ClientError`] if the request failed.
+    pub async fn reprioritize(
+        &self,
+        topic: &str,
+        id: MessageId,
+        priority: u32,
+        reason: &str,
+    ) -> Result<Escalation, ClientError> {
+        let op = AdminOp::Reprioritize {
+            topic: topic.into(),
+            id,
+            priority,
+            reason: reason.into(),
+            by: None,
+        };
+        match self.call(op).await? {
+            (_, unreachable, _) if !unreachable.is_empty() => Err(ClientError::Rejected {
+                code: ErrorCode::Unavailable,
+                message: format!("leaf {} of message {id} cannot be reached", unreachable[0]),
+            }),
+            (AdminResult::Reprioritized(result), _, _) => Ok(result?),
+            (other, _, _) => Err(mismatch(&other)),
+        }
     }
 
     /// Depths per topic (ready by priority, delayed, in flight, dead, oldest) and counters

@@ -35,7 +35,8 @@ pub use crest_core::key::tier;
 pub use crest_core::quota::{Limits, Quota, QuotaExceeded, Rate, Refused, ScopeStats};
 pub use crest_core::time::Time;
 pub use crest_core::wire::{
-    DeadLetter, Delivery, ErrorCode, ReceiptError, Settle, Stats, TopicConfig, TopicStats,
+    DeadLetter, Delivery, ErrorCode, Escalation, NotWaiting, ReceiptError, Settle, Stats,
+    TopicConfig, TopicStats,
 };
 pub use owners::LeafAddresses;
 pub use producer::{BatchHandle, Message, Producer, ProducerConfig, PushHandle};
@@ -182,6 +183,9 @@ pub enum ClientError {
     /// A receipt operation was refused.
     #[error(transparent)]
     Receipt(#[from] ReceiptError),
+    /// A reprioritize found the message not waiting ([`crate::Admin::reprioritize`]).
+    #[error(transparent)]
+    NotWaiting(#[from] crest_core::wire::NotWaiting),
     /// An argument was refused before sending.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -32,7 +32,7 @@ pub struct SegmentReport {
 }
 
 /// The kinds of log entries [`Report::entries`] counts, in its order.
-pub const ENTRY_KINDS: [&str; 9] = [
+pub const ENTRY_KINDS: [&str; 10] = [
     "enqueue",
     "lease",
     "delete",
@@ -42,6 +42,7 @@ pub const ENTRY_KINDS: [&str; 9] = [
     "dedup",
     "move",
     "configure",
+    "reprioritize",
 ];
 
 /// What a whole directory holds.
@@ -50,7 +51,7 @@ pub struct Report {
     /// Per segment, in order.
     pub segments: Vec<SegmentReport>,
     /// Log entries by kind, in the order of [`ENTRY_KINDS`].
-    pub entries: [u64; 9],
+    pub entries: [u64; 10],
     /// Messages enqueued and not deleted: what recovery would bring back.
     pub live_messages: u64,
 }
@@ -97,6 +98,7 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
         LogRecord::Dedup { .. } => report.entries[6] += 1,
         LogRecord::Move { .. } => report.entries[7] += 1,
         LogRecord::Configure { .. } => report.entries[8] += 1,
+        LogRecord::Reprioritize { .. } => report.entries[9] += 1,
     };
     // The newest checkpoint starts the log; segments before its replay start hold bodies only
     // (their records are verified, not counted).

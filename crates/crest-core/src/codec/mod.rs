@@ -26,9 +26,9 @@ use crate::key::Key;
 use crate::record::{LogRecord, MessageHead};
 use crate::time::Time;
 use crate::wire::{
-    Ack, AckReply, Confirm, Confirmed, Delivery, ErrorCode, Offer, OfferEntry, PopReply, Push,
-    PushMessage, ReceiptError, Reserve, ReserveDenied, ReserveItem, ReserveOutcome, Reserved,
-    Settle, Wire,
+    Ack, AckReply, Confirm, Confirmed, Delivery, ErrorCode, Escalation, Offer, OfferEntry,
+    PopReply, Push, PushMessage, ReceiptError, Reserve, ReserveDenied, ReserveItem, ReserveOutcome,
+    Reserved, Settle, Wire,
 };
 use bytes::Bytes;
 use rmp::encode as w;
@@ -207,7 +207,7 @@ fn key(out: &mut Vec<u8>, key: &Key) {
 }
 
 fn delivery(out: &mut Vec<u8>, d: &Delivery) {
-    array(out, 9);
+    array(out, 10);
     uint(out, d.id.0);
     uint(out, d.token);
     str_(out, &d.topic);
@@ -217,6 +217,17 @@ fn delivery(out: &mut Vec<u8>, d: &Delivery) {
     uint(out, d.lease_deadline.0);
     metadata(out, &d.metadata);
     bin(out, &d.payload);
+    match &d.escalation {
+        None => nil(out),
+        Some(e) => {
+            array(out, 5);
+            uint(out, e.original_priority.into());
+            uint(out, e.escalated_at.0);
+            opt_str(out, e.escalated_by.as_deref());
+            str_(out, &e.reason);
+            bool_(out, e.aged);
+        }
+    }
 }
 
 /// Appends `Wire::Reserved(reserved)` as rmp-serde would.
@@ -533,7 +544,7 @@ impl Reader<'_> {
     }
 
     fn delivery(&mut self) -> Option<Delivery> {
-        self.fields(9)?;
+        self.fields(10)?;
         Some(Delivery {
             id: MessageId(self.uint()?),
             token: self.uint()?,
@@ -544,6 +555,18 @@ impl Reader<'_> {
             lease_deadline: Time(self.uint()?),
             metadata: self.metadata()?,
             payload: Bytes::copy_from_slice(self.bin()?),
+            escalation: if self.is_nil() {
+                None
+            } else {
+                self.fields(5)?;
+                Some(Escalation {
+                    original_priority: self.u32()?,
+                    escalated_at: Time(self.uint()?),
+                    escalated_by: self.opt_string()?,
+                    reason: self.str()?.to_owned(),
+                    aged: self.bool()?,
+                })
+            },
         })
     }
 

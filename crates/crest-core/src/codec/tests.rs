@@ -102,11 +102,19 @@ fn delivery() -> impl Strategy<Value = Delivery> {
             prop::collection::vec((text(), text()), 0..3),
             payload(),
         ),
+        prop::option::of((
+            any::<u32>(),
+            number(),
+            prop::option::of(text()),
+            text(),
+            any::<bool>(),
+        )),
     )
         .prop_map(
             |(
                 (id, token, topic, priority, attempt),
                 (enqueued_at, deadline, metadata, payload),
+                escalation,
             )| {
                 Delivery {
                     id: MessageId(id),
@@ -118,6 +126,15 @@ fn delivery() -> impl Strategy<Value = Delivery> {
                     lease_deadline: Time(deadline),
                     metadata,
                     payload,
+                    escalation: escalation.map(|(original_priority, at, by, reason, aged)| {
+                        crate::wire::Escalation {
+                            original_priority,
+                            escalated_at: Time(at),
+                            escalated_by: by,
+                            reason,
+                            aged,
+                        }
+                    }),
                 }
             },
         )

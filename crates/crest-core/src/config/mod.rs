@@ -10,7 +10,7 @@ use std::time::Duration;
 
 mod topic;
 
-pub use topic::{TopicPolicy, TopicSettings};
+pub use topic::{AGING_PRIORITIES_MAX, Aging, TopicPolicy, TopicSettings};
 
 /// Largest payload of one message, in bytes (256 KiB).
 pub const PAYLOAD_BYTES_MAX_DEFAULT: u32 = 256 * 1024;
@@ -296,8 +296,15 @@ pub struct Settings {
     pub delay_max_ms: u64,
     /// Default time to live of a message once it is ready, in milliseconds (0: forever).
     pub message_ttl_ms: u64,
-    /// Longest failure reason a nack may carry, in bytes.
+    /// Longest failure reason a nack may carry, in bytes (also an admin's reason to
+    /// reprioritize a message).
     pub reason_bytes_max: u32,
+    /// How often a leaf looks for messages of aging topics (a topic's `aging`) that waited past
+    /// their priority's threshold, in milliseconds: a promotion comes at most this late.
+    pub aging_check_ms: u64,
+    /// Most ready messages of one priority of one topic a leaf looks at per aging check (the
+    /// oldest first; those past their threshold are promoted): bounds the work of one check.
+    pub aging_scan_messages: u32,
     /// Most ready and delayed messages one leaf deletes for one `PurgeTopic` request (the
     /// caller repeats until none are left): bounds the records one request logs. Also bounds
     /// the messages one `MoveTopic` request moves.
@@ -460,6 +467,8 @@ impl Default for Settings {
             delay_max_ms: 30 * 24 * 3600 * 1000,
             message_ttl_ms: 0,
             reason_bytes_max: 1024,
+            aging_check_ms: 1000,
+            aging_scan_messages: 4096,
             purge_batch_messages: 100_000,
             topic_configs_max: 10_000,
             topic_attributes_bytes_max: 16 * 1024,
@@ -508,7 +517,9 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 58] = [
+        let positive: [(&'static str, u64); 60] = [
+            ("aging_check_ms", self.aging_check_ms),
+            ("aging_scan_messages", self.aging_scan_messages.into()),
             ("quota_retry_ms", self.quota_retry_ms),
             ("quota_hold_ms", self.quota_hold_ms),
             ("quota_hold_batches_max", self.quota_hold_batches_max.into()),

@@ -2,6 +2,63 @@
 
 use super::Settings;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Most priorities one topic's aging names.
+pub const AGING_PRIORITIES_MAX: usize = 64;
+
+/// A topic's aging: per priority, how long a message waits ready at that priority before it
+/// moves one priority up (one lower number), never above the topic's `aging_floor`. A promoted
+/// message keeps its place by ready time and waits its new priority's threshold again before
+/// the next step. Written as a table of priority = duration: `aging = { 3 = "30m", 4 = "1h" }`.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Aging {
+    /// Threshold per priority.
+    pub thresholds: BTreeMap<u32, Duration>,
+}
+
+impl Aging {
+    /// How long a message of priority `origin` has waited in all when it is due to leave
+    /// `priority` (it waited each threshold from `origin` down to `priority`).
+    pub fn due_after(&self, priority: u32, origin: u32) -> Duration {
+        self.thresholds
+            .range(priority..=origin.max(priority))
+            .map(|(_, threshold)| *threshold)
+            .sum()
+    }
+}
+
+impl Serialize for Aging {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.thresholds.iter().map(|(priority, threshold)| {
+            (
+                priority.to_string(),
+                humantime::format_duration(*threshold).to_string(),
+            )
+        }))
+    }
+}
+
+impl<'de> Deserialize<'de> for Aging {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Aging, D::Error> {
+        use serde::de::Error;
+        let table = BTreeMap::<String, String>::deserialize(deserializer)?;
+        let mut thresholds = BTreeMap::new();
+        for (priority, threshold) in table {
+            let priority: u32 = priority.trim().parse().map_err(|_| {
+                D::Error::custom(format!(
+                    "aging: {priority:?} is not a priority (0..=4294967295)"
+                ))
+            })?;
+            let threshold = humantime::parse_duration(&threshold).map_err(|e| {
+                D::Error::custom(format!("aging: {threshold:?} for priority {priority}: {e}"))
+            })?;
+            thresholds.insert(priority, threshold);
+        }
+        Ok(Aging { thresholds })
+    }
+}
 
 /// Per-topic overrides of [`Settings`]; unset fields take the node's value.
 ///
@@ -21,6 +78,11 @@ pub struct TopicSettings {
     /// the same namespace, where it becomes ready again with its attempts reset (SQS's
     /// dead-letter queue). Unset: the topic's own dead-letter queue.
     pub dead_letter_topic: Option<String>,
+    /// How long a ready message waits at each priority before it is promoted one priority
+    /// (see [`Aging`]). Unset: never.
+    pub aging: Option<Aging>,
+    /// The most urgent priority aging promotes a message to (default 0).
+    pub aging_floor: Option<u32>,
 }
 
 impl TopicSettings {
@@ -35,6 +97,8 @@ impl TopicSettings {
                 .dead_letter_topic
                 .clone()
                 .or_else(|| base.dead_letter_topic.clone()),
+            aging: self.aging.clone().or_else(|| base.aging.clone()),
+            aging_floor: self.aging_floor.or(base.aging_floor),
         }
     }
 
@@ -69,6 +133,24 @@ impl TopicSettings {
                 return Err(format!(
                     "{topic}: dead_letter_topic {dead} is in namespace {theirs}, not {ours}"
                 ));
+            }
+        }
+        if let Some(aging) = &self.aging {
+            if aging.thresholds.len() > AGING_PRIORITIES_MAX {
+                return Err(format!(
+                    "{topic}: aging names {} priorities, more than {AGING_PRIORITIES_MAX}",
+                    aging.thresholds.len()
+                ));
+            }
+            for (priority, threshold) in &aging.thresholds {
+                if threshold.as_millis() == 0
+                    || *threshold > Duration::from_millis(settings.delay_max_ms)
+                {
+                    return Err(format!(
+                        "{topic}: aging threshold of priority {priority} is outside 1 ms..={} ms (delay_max_ms)",
+                        settings.delay_max_ms
+                    ));
+                }
             }
         }
         Ok(())
@@ -168,5 +250,48 @@ impl Settings {
             dedup_window_ms: pick(|t| t.dedup_window_ms, self.dedup_window_ms),
             message_ttl_ms: pick(|t| t.message_ttl_ms, self.message_ttl_ms),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aging_reads_as_a_table_of_priority_and_duration_and_travels_as_it_reads() {
+        let text = "aging = { 3 = \"30m\", 4 = \"1h\" }\naging_floor = 1\n";
+        let settings: TopicSettings = toml::from_str(text).expect("parses");
+        let aging = settings.aging.clone().expect("aging");
+        let minutes = |m: u64| Duration::from_secs(60 * m);
+        assert_eq!(
+            aging.thresholds.into_iter().collect::<Vec<_>>(),
+            vec![(3, minutes(30)), (4, minutes(60))]
+        );
+        assert_eq!(settings.aging_floor, Some(1));
+        let packed = rmp_serde::to_vec(&settings).expect("encodes");
+        let back: TopicSettings = rmp_serde::from_slice(&packed).expect("decodes");
+        assert_eq!(back, settings);
+        // Due after every threshold from its first priority down to the one it is at.
+        let aging = settings.aging.expect("aging");
+        assert_eq!(aging.due_after(3, 4), minutes(90));
+        assert_eq!(aging.due_after(4, 4), minutes(60));
+        assert_eq!(aging.due_after(3, 3), minutes(30));
+        for (bad, says) in [
+            ("aging = { x = \"30m\" }", "not a priority"),
+            ("aging = { 3 = \"soon\" }", "for priority 3"),
+        ] {
+            let error = toml::from_str::<TopicSettings>(bad)
+                .expect_err(bad)
+                .to_string();
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+        let zero = TopicSettings {
+            aging: Some(Aging {
+                thresholds: [(3, Duration::ZERO)].into_iter().collect(),
+            }),
+            ..TopicSettings::default()
+        };
+        let error = zero.check(&Settings::default(), "jobs").expect_err("0 ms");
+        assert!(error.contains("aging threshold of priority 3"), "{error}");
     }
 }

@@ -84,6 +84,7 @@ impl Leaf {
             AdminOp::Configure { topic, config } => {
                 let kept = self.configure(topic, config, &mut records);
                 self.sync_allowances(now);
+                self.refresh_aging(Some(now));
                 AdminResult::Count(kept)
             }
             AdminOp::Configs {
@@ -99,6 +100,9 @@ impl Leaf {
                 AdminResult::Configs { configs, next }
             }
             AdminOp::Stats { topic } => AdminResult::Stats(self.topic_stats(topic.as_deref())),
+            AdminOp::Reprioritize { .. } => {
+                AdminResult::Reprioritized(self.reprioritize(now, &admin.op, &mut records))
+            }
             AdminOp::Settle { topic, op, ids } => {
                 let receipts = self.live_receipts(topic, ids);
                 let (results, records, outcomes) = self.settle(now, op, &receipts);
@@ -167,7 +171,7 @@ impl Leaf {
     }
 
     /// Takes a ready or delayed message of `topic` out of its index.
-    fn take_waiting(&mut self, topic: &Topic, key: &Key) -> Slot {
+    pub(super) fn take_waiting(&mut self, topic: &Topic, key: &Key) -> Slot {
         let leaf_topic = self.topics.get_mut(topic).expect("present");
         if let Some(slot) = leaf_topic.unavailable(key, None) {
             return slot;
@@ -345,6 +349,7 @@ impl Leaf {
                 dead_at,
                 metadata: body.metadata,
                 payload: body.payload,
+                escalation: self.escalations.get(&id).cloned(),
             });
         }
         (out, more, missing, locations)

@@ -17,6 +17,10 @@ impl Leaf {
             return;
         };
         self.dirty.insert(topic);
+        // Aging set in the topology starts with the first ready message.
+        if self.aging_due().is_none() {
+            self.schedule_aging(now);
+        }
     }
 
     /// Forgets a message that is in no index any more (acked, expired, purged).
@@ -29,6 +33,9 @@ impl Leaf {
         }
         self.dirty.insert(topic.clone());
         self.live.remove(id.seq());
+        if !self.escalations.is_empty() {
+            self.escalations.remove(&id);
+        }
         if let Some(ttl) = self.ttl.by_id.remove(&id) {
             self.ttl.by_expiry.remove(&(ttl.expires_at, id));
         }

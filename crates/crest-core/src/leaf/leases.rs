@@ -120,6 +120,10 @@ impl Leaf {
             lease_deadline: deadline,
             metadata: body.metadata,
             payload: body.payload,
+            escalation: match self.escalations.is_empty() {
+                true => None,
+                false => self.escalations.get(&key.id).cloned(),
+            },
         };
         self.hold(topic, key, slot, token, deadline);
         (delivery, cached)

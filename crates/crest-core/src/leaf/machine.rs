@@ -75,6 +75,7 @@ impl Leaf {
         }
         self.expire_dedup(now);
         self.log(now, None, SyncWait::Linger, records);
+        self.age(now);
     }
 
     /// Sends each dirty topic's offer diff to the parent when the flush policy says so (or
@@ -169,6 +170,12 @@ impl Leaf {
 
 impl Machine for Leaf {
     fn check_invariants(&self) {
+        for id in self.escalations.keys().take(INVARIANT_DEEP_ITEMS_MAX) {
+            assert!(
+                self.live.contains(id.seq()),
+                "escalation of {id}, which is gone"
+            );
+        }
         // Every live message is in exactly one state, and each state's counts agree with the
         // tables that hold it.
         let (mut messages, mut delayed, mut leased) = (0u64, 0u64, 0u64);
@@ -397,6 +404,8 @@ impl Machine for Leaf {
             ("body_reads", c.body_reads),
             ("compacted", c.compacted),
             ("purged", c.purged),
+            ("reprioritized", c.reprioritized),
+            ("aged", c.aged),
             ("swaps", swaps),
             ("credit_stalls", credit_stalls),
             ("protocol_violations", self.violations),
@@ -550,6 +559,9 @@ impl Machine for Leaf {
             };
             place_in(leaf_topic, &mut self.delayed, now, topic, key, slot);
         }
+        if self.aging_due().is_none() {
+            self.schedule_aging(now);
+        }
         if let Some(ended) = run {
             self.end_run(ended);
         }
@@ -669,6 +681,7 @@ impl Machine for Leaf {
             self.offer_due,
             self.allowances.due(),
             self.held_pushes_due(),
+            self.aging_due(),
         ]
         .into_iter()
         .flatten()

@@ -48,6 +48,7 @@
 mod admin;
 mod bodies;
 mod checkpoint;
+mod escalate;
 mod leases;
 mod machine;
 mod push;
@@ -395,6 +396,10 @@ struct Counters {
     compacted: u64,
     /// Ready and delayed messages deleted by `PurgeTopic`.
     purged: u64,
+    /// Waiting messages an admin reprioritized.
+    reprioritized: u64,
+    /// Promotions by aging.
+    aged: u64,
 }
 
 /// A message as recovery rebuilds it, by id, before it settles into its place (48 bytes: a
@@ -420,6 +425,8 @@ struct Recovery {
     dead: IdMap<(Time, Box<str>)>,
     /// Leases logged with their token and not ended since: token and deadline.
     leases: IdMap<(u64, Time)>,
+    /// The latest priority change of each message that had one.
+    escalations: IdMap<crate::wire::Escalation>,
     topics: Vec<Topic>,
     /// The last topic a record named, and its index.
     last: Option<(Topic, u32)>,
@@ -481,6 +488,12 @@ pub struct Leaf {
     /// Push batches waiting for the allowance the leaf asked the root for, oldest first
     /// (`quota_hold_batches_max`, `quota_hold_ms`).
     held_pushes: std::collections::VecDeque<quota::HeldPush>,
+    /// The latest priority change of each live message that had one (few: kept whole).
+    escalations: IdMap<crate::wire::Escalation>,
+    /// The aging of each topic that has one, with its floor (`leaf/escalate.rs`).
+    aging: BTreeMap<String, (crate::config::Aging, u32)>,
+    /// When the next aging check is due (`None`: no topic ages).
+    aging_due: Option<Time>,
 }
 
 /// Live leases (`leaf/leases.rs`).
@@ -655,7 +668,7 @@ impl Leaf {
             config.settings.clone(),
             vec![config.id],
         );
-        Leaf {
+        let mut leaf = Leaf {
             next_seq: config.first_seq.clamp(1, MESSAGE_SEQ_MAX),
             tokens: ChaCha12Rng::from_seed(config.token_key),
             principals: HashMap::new(),
@@ -665,6 +678,9 @@ impl Leaf {
             configs: BTreeMap::new(),
             allowances: crate::quota::Allowances::default(),
             held_pushes: std::collections::VecDeque::new(),
+            escalations: IdMap::default(),
+            aging: BTreeMap::new(),
+            aging_due: None,
             upstream,
             clients,
             live: LiveIds::default(),
@@ -695,7 +711,9 @@ impl Leaf {
             answers: VecDeque::new(),
             recovery: None,
             config,
-        }
+        };
+        leaf.refresh_aging(None);
+        leaf
     }
 
     /// This leaf's id.

@@ -342,7 +342,7 @@ impl Leaf {
         slot: &Slot,
         dead: Option<(Time, &str)>,
     ) {
-        let id = head.id;
+        let (id, priority) = (head.id, head.priority);
         records.push(match slot.logged() {
             Some(location) => LogRecord::Index {
                 head,
@@ -364,6 +364,13 @@ impl Leaf {
                 attempt: slot.attempt,
                 deadline: Time::ZERO,
                 token: 0,
+            });
+        }
+        if let Some(escalation) = self.escalations.get(&id) {
+            records.push(LogRecord::Reprioritize {
+                id,
+                priority,
+                escalation: escalation.clone(),
             });
         }
         if let Some((at, reason)) = dead {

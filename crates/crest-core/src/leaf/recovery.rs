@@ -61,6 +61,7 @@ impl Leaf {
             mut expiring,
             mut dead,
             mut leases,
+            mut escalations,
             topics,
             ..
         } = *recovery;
@@ -113,6 +114,11 @@ impl Leaf {
                 continue;
             }
             leaf.live.insert(id.seq());
+            if !escalations.is_empty()
+                && let Some(escalation) = escalations.remove(&id)
+            {
+                leaf.escalations.insert(id, escalation);
+            }
             leaf.last_enqueued_at = leaf.last_enqueued_at.max(enqueued_at);
             match slot.logged() {
                 Some(location) => place_body(&mut leaf.bodies.segments, &location),
@@ -199,6 +205,7 @@ impl Leaf {
         leaf.dirty.clear();
         leaf.dirty.extend(leaf.topics.keys().cloned());
         leaf.sync_allowances(now);
+        leaf.refresh_aging(Some(now));
         leaf
     }
 
@@ -330,6 +337,16 @@ impl Leaf {
                 }
                 recovery.leases.remove(&id);
             }
+            LogRecord::Reprioritize {
+                id,
+                priority,
+                escalation,
+            } => {
+                if let Some(message) = messages.get_mut(&id) {
+                    message.priority = priority;
+                    recovery.escalations.insert(id, escalation);
+                }
+            }
             LogRecord::Redrive { id } => {
                 recovery.dead.remove(&id);
                 if let Some(message) = messages.get_mut(&id) {
@@ -338,6 +355,9 @@ impl Leaf {
             }
             LogRecord::Delete { id } => {
                 messages.remove(&id);
+                if !recovery.escalations.is_empty() {
+                    recovery.escalations.remove(&id);
+                }
                 recovery.leases.remove(&id);
                 if !recovery.expiring.is_empty() {
                     recovery.expiring.remove(&id);

@@ -42,6 +42,13 @@ impl Root {
                 return Err("settling leases needs the ids of their messages".into());
             }
             AdminOp::Settle { op, .. } => crate::validate::validate_settle_op(&self.settings, op)?,
+            AdminOp::Reprioritize { reason, .. } if reason.len() > s.reason_bytes_max as usize => {
+                return Err(format!(
+                    "reason of {} bytes exceeds reason_bytes_max {}",
+                    reason.len(),
+                    s.reason_bytes_max
+                ));
+            }
             AdminOp::MoveTopic { topic, to } => {
                 validate_topic(s, to)?;
                 if to == topic {
@@ -105,6 +112,10 @@ impl Root {
             self.refuse(conn, admin.request, ErrorCode::InvalidArgument, text);
             return;
         }
+        // Who reprioritizes is the request's principal, whatever the request says.
+        if let AdminOp::Reprioritize { by, .. } = &mut admin.op {
+            *by = self.principal_of(conn).map(|p| p.to_string());
+        }
         if let Some(topic) = admin.op.topic() {
             // A topic's stats need a permission in its namespace, dead letters `admin`.
             let permitted = match admin.op {
@@ -155,6 +166,11 @@ impl Root {
             | AdminOp::MoveTopic { .. }
             | AdminOp::Configure { .. }
             | AdminOp::Settle { .. } => (0, AdminResult::Count(0)),
+            // A message of a leaf not in the tree is unknown to it.
+            AdminOp::Reprioritize { .. } => (
+                0,
+                AdminResult::Reprioritized(Err(crate::wire::NotWaiting::Unknown)),
+            ),
             AdminOp::Stats { topic } => {
                 // The topic's own limits and its namespace's; every scope's without a topic.
                 let namespace = topic.as_deref().map(|t| namespace_scope(namespace(t)));
@@ -279,6 +295,9 @@ impl Root {
                 *total = total.saturating_add(theirs);
             }
             (AdminResult::Stats(total), Some(AdminResult::Stats(more))) => total.merge(&more),
+            (AdminResult::Reprioritized(total), Some(AdminResult::Reprioritized(theirs))) => {
+                *total = theirs;
+            }
             (_, None) => admin.unreachable.push(from.leaf),
             (_, Some(_)) => {
                 self.violations += 1;

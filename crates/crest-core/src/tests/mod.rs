@@ -73,6 +73,7 @@ mod access;
 mod bodies;
 mod configs;
 mod delivery;
+mod escalation;
 mod flow;
 mod grants;
 mod hostile;
@@ -913,6 +914,7 @@ fn grant(reserve: &Reserve) -> Wire {
                 lease_deadline: item.key.ready_at + Duration::from_secs(30),
                 metadata: vec![],
                 payload: Bytes::from_static(b"x"),
+                escalation: None,
             }),
         })
         .collect();

@@ -1,0 +1,183 @@
+//! Reprioritize and aging end to end: one process per node over real QUIC, configured and
+//! driven through the `crest` binary, and a leaf killed with SIGKILL and started again keeps
+//! every priority change.
+
+use crest::sdk::{Admin, ConsumerConfig, Message, MessageId, PopOptions, ProducerConfig};
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+#[path = "common/cluster.rs"]
+mod cluster;
+mod common;
+
+use cluster::{CREST, Cluster, retry};
+
+/// Runs `crest ARGS` against the cluster; returns (success, output).
+async fn crest(cluster: &Cluster, args: &[&str]) -> (bool, String) {
+    let mut command = Command::new(CREST);
+    command
+        .args(args)
+        .env("CREST_TOPOLOGY", &cluster.topology_path)
+        .env("CREST_CA", cluster.dir.join("certs/ca.pem"))
+        .env_remove("CREST_TOKEN")
+        .env_remove("CREST_CREDENTIALS");
+    common::output(command).await
+}
+
+/// Ready messages of "jobs" by priority, as the tree's stats say.
+async fn ready(admin: &Admin) -> BTreeMap<u32, u64> {
+    let stats = admin.stats(Some("jobs")).await.unwrap().value;
+    stats
+        .topic("jobs")
+        .map(|t| t.ready.iter().copied().collect())
+        .unwrap_or_default()
+}
+
+/// Waits up to 20 s for the ready counts to be `want`.
+async fn ready_until(admin: &Admin, want: &[(u32, u64)]) {
+    let want: BTreeMap<u32, u64> = want.iter().copied().collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = ready(admin).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "ready by priority {got:?}, want {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reprioritized_and_an_aged_message_keep_their_priorities_across_a_leaf_kill() {
+    let mut cluster = Cluster::start_with("escalation", "aging_check_ms = 50\n");
+    // Until every leaf keeps it (they connect a moment after they start).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let args = [
+            "topic",
+            "set",
+            "--topic",
+            "jobs",
+            "--aging",
+            "4=1s",
+            "--aging-floor",
+            "3",
+        ];
+        let (ok, text) = crest(&cluster, &args).await;
+        if ok && text.contains("configured at 4 leaves") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "crest topic set: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (ok, text) = crest(&cluster, &["topic", "list"]).await;
+    assert!(ok && text.contains("aging=4=1s aging_floor=3"), "{text}");
+    let leaf = cluster.topology.node("leaf-1").unwrap().address.clone();
+    let tls = cluster.tls();
+    let producer = retry(|| {
+        crest::sdk::Producer::connect(ProducerConfig::new(vec![leaf.clone()], tls.clone()))
+    })
+    .await;
+    let mut ids: Vec<MessageId> = Vec::new();
+    for (payload, priority) in [("background", 4), ("normal", 2), ("low", 3)] {
+        let handle = producer
+            .send(Message::new("jobs", payload).priority(priority))
+            .await
+            .unwrap();
+        ids.push(handle.acked().await.unwrap());
+    }
+    let [background, normal, low] = [ids[0], ids[1], ids[2]];
+    let config = ConsumerConfig::from_topology(&cluster.topology, cluster.tls());
+    let admin = retry(|| Admin::connect(config.clone())).await;
+
+    // The escalation through the binary; aging moves the background one to 3 and no further.
+    let low_id = low.to_string();
+    let (ok, text) = crest(
+        &cluster,
+        &[
+            "reprioritize",
+            &low_id,
+            "--topic",
+            "jobs",
+            "--priority",
+            "0",
+            "--reason",
+            "vip",
+        ],
+    )
+    .await;
+    assert!(ok, "crest reprioritize: {text}");
+    assert!(text.contains("priority 0 (pushed with 3)"), "{text}");
+    ready_until(&admin, &[(0, 1), (2, 1), (3, 1)]).await;
+
+    // A later push is acknowledged once durable, and the log is written in order: the
+    // priority changes before it are on disk when it is acknowledged.
+    let fence = producer
+        .send(Message::new("jobs", "fence").priority(9))
+        .await
+        .unwrap()
+        .acked()
+        .await
+        .unwrap();
+    cluster.kill("leaf-1");
+    cluster.launch("leaf-1");
+    let admin = retry(|| Admin::connect(config.clone())).await;
+    ready_until(&admin, &[(0, 1), (2, 1), (3, 1), (9, 1)]).await;
+
+    let consumer = cluster.consumer().await;
+    let mut popped = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while popped.len() < 4 {
+        assert!(tokio::time::Instant::now() < deadline, "popped {popped:?}");
+        let options = PopOptions {
+            max: 1,
+            wait: Duration::from_millis(500),
+            visibility: Some(Duration::from_secs(60)),
+            ..PopOptions::default()
+        };
+        popped.extend(consumer.pop_with("jobs", options).await.unwrap());
+    }
+    let order: Vec<(MessageId, u32)> = popped.iter().map(|d| (d.id, d.priority)).collect();
+    assert_eq!(
+        order,
+        vec![(low, 0), (normal, 2), (background, 3), (fence, 9)]
+    );
+    let escalated = popped[0].escalation.as_ref().expect("escalation kept");
+    assert_eq!(
+        (
+            escalated.original_priority,
+            escalated.reason.as_str(),
+            escalated.aged
+        ),
+        (3, "vip", false)
+    );
+    let aged = popped[2].escalation.as_ref().expect("promotion kept");
+    assert_eq!((aged.original_priority, aged.aged), (4, true));
+    assert!(popped[1].escalation.is_none());
+
+    // Leased now: refused with the typed error, named by the binary.
+    let (ok, text) = crest(
+        &cluster,
+        &[
+            "reprioritize",
+            &low_id,
+            "--topic",
+            "jobs",
+            "--priority",
+            "1",
+        ],
+    )
+    .await;
+    assert!(!ok && text.contains("leased"), "{text}");
+    match admin.reprioritize("jobs", normal, 1, "").await {
+        Err(crest::sdk::ClientError::NotWaiting(crest::sdk::NotWaiting::Leased)) => {}
+        other => panic!("expected NotWaiting::Leased, got {other:?}"),
+    }
+}

@@ -1,0 +1,244 @@
+//! Priorities that change while a message waits: an admin's `Reprioritize`, and each topic's
+//! aging (a message ready longer than its priority's threshold moves one priority up).
+//!
+//! Either way the message is taken out of its index and placed again under its new key: a
+//! ready one the parent holds is retracted and offered again, so the tree sees the change
+//! with its next offer. Each change is logged (`LogRecord::Reprioritize`) with who, when and
+//! why and the priority the message was pushed with, and checkpoints log the latest change of
+//! each message, so that a restart keeps it.
+//!
+//! Aging needs no scan of every message: within a priority the index is in ready-time order,
+//! so the oldest ready messages of a tier come first and a check stops at the first one that
+//! has not waited the tier's threshold. A promoted message keeps its ready time (its place
+//! among the messages of its new tier is by how long it has been waiting) and is due again
+//! once it has waited the thresholds of every tier it went through.
+
+use super::*;
+use crate::config::Aging;
+use crate::machine::SyncWait;
+use crate::wire::{AdminOp, Escalation, NotWaiting};
+
+impl Leaf {
+    /// Rebuilds the table of aging topics from the topology's topic settings and those set
+    /// at run time (which win), and schedules a check at `now` if one is not due.
+    pub(super) fn refresh_aging(&mut self, now: Option<Time>) {
+        let s = &self.config.settings;
+        let mut aging = BTreeMap::new();
+        let names = s.topics.keys().chain(self.configs.keys());
+        for name in names {
+            let runtime = self.runtime(name);
+            let topology = s.topics.get(name);
+            let merged = match (runtime, topology) {
+                (Some(runtime), Some(topology)) => runtime.over(topology),
+                (Some(one), None) | (None, Some(one)) => one.clone(),
+                (None, None) => continue,
+            };
+            if let Some(thresholds) = merged.aging.filter(|a| !a.thresholds.is_empty()) {
+                aging.insert(name.clone(), (thresholds, merged.aging_floor.unwrap_or(0)));
+            }
+        }
+        self.aging = aging;
+        if let Some(now) = now {
+            self.schedule_aging(now);
+        }
+    }
+
+    /// Makes sure a check is due while some topic ages (checks go on while one does: each
+    /// costs a look at the oldest ready messages of its aging priorities).
+    pub(super) fn schedule_aging(&mut self, now: Time) {
+        if self.aging_due.is_none() && !self.aging.is_empty() {
+            let every = Duration::from_millis(self.config.settings.aging_check_ms);
+            self.aging_due = Some(now + every);
+        }
+    }
+
+    /// When the next aging check is due.
+    pub(super) fn aging_due(&self) -> Option<Time> {
+        self.aging_due
+    }
+
+    /// Promotes the ready messages of aging topics that waited past their thresholds, if a
+    /// check is due.
+    pub(super) fn age(&mut self, now: Time) {
+        if self.aging_due.is_none_or(|due| due > now) {
+            return;
+        }
+        self.aging_due = None;
+        let scan = self.config.settings.aging_scan_messages as usize;
+        let mut records = Vec::new();
+        let topics: Vec<(String, Aging, u32)> = self
+            .aging
+            .iter()
+            .map(|(name, (aging, floor))| (name.clone(), aging.clone(), *floor))
+            .collect();
+        for (name, aging, floor) in topics {
+            let Some((topic, leaf_topic)) = self.topics.get_key_value(name.as_str()) else {
+                continue;
+            };
+            let topic = topic.clone();
+            let mut promote = Vec::new();
+            for (&priority, &threshold) in &aging.thresholds {
+                if priority <= floor || !leaf_topic.ready.contains_key(&priority) {
+                    continue;
+                }
+                let oldest = Key {
+                    priority,
+                    ready_at: Time::ZERO,
+                    id: MessageId(0),
+                };
+                for key in leaf_topic.offers.keys_from(&oldest, scan) {
+                    if key.priority != priority || key.ready_at + threshold > now {
+                        break;
+                    }
+                    // An admin's priority stands; aging goes on from where aging left it.
+                    let origin = match self.escalations.get(&key.id) {
+                        Some(e) if !e.aged => continue,
+                        Some(e) => e.original_priority,
+                        None => priority,
+                    };
+                    if key.ready_at + aging.due_after(priority, origin) <= now {
+                        promote.push((key, origin, threshold));
+                    }
+                }
+            }
+            for (key, origin, threshold) in promote {
+                let escalation = Escalation {
+                    original_priority: origin,
+                    escalated_at: now,
+                    escalated_by: None,
+                    reason: format!(
+                        "aged: ready for more than {} at priority {}",
+                        humantime::format_duration(threshold),
+                        key.priority
+                    ),
+                    aged: true,
+                };
+                self.rekey(now, &topic, key, key.priority - 1, escalation, &mut records);
+                self.counters.aged += 1;
+            }
+        }
+        self.schedule_aging(now);
+        self.log(now, None, SyncWait::Linger, records);
+    }
+
+    /// An admin's change of message `id`'s priority (see [`AdminOp::Reprioritize`]).
+    ///
+    /// [`AdminOp::Reprioritize`]: crate::wire::AdminOp::Reprioritize
+    pub(super) fn reprioritize(
+        &mut self,
+        now: Time,
+        op: &AdminOp,
+        records: &mut Vec<LogRecord>,
+    ) -> Result<Escalation, NotWaiting> {
+        let AdminOp::Reprioritize {
+            topic,
+            id,
+            priority,
+            reason,
+            by,
+        } = op
+        else {
+            return Err(NotWaiting::Unknown);
+        };
+        let (id, priority) = (*id, *priority);
+        let (topic, key) = self.waiting_key(topic, id)?;
+        let original_priority = self
+            .escalations
+            .get(&id)
+            .map_or(key.priority, |e| e.original_priority);
+        let escalation = Escalation {
+            original_priority,
+            escalated_at: now,
+            escalated_by: by.clone(),
+            reason: reason.clone(),
+            aged: false,
+        };
+        self.rekey(now, &topic, key, priority, escalation.clone(), records);
+        self.counters.reprioritized += 1;
+        Ok(escalation)
+    }
+
+    /// Where waiting (ready or delayed) message `id` of `topic` is, or why it is not waiting.
+    /// A message ready since it was accepted (most are) is found at once, by its key at each
+    /// priority the topic has ready messages of; one delayed or nacked since, by a scan of the
+    /// topic's waiting messages.
+    fn waiting_key(&self, topic: &str, id: MessageId) -> Result<(Topic, Key), NotWaiting> {
+        if let Some(leased) = self.leases.by_id.get(&id) {
+            return Err(match &*leased.topic == topic {
+                true => NotWaiting::Leased,
+                false => NotWaiting::Unknown,
+            });
+        }
+        let Some((name, leaf_topic)) = self.topics.get_key_value(topic) else {
+            return Err(NotWaiting::Unknown);
+        };
+        if leaf_topic.dead_at.contains_key(&id) {
+            return Err(NotWaiting::Dead);
+        }
+        if id.leaf() != self.config.id || !self.live.contains(id.seq()) {
+            return Err(NotWaiting::Unknown);
+        }
+        let enqueued_at = leaf_topic.enqueued_at(id);
+        let tracked = self.ttl.by_id.get(&id).map(|ttl| ttl.key);
+        let guesses = leaf_topic.ready.keys().map(|&priority| Key {
+            priority,
+            ready_at: enqueued_at,
+            id,
+        });
+        for key in tracked.into_iter().chain(guesses) {
+            let delayed = self
+                .delayed
+                .get(&(key.ready_at, id))
+                .is_some_and(|d| d.topic == *name);
+            if delayed || leaf_topic.offers.get(&key).is_some() {
+                return Ok((name.clone(), key));
+            }
+        }
+        if let Some((key, _)) = leaf_topic.offers.iter().find(|(key, _)| key.id == id) {
+            return Ok((name.clone(), *key));
+        }
+        if leaf_topic.delayed > 0 {
+            let found = self
+                .delayed
+                .iter()
+                .find(|((_, delayed_id), delayed)| *delayed_id == id && delayed.topic == *name);
+            if let Some((&(ready_at, _), delayed)) = found {
+                let key = Key {
+                    priority: delayed.priority,
+                    ready_at,
+                    id,
+                };
+                return Ok((name.clone(), key));
+            }
+        }
+        Err(NotWaiting::Unknown)
+    }
+
+    /// Moves waiting message `key` of `topic` to `priority` (the parent's copy retracted and
+    /// the new one offered), logging `escalation`.
+    fn rekey(
+        &mut self,
+        now: Time,
+        topic: &Topic,
+        key: Key,
+        priority: u32,
+        escalation: Escalation,
+        records: &mut Vec<LogRecord>,
+    ) {
+        records.push(LogRecord::Reprioritize {
+            id: key.id,
+            priority,
+            escalation: escalation.clone(),
+        });
+        self.escalations.insert(key.id, escalation);
+        if priority == key.priority {
+            return;
+        }
+        let slot = self.take_waiting(topic, &key);
+        let moved = Key { priority, ..key };
+        if let Some(ttl) = self.ttl.by_id.get_mut(&key.id) {
+            ttl.key = moved;
+        }
+        self.place(now, topic.clone(), moved, slot);
+    }
+}
