@@ -191,6 +191,31 @@ pub(crate) async fn reprioritize(args: ReprioritizeArgs) -> Result<()> {
     Ok(())
 }
 
+/// `crest set-metadata`: replaces a waiting message's metadata.
+#[derive(Args)]
+pub(crate) struct SetMetadataArgs {
+    #[command(flatten)]
+    pub(crate) root: RootArgs,
+    /// The message id (LEAF.SEQ).
+    pub(crate) id: MessageId,
+    /// Its topic.
+    #[arg(long)]
+    pub(crate) topic: String,
+    /// Its metadata from now on, KEY=VALUE (repeatable; none: no metadata).
+    #[arg(long = "metadata", value_parser = parse_key_value)]
+    pub(crate) metadata: Vec<(String, String)>,
+}
+
+pub(crate) async fn set_metadata(args: SetMetadataArgs) -> Result<()> {
+    let admin = Admin::connect(root_config(&args.root)?).await?;
+    admin
+        .set_metadata(&args.topic, args.id, &args.metadata)
+        .await
+        .with_context(|| format!("set the metadata of {} of {}", args.id, args.topic))?;
+    println!("{}: {} metadata pairs set", args.id, args.metadata.len());
+    Ok(())
+}
+
 /// How a delivery's or dead letter's priority changed, for a listing (empty: it did not).
 pub(crate) fn escalation_text(escalation: Option<&crest::sdk::Escalation>) -> String {
     let Some(e) = escalation else {

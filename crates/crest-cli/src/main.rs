@@ -165,6 +165,9 @@ enum Command {
     /// Change the priority of a waiting message (an escalation, logged with who, when and why;
     /// needs `admin`): it moves in the tree at once.
     Reprioritize(ReprioritizeArgs),
+    /// Replace the metadata of a waiting message (needs `admin`): its deliveries carry the new
+    /// pairs from now on.
+    SetMetadata(SetMetadataArgs),
     /// Depths per topic and priority, in flight, delayed, dead letters, oldest message, and
     /// event counters, for the whole tree.
     Stats(StatsArgs),
@@ -371,6 +374,10 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
         Command::Reprioritize(args) => {
             init_tracing("warn");
             admin::reprioritize(args).await
+        }
+        Command::SetMetadata(args) => {
+            init_tracing("warn");
+            admin::set_metadata(args).await
         }
         Command::Stats(args) => {
             init_tracing("warn");

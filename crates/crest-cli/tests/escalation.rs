@@ -116,6 +116,20 @@ async fn a_reprioritized_and_an_aged_message_keep_their_priorities_across_a_leaf
     assert!(ok, "crest reprioritize: {text}");
     assert!(text.contains("priority 0 (pushed with 3)"), "{text}");
     ready_until(&admin, &[(0, 1), (2, 1), (3, 1)]).await;
+    let normal_id = normal.to_string();
+    let args = [
+        "set-metadata",
+        &normal_id,
+        "--topic",
+        "jobs",
+        "--metadata",
+        "owner=team-b",
+    ];
+    let (ok, text) = crest(&cluster, &args).await;
+    assert!(
+        ok && text.contains("1 metadata pairs set"),
+        "crest set-metadata: {text}"
+    );
 
     // A later push is acknowledged once durable, and the log is written in order: the
     // priority changes before it are on disk when it is acknowledged.
@@ -161,6 +175,11 @@ async fn a_reprioritized_and_an_aged_message_keep_their_priorities_across_a_leaf
     let aged = popped[2].escalation.as_ref().expect("promotion kept");
     assert_eq!((aged.original_priority, aged.aged), (4, true));
     assert!(popped[1].escalation.is_none());
+    let owner = vec![("owner".to_string(), "team-b".to_string())];
+    assert_eq!(
+        popped[1].metadata, owner,
+        "the metadata set outlives the kill"
+    );
 
     // Leased now: refused with the typed error, named by the binary.
     let (ok, text) = crest(

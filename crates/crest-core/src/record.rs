@@ -166,6 +166,14 @@ pub enum LogRecord {
         /// Who, when and why, and the priority it was pushed with.
         escalation: crate::wire::Escalation,
     },
+    /// A waiting message's metadata was replaced (`SetMetadata`): its body in the log keeps
+    /// the pushed pairs, these stand for them; checkpoints log them again after the message.
+    SetMetadata {
+        /// The message.
+        id: MessageId,
+        /// Its metadata from now on.
+        metadata: Vec<(String, String)>,
+    },
     /// A dedup key whose window is still open (checkpoints only: it may outlive its message).
     Dedup {
         /// The topic.

@@ -52,6 +52,26 @@ pub(crate) fn validate_settle_op(s: &Settings, op: &Settle) -> Result<(), String
     Ok(())
 }
 
+/// Checks a message's metadata: at most `metadata_entries_max` pairs of
+/// `metadata_bytes_max` bytes in all.
+pub(crate) fn validate_metadata(s: &Settings, metadata: &[(String, String)]) -> Result<(), String> {
+    if metadata.len() > s.metadata_entries_max as usize {
+        return Err(format!(
+            "{} metadata entries exceed metadata_entries_max {}",
+            metadata.len(),
+            s.metadata_entries_max
+        ));
+    }
+    let bytes: usize = metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > s.metadata_bytes_max as usize {
+        return Err(format!(
+            "{bytes} metadata bytes exceed metadata_bytes_max {}",
+            s.metadata_bytes_max
+        ));
+    }
+    Ok(())
+}
+
 /// Checks one message of a push batch against the settings.
 pub(crate) fn validate_message(
     s: &Settings,
@@ -70,24 +90,7 @@ pub(crate) fn validate_message(
         ));
     }
     validate_topic(s, &message.topic).map_err(|why| (ErrorCode::InvalidArgument, why))?;
-    if message.metadata.len() > s.metadata_entries_max as usize {
-        return invalid(format!(
-            "{} metadata entries exceed metadata_entries_max {}",
-            message.metadata.len(),
-            s.metadata_entries_max
-        ));
-    }
-    let metadata_bytes: usize = message
-        .metadata
-        .iter()
-        .map(|(k, v)| k.len() + v.len())
-        .sum();
-    if metadata_bytes > s.metadata_bytes_max as usize {
-        return invalid(format!(
-            "{metadata_bytes} metadata bytes exceed metadata_bytes_max {}",
-            s.metadata_bytes_max
-        ));
-    }
+    validate_metadata(s, &message.metadata).map_err(|why| (ErrorCode::InvalidArgument, why))?;
     if message.delay_ms > s.delay_max_ms {
         return invalid(format!(
             "delay of {} ms exceeds delay_max_ms {}",

@@ -301,11 +301,37 @@ impl Admin {
             by: None,
         };
         match self.call(op).await? {
-            (_, unreachable, _) if !unreachable.is_empty() => Err(ClientError::Rejected {
-                code: ErrorCode::Unavailable,
-                message: format!("leaf {} of message {id} cannot be reached", unreachable[0]),
-            }),
+            (_, unreachable, _) if !unreachable.is_empty() => {
+                Err(unreachable_leaf(id, &unreachable))
+            }
             (AdminResult::Reprioritized(result), _, _) => Ok(result?),
+            (other, _, _) => Err(mismatch(&other)),
+        }
+    }
+
+    /// Replaces the metadata of `topic`'s waiting (ready or delayed) message `id` with
+    /// `metadata` (`admin` permission in the topic's namespace): its deliveries and
+    /// dead-letter listing carry the new pairs from now on; the payload is unchanged.
+    ///
+    /// # Errors
+    /// [`ClientError::NotWaiting`] if the message is leased, dead or not in the topic;
+    /// `Unavailable` if its leaf cannot be reached; [`ClientError`] if the request failed.
+    pub async fn set_metadata(
+        &self,
+        topic: &str,
+        id: MessageId,
+        metadata: &[(String, String)],
+    ) -> Result<(), ClientError> {
+        let op = AdminOp::SetMetadata {
+            topic: topic.into(),
+            id,
+            metadata: metadata.to_vec(),
+        };
+        match self.call(op).await? {
+            (_, unreachable, _) if !unreachable.is_empty() => {
+                Err(unreachable_leaf(id, &unreachable))
+            }
+            (AdminResult::MetadataSet(result), _, _) => Ok(result?),
             (other, _, _) => Err(mismatch(&other)),
         }
     }
@@ -362,4 +388,12 @@ impl Admin {
 
 fn mismatch(result: &AdminResult) -> ClientError {
     ClientError::Protocol(format!("the root answered with the wrong kind: {result:?}"))
+}
+
+/// The error of an operation on message `id` whose leaf could not be reached.
+fn unreachable_leaf(id: MessageId, unreachable: &[LeafId]) -> ClientError {
+    ClientError::Rejected {
+        code: ErrorCode::Unavailable,
+        message: format!("leaf {} of message {id} cannot be reached", unreachable[0]),
+    }
 }

@@ -32,7 +32,7 @@ pub struct SegmentReport {
 }
 
 /// The kinds of log entries [`Report::entries`] counts, in its order.
-pub const ENTRY_KINDS: [&str; 10] = [
+pub const ENTRY_KINDS: [&str; 11] = [
     "enqueue",
     "lease",
     "delete",
@@ -43,6 +43,7 @@ pub const ENTRY_KINDS: [&str; 10] = [
     "move",
     "configure",
     "reprioritize",
+    "metadata",
 ];
 
 /// What a whole directory holds.
@@ -51,7 +52,7 @@ pub struct Report {
     /// Per segment, in order.
     pub segments: Vec<SegmentReport>,
     /// Log entries by kind, in the order of [`ENTRY_KINDS`].
-    pub entries: [u64; 10],
+    pub entries: [u64; 11],
     /// Messages enqueued and not deleted: what recovery would bring back.
     pub live_messages: u64,
 }
@@ -99,6 +100,7 @@ pub fn inspect(dir: &Path, record_bytes_max: u32) -> Result<Report, StorageError
         LogRecord::Move { .. } => report.entries[7] += 1,
         LogRecord::Configure { .. } => report.entries[8] += 1,
         LogRecord::Reprioritize { .. } => report.entries[9] += 1,
+        LogRecord::SetMetadata { .. } => report.entries[10] += 1,
     };
     // The newest checkpoint starts the log; segments before its replay start hold bodies only
     // (their records are verified, not counted).

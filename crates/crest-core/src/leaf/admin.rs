@@ -103,6 +103,11 @@ impl Leaf {
             AdminOp::Reprioritize { .. } => {
                 AdminResult::Reprioritized(self.reprioritize(now, &admin.op, &mut records))
             }
+            AdminOp::SetMetadata {
+                topic,
+                id,
+                metadata,
+            } => AdminResult::MetadataSet(self.set_metadata(topic, *id, metadata, &mut records)),
             AdminOp::Settle { topic, op, ids } => {
                 let receipts = self.live_receipts(topic, ids);
                 let (results, records, outcomes) = self.settle(now, op, &receipts);
@@ -347,7 +352,7 @@ impl Leaf {
                 reason: dead.reason.to_string(),
                 enqueued_at: dead.enqueued_at,
                 dead_at,
-                metadata: body.metadata,
+                metadata: self.metadata_of(id, body.metadata),
                 payload: body.payload,
                 escalation: self.escalations.get(&id).cloned(),
             });

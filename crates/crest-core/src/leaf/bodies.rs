@@ -36,6 +36,9 @@ impl Leaf {
         if !self.escalations.is_empty() {
             self.escalations.remove(&id);
         }
+        if !self.metadata.is_empty() {
+            self.metadata.remove(&id);
+        }
         if let Some(ttl) = self.ttl.by_id.remove(&id) {
             self.ttl.by_expiry.remove(&(ttl.expires_at, id));
         }

@@ -1,5 +1,6 @@
-//! Priorities that change while a message waits: an admin's `Reprioritize`, and each topic's
-//! aging (a message ready longer than its priority's threshold moves one priority up).
+//! What changes of a message while it waits: its priority (an admin's `Reprioritize`, and
+//! each topic's aging: a message ready longer than its priority's threshold moves one
+//! priority up) and its metadata (an admin's `SetMetadata`).
 //!
 //! Either way the message is taken out of its index and placed again under its new key: a
 //! ready one the parent holds is retracted and offered again, so the tree sees the change
@@ -156,6 +157,35 @@ impl Leaf {
         self.rekey(now, &topic, key, priority, escalation.clone(), records);
         self.counters.reprioritized += 1;
         Ok(escalation)
+    }
+
+    /// An admin's replacement of message `id`'s metadata (see [`AdminOp::SetMetadata`]).
+    pub(super) fn set_metadata(
+        &mut self,
+        topic: &str,
+        id: MessageId,
+        metadata: &[(String, String)],
+        records: &mut Vec<LogRecord>,
+    ) -> Result<(), NotWaiting> {
+        self.waiting_key(topic, id)?;
+        records.push(LogRecord::SetMetadata {
+            id,
+            metadata: metadata.to_vec(),
+        });
+        self.metadata.insert(id, metadata.to_vec());
+        Ok(())
+    }
+
+    /// The metadata of message `id`: what an admin set, else `pushed` (its body's).
+    pub(super) fn metadata_of(
+        &self,
+        id: MessageId,
+        pushed: Vec<(String, String)>,
+    ) -> Vec<(String, String)> {
+        match self.metadata.is_empty() {
+            true => pushed,
+            false => self.metadata.get(&id).cloned().unwrap_or(pushed),
+        }
     }
 
     /// Where waiting (ready or delayed) message `id` of `topic` is, or why it is not waiting.

@@ -118,7 +118,7 @@ impl Leaf {
             attempt: slot.attempt,
             enqueued_at,
             lease_deadline: deadline,
-            metadata: body.metadata,
+            metadata: self.metadata_of(key.id, body.metadata),
             payload: body.payload,
             escalation: match self.escalations.is_empty() {
                 true => None,
@@ -276,7 +276,7 @@ impl Leaf {
             match (&mut answer.waiting, body) {
                 (Waiting::Reserved(items), Ok(body)) => {
                     if let Ok(delivery) = &mut items[item].result {
-                        delivery.metadata = body.metadata;
+                        delivery.metadata = self.metadata_of(delivery.id, body.metadata);
                         delivery.payload = body.payload;
                     }
                 }
@@ -302,7 +302,7 @@ impl Leaf {
                     }
                 }
                 (Waiting::DeadLetters { letters, .. }, Ok(body)) => {
-                    letters[item].metadata = body.metadata;
+                    letters[item].metadata = self.metadata_of(letters[item].id, body.metadata);
                     letters[item].payload = body.payload;
                 }
                 (Waiting::DeadLetters { letters, .. }, Err(error)) => {

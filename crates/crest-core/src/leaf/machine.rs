@@ -170,10 +170,11 @@ impl Leaf {
 
 impl Machine for Leaf {
     fn check_invariants(&self) {
-        for id in self.escalations.keys().take(INVARIANT_DEEP_ITEMS_MAX) {
+        let changed = self.escalations.keys().chain(self.metadata.keys());
+        for id in changed.take(INVARIANT_DEEP_ITEMS_MAX) {
             assert!(
                 self.live.contains(id.seq()),
-                "escalation of {id}, which is gone"
+                "escalation or metadata of {id}, which is gone"
             );
         }
         // Every live message is in exactly one state, and each state's counts agree with the

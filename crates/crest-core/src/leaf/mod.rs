@@ -427,6 +427,8 @@ struct Recovery {
     leases: IdMap<(u64, Time)>,
     /// The latest priority change of each message that had one.
     escalations: IdMap<crate::wire::Escalation>,
+    /// Metadata set by `SetMetadata`, by message.
+    metadata: IdMap<Vec<(String, String)>>,
     topics: Vec<Topic>,
     /// The last topic a record named, and its index.
     last: Option<(Topic, u32)>,
@@ -490,6 +492,9 @@ pub struct Leaf {
     held_pushes: std::collections::VecDeque<quota::HeldPush>,
     /// The latest priority change of each live message that had one (few: kept whole).
     escalations: IdMap<crate::wire::Escalation>,
+    /// Metadata an admin set for a live message (`SetMetadata`): stands for the pairs of its
+    /// body in the log.
+    metadata: IdMap<Vec<(String, String)>>,
     /// The aging of each topic that has one, with its floor (`leaf/escalate.rs`).
     aging: BTreeMap<String, (crate::config::Aging, u32)>,
     /// When the next aging check is due (`None`: no topic ages).
@@ -679,6 +684,7 @@ impl Leaf {
             allowances: crate::quota::Allowances::default(),
             held_pushes: std::collections::VecDeque::new(),
             escalations: IdMap::default(),
+            metadata: IdMap::default(),
             aging: BTreeMap::new(),
             aging_due: None,
             upstream,

@@ -373,6 +373,12 @@ impl Leaf {
                 escalation: escalation.clone(),
             });
         }
+        if let Some(metadata) = self.metadata.get(&id) {
+            records.push(LogRecord::SetMetadata {
+                id,
+                metadata: metadata.clone(),
+            });
+        }
         if let Some((at, reason)) = dead {
             records.push(LogRecord::Dead {
                 id,

@@ -62,6 +62,7 @@ impl Leaf {
             mut dead,
             mut leases,
             mut escalations,
+            mut metadata,
             topics,
             ..
         } = *recovery;
@@ -118,6 +119,11 @@ impl Leaf {
                 && let Some(escalation) = escalations.remove(&id)
             {
                 leaf.escalations.insert(id, escalation);
+            }
+            if !metadata.is_empty()
+                && let Some(pairs) = metadata.remove(&id)
+            {
+                leaf.metadata.insert(id, pairs);
             }
             leaf.last_enqueued_at = leaf.last_enqueued_at.max(enqueued_at);
             match slot.logged() {
@@ -347,6 +353,11 @@ impl Leaf {
                     recovery.escalations.insert(id, escalation);
                 }
             }
+            LogRecord::SetMetadata { id, metadata } => {
+                if messages.contains_key(&id) {
+                    recovery.metadata.insert(id, metadata);
+                }
+            }
             LogRecord::Redrive { id } => {
                 recovery.dead.remove(&id);
                 if let Some(message) = messages.get_mut(&id) {
@@ -357,6 +368,9 @@ impl Leaf {
                 messages.remove(&id);
                 if !recovery.escalations.is_empty() {
                     recovery.escalations.remove(&id);
+                }
+                if !recovery.metadata.is_empty() {
+                    recovery.metadata.remove(&id);
                 }
                 recovery.leases.remove(&id);
                 if !recovery.expiring.is_empty() {

@@ -42,6 +42,9 @@ impl Root {
                 return Err("settling leases needs the ids of their messages".into());
             }
             AdminOp::Settle { op, .. } => crate::validate::validate_settle_op(&self.settings, op)?,
+            AdminOp::SetMetadata { metadata, .. } => {
+                crate::validate::validate_metadata(s, metadata)?;
+            }
             AdminOp::Reprioritize { reason, .. } if reason.len() > s.reason_bytes_max as usize => {
                 return Err(format!(
                     "reason of {} bytes exceeds reason_bytes_max {}",
@@ -171,6 +174,10 @@ impl Root {
                 0,
                 AdminResult::Reprioritized(Err(crate::wire::NotWaiting::Unknown)),
             ),
+            AdminOp::SetMetadata { .. } => (
+                0,
+                AdminResult::MetadataSet(Err(crate::wire::NotWaiting::Unknown)),
+            ),
             AdminOp::Stats { topic } => {
                 // The topic's own limits and its namespace's; every scope's without a topic.
                 let namespace = topic.as_deref().map(|t| namespace_scope(namespace(t)));
@@ -296,6 +303,9 @@ impl Root {
             }
             (AdminResult::Stats(total), Some(AdminResult::Stats(more))) => total.merge(&more),
             (AdminResult::Reprioritized(total), Some(AdminResult::Reprioritized(theirs))) => {
+                *total = theirs;
+            }
+            (AdminResult::MetadataSet(total), Some(AdminResult::MetadataSet(theirs))) => {
                 *total = theirs;
             }
             (_, None) => admin.unreachable.push(from.leaf),

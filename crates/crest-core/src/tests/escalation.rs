@@ -26,6 +26,26 @@ fn reprioritize(
     }
 }
 
+fn set_metadata(
+    h: &mut Harness,
+    client: ConnId,
+    id: MessageId,
+    metadata: &[(&str, &str)],
+) -> Result<(), NotWaiting> {
+    let op = AdminOp::SetMetadata {
+        topic: "jobs".into(),
+        id,
+        metadata: metadata
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    match admin(h, client, op) {
+        AdminResult::MetadataSet(result) => result,
+        other => panic!("set metadata answer: {other:?}"),
+    }
+}
+
 /// Settings whose topic "jobs" ages: LOW (3) after 30 s, BACKGROUND (4) after 60 s, never
 /// above NORMAL (2) for `floor` 2.
 fn aging_settings(credits: u32, floor: u32) -> Settings {
@@ -294,6 +314,7 @@ fn escalations_and_promotions_survive_a_rebuild_from_the_log_and_from_a_checkpoi
         let consumer = h.client(root, PeerKind::Consumer);
         let ids = h.push(producer, "jobs", &[4, 2, 2]);
         reprioritize(&mut h, consumer, "jobs", ids[2], 1).expect("waiting");
+        set_metadata(&mut h, consumer, ids[1], &[("set", "by admin")]).expect("waiting");
         h.advance(Duration::from_secs(61));
         assert_eq!(
             ready_by_priority(&mut h, consumer),
@@ -323,5 +344,63 @@ fn escalations_and_promotions_survive_a_rebuild_from_the_log_and_from_a_checkpoi
         assert_eq!((escalated.original_priority, escalated.aged), (2, false));
         let aged = popped[1].escalation.as_ref().expect("kept");
         assert_eq!((aged.original_priority, aged.aged), (4, true));
+        let set = vec![("set".to_string(), "by admin".to_string())];
+        assert_eq!(popped[2].metadata, set, "checkpoint {checkpoint}");
+    }
+}
+
+#[test]
+fn metadata_set_by_an_admin_stands_for_the_pushed_pairs_read_back_from_the_log() {
+    // No body cache: every delivery reads its body from the (simulated) disk, whose metadata
+    // is the pushed one; the admin's pairs must replace it there.
+    let (mut h, _, producer, consumer, _, reads) = disk_leaf();
+    let ids = h.push_messages(producer, (0..3).map(numbered).collect());
+    assert_eq!(
+        set_metadata(
+            &mut h,
+            consumer,
+            ids[1],
+            &[("owner", "team-b"), ("n", "one")]
+        ),
+        Ok(())
+    );
+    let popped = h.pop(consumer, "jobs", 3);
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let pairs = |d: &Delivery| d.metadata.clone();
+    assert_eq!(pairs(&popped[0]), vec![("n".to_string(), "0".to_string())]);
+    assert_eq!(
+        pairs(&popped[1]),
+        vec![
+            ("owner".to_string(), "team-b".to_string()),
+            ("n".to_string(), "one".to_string())
+        ]
+    );
+    assert_eq!(
+        popped[1].payload,
+        Bytes::from("body of 1"),
+        "payload unchanged"
+    );
+    assert_eq!(
+        set_metadata(&mut h, consumer, ids[0], &[]),
+        Err(NotWaiting::Leased)
+    );
+    // Over the bounds of a push's metadata: refused before anything changes.
+    let request = h.request();
+    let op = AdminOp::SetMetadata {
+        topic: "jobs".into(),
+        id: ids[2],
+        metadata: vec![(
+            "k".into(),
+            "v".repeat(Settings::default().metadata_bytes_max as usize),
+        )],
+    };
+    h.send(consumer, Wire::Admin(Admin { request, op }));
+    match h.recv(consumer) {
+        Wire::Error(error) => assert!(
+            error.code == ErrorCode::InvalidArgument
+                && error.message.contains("metadata_bytes_max"),
+            "{error:?}"
+        ),
+        other => panic!("expected InvalidArgument, got {other:?}"),
     }
 }
