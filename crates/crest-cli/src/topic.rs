@@ -2,6 +2,7 @@
 //! list | unset`: a namespace's quotas, kept the same way (as the configuration `NS/`).
 
 use crate::*;
+use crest::core::config::{Scheduling, Weights};
 use crest::core::quota::{namespace_scope, principal_scope, scope_namespace, scope_principal};
 use crest::sdk::{Limits, Quota, Rate, TopicConfig, TopicSettings};
 
@@ -267,6 +268,15 @@ pub(crate) enum TopicCommand {
         /// The most urgent priority aging promotes to (default 0).
         #[arg(long, requires = "aging")]
         aging_floor: Option<u32>,
+        /// How pops share the topic among priorities: `strict` (the most urgent first,
+        /// always) or `weighted` (tiers share pops by weight).
+        #[arg(long, value_parser = parse_scheduling)]
+        scheduling: Option<Scheduling>,
+        /// A tier of a weighted topic and its weight, PRIORITY=WEIGHT (repeatable; default
+        /// `0=8 1=4 2=2 3=1 4=0.5`); a tier holds its priority and those after it up to the
+        /// next tier's.
+        #[arg(long = "weight", value_parser = parse_weight)]
+        weights: Vec<(u32, f64)>,
         /// An attribute kept with the topic, NAME=VALUE (repeatable).
         #[arg(long = "attribute", value_parser = parse_attribute)]
         attributes: Vec<(String, String)>,
@@ -305,6 +315,32 @@ fn parse_aging(text: &str) -> Result<(u32, Duration), String> {
     Ok((priority, threshold))
 }
 
+fn parse_scheduling(text: &str) -> Result<Scheduling, String> {
+    match text {
+        "strict" => Ok(Scheduling::Strict),
+        "weighted" => Ok(Scheduling::Weighted),
+        _ => Err(format!("{text:?}: expected strict or weighted")),
+    }
+}
+
+fn parse_weight(text: &str) -> Result<(u32, f64), String> {
+    let (priority, weight) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected PRIORITY=WEIGHT (e.g. 0=8)"))?;
+    let priority = crate::client::parse_priority(priority.trim())?;
+    let weight: f64 = weight
+        .trim()
+        .parse()
+        .map_err(|_| format!("{weight:?}: not a number (e.g. 8, 0.5)"))?;
+    if !(0.001..=crest::core::config::WEIGHT_MAX).contains(&weight) {
+        return Err(format!(
+            "{weight}: a weight is 0.001..={}",
+            crest::core::config::WEIGHT_MAX
+        ));
+    }
+    Ok((priority, weight))
+}
+
 fn parse_attribute(text: &str) -> Result<(String, String), String> {
     let (name, value) = text
         .split_once('=')
@@ -324,11 +360,19 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
             lease_timeout_ms,
             aging,
             aging_floor,
+            scheduling,
+            weights,
             attributes,
             limits,
         } => {
             let aging = (!aging.is_empty()).then(|| crest::core::config::Aging {
                 thresholds: aging.into_iter().collect(),
+            });
+            let weights = (!weights.is_empty()).then(|| Weights {
+                milli: weights
+                    .into_iter()
+                    .map(|(tier, weight)| (tier, (weight * 1000.0).round() as u32))
+                    .collect(),
             });
             let config = TopicConfig {
                 settings: TopicSettings {
@@ -339,6 +383,8 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
                     dead_letter_topic,
                     aging,
                     aging_floor,
+                    scheduling,
+                    weights,
                 },
                 attributes: attributes.into_iter().collect(),
                 limits: limits.limits(),
@@ -393,6 +439,17 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
                 }
                 if let Some(floor) = s.aging_floor {
                     line.push_str(&format!(" aging_floor={floor}"));
+                }
+                if let Some(scheduling) = s.scheduling {
+                    let name = match scheduling {
+                        Scheduling::Strict => "strict",
+                        Scheduling::Weighted => "weighted",
+                    };
+                    line.push_str(&format!(" scheduling={name}"));
+                }
+                for (tier, milli) in s.weights.iter().flat_map(|w| &w.milli) {
+                    let weight = f64::from(*milli) / 1000.0;
+                    line.push_str(&format!(" weight={tier}={weight}"));
                 }
                 for word in limit_words(&c.limits) {
                     line.push_str(&format!(" {word}"));

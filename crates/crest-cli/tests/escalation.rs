@@ -4,26 +4,12 @@
 
 use crest::sdk::{Admin, ConsumerConfig, Message, MessageId, PopOptions, ProducerConfig};
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Duration;
 
 #[path = "common/cluster.rs"]
 mod cluster;
-mod common;
 
-use cluster::{CREST, Cluster, retry};
-
-/// Runs `crest ARGS` against the cluster; returns (success, output).
-async fn crest(cluster: &Cluster, args: &[&str]) -> (bool, String) {
-    let mut command = Command::new(CREST);
-    command
-        .args(args)
-        .env("CREST_TOPOLOGY", &cluster.topology_path)
-        .env("CREST_CA", cluster.dir.join("certs/ca.pem"))
-        .env_remove("CREST_TOKEN")
-        .env_remove("CREST_CREDENTIALS");
-    common::output(command).await
-}
+use cluster::{Cluster, retry};
 
 /// Ready messages of "jobs" by priority, as the tree's stats say.
 async fn ready(admin: &Admin) -> BTreeMap<u32, u64> {
@@ -54,30 +40,18 @@ async fn ready_until(admin: &Admin, want: &[(u32, u64)]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reprioritized_and_an_aged_message_keep_their_priorities_across_a_leaf_kill() {
     let mut cluster = Cluster::start_with("escalation", "aging_check_ms = 50\n");
-    // Until every leaf keeps it (they connect a moment after they start).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let args = [
-            "topic",
-            "set",
-            "--topic",
-            "jobs",
-            "--aging",
-            "4=1s",
-            "--aging-floor",
-            "3",
-        ];
-        let (ok, text) = crest(&cluster, &args).await;
-        if ok && text.contains("configured at 4 leaves") {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "crest topic set: {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let (ok, text) = crest(&cluster, &["topic", "list"]).await;
+    let args = [
+        "topic",
+        "set",
+        "--topic",
+        "jobs",
+        "--aging",
+        "4=1s",
+        "--aging-floor",
+        "3",
+    ];
+    cluster.crest_until(&args, "configured at 4 leaves").await;
+    let (ok, text) = cluster.crest(&["topic", "list"]).await;
     assert!(ok && text.contains("aging=4=1s aging_floor=3"), "{text}");
     let leaf = cluster.topology.node("leaf-1").unwrap().address.clone();
     let tls = cluster.tls();
@@ -99,9 +73,8 @@ async fn a_reprioritized_and_an_aged_message_keep_their_priorities_across_a_leaf
 
     // The escalation through the binary; aging moves the background one to 3 and no further.
     let low_id = low.to_string();
-    let (ok, text) = crest(
-        &cluster,
-        &[
+    let (ok, text) = cluster
+        .crest(&[
             "reprioritize",
             &low_id,
             "--topic",
@@ -110,9 +83,8 @@ async fn a_reprioritized_and_an_aged_message_keep_their_priorities_across_a_leaf
             "0",
             "--reason",
             "vip",
-        ],
-    )
-    .await;
+        ])
+        .await;
     assert!(ok, "crest reprioritize: {text}");
     assert!(text.contains("priority 0 (pushed with 3)"), "{text}");
     ready_until(&admin, &[(0, 1), (2, 1), (3, 1)]).await;
@@ -125,7 +97,7 @@ async fn a_reprioritized_and_an_aged_message_keep_their_priorities_across_a_leaf
         "--metadata",
         "owner=team-b",
     ];
-    let (ok, text) = crest(&cluster, &args).await;
+    let (ok, text) = cluster.crest(&args).await;
     assert!(
         ok && text.contains("1 metadata pairs set"),
         "crest set-metadata: {text}"
@@ -182,18 +154,16 @@ async fn a_reprioritized_and_an_aged_message_keep_their_priorities_across_a_leaf
     );
 
     // Leased now: refused with the typed error, named by the binary.
-    let (ok, text) = crest(
-        &cluster,
-        &[
+    let (ok, text) = cluster
+        .crest(&[
             "reprioritize",
             &low_id,
             "--topic",
             "jobs",
             "--priority",
             "1",
-        ],
-    )
-    .await;
+        ])
+        .await;
     assert!(!ok && text.contains("leased"), "{text}");
     match admin.reprioritize("jobs", normal, 1, "").await {
         Err(crest::sdk::ClientError::NotWaiting(crest::sdk::NotWaiting::Leased)) => {}

@@ -754,13 +754,7 @@ async fn the_ca_and_every_certificate_rotated_under_load_on_sighup_lose_nothing_
 /// Runs `crest ARGS` against `cluster` (its topology and CA) with `env` added; returns
 /// (success, stdout + stderr).
 async fn crest_on(cluster: &Cluster, args: &[&str], env: &[(&str, &Path)]) -> (bool, String) {
-    let mut command = Command::new(CREST);
-    command
-        .args(args)
-        .env("CREST_TOPOLOGY", &cluster.topology_path)
-        .env("CREST_CA", cluster.dir.join("certs/ca.pem"))
-        .env_remove("CREST_TOKEN")
-        .env_remove("CREST_CREDENTIALS");
+    let mut command = cluster.crest_command(args);
     for (name, value) in env {
         command.env(name, value);
     }

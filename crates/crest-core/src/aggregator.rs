@@ -392,7 +392,7 @@ impl Aggregator {
             }
             if offers.is_idle() && window.is_none_or(|window| window.is_idle()) {
                 self.offers.remove(&topic);
-                self.children.windows.remove(&topic);
+                self.children.remove_window(&topic);
             }
         }
         // A forced flush leaves nothing waiting, so a deadline still set is in the future.

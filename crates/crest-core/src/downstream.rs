@@ -76,6 +76,8 @@ pub(crate) struct Downstream {
     children_by_name: HashMap<String, ConnId>,
     routes: HashMap<LeafId, ConnId>,
     pub(crate) windows: TopicMap<Window>,
+    /// The lanes with a window of each weighted topic, in tier order (`crate::lanes`).
+    lanes: HashMap<Arc<str>, Vec<(u32, Topic)>>,
     /// Leaves below this node whose state it does not know: no child has reported them since
     /// this node started, or since the session that led to them ended. With when that began
     /// (`None`: at the start), until `absent_child_wait_ms` after it.
@@ -98,6 +100,7 @@ impl Downstream {
             unknown: subtree.iter().map(|leaf| (*leaf, None)).collect(),
             routes: HashMap::default(),
             windows: Default::default(),
+            lanes: HashMap::default(),
             unheard: HashSet::default(),
             started: None,
         }
@@ -333,14 +336,30 @@ impl Downstream {
         conn: ConnId,
         offer: &crate::wire::Offer,
     ) -> Result<(), String> {
-        crate::validate::validate_topic(&self.settings, &offer.topic)?;
+        crate::lanes::check(&self.settings, &offer.topic)?;
         // Each leaf holds at most `topics_max` topics, so the subtree offers at most that many
-        // per leaf: more windows than that are a child's invention.
+        // per leaf: more windows than that are a child's invention. A weighted topic's lanes
+        // count as one topic; it has at most `TIERS_MAX` lanes, twice while its tiers change.
         let topics_max = self.settings.topics_max as usize * self.subtree.len().max(1);
-        if !self.windows.contains_key(offer.topic.as_str()) && self.windows.len() >= topics_max {
-            return Err(format!(
-                "offer on a new topic past {topics_max} topics (topics_max per leaf below)"
-            ));
+        if !self.windows.contains_key(offer.topic.as_str()) {
+            let lanes: usize = self.lanes.values().map(Vec::len).sum();
+            let bare = self.lanes.keys();
+            let bare = bare.filter(|topic| !self.windows.contains_key(&***topic));
+            let topics = self.windows.len() - lanes + bare.count();
+            let topic = crate::lanes::topic_of(&offer.topic);
+            let lanes_of = self.lanes_of(topic).len();
+            let new_topic = lanes_of == 0 && !self.windows.contains_key(topic);
+            if new_topic && topics >= topics_max {
+                return Err(format!(
+                    "offer on a new topic past {topics_max} topics (topics_max per leaf below)"
+                ));
+            }
+            if lanes_of >= 2 * crate::config::TIERS_MAX {
+                return Err(format!(
+                    "offer on a new lane of {topic} past {} lanes",
+                    2 * crate::config::TIERS_MAX
+                ));
+            }
         }
         if let Some(entry) = offer
             .adds
@@ -385,7 +404,36 @@ impl Downstream {
         }
         let topic: Topic = Arc::from(name);
         self.windows.insert(topic.clone(), Window::default());
+        if let Some(lane) = crate::lanes::parse(name)
+            && let Some(tier) = lane.tier
+        {
+            let lanes = self.lanes.entry(Arc::from(lane.topic)).or_default();
+            let at = lanes.partition_point(|(t, _)| *t <= tier);
+            lanes.insert(at, (tier, topic.clone()));
+        }
         topic
+    }
+
+    /// Drops the window of `name` (a topic's or a lane's).
+    pub(crate) fn remove_window(&mut self, name: &Topic) {
+        if self.windows.remove(name).is_none() {
+            return;
+        }
+        let topic = crate::lanes::topic_of(name);
+        if topic.len() != name.len()
+            && let Some(lanes) = self.lanes.get_mut(topic)
+        {
+            lanes.retain(|(_, lane)| lane != name);
+            if lanes.is_empty() {
+                self.lanes.remove(topic);
+            }
+        }
+    }
+
+    /// The lanes with a window of the weighted topic `topic`, in tier order (none: `topic` is
+    /// strict, or has nothing below).
+    pub(crate) fn lanes_of(&self, topic: &str) -> &[(u32, Topic)] {
+        self.lanes.get(topic).map_or(&[], Vec::as_slice)
     }
 
     /// Number of connected children.

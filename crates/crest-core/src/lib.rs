@@ -26,6 +26,7 @@ mod downstream;
 pub mod frame;
 pub mod id;
 pub mod key;
+mod lanes;
 pub mod leaf;
 pub mod machine;
 pub mod metrics;

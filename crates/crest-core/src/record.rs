@@ -153,7 +153,7 @@ pub enum LogRecord {
         /// The topic.
         topic: String,
         /// Its configuration.
-        config: crate::wire::TopicConfig,
+        config: Box<crate::wire::TopicConfig>,
     },
     /// A waiting message's priority changed (an admin's `Reprioritize`, or aging); checkpoints
     /// log each changed message's latest change after its `Index` (which has its priority of

@@ -26,11 +26,15 @@ const FOOTER: &str = "
 Per-topic overrides go in `[settings.topics.NAME]`: `lease_timeout_ms`, `max_attempts`,
 `dedup_window_ms`, `message_ttl_ms`, `dead_letter_topic`, and aging: `aging = { 3 = \"30m\",
 4 = \"1h\" }` (a message ready longer than its priority's threshold moves one priority up) with
-`aging_floor` (the most urgent priority aging promotes to, default 0); unset ones take the
-node's value. `crest topic set` sets the same at run time (`--aging 3=30m --aging-floor 1`).
+`aging_floor` (the most urgent priority aging promotes to, default 0), and scheduling:
+`scheduling = \"weighted\"` (default `\"strict\"`) with `weights = { 0 = 8, 1 = 4, 2 = 2, 3 = 1,
+4 = 0.5 }` (the default; each named priority starts a tier, see
+[concepts.md](concepts.md#scheduling-strict-or-weighted)); unset ones take the node's value.
+`crest topic set` sets the same at run time (`--aging 3=30m --aging-floor 1 --scheduling
+weighted --weight 0=8`).
 
 Memory above the leaves is bounded by `children × topics_max × credits_per_topic` window
-entries (about 40 bytes each) per node, and at the root also by `reserve_ahead_bytes_max` of
+entries (about 40 bytes each; a weighted topic's tiers each hold a topic's) per node, and at the root also by `reserve_ahead_bytes_max` of
 reserved-ahead payloads (at most `reserve_ahead_max` entries per topic).
 ";
 

@@ -18,7 +18,7 @@ impl Sim {
                 if let Some((topic, priorities)) = self.pushes.remove(&(conn, ack.request)) {
                     let truth = self.truth.entry(topic.clone()).or_default();
                     for (id, priority) in ack.ids.iter().zip(priorities) {
-                        truth.acked(*id, priority);
+                        truth.acked(*id, priority, self.now);
                     }
                     let count = ack.ids.len() as u64;
                     self.pushed += count;
@@ -58,12 +58,18 @@ impl Sim {
                 for delivery in &reply.deliveries {
                     self.unconfirmed.insert(delivery.id);
                     let truth = self.truth.entry(delivery.topic.clone()).or_default();
-                    if let Some((rank, inversion)) =
-                        truth.delivered(delivery.id, delivery.priority, self.now)
-                    {
-                        self.tally(&delivery.topic).delivered += 1;
+                    let priority = delivery
+                        .escalation
+                        .as_ref()
+                        .map_or(delivery.priority, |e| e.original_priority);
+                    if let Some(measured) = truth.delivered(delivery.id, priority, self.now) {
+                        let in_load = self.now <= self.load_end;
+                        let tally = self.tally(&delivery.topic);
+                        tally.delivered(priority, measured.wait_us, in_load);
+                        let rank = measured.rank_error;
                         self.rank_error.saturating_record(rank);
-                        self.inversion.saturating_record(inversion.max(1));
+                        self.inversion
+                            .saturating_record(measured.inversion_us.max(1));
                         self.current.delivered += 1;
                         self.current.rank_error_max = self.current.rank_error_max.max(rank);
                     }

@@ -31,7 +31,7 @@
 mod workload;
 
 pub use crest_core::metrics::Percentiles;
-pub use report::{Sample, SimReport, TopicReport};
+pub use report::{PriorityReport, Sample, SimReport, TopicReport};
 pub use run::run;
 pub use workload::{
     ConsumerSpec, DiskModel, FaultSpec, LimitSpec, LinkModel, PartitionSpec, PriorityMix,
@@ -266,6 +266,8 @@ struct Sim {
     truth: BTreeMap<String, Truth>,
     /// What each topic's producers and consumers saw.
     by_topic: BTreeMap<String, TopicTally>,
+    /// When producers stop (deliveries before it are the load's: shares of pops).
+    load_end: Time,
     // Measurements.
     pushed: u64,
     push_errors: u64,
@@ -304,14 +306,24 @@ mod tests {
     fn truth_counts_rank_error_and_inversion_time() {
         let mut truth = Truth::default();
         let id = |n| MessageId(n);
-        truth.acked(id(1), 0);
-        truth.acked(id(2), 5);
-        truth.acked(id(3), 1);
         let t = |ms| Time::from_millis(ms);
+        truth.acked(id(1), 0, t(1));
+        truth.acked(id(2), 5, t(2));
+        truth.acked(id(3), 1, t(3));
+        let measured = |rank_error, inversion_us, wait_us| {
+            Some(report::Measured {
+                rank_error,
+                inversion_us,
+                wait_us,
+            })
+        };
         // Delivering the priority-5 message passes over the two more urgent ones.
-        assert_eq!(truth.delivered(id(2), 5, t(10)), Some((2, 0)));
-        assert_eq!(truth.delivered(id(1), 0, t(15)), Some((0, 5_000)));
-        assert_eq!(truth.delivered(id(3), 1, t(30)), Some((0, 20_000)));
+        assert_eq!(truth.delivered(id(2), 5, t(10)), measured(2, 0, 8_000));
+        assert_eq!(truth.delivered(id(1), 0, t(15)), measured(0, 5_000, 14_000));
+        assert_eq!(
+            truth.delivered(id(3), 1, t(30)),
+            measured(0, 20_000, 27_000)
+        );
         assert_eq!(truth.delivered(id(3), 1, t(31)), None, "a duplicate");
         assert_eq!(truth.duplicates, 1);
         assert_eq!(truth.waiting_total(), 0);

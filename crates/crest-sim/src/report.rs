@@ -69,7 +69,8 @@ pub struct SimReport {
     pub push_ack_us: Percentiles,
     /// Most entries any one aggregator or root held in its windows.
     pub window_entries_max: u64,
-    /// The bound on that: credits × children of the widest node.
+    /// The bound on that: credits × children × windows of the widest node (a window per
+    /// strict topic, one per tier of a weighted one), and the root's reserve-ahead buffers.
     pub window_entries_bound: u64,
     /// Node crashes injected.
     pub crashes: u64,
@@ -104,6 +105,9 @@ pub struct SimReport {
     pub topics: BTreeMap<String, TopicReport>,
     /// Time series, one sample per `sample_ms`.
     pub series: Vec<Sample>,
+    /// The text shows each topic's priorities (the workload sets topic settings).
+    #[serde(skip)]
+    pub by_priority: bool,
 }
 
 /// What one topic's producers and consumers saw.
@@ -119,6 +123,19 @@ pub struct TopicReport {
     pub push_ack_us: Percentiles,
     /// Pop latency at its consumers (pops that delivered), µs.
     pub pop_latency_us: Percentiles,
+    /// Per priority (as pushed), what its messages saw.
+    pub priorities: BTreeMap<u32, PriorityReport>,
+}
+
+/// What the messages of one priority of a topic saw.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PriorityReport {
+    /// First deliveries.
+    pub delivered: u64,
+    /// First deliveries while producers ran (a share of pops under load).
+    pub delivered_in_load: u64,
+    /// Wait from the push's acknowledgement to the first delivery, µs.
+    pub wait_us: Percentiles,
 }
 
 /// A topic's counts and latencies as the run goes.
@@ -128,6 +145,8 @@ pub(super) struct TopicTally {
     pub(super) delivered: u64,
     pub(super) push_ack: Histogram<u64>,
     pub(super) pop_latency: Histogram<u64>,
+    /// Per priority: (deliveries, deliveries in the load, waits).
+    pub(super) priorities: BTreeMap<u32, (u64, u64, Histogram<u64>)>,
 }
 
 impl TopicTally {
@@ -138,7 +157,20 @@ impl TopicTally {
             delivered: 0,
             push_ack: histogram(),
             pop_latency: histogram(),
+            priorities: BTreeMap::new(),
         }
+    }
+
+    /// A first delivery of a message of `priority` that waited `wait_us`.
+    pub(super) fn delivered(&mut self, priority: u32, wait_us: u64, in_load: bool) {
+        self.delivered += 1;
+        let (all, load, waits) = self
+            .priorities
+            .entry(priority)
+            .or_insert_with(|| (0, 0, histogram()));
+        *all += 1;
+        *load += u64::from(in_load);
+        waits.saturating_record(wait_us.max(1));
     }
 
     pub(super) fn report(&self) -> TopicReport {
@@ -148,6 +180,18 @@ impl TopicTally {
             delivered: self.delivered,
             push_ack_us: Percentiles::of(&self.push_ack),
             pop_latency_us: Percentiles::of(&self.pop_latency),
+            priorities: self
+                .priorities
+                .iter()
+                .map(|(priority, (delivered, in_load, waits))| {
+                    let report = PriorityReport {
+                        delivered: *delivered,
+                        delivered_in_load: *in_load,
+                        wait_us: Percentiles::of(waits),
+                    };
+                    (*priority, report)
+                })
+                .collect(),
         }
     }
 }
@@ -289,6 +333,36 @@ impl SimReport {
                 );
             }
         }
+        if self.by_priority {
+            let _ = writeln!(
+                out,
+                "  {:<20} {:>8} {:>9} {:>13} {:>13} {:>13} {:>13}",
+                "topic priority",
+                "share",
+                "delivered",
+                "wait p50 us",
+                "wait p99 us",
+                "wait max us",
+                "in load"
+            );
+            for (topic, t) in &self.topics {
+                let in_load: u64 = t.priorities.values().map(|p| p.delivered_in_load).sum();
+                for (priority, p) in &t.priorities {
+                    let share = 100.0 * p.delivered_in_load as f64 / in_load.max(1) as f64;
+                    let _ = writeln!(
+                        out,
+                        "  {:<20} {:>7.2}% {:>9} {:>13} {:>13} {:>13} {:>13}",
+                        format!("{topic} {priority}"),
+                        share,
+                        p.delivered,
+                        p.wait_us.p50,
+                        p.wait_us.p99,
+                        p.wait_us.max,
+                        p.delivered_in_load
+                    );
+                }
+            }
+        }
         out
     }
 }
@@ -308,28 +382,42 @@ pub(super) struct Truth {
     pub(super) duplicate_ids: Vec<MessageId>,
 }
 
+/// A first delivery, measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Measured {
+    /// Messages more urgent than it that were waiting.
+    pub(super) rank_error: u64,
+    /// Since the first delivery of a less urgent message passed it over, µs.
+    pub(super) inversion_us: u64,
+    /// Since its push was acknowledged, µs.
+    pub(super) wait_us: u64,
+}
+
 #[derive(Default)]
 pub(super) struct Level {
     pub(super) marks: Vec<Option<Time>>,
+    /// When each message was acknowledged.
+    pub(super) acked: Vec<Time>,
     /// Messages before this index are marked (or gone).
     pub(super) unmarked_from: usize,
 }
 
 impl Truth {
-    pub(super) fn acked(&mut self, id: MessageId, priority: u32) {
+    pub(super) fn acked(&mut self, id: MessageId, priority: u32, now: Time) {
         *self.waiting.entry(priority).or_default() += 1;
         let level = self.levels.entry(priority).or_default();
         level.marks.push(None);
+        level.acked.push(now);
         self.index.insert(id, (priority, level.marks.len() - 1));
     }
 
-    /// A delivery at `now`: (rank error, inversion time) if it is a first delivery.
+    /// A delivery at `now`, measured if it is a first delivery.
     pub(super) fn delivered(
         &mut self,
         id: MessageId,
         priority: u32,
         now: Time,
-    ) -> Option<(u64, u64)> {
+    ) -> Option<Measured> {
         if self.delivered.insert(id, ()).is_some() {
             self.duplicates += 1;
             self.duplicate_ids.push(id);
@@ -343,19 +431,24 @@ impl Truth {
             }
             level.unmarked_from = level.marks.len();
         }
-        let inversion = match self.index.remove(&id) {
+        let since = |at: Time| now.saturating_since(at).as_micros() as u64;
+        let (inversion_us, wait_us) = match self.index.remove(&id) {
             Some((level, at)) => {
                 if let Some(count) = self.waiting.get_mut(&level) {
                     *count = count.saturating_sub(1);
                 }
-                self.levels[&level].marks[at]
-                    .map_or(0, |mark| now.saturating_since(mark).as_micros() as u64)
+                let level = &self.levels[&level];
+                (level.marks[at].map_or(0, since), since(level.acked[at]))
             }
             // Delivered before the sim saw its acknowledgement leave the leaf: impossible in
-            // order, counted as no inversion.
-            None => 0,
+            // order, counted as no inversion and no wait.
+            None => (0, 0),
         };
-        Some((rank_error, inversion))
+        Some(Measured {
+            rank_error,
+            inversion_us,
+            wait_us,
+        })
     }
 
     pub(super) fn waiting_total(&self) -> u64 {

@@ -62,11 +62,12 @@ pub fn run(topology: &Topology, workload: &Workload, seed: u64) -> Result<SimRep
     }
     let plan = Plan::new(Time::from_millis(1_000_000), workload);
     let mut sim = Sim::new(topology, workload, seed, plan.start);
-    let (index, bound) = sim.add_nodes(topology, seed, workload.replication);
+    sim.load_end = plan.end;
+    let (index, bound) = sim.add_nodes(topology, seed, workload);
     sim.add_clients(topology, workload, &index, plan.begin)?;
     sim.schedule_faults(workload, &index, seed, plan.begin)?;
     sim.schedule(plan.start + Duration::from_secs(1), Event::Report);
-    if !workload.limits.is_empty() {
+    if !workload.limits.is_empty() || !workload.topics.is_empty() {
         // Halfway through the warm-up: the clients' connections are open, and the leaves
         // have their allowances before the load starts.
         let at = plan.start + Duration::from_millis(workload.warmup_ms / 2);
@@ -138,6 +139,7 @@ impl Sim {
             pushes: HashMap::new(),
             truth: BTreeMap::new(),
             by_topic: BTreeMap::new(),
+            load_end: Time::MAX,
             pushed: 0,
             push_errors: 0,
             rank_error: histogram(),
@@ -159,10 +161,25 @@ impl Sim {
         &mut self,
         topology: &Topology,
         seed: u64,
-        replication: ReplicationModel,
+        workload: &Workload,
     ) -> (HashMap<String, usize>, u64) {
+        let replication = workload.replication;
         let mut index = HashMap::new();
         let mut bound = 0u64;
+        // Each topic's windows: one of a strict topic, one per tier of a weighted one (its
+        // lanes); a strict topic's reserve-ahead buffer at the root.
+        let topics: std::collections::BTreeSet<&str> = workload
+            .producers
+            .iter()
+            .map(|p| p.topic.as_deref().unwrap_or(&workload.topic))
+            .collect();
+        let (mut lanes, mut strict) = (0u64, 0u64);
+        for topic in topics {
+            match workload.topics.get(topic).and_then(|t| t.weighted()) {
+                Some(weights) => lanes += weights.milli.len() as u64,
+                None => (lanes, strict) = (lanes + 1, strict + 1),
+            }
+        }
         for (i, spec) in topology.nodes.iter().enumerate() {
             index.insert(spec.name.clone(), i);
             let subtree = topology.subtree_leaves(&spec.name);
@@ -209,12 +226,12 @@ impl Sim {
                     .iter()
                     .filter(|n| n.parent.as_deref() == Some(&spec.name))
                     .count() as u64;
-                // The root also holds its reserve-ahead buffer (one topic here).
                 let ahead = match spec.role {
-                    Role::Root => u64::from(settings.reserve_ahead_max),
+                    Role::Root => u64::from(settings.reserve_ahead_max) * strict,
                     _ => 0,
                 };
-                bound = bound.max(u64::from(settings.credits_per_topic) * children + ahead);
+                let windows = u64::from(settings.credits_per_topic) * children * lanes;
+                bound = bound.max(windows + ahead);
             }
             self.nodes.push(machine);
             self.roles.push(spec.role);
@@ -495,13 +512,25 @@ impl Sim {
             }
             Event::Configure => {
                 let end = self.consumers[0].end;
-                for limit in &workload.limits {
-                    let op = crest_core::wire::AdminOp::Configure {
-                        topic: limit.scope.clone(),
-                        config: Box::new(crest_core::wire::TopicConfig {
-                            limits: limit.limits(),
+                // One configuration per scope: its topic settings and its limits.
+                let mut configs: BTreeMap<String, crest_core::wire::TopicConfig> = workload
+                    .topics
+                    .iter()
+                    .map(|(topic, settings)| {
+                        let config = crest_core::wire::TopicConfig {
+                            settings: settings.clone(),
                             ..crest_core::wire::TopicConfig::default()
-                        }),
+                        };
+                        (topic.clone(), config)
+                    })
+                    .collect();
+                for limit in &workload.limits {
+                    configs.entry(limit.scope.clone()).or_default().limits = limit.limits();
+                }
+                for (topic, config) in configs {
+                    let op = crest_core::wire::AdminOp::Configure {
+                        topic,
+                        config: Box::new(config),
                     };
                     let request = self.request();
                     let admin = crest_core::wire::Admin { request, op };
@@ -577,6 +606,7 @@ impl Sim {
                 .map(|(topic, tally)| (topic.clone(), tally.report()))
                 .collect(),
             series: self.series,
+            by_priority: !workload.topics.is_empty(),
         }
     }
 }

@@ -48,6 +48,10 @@
 //! rate = 0                    # pops per second; 0 pops again as soon as answered
 //! # topic = "orders/eu"       # a producer's or consumer's own topic (default `topic`)
 //!
+//! [topics.jobs]               # optional: a topic's settings, set during the warm-up as
+//! scheduling = "weighted"     #   `crest topic set` does (any field of a topology's
+//! weights = { 0 = 8, 4 = 0.5 } #  `[settings.topics.NAME]`)
+//!
 //! [[limits]]                  # optional: quotas and rates set during the warm-up
 //! scope = "noisy/"            # a namespace (`NS/`) or a topic
 //! push_rate = 1000            # also messages_max, bytes_max, message_bytes_max,
@@ -410,6 +414,9 @@ pub struct Workload {
     /// Quotas and rates set during the warm-up.
     #[serde(default)]
     pub limits: Vec<LimitSpec>,
+    /// Topic settings set during the warm-up (`[topics.NAME]`), as `crest topic set` does.
+    #[serde(default)]
+    pub topics: std::collections::BTreeMap<String, crest_core::config::TopicSettings>,
 }
 
 /// A scripted fault: a node crashes (its connections drop; a leaf loses what its disk had not
@@ -458,6 +465,13 @@ impl Workload {
         }
         if self.duration_ms > 3_600_000 {
             return Err("duration_ms is at most one hour of virtual time".into());
+        }
+        let settings = crest_core::config::Settings::default();
+        for (topic, overrides) in &self.topics {
+            settings
+                .check_topic(topic)
+                .and_then(|()| overrides.check(&settings, topic))
+                .map_err(|e| format!("[topics.{topic}]: {e}"))?;
         }
         for (i, p) in self.producers.iter().enumerate() {
             if !(p.rate > 0.0 && p.rate <= 10_000_000.0) || p.batch_max == 0 {

@@ -488,6 +488,51 @@ impl Cluster {
         (code, body.to_string())
     }
 
+    /// `crest ARGS` against this cluster: its topology and CA, no client credentials from
+    /// the test's environment.
+    pub(crate) fn crest_command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(CREST);
+        command
+            .args(args)
+            .env("CREST_TOPOLOGY", &self.topology_path)
+            .env("CREST_CA", self.dir.join("certs/ca.pem"))
+            .env_remove("CREST_TOKEN")
+            .env_remove("CREST_CREDENTIALS");
+        command
+    }
+
+    /// Runs `crest ARGS` against this cluster; returns (success, stdout + stderr).
+    pub(crate) async fn crest(&self, args: &[&str]) -> (bool, String) {
+        let mut command = self.crest_command(args);
+        let output = tokio::task::spawn_blocking(move || command.output())
+            .await
+            .unwrap()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), text)
+    }
+
+    /// Runs `crest ARGS` until it succeeds saying `want`, for up to 20 s (e.g. a `crest topic
+    /// set` until every leaf keeps it: they connect a moment after they start).
+    pub(crate) async fn crest_until(&self, args: &[&str], want: &str) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let (ok, text) = self.crest(args).await;
+            if ok && text.contains(want) {
+                return text;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "crest {args:?}: {text}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub(crate) async fn consumer(&self) -> Consumer {
         retry(|| Consumer::connect(ConsumerConfig::from_topology(&self.topology, self.tls()))).await
     }

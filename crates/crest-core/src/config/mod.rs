@@ -10,7 +10,10 @@ use std::time::Duration;
 
 mod topic;
 
-pub use topic::{AGING_PRIORITIES_MAX, Aging, TopicPolicy, TopicSettings};
+pub use topic::{
+    AGING_PRIORITIES_MAX, Aging, Scheduling, TIERS_MAX, TopicPolicy, TopicSettings, WEIGHT_MAX,
+    Weights,
+};
 
 /// Largest payload of one message, in bytes (256 KiB).
 pub const PAYLOAD_BYTES_MAX_DEFAULT: u32 = 256 * 1024;

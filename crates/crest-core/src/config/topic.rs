@@ -60,6 +60,91 @@ impl<'de> Deserialize<'de> for Aging {
     }
 }
 
+/// Most tiers one topic's `weights` names.
+pub const TIERS_MAX: usize = 64;
+
+/// The largest weight of a tier (a weight is kept in thousandths: 0.001 is the smallest).
+pub const WEIGHT_MAX: f64 = 1_000_000.0;
+
+/// How pops share a topic among its priorities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scheduling {
+    /// The most urgent ready message first, always: a lower priority waits while a higher one
+    /// has anything ready.
+    #[default]
+    Strict,
+    /// Tiers share pops by their weights (see [`Weights`]); within a tier, the key order.
+    Weighted,
+}
+
+/// The tiers of a `weighted` topic and their shares of pops: each named priority starts a
+/// tier that holds it and every priority after it up to the next named one (priorities before
+/// the first named one join the first tier). A tier with ready messages gets pops in
+/// proportion to its weight among the tiers with ready messages. Written as a table of
+/// priority = weight: `weights = { 0 = 8, 1 = 4, 2 = 2, 3 = 1, 4 = 0.5 }` (the default).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Weights {
+    /// Weight per tier's first priority, in thousandths.
+    pub milli: BTreeMap<u32, u32>,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights {
+            milli: [(0, 8000), (1, 4000), (2, 2000), (3, 1000), (4, 500)].into(),
+        }
+    }
+}
+
+impl Weights {
+    /// The first priority of the tier that holds `priority`.
+    pub fn tier_of(&self, priority: u32) -> u32 {
+        self.milli
+            .range(..=priority)
+            .next_back()
+            .or_else(|| self.milli.iter().next())
+            .map_or(0, |(tier, _)| *tier)
+    }
+
+    /// A tier's weight, in thousandths (0: not a tier).
+    pub fn weight_of(&self, tier: u32) -> u32 {
+        self.milli.get(&tier).copied().unwrap_or(0)
+    }
+}
+
+impl Serialize for Weights {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(
+            self.milli
+                .iter()
+                .map(|(tier, milli)| (tier.to_string(), f64::from(*milli) / 1000.0)),
+        )
+    }
+}
+
+impl<'de> Deserialize<'de> for Weights {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Weights, D::Error> {
+        use serde::de::Error;
+        let table = BTreeMap::<String, f64>::deserialize(deserializer)?;
+        let mut milli = BTreeMap::new();
+        for (tier, weight) in table {
+            let tier: u32 = tier.trim().parse().map_err(|_| {
+                D::Error::custom(format!(
+                    "weights: {tier:?} is not a priority (0..=4294967295)"
+                ))
+            })?;
+            if !(0.001..=WEIGHT_MAX).contains(&weight) {
+                return Err(D::Error::custom(format!(
+                    "weights: {weight} for priority {tier} is outside 0.001..={WEIGHT_MAX}"
+                )));
+            }
+            milli.insert(tier, (weight * 1000.0).round() as u32);
+        }
+        Ok(Weights { milli })
+    }
+}
+
 /// Per-topic overrides of [`Settings`]; unset fields take the node's value.
 ///
 /// In a topology file: `[settings.topics.orders]` then e.g. `max_attempts = 3`.
@@ -83,6 +168,10 @@ pub struct TopicSettings {
     pub aging: Option<Aging>,
     /// The most urgent priority aging promotes a message to (default 0).
     pub aging_floor: Option<u32>,
+    /// How pops share the topic among priorities (default `strict`).
+    pub scheduling: Option<Scheduling>,
+    /// The tiers of a `weighted` topic and their weights (default [`Weights::default`]).
+    pub weights: Option<Weights>,
 }
 
 impl TopicSettings {
@@ -99,7 +188,15 @@ impl TopicSettings {
                 .or_else(|| base.dead_letter_topic.clone()),
             aging: self.aging.clone().or_else(|| base.aging.clone()),
             aging_floor: self.aging_floor.or(base.aging_floor),
+            scheduling: self.scheduling.or(base.scheduling),
+            weights: self.weights.clone().or_else(|| base.weights.clone()),
         }
+    }
+
+    /// The tiers pops share the topic by, for a `weighted` topic (`None`: strict).
+    pub fn weighted(&self) -> Option<Weights> {
+        (self.scheduling == Some(Scheduling::Weighted))
+            .then(|| self.weights.clone().unwrap_or_default())
     }
 
     /// Checks these overrides of `topic` against the node's `settings`.
@@ -151,6 +248,23 @@ impl TopicSettings {
                         settings.delay_max_ms
                     ));
                 }
+            }
+        }
+        if let Some(weights) = &self.weights {
+            if weights.milli.is_empty() || weights.milli.len() > TIERS_MAX {
+                return Err(format!(
+                    "{topic}: weights names {} tiers, not 1..={TIERS_MAX}",
+                    weights.milli.len()
+                ));
+            }
+            if let Some((tier, _)) = weights
+                .milli
+                .iter()
+                .find(|(_, milli)| **milli == 0 || f64::from(**milli) > WEIGHT_MAX * 1000.0)
+            {
+                return Err(format!(
+                    "{topic}: the weight of tier {tier} is outside 0.001..={WEIGHT_MAX}"
+                ));
             }
         }
         Ok(())

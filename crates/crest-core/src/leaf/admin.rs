@@ -84,7 +84,7 @@ impl Leaf {
             AdminOp::Configure { topic, config } => {
                 let kept = self.configure(topic, config, &mut records);
                 self.sync_allowances(now);
-                self.refresh_aging(Some(now));
+                self.refresh_topic_settings(Some(now));
                 AdminResult::Count(kept)
             }
             AdminOp::Configs {
@@ -249,7 +249,7 @@ impl Leaf {
         self.configs.insert(topic.to_string(), config.clone());
         records.push(LogRecord::Configure {
             topic: topic.to_string(),
-            config: config.clone(),
+            config: Box::new(config.clone()),
         });
         1
     }

@@ -135,7 +135,7 @@ impl Leaf {
         for (topic, config) in &self.configs {
             records.push(LogRecord::Configure {
                 topic: topic.clone(),
-                config: config.clone(),
+                config: Box::new(config.clone()),
             });
         }
         for ((until, id), (topic, key)) in &self.dedup.by_expiry {

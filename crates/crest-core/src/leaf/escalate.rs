@@ -20,11 +20,14 @@ use crate::machine::SyncWait;
 use crate::wire::{AdminOp, Escalation, NotWaiting};
 
 impl Leaf {
-    /// Rebuilds the table of aging topics from the topology's topic settings and those set
-    /// at run time (which win), and schedules a check at `now` if one is not due.
-    pub(super) fn refresh_aging(&mut self, now: Option<Time>) {
+    /// Rebuilds the tables of aging and of weighted topics from the topology's topic settings
+    /// and those set at run time (which win), moves the available messages of topics whose
+    /// tiers changed into their new lanes, and schedules an aging check at `now` if one is not
+    /// due.
+    pub(super) fn refresh_topic_settings(&mut self, now: Option<Time>) {
         let s = &self.config.settings;
         let mut aging = BTreeMap::new();
+        let mut weighted = std::collections::HashMap::new();
         let names = s.topics.keys().chain(self.configs.keys());
         for name in names {
             let runtime = self.runtime(name);
@@ -34,11 +37,22 @@ impl Leaf {
                 (Some(one), None) | (None, Some(one)) => one.clone(),
                 (None, None) => continue,
             };
+            if let Some(weights) = merged.weighted() {
+                weighted.insert(name.clone(), weights);
+            }
             if let Some(thresholds) = merged.aging.filter(|a| !a.thresholds.is_empty()) {
                 aging.insert(name.clone(), (thresholds, merged.aging_floor.unwrap_or(0)));
             }
         }
         self.aging = aging;
+        for (name, topic) in &mut self.topics {
+            let weights = weighted.get(&**name);
+            if topic.offers.weights() != weights {
+                topic.offers.set_weights(weights.cloned());
+                self.dirty.insert(name.clone());
+            }
+        }
+        self.weighted = weighted;
         if let Some(now) = now {
             self.schedule_aging(now);
         }

@@ -22,7 +22,7 @@ impl Leaf {
         let mut missing = Vec::new();
         let topic = self
             .topics
-            .get_key_value(reserve.topic.as_str())
+            .get_key_value(crate::lanes::topic_of(&reserve.topic))
             .map(|(topic, _)| topic.clone());
         for item in reserve.items {
             let id = item.key.id;

@@ -91,19 +91,25 @@ impl Leaf {
                 continue;
             };
             if let Some(parent) = session {
-                topic
-                    .offers
-                    .rebalance(credits, self.config.settings.offer_swap, now);
-                let frontier = topic.offers.best_unoffered();
-                if !self.flush_policy.due(&topic.offers, frontier, force) {
+                let mut linger = false;
+                for (lane, offers) in topic.offers.lanes_mut(&topic_name) {
+                    offers.rebalance(credits, self.config.settings.offer_swap, now);
+                    let frontier = offers.best_unoffered();
+                    if !self.flush_policy.due(offers, frontier, force) {
+                        linger = true;
+                        continue;
+                    }
+                    if let Some(offer) = offers.poll(&lane, frontier) {
+                        self.outbox.push(Transmit {
+                            conn: parent,
+                            msg: Wire::Offer(offer),
+                        });
+                    }
+                }
+                topic.offers.drop_idle_retired();
+                if linger {
                     lingering.insert(topic_name);
                     continue;
-                }
-                if let Some(offer) = topic.offers.poll(&topic_name, frontier) {
-                    self.outbox.push(Transmit {
-                        conn: parent,
-                        msg: Wire::Offer(offer),
-                    });
                 }
             }
             if topic.messages == 0
@@ -382,8 +388,8 @@ impl Machine for Leaf {
 
     fn report(&mut self, now: Time) -> Report {
         let c = self.counters;
-        let swaps = self.topics.values().map(|t| t.offers.swaps).sum();
-        let credit_stalls = self.topics.values().map(|t| t.offers.credit_stalls).sum();
+        let swaps = self.topics.values().map(|t| t.offers.swaps()).sum();
+        let credit_stalls = self.topics.values().map(|t| t.offers.credit_stalls()).sum();
         let dead: u64 = self.topics.values().map(|t| t.dead.len() as u64).sum();
         let available: u64 = self.topics.values().map(|t| t.offers.len() as u64).sum();
         let counters = [

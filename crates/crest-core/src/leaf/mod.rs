@@ -7,7 +7,7 @@
 //! Every message the leaf holds is in exactly one state:
 //! - **pending**: in a push batch waiting for storage; not yet acknowledged nor offered;
 //! - **delayed**: durable, waiting for its `ready_at` (deliver-after, or a nack's delay);
-//! - **available**: a candidate of its topic's [`OfferSet`] (offered to the parent or not);
+//! - **available**: a candidate of its topic's [`Lanes`] (offered to the parent or not);
 //! - **leased**: reserved by the root under a lease (token, deadline, attempt number);
 //! - **dead**: in its topic's dead-letter queue, with the reason of its last failure.
 //!
@@ -59,9 +59,10 @@ use crate::config::{Settings, TopicPolicy};
 use crate::downstream::{Downstream, Topic, TopicMap, TopicSet};
 use crate::id::{AscendingIdMap, IdMap, LeafId, LiveIds, MESSAGE_SEQ_MAX, MessageId};
 use crate::key::Key;
+use crate::lanes::Lanes;
 use crate::machine::{ConnId, Outbox, StorageOp};
 use crate::metrics::Reporter;
-use crate::offer::{Candidate, FlushPolicy, OfferSet, Offerable};
+use crate::offer::{Candidate, FlushPolicy, Offerable};
 use crate::record::{Location, LogRecord, MessageBody};
 use crate::sorted::SortedMap;
 use crate::time::Time;
@@ -255,8 +256,8 @@ struct Compaction {
 
 #[derive(Debug, Default)]
 struct LeafTopic {
-    /// Available messages.
-    offers: OfferSet<Slot>,
+    /// Available messages, in the topic's lanes.
+    offers: Lanes<Slot>,
     /// Messages of this topic in any state but pending.
     messages: u64,
     /// Their payload bytes.
@@ -499,6 +500,8 @@ pub struct Leaf {
     aging: BTreeMap<String, (crate::config::Aging, u32)>,
     /// When the next aging check is due (`None`: no topic ages).
     aging_due: Option<Time>,
+    /// The tiers of each `weighted` topic (`crate::lanes`).
+    weighted: HashMap<String, crate::config::Weights>,
 }
 
 /// Live leases (`leaf/leases.rs`).
@@ -687,6 +690,7 @@ impl Leaf {
             metadata: IdMap::default(),
             aging: BTreeMap::new(),
             aging_due: None,
+            weighted: HashMap::new(),
             upstream,
             clients,
             live: LiveIds::default(),
@@ -718,7 +722,7 @@ impl Leaf {
             recovery: None,
             config,
         };
-        leaf.refresh_aging(None);
+        leaf.refresh_topic_settings(None);
         leaf
     }
 
@@ -790,7 +794,11 @@ impl Leaf {
             return topic.clone();
         }
         let topic: Topic = Arc::from(name);
-        self.topics.insert(topic.clone(), LeafTopic::default());
+        let leaf_topic = LeafTopic {
+            offers: Lanes::new(self.weighted.get(name).cloned()),
+            ..LeafTopic::default()
+        };
+        self.topics.insert(topic.clone(), leaf_topic);
         topic
     }
 }

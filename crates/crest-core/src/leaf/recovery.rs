@@ -3,7 +3,7 @@
 use super::*;
 use crate::id::{MESSAGE_SEQ_MAX, MessageId};
 use crate::key::Key;
-use crate::offer::OfferSet;
+use crate::lanes::Lanes;
 use crate::record::{Location, LogRecord, MessageBody, MessageHead};
 use crate::sorted::SortedMap;
 use crate::time::Time;
@@ -179,7 +179,7 @@ impl Leaf {
             for chunk in available.chunk_by(|a, b| a.0.priority == b.0.priority) {
                 topic.ready.insert(chunk[0].0.priority, chunk.len() as u64);
             }
-            topic.offers = OfferSet::from_sorted(available);
+            topic.offers = Lanes::from_sorted(available);
             let mut ages = gather.ages;
             ages.sort_unstable_by_key(|(id, _)| *id);
             for (id, at) in ages {
@@ -211,7 +211,7 @@ impl Leaf {
         leaf.dirty.clear();
         leaf.dirty.extend(leaf.topics.keys().cloned());
         leaf.sync_allowances(now);
-        leaf.refresh_aging(Some(now));
+        leaf.refresh_topic_settings(Some(now));
         leaf
     }
 
@@ -398,7 +398,7 @@ impl Leaf {
                     .get(&topic)
                     .is_none_or(|old| old.version < config.version);
                 if newer {
-                    self.configs.insert(topic, config);
+                    self.configs.insert(topic, *config);
                 }
             }
             LogRecord::Dedup {

@@ -350,11 +350,43 @@ struct PendingAck {
     principal: Option<Arc<str>>,
 }
 
+/// Stride scheduling over the lanes of a weighted topic (see [`crate::lanes`]): serving an
+/// entry of a lane moves the lane's pass on by 1 / its weight, and pops take from the lane of
+/// the lowest pass among those whose best entry they may have. A lane that had nothing joins
+/// at the pass of the lane served last, so it is not owed its idle time: an empty tier's share
+/// goes to the others, and a tier that comes back takes its share from then on.
+#[derive(Debug, Default)]
+struct Stride {
+    passes: HashMap<Topic, f64>,
+    /// The pass of the lane served last.
+    virtual_time: f64,
+}
+
+impl Stride {
+    fn pass(&self, lane: &Topic) -> f64 {
+        self.passes
+            .get(lane)
+            .copied()
+            .unwrap_or(0.0)
+            .max(self.virtual_time)
+    }
+
+    fn served(&mut self, lane: &Topic) {
+        let weight = crate::lanes::parse(lane).map_or(1000, |lane| lane.weight_milli.max(1));
+        let start = self.pass(lane);
+        self.virtual_time = start;
+        self.passes
+            .insert(lane.clone(), start + 1000.0 / f64::from(weight));
+    }
+}
+
 /// See the module doc.
 pub struct Root {
     settings: Settings,
     children: Downstream,
     pops: Pops,
+    /// Per weighted topic, its lanes' stride scheduling.
+    strides: HashMap<Topic, Stride>,
     reservations: Reservations,
     requests: Requests,
     dirty: TopicSet,
@@ -458,6 +490,7 @@ impl Root {
                 checked_at: Time::ZERO,
             },
             dirty: Default::default(),
+            strides: HashMap::default(),
             outbox: Outbox::default(),
             violations: 0,
             name,

@@ -143,9 +143,10 @@ impl Root {
         self.dirty.insert(topic);
     }
 
-    /// Hands entries to the waiting pops of `topic` in key order — from the window (a reserve
-    /// to the leaf) or from the reserve-ahead buffer (granted already) —, answers finished
-    /// pops, then tops the buffer up.
+    /// Hands entries to the waiting pops of `topic` — in key order for a strict topic; for a
+    /// weighted one, lane by lane as stride scheduling over its tiers picks them, each lane in
+    /// key order — from the window (a reserve to the leaf) or from the reserve-ahead buffer
+    /// (granted already), answers finished pops, then tops the buffer up.
     pub(super) fn serve(&mut self, now: Time, topic: &Topic) {
         let queue: Vec<u64> = self
             .pops
@@ -159,43 +160,73 @@ impl Root {
         // Leaves below not yet known (a restart, a child's session that ended): nothing is
         // certain, and pops wait for them (bounded by `absent_child_wait_ms`).
         let awaiting = self.children.awaiting(now);
+        let weighted = !self.children.lanes_of(topic).is_empty();
+        let lanes: Vec<Topic> = if weighted {
+            let lanes = self.children.lanes_of(topic).iter();
+            lanes.map(|(_, lane)| lane.clone()).collect()
+        } else {
+            vec![topic.clone()]
+        };
+        let mut stride = weighted.then(|| {
+            let mut stride = self.strides.remove(topic).unwrap_or_default();
+            stride.passes.retain(|lane, _| lanes.contains(lane));
+            stride
+        });
         for &pop_id in &queue {
             let pop = self.pops.by_id.get_mut(&pop_id).expect("queued pops exist");
-            let mut window = self.children.windows.get_mut(topic);
-            let mut buffer = self.ahead.buffers.get_mut(topic);
-            // Entries taken from the window for this pop, grouped by the child and leaf they
-            // go to; buffered deliveries whose lease must be extended to the pop's, by leaf.
-            let mut groups: BTreeMap<(ConnId, LeafId), Vec<ReserveItem>> = BTreeMap::new();
+            // Entries taken from the windows for this pop, grouped by the lane, child and leaf
+            // they go to; buffered deliveries whose lease must be extended to the pop's, by leaf.
+            let mut groups: BTreeMap<(usize, ConnId, LeafId), Vec<ReserveItem>> = BTreeMap::new();
             let mut extends: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
             while !pop.granted && pop.deliveries.len() + pop.outstanding < pop.max {
-                let in_window = window.as_ref().and_then(|window| window.first());
-                let in_buffer = buffer.as_ref().and_then(|buffer| buffer.first());
-                let awaited = buffer.as_ref().and_then(|buffer| buffer.first_awaited());
-                // The most urgent of the window, the buffer and the grants on their way.
-                let mut next = in_window.map(|(key, _)| (key, Source::Window));
-                for candidate in [
-                    in_buffer.map(|key| (key, Source::Buffer)),
-                    awaited.map(|(key, reservation)| (key, Source::Awaited(reservation))),
-                ]
-                .into_iter()
-                .flatten()
-                {
-                    if next.is_none_or(|(best, _)| candidate.0 < best) {
-                        next = Some(candidate);
+                // Per lane, the most urgent of the window, the buffer and the grants on their
+                // way, if the pop may have it now; of those lanes, the stride's pick.
+                let mut pick: Option<(usize, Key, Source)> = None;
+                for (at, lane) in lanes.iter().enumerate() {
+                    let window = self.children.windows.get(lane);
+                    let buffer = self.ahead.buffers.get(lane);
+                    let in_window = window.and_then(|window| window.first());
+                    let in_buffer = buffer.and_then(|buffer| buffer.first());
+                    let awaited = buffer.and_then(|buffer| buffer.first_awaited());
+                    let mut next = in_window.map(|(key, _)| (key, Source::Window));
+                    for candidate in [
+                        in_buffer.map(|key| (key, Source::Buffer)),
+                        awaited.map(|(key, reservation)| (key, Source::Awaited(reservation))),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    {
+                        if next.is_none_or(|(best, _)| candidate.0 < best) {
+                            next = Some(candidate);
+                        }
+                    }
+                    let Some((key, source)) = next else {
+                        continue;
+                    };
+                    if key.priority > pop.max_priority {
+                        continue;
+                    }
+                    let certain = !awaiting && window.is_none_or(|window| window.is_certain(&key));
+                    if !certain && (awaiting || now < pop.order_deadline) {
+                        continue;
+                    }
+                    let better = match (&stride, pick) {
+                        (_, None) => true,
+                        (Some(stride), Some((best, _, _))) => {
+                            stride.pass(&lanes[at]) < stride.pass(&lanes[best])
+                        }
+                        (None, Some(_)) => false,
+                    };
+                    if better {
+                        pick = Some((at, key, source));
                     }
                 }
-                let Some((key, source)) = next else {
+                let Some((at, key, source)) = pick else {
                     break;
                 };
-                if key.priority > pop.max_priority {
-                    break;
-                }
-                let certain =
-                    !awaiting && window.as_ref().is_none_or(|window| window.is_certain(&key));
-                if !certain && (awaiting || now < pop.order_deadline) {
-                    break;
-                }
+                let lane = &lanes[at];
                 let taken = pop.deliveries.len() + pop.outstanding;
+                let mut buffer = self.ahead.buffers.get_mut(lane);
                 if let Source::Awaited(reservation) = source {
                     // Its grant is on its way: the pop claims the reservation and waits for it
                     // like one of its own reserves (never passing over it).
@@ -213,6 +244,9 @@ impl Root {
                     buffer.outstanding.remove(&key);
                     pop.bytes += cost;
                     pop.outstanding += 1;
+                    if let Some(stride) = stride.as_mut() {
+                        stride.served(lane);
+                    }
                     continue;
                 }
                 let from_buffer = source == Source::Buffer;
@@ -227,7 +261,7 @@ impl Root {
                     self.ahead.bytes -= size;
                     let expiry = held.reserved_at
                         + Duration::from_millis(self.settings.reserve_ahead_hold_ms);
-                    self.ahead.expiry.remove(&(expiry, key, topic.clone()));
+                    self.ahead.expiry.remove(&(expiry, key, lane.clone()));
                     if held.lease_ms != pop.lease_ms {
                         held.delivery.lease_deadline = now + Duration::from_millis(pop.lease_ms);
                         extends
@@ -239,6 +273,9 @@ impl Root {
                     pop.deliveries.push((key, held.delivery));
                     pop.from_ahead = true;
                     self.counters.ahead_hits += 1;
+                    if let Some(stride) = stride.as_mut() {
+                        stride.served(lane);
+                    }
                     continue;
                 }
                 // Answer with what the buffer gave rather than wait a round trip for more —
@@ -248,8 +285,8 @@ impl Root {
                 if pop.from_ahead && pop.deliveries.len() * 2 >= pop.max {
                     break;
                 }
-                let window = window.as_mut().expect("picked from it");
-                let (_, slot) = in_window.expect("picked from it");
+                let window = self.children.windows.get_mut(lane).expect("picked from it");
+                let (_, slot) = window.first().expect("picked from it");
                 let cost = u64::from(slot.size) + per_delivery;
                 if taken > 0 && pop.bytes + cost > budget {
                     break;
@@ -257,26 +294,40 @@ impl Root {
                 window.take(&key);
                 pop.bytes += cost;
                 pop.outstanding += 1;
+                if let Some(stride) = stride.as_mut() {
+                    stride.served(lane);
+                }
                 let purpose = ReservedFor::Pop(pop_id);
                 let sent = Sent {
                     now,
                     conn: self.direct.or(key.id.leaf(), slot.child),
                     lease_ms: pop.lease_ms,
                 };
-                let reservation = self.reservations.add(purpose, topic, key, slot, sent);
+                let reservation = self.reservations.add(purpose, lane, key, slot, sent);
                 groups
-                    .entry((slot.child, key.id.leaf()))
+                    .entry((at, slot.child, key.id.leaf()))
                     .or_default()
                     .push(ReserveItem { reservation, key });
             }
             let lease_ms = pop.lease_ms;
-            let window = window.as_deref();
-            self.counters.reserves += groups.len() as u64;
-            self.outbox
-                .extend(reserves(topic, lease_ms, groups, window, &self.direct));
+            let mut by_lane: BTreeMap<usize, BTreeMap<(ConnId, LeafId), Vec<ReserveItem>>> =
+                BTreeMap::new();
+            for ((at, child, leaf), items) in groups {
+                by_lane.entry(at).or_default().insert((child, leaf), items);
+            }
+            for (at, groups) in by_lane {
+                let lane = &lanes[at];
+                let window = self.children.windows.get(lane);
+                self.counters.reserves += groups.len() as u64;
+                self.outbox
+                    .extend(reserves(lane, lease_ms, groups, window, &self.direct));
+            }
             for (leaf, receipts) in extends {
                 self.extend_unanswered(leaf, receipts, lease_ms);
             }
+        }
+        if let Some(stride) = stride {
+            self.strides.insert(topic.clone(), stride);
         }
         for pop_id in queue {
             let pop = &self.pops.by_id[&pop_id];
@@ -284,7 +335,9 @@ impl Root {
                 self.answer_pop(now, pop_id);
             }
         }
-        self.top_up(now, topic);
+        if !weighted {
+            self.top_up(now, topic);
+        }
     }
 
     /// Moves the visibility timeout of buffered deliveries handed to a pop that asked for
@@ -456,23 +509,38 @@ impl Root {
     }
 
     pub(super) fn serve_dirty(&mut self, now: Time) {
-        for topic in std::mem::take(&mut self.dirty) {
+        let dirty = std::mem::take(&mut self.dirty);
+        // A lane's change serves its topic's pops, once.
+        let mut served = crate::downstream::TopicSet::default();
+        for name in &dirty {
+            let topic = crate::lanes::topic_of(name);
+            if served.contains(topic) {
+                continue;
+            }
+            let topic = if topic.len() == name.len() {
+                name.clone()
+            } else {
+                self.children.topic(topic)
+            };
             self.serve(now, &topic);
-            let idle = self
-                .children
-                .windows
-                .get(&topic)
-                .is_none_or(|w| w.is_idle());
-            if idle && !self.pops.waiting.contains_key(&topic) {
-                self.children.windows.remove(&topic);
+            served.insert(topic);
+        }
+        for name in dirty.into_iter().chain(served) {
+            let topic = crate::lanes::topic_of(&name);
+            let idle = self.children.windows.get(&name).is_none_or(|w| w.is_idle());
+            if idle && !self.pops.waiting.contains_key(topic) {
+                self.children.remove_window(&name);
+                if self.children.lanes_of(topic).is_empty() {
+                    self.strides.remove(topic);
+                }
             }
             if self
                 .ahead
                 .buffers
-                .get(&topic)
+                .get(&name)
                 .is_some_and(|buffer| buffer.is_idle())
             {
-                self.ahead.buffers.remove(&topic);
+                self.ahead.buffers.remove(&name);
             }
         }
     }

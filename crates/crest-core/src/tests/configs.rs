@@ -4,7 +4,7 @@
 use super::*;
 use crate::config::TopicSettings;
 
-fn configure(h: &mut Harness, client: ConnId, topic: &str, config: TopicConfig) -> u64 {
+pub(super) fn configure(h: &mut Harness, client: ConnId, topic: &str, config: TopicConfig) -> u64 {
     let op = AdminOp::Configure {
         topic: topic.into(),
         config: Box::new(config),

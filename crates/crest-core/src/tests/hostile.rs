@@ -56,6 +56,9 @@ fn a_child_s_offer_of_another_subtree_s_message_or_a_bad_topic_is_refused() {
             (offer_of("jobs", other), "does not lead to"),
             (offer_of("", own), "topic is empty"),
             (offer_of("a\nb", own), "whitespace or control"),
+            (offer_of("jobs\u{1}x:1", own), "nor a lane of one"),
+            (offer_of("jobs\u{1}4:0", own), "nor a lane of one"),
+            (offer_of("\u{1}4:500", own), "topic is empty"),
         ] {
             t.h.send(child, offer);
             let Wire::Error(error) = t.h.recv(child) else {
@@ -65,7 +68,7 @@ fn a_child_s_offer_of_another_subtree_s_message_or_a_bad_topic_is_refused() {
             assert!(error.message.contains(says), "{}", error.message);
         }
         let after = t.h.nodes[node].stats();
-        assert_eq!(after.violations, before.violations + 3);
+        assert_eq!(after.violations, before.violations + 6);
         assert_eq!(
             after.window_entries, before.window_entries,
             "nothing applied"
@@ -106,4 +109,25 @@ fn a_child_cannot_make_its_parent_hold_more_topics_than_the_leaves_below_may() {
     let after = t.h.nodes[node].stats();
     assert_eq!(after.violations, before.violations + 1);
     assert_eq!(after.window_entries, before.window_entries + 4);
+    // The lanes of a weighted topic held count as one topic: more lanes of "a" apply (its
+    // first lane made it weighted), up to twice the most tiers a topic has.
+    let lane = |tier: usize| format!("a\u{1}{tier}:1000");
+    for tier in 0..2 * crate::config::TIERS_MAX {
+        t.h.send(child, offer_of(&lane(tier), 3));
+    }
+    t.h.send(child, offer_of(&lane(1000), 3));
+    let Wire::Error(error) = t.h.recv(child) else {
+        panic!("a refusal")
+    };
+    assert!(
+        error.message.contains("past 128 lanes"),
+        "{}",
+        error.message
+    );
+    let last = t.h.nodes[node].stats();
+    assert_eq!(last.violations, after.violations + 1);
+    assert_eq!(
+        last.window_entries,
+        after.window_entries + 2 * crate::config::TIERS_MAX as u64
+    );
 }

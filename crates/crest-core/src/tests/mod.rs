@@ -81,6 +81,7 @@ mod order;
 mod quotas;
 mod races;
 mod rates;
+mod scheduling;
 mod storage;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -1,0 +1,75 @@
+//! Scheduling policies in the simulator, with fixed seeds (virtual time): what `strict` does
+//! to a less urgent tier under a flood, and the shares `weighted` gives every tier.
+
+use crest_core::topology::Topology;
+use crest_sim::{SimReport, Workload, run};
+
+const LOCAL: &str = include_str!("../../../topology/local.toml");
+const STARVATION: &str = include_str!("../../../examples/sim/starvation.toml");
+const SHARES: &str = include_str!("../../../examples/sim/weighted-shares.toml");
+
+fn starvation(duration_ms: u64) -> SimReport {
+    let mut workload = Workload::parse(STARVATION).unwrap();
+    workload.duration_ms = duration_ms;
+    workload.drain_ms = 2 * duration_ms;
+    let report = run(&Topology::parse(LOCAL).unwrap(), &workload, 1).unwrap();
+    assert_eq!(
+        report.violations(),
+        Vec::<String>::new(),
+        "{}",
+        report.text()
+    );
+    report
+}
+
+#[test]
+fn under_a_flood_strict_starves_background_for_as_long_as_the_flood_and_weighted_does_not() {
+    let short = starvation(2_000);
+    let long = starvation(4_000);
+    for report in [&short, &long] {
+        let text = report.text();
+        let strict = &report.topics["strict"].priorities[&4];
+        let weighted = &report.topics["weighted"].priorities[&4];
+        // Strict: no BACKGROUND message leaves while CRITICAL ones are ready.
+        assert_eq!(strict.delivered_in_load, 0, "{text}");
+        assert_eq!(strict.delivered, weighted.delivered, "{text}");
+        // Weighted: each waits a few pops (one pop every 10 ms), however long the flood.
+        assert!(weighted.wait_us.max < 50_000, "{text}");
+        assert_eq!(weighted.delivered_in_load, weighted.delivered, "{text}");
+    }
+    // Strict: the wait grows with the flood (without bound as it lasts).
+    let (short_wait, long_wait) = (
+        short.topics["strict"].priorities[&4].wait_us.p50,
+        long.topics["strict"].priorities[&4].wait_us.p50,
+    );
+    assert!(
+        long_wait > short_wait * 18 / 10 && short_wait > 2_000_000,
+        "strict BACKGROUND waits {short_wait} us (2 s flood), {long_wait} us (4 s)"
+    );
+}
+
+#[test]
+fn weighted_tiers_each_take_their_weights_share_of_pops_within_five_percent() {
+    let topology = Topology::parse(LOCAL).unwrap();
+    let workload = Workload::parse(SHARES).unwrap();
+    let weights = [(0, 8.0), (1, 4.0), (2, 2.0), (3, 1.0), (4, 0.5)];
+    let total: f64 = weights.iter().map(|(_, w)| w).sum();
+    for seed in 1..=3 {
+        let report = run(&topology, &workload, seed).unwrap();
+        let text = report.text();
+        assert_eq!(report.violations(), Vec::<String>::new(), "{text}");
+        let tiers = &report.topics["jobs"].priorities;
+        let in_load: u64 = tiers.values().map(|t| t.delivered_in_load).sum();
+        assert!(in_load > 1_500, "{text}");
+        for (tier, weight) in weights {
+            let share = tiers[&tier].delivered_in_load as f64 / in_load as f64;
+            let want = weight / total;
+            assert!(
+                (share / want - 1.0).abs() <= 0.05,
+                "seed {seed}: tier {tier} took {:.2} % of the pops, its weight {:.2} %\n{text}",
+                100.0 * share,
+                100.0 * want
+            );
+        }
+    }
+}
