@@ -257,6 +257,7 @@ fn append_records(log: usize, first_seq: u64, count: usize, payload: &Bytes) -> 
                     enqueued_at: accepted,
                     expires_at: None,
                     dedup_key: None,
+                    fairness_key: None,
                 },
                 metadata: Vec::new(),
                 payload: payload.clone(),

@@ -92,6 +92,9 @@ pub(crate) struct PushArgs {
     /// Dedup key: a second push with it within the topic's window is not enqueued again.
     #[arg(long)]
     pub(crate) dedup_key: Option<String>,
+    /// Fairness key (a tenant): within its tier of a weighted topic, pops rotate among keys.
+    #[arg(long)]
+    pub(crate) fairness_key: Option<String>,
     /// Read the payload from this file (`-`: standard input), any bytes.
     #[arg(long, conflicts_with = "payload")]
     pub(crate) file: Option<PathBuf>,
@@ -228,6 +231,9 @@ pub(crate) async fn push(args: PushArgs) -> Result<()> {
         if let Some(key) = &args.dedup_key {
             message = message.dedup_key(key.clone());
         }
+        if let Some(key) = &args.fairness_key {
+            message = message.fairness_key(key.clone());
+        }
         for (key, value) in &args.metadata {
             message = message.metadata(key.clone(), value.clone());
         }
@@ -269,11 +275,16 @@ pub(crate) async fn pop(args: PopArgs) -> Result<()> {
     }
     for delivery in &deliveries {
         println!(
-            "id={} priority={} attempt={} receipt={}{} payload={}",
+            "id={} priority={} attempt={} receipt={}{}{} payload={}",
             delivery.id,
             delivery.priority,
             delivery.attempt,
             delivery.receipt(),
+            delivery
+                .fairness_key
+                .as_ref()
+                .map(|key| format!(" fairness_key={key}"))
+                .unwrap_or_default(),
             escalation_text(delivery.escalation.as_ref()),
             String::from_utf8_lossy(&delivery.payload)
         );

@@ -2,7 +2,7 @@
 //! list | unset`: a namespace's quotas, kept the same way (as the configuration `NS/`).
 
 use crate::*;
-use crest::core::config::{Scheduling, Weights};
+use crest::core::config::{KeyWeights, Scheduling, Weights};
 use crest::core::quota::{namespace_scope, principal_scope, scope_namespace, scope_principal};
 use crest::sdk::{Limits, Quota, Rate, TopicConfig, TopicSettings};
 
@@ -277,6 +277,10 @@ pub(crate) enum TopicCommand {
         /// next tier's.
         #[arg(long = "weight", value_parser = parse_weight)]
         weights: Vec<(u32, f64)>,
+        /// A fairness key of a weighted topic and its weight within its tier, KEY=WEIGHT
+        /// (repeatable; keys not named weigh 1).
+        #[arg(long = "fairness-weight", value_parser = parse_fairness_weight)]
+        fairness_weights: Vec<(String, f64)>,
         /// An attribute kept with the topic, NAME=VALUE (repeatable).
         #[arg(long = "attribute", value_parser = parse_attribute)]
         attributes: Vec<(String, String)>,
@@ -328,6 +332,20 @@ fn parse_weight(text: &str) -> Result<(u32, f64), String> {
         .split_once('=')
         .ok_or_else(|| format!("{text:?}: expected PRIORITY=WEIGHT (e.g. 0=8)"))?;
     let priority = crate::client::parse_priority(priority.trim())?;
+    Ok((priority, parse_weight_value(weight)?))
+}
+
+fn parse_fairness_weight(text: &str) -> Result<(String, f64), String> {
+    let (key, weight) = text
+        .rsplit_once('=')
+        .ok_or_else(|| format!("{text:?}: expected KEY=WEIGHT (e.g. tenant-42=2)"))?;
+    if key.is_empty() {
+        return Err(format!("{text:?}: the fairness key is empty"));
+    }
+    Ok((key.to_string(), parse_weight_value(weight)?))
+}
+
+fn parse_weight_value(weight: &str) -> Result<f64, String> {
     let weight: f64 = weight
         .trim()
         .parse()
@@ -338,7 +356,7 @@ fn parse_weight(text: &str) -> Result<(u32, f64), String> {
             crest::core::config::WEIGHT_MAX
         ));
     }
-    Ok((priority, weight))
+    Ok(weight)
 }
 
 fn parse_attribute(text: &str) -> Result<(String, String), String> {
@@ -362,6 +380,7 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
             aging_floor,
             scheduling,
             weights,
+            fairness_weights,
             attributes,
             limits,
         } => {
@@ -385,6 +404,12 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
                     aging_floor,
                     scheduling,
                     weights,
+                    fairness_weights: (!fairness_weights.is_empty()).then(|| KeyWeights {
+                        milli: fairness_weights
+                            .into_iter()
+                            .map(|(key, weight)| (key, (weight * 1000.0).round() as u32))
+                            .collect(),
+                    }),
                 },
                 attributes: attributes.into_iter().collect(),
                 limits: limits.limits(),
@@ -450,6 +475,10 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
                 for (tier, milli) in s.weights.iter().flat_map(|w| &w.milli) {
                     let weight = f64::from(*milli) / 1000.0;
                     line.push_str(&format!(" weight={tier}={weight}"));
+                }
+                for (key, milli) in s.fairness_weights.iter().flat_map(|w| &w.milli) {
+                    let weight = f64::from(*milli) / 1000.0;
+                    line.push_str(&format!(" fairness_weight={key}={weight}"));
                 }
                 for word in limit_words(&c.limits) {
                     line.push_str(&format!(" {word}"));

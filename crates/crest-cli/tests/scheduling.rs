@@ -1,6 +1,7 @@
-//! Weighted scheduling end to end: one process per node over real QUIC, a topic made weighted
-//! through the `crest` binary, its leaf killed with SIGKILL and started again; pops share the
-//! tiers by their weights, and a strict topic beside it keeps the key order.
+//! Weighted scheduling end to end: one process per node over real QUIC, topics made weighted
+//! through the `crest` binary, their leaf killed with SIGKILL and started again; pops share
+//! the tiers by their weights and a tier by its fairness keys' weights, and a strict topic
+//! beside them keeps the key order.
 
 use crest::sdk::{Delivery, Message, MessageId, PopOptions, ProducerConfig};
 use std::collections::HashSet;
@@ -64,6 +65,22 @@ async fn a_weighted_topic_shares_pops_by_weight_across_a_leaf_kill() {
         ok && text.contains("scheduling=weighted weight=0=3 weight=4=1"),
         "{text}"
     );
+    // One tier; within it, key gold weighs 3 and the others 1.
+    let set = [
+        "topic",
+        "set",
+        "--topic",
+        "tenants",
+        "--scheduling",
+        "weighted",
+        "--weight",
+        "0=1",
+        "--fairness-weight",
+        "gold=3",
+    ];
+    cluster.crest_until(&set, "configured at 4 leaves").await;
+    let (ok, text) = cluster.crest(&["topic", "list"]).await;
+    assert!(ok && text.contains("fairness_weight=gold=3"), "{text}");
     let (ok, text) = cluster
         .crest(&["topic", "set", "--topic", "x", "--weight", "0=0"])
         .await;
@@ -88,10 +105,42 @@ async fn a_weighted_topic_shares_pops_by_weight_across_a_leaf_kill() {
             }
         }
     }
+    // A noisy key's backlog first, then gold's; the quiet key's through `crest push`.
+    let mut tenants: HashSet<MessageId> = HashSet::new();
+    for (key, count) in [("noisy", 20), ("gold", 8)] {
+        for at in 0..count {
+            let message = Message::new("tenants", format!("{key} {at}")).fairness_key(key);
+            let id = producer.send(message).await.unwrap().acked().await.unwrap();
+            tenants.insert(id);
+        }
+    }
+    let leaf_arg = ["--leaf", leaf.as_str()];
+    let push = [
+        &[
+            "push",
+            "--topic",
+            "tenants",
+            "--fairness-key",
+            "quiet",
+            "--count",
+            "4",
+        ][..],
+        &leaf_arg,
+        &["q"],
+    ]
+    .concat();
+    let (ok, text) = cluster.crest(&push).await;
+    assert!(ok, "{text}");
+    tenants.extend(
+        text.lines()
+            .filter_map(|line| line.trim().parse::<MessageId>().ok()),
+    );
+    assert_eq!(tenants.len(), 32, "{text}");
     cluster.kill("leaf-1");
     cluster.launch("leaf-1");
-    // The restarted leaf offers what it recovered, each tier in its own lane again.
-    root_holds(&cluster, 48).await;
+    // The restarted leaf offers what it recovered, each tier in its own lane again, each
+    // fairness key in its own (16 entries of a key's lane at most: credits_per_key).
+    root_holds(&cluster, 48 + 16 + 8 + 4).await;
 
     let consumer = cluster.consumer().await;
     let options = |max| PopOptions {
@@ -122,4 +171,27 @@ async fn a_weighted_topic_shares_pops_by_weight_across_a_leaf_kill() {
     }
     let ids: HashSet<MessageId> = popped.iter().map(|d| d.id).collect();
     assert_eq!((ids, popped.len()), (pushed, 24));
+
+    // Keys weighing 3 : 1 : 1 over ten pops: six of gold, two of each other; the noisy
+    // backlog pushed first does not keep the others waiting.
+    let first = consumer.pop_with("tenants", options(10)).await.unwrap();
+    let of = |key: &str| {
+        first
+            .iter()
+            .filter(|d| d.fairness_key.as_deref() == Some(key))
+            .count()
+    };
+    assert_eq!((of("gold"), of("noisy"), of("quiet")), (6, 2, 2));
+    let (ok, text) = cluster
+        .crest(&["pop", "--topic", "tenants", "--max", "1", "--ack"])
+        .await;
+    assert!(ok && text.contains(" fairness_key="), "{text}");
+    let mut popped = first.len() + 1;
+    while popped < tenants.len() {
+        let more = consumer.pop_with("tenants", options(16)).await.unwrap();
+        assert!(!more.is_empty(), "popped {popped} of {}", tenants.len());
+        assert!(more.iter().all(|d| tenants.contains(&d.id)));
+        popped += more.len();
+    }
+    assert_eq!(popped, 32);
 }

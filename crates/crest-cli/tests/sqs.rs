@@ -97,6 +97,10 @@ fn start_local(dir: &std::path::Path) -> (Process, String, String, String) {
         }
         topology.push('\n');
     }
+    // The suite's fair queue: message groups are fairness keys of a weighted topic (one
+    // tier: every priority shares it).
+    topology
+        .push_str("[settings.topics.boto-fair]\nscheduling = \"weighted\"\nweights = { 0 = 1 }\n");
     let path = dir.join("topology.toml");
     std::fs::write(&path, topology).unwrap();
     let mut command = Command::new(CREST);

@@ -38,6 +38,7 @@ fn messages() -> Vec<(&'static str, Wire)> {
             reason: "customer waiting".into(),
             aged: false,
         }),
+        fairness_key: Some("tenant-42".into()),
     };
     let report = Report {
         nodes: vec![NodeReport {
@@ -80,6 +81,7 @@ fn messages() -> Vec<(&'static str, Wire)> {
                     delay_ms: 10,
                     ttl_ms: Some(60_000),
                     dedup_key: Some("once".into()),
+                    fairness_key: Some("tenant-42".into()),
                 }],
             }),
         ),

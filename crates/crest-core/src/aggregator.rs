@@ -147,8 +147,8 @@ impl Aggregator {
 
     fn handle_offer(&mut self, now: Time, child: ConnId, offer: Offer) {
         self.counters.offers += 1;
-        let credits = self.children.credits();
         let topic = self.children.topic(&offer.topic);
+        let credits = self.children.credit(&topic);
         let window = self
             .children
             .windows
@@ -363,7 +363,7 @@ impl Aggregator {
     /// Sends each dirty topic's offer diff upward when the flush policy says so (or `force`);
     /// diffs that may wait stay dirty until the linger deadline (`offer_due`).
     fn flush_offers(&mut self, now: Time, force: bool) {
-        let credits = self.upstream.credits();
+        let (per_topic, per_key) = (self.upstream.credits(), self.upstream.key_credits());
         let session = self.upstream.session();
         let force = force || self.offer_due.is_some_and(|due| due <= now);
         let mut lingering = TopicSet::default();
@@ -373,6 +373,7 @@ impl Aggregator {
             };
             let window = self.children.windows.get(&topic);
             if let Some(parent) = session {
+                let credits = crate::lanes::credit(&topic, per_topic, per_key);
                 offers.rebalance(credits, self.swap, now);
                 let below = window.and_then(|window| window.min_frontier());
                 let frontier = match (offers.best_unoffered(), below) {

@@ -196,6 +196,11 @@ impl Downstream {
             credits_per_topic: credits,
             payload_bytes_max: self.settings.payload_bytes_max,
             frame_bytes_max: self.settings.frame_bytes_max,
+            credits_per_key: if credits == 0 {
+                0
+            } else {
+                self.settings.credits_per_key
+            },
         });
         HelloOutcome {
             reply,
@@ -354,11 +359,22 @@ impl Downstream {
                     "offer on a new topic past {topics_max} topics (topics_max per leaf below)"
                 ));
             }
-            if lanes_of >= 2 * crate::config::TIERS_MAX {
-                return Err(format!(
-                    "offer on a new lane of {topic} past {} lanes",
-                    2 * crate::config::TIERS_MAX
-                ));
+            // Each leaf gives at most `fairness_keys_max` keys a lane; tiers' and keys' lanes
+            // are each twice their bound while a topic's tiers change.
+            let (max, what) = if crate::lanes::is_key_lane(&offer.topic) {
+                let leaves = self.subtree.len().max(1);
+                (
+                    2 * self.settings.fairness_keys_max as usize * leaves,
+                    "fairness key lanes (fairness_keys_max per leaf below)",
+                )
+            } else {
+                (2 * crate::config::TIERS_MAX, "tier lanes")
+            };
+            let keyed = crate::lanes::is_key_lane(&offer.topic);
+            let same = self.lanes_of(topic).iter();
+            let same = same.filter(|(_, lane)| crate::lanes::is_key_lane(lane) == keyed);
+            if lanes_of > 0 && same.count() >= max {
+                return Err(format!("offer on a new lane of {topic} past {max} {what}"));
             }
         }
         if let Some(entry) = offer
@@ -446,9 +462,8 @@ impl Downstream {
 
     /// Checks every window against the credits (see [`Window::check`]).
     pub(crate) fn check_windows(&self) {
-        let credits = self.credits();
-        for window in self.windows.values() {
-            window.check(credits);
+        for (name, window) in &self.windows {
+            window.check(self.credit(name));
         }
     }
 
@@ -457,9 +472,11 @@ impl Downstream {
         self.windows.values().map(Window::len).sum()
     }
 
-    /// The credit granted to each child per topic.
-    pub(crate) fn credits(&self) -> u32 {
-        self.settings.credits_per_topic
+    /// The credit granted to each child for lane `name` (a topic's, a tier's or a fairness
+    /// key's: see [`crate::lanes::credit`]).
+    pub(crate) fn credit(&self, name: &str) -> u32 {
+        let s = &self.settings;
+        crate::lanes::credit(name, s.credits_per_topic, s.credits_per_key)
     }
 }
 

@@ -227,6 +227,7 @@ mod tests {
                 delay_ms: 5,
                 ttl_ms: Some(60_000),
                 dedup_key: Some(format!("key-{priority}")),
+                fairness_key: Some("tenant".into()),
             }],
         })
     }

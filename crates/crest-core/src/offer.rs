@@ -134,6 +134,23 @@ impl<V> Default for OfferSet<V> {
     }
 }
 
+impl<V> OfferSet<V> {
+    /// An empty set whose offers are numbered on from `seq`: a stream that takes over the name
+    /// of one dropped before, so that the parent's view of the name's numbers never goes back
+    /// (see [`OfferSet::take`]).
+    pub(crate) fn numbered_from(seq: u64) -> OfferSet<V> {
+        OfferSet {
+            seq,
+            ..OfferSet::default()
+        }
+    }
+
+    /// The number of the last offer polled.
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
 impl<V: Offerable> OfferSet<V> {
     /// A set whose candidates are all unoffered (recovery), built in bulk from `entries`
     /// sorted by key.

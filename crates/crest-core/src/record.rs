@@ -69,6 +69,9 @@ pub struct MessageHead {
     pub expires_at: Option<Time>,
     /// Its dedup key, if it has one (the key's window starts at `enqueued_at`).
     pub dedup_key: Option<String>,
+    /// Its fairness key, if it has one (records written before fairness keys have none).
+    #[serde(default)]
+    pub fairness_key: Option<String>,
 }
 
 /// One record of the leaf's log.

@@ -20,6 +20,8 @@ pub(crate) struct Upstream {
     conn: Option<ConnId>,
     /// Credit per topic; 0 until the `Welcome` arrives.
     credits: u32,
+    /// Credit per fairness key's lane (see [`crate::lanes`]).
+    key_credits: u32,
     /// The parent's name, from its latest `Welcome`.
     parent_name: Option<String>,
 }
@@ -32,6 +34,7 @@ impl Upstream {
             leaves,
             conn: None,
             credits: 0,
+            key_credits: 0,
             parent_name: None,
         }
     }
@@ -62,6 +65,7 @@ impl Upstream {
             return false;
         }
         self.credits = welcome.credits_per_topic;
+        self.key_credits = welcome.credits_per_key.min(welcome.credits_per_topic);
         self.parent_name = Some(welcome.node.clone());
         true
     }
@@ -99,5 +103,14 @@ impl Upstream {
     /// Credit per topic on the current session (0 when none).
     pub(crate) fn credits(&self) -> u32 {
         self.credits
+    }
+
+    /// Credit per fairness key's lane on the current session (0 when none).
+    pub(crate) fn key_credits(&self) -> u32 {
+        if self.credits == 0 {
+            0
+        } else {
+            self.key_credits
+        }
     }
 }

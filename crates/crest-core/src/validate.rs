@@ -106,6 +106,10 @@ pub(crate) fn validate_message(
             s.delay_max_ms
         ));
     }
+    if let Some(key) = &message.fairness_key {
+        s.check_fairness_key(key)
+            .map_err(|why| (ErrorCode::InvalidArgument, why))?;
+    }
     if let Some(key) = &message.dedup_key
         && (key.is_empty() || key.len() > s.dedup_key_bytes_max as usize)
     {

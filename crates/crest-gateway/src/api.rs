@@ -34,9 +34,6 @@ pub const PRIORITY_ATTRIBUTE: &str = "Priority";
 const ATTRIBUTE_PREFIX: &str = "sqs.a.";
 /// Metadata key of the access key that sent a message (`SenderId`).
 const SENDER_KEY: &str = "sqs.sender";
-/// Metadata key of a message's `MessageGroupId`, given back as a system attribute (crest's
-/// fairness key will take it).
-const GROUP_KEY: &str = "sqs.group";
 
 /// Runs operation `action` for `caller`.
 pub(crate) async fn dispatch(
@@ -291,7 +288,7 @@ fn prepare(
         message = message.dedup_key(id);
     }
     if let Some(group) = token(entry, "MessageGroupId")? {
-        message = message.metadata(GROUP_KEY, group);
+        message = message.fairness_key(group);
     }
     Ok(Prepared {
         message,
@@ -471,13 +468,10 @@ async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Resul
         let body = String::from_utf8_lossy(&delivery.payload).into_owned();
         let mut attributes: Vec<(String, Attribute)> = Vec::new();
         let mut sender = None;
-        let mut group = None;
+        let group = delivery.fairness_key.clone();
         for (key, value) in &delivery.metadata {
             if key == SENDER_KEY {
                 sender = Some(value.clone());
-            }
-            if key == GROUP_KEY {
-                group = Some(value.clone());
             }
             let Some(attribute_name) = key.strip_prefix(ATTRIBUTE_PREFIX) else {
                 continue;

@@ -69,6 +69,7 @@ fn enqueue(seq: u64) -> LogRecord {
             ready_at: Time(seq),
             enqueued_at: Time(seq),
             expires_at: None,
+            fairness_key: None,
             dedup_key: None,
         },
         metadata: vec![],

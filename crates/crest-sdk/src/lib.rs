@@ -29,7 +29,7 @@ mod producer;
 pub use admin::{Admin, AdminAnswer, PURGE_ROUNDS_MAX};
 pub use consumer::{Consumer, ConsumerConfig, Heartbeat, PopOptions};
 pub use crest_core::access::{DEFAULT_NAMESPACE, Permission, namespace};
-pub use crest_core::config::{Scheduling, TopicSettings, Weights};
+pub use crest_core::config::{KeyWeights, Scheduling, TopicSettings, Weights};
 pub use crest_core::id::{LeafId, MessageId, Receipt};
 pub use crest_core::key::tier;
 pub use crest_core::quota::{Limits, Quota, QuotaExceeded, Rate, Refused, ScopeStats};

@@ -110,6 +110,15 @@ impl Message {
         self.message.dedup_key = Some(key.into());
         self
     }
+
+    /// The message's fairness key (a tenant, a customer; SQS's message group): within its
+    /// tier of a `weighted` topic, pops rotate among the keys with ready messages (by the
+    /// topic's `fairness_weights`, equal by default), so one key's backlog cannot starve
+    /// another's. Kept and delivered with the message; a `strict` topic does not use it.
+    pub fn fairness_key(mut self, key: impl Into<String>) -> Message {
+        self.message.fairness_key = Some(key.into());
+        self
+    }
 }
 
 /// How a producer connects and batches.

@@ -65,7 +65,8 @@ impl Sim {
                     if let Some(measured) = truth.delivered(delivery.id, priority, self.now) {
                         let in_load = self.now <= self.load_end;
                         let tally = self.tally(&delivery.topic);
-                        tally.delivered(priority, measured.wait_us, in_load);
+                        let key = delivery.fairness_key.as_deref();
+                        tally.delivered(priority, key, measured.wait_us, in_load);
                         let rank = measured.rank_error;
                         self.rank_error.saturating_record(rank);
                         self.inversion
@@ -171,6 +172,7 @@ impl Sim {
                     topic: topic.clone(),
                     priority: spec.priorities.draw(&mut self.rng),
                     payload: Bytes::from(vec![0u8; spec.payload_bytes]),
+                    fairness_key: spec.fairness_key.clone(),
                     ..PushMessage::default()
                 })
                 .collect();

@@ -125,9 +125,12 @@ pub struct TopicReport {
     pub pop_latency_us: Percentiles,
     /// Per priority (as pushed), what its messages saw.
     pub priorities: BTreeMap<u32, PriorityReport>,
+    /// Per fairness key (producers' `fairness_key`), what its messages saw.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub fairness_keys: BTreeMap<String, PriorityReport>,
 }
 
-/// What the messages of one priority of a topic saw.
+/// What the messages of one priority (or one fairness key) of a topic saw.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PriorityReport {
     /// First deliveries.
@@ -136,6 +139,16 @@ pub struct PriorityReport {
     pub delivered_in_load: u64,
     /// Wait from the push's acknowledgement to the first delivery, µs.
     pub wait_us: Percentiles,
+}
+
+impl PriorityReport {
+    fn of((delivered, in_load, waits): &(u64, u64, Histogram<u64>)) -> PriorityReport {
+        PriorityReport {
+            delivered: *delivered,
+            delivered_in_load: *in_load,
+            wait_us: Percentiles::of(waits),
+        }
+    }
 }
 
 /// A topic's counts and latencies as the run goes.
@@ -147,6 +160,8 @@ pub(super) struct TopicTally {
     pub(super) pop_latency: Histogram<u64>,
     /// Per priority: (deliveries, deliveries in the load, waits).
     pub(super) priorities: BTreeMap<u32, (u64, u64, Histogram<u64>)>,
+    /// The same per fairness key.
+    pub(super) keys: BTreeMap<String, (u64, u64, Histogram<u64>)>,
 }
 
 impl TopicTally {
@@ -158,19 +173,36 @@ impl TopicTally {
             push_ack: histogram(),
             pop_latency: histogram(),
             priorities: BTreeMap::new(),
+            keys: BTreeMap::new(),
         }
     }
 
-    /// A first delivery of a message of `priority` that waited `wait_us`.
-    pub(super) fn delivered(&mut self, priority: u32, wait_us: u64, in_load: bool) {
+    /// A first delivery of a message of `priority` (and fairness key `key`) that waited
+    /// `wait_us`.
+    pub(super) fn delivered(
+        &mut self,
+        priority: u32,
+        key: Option<&str>,
+        wait_us: u64,
+        in_load: bool,
+    ) {
         self.delivered += 1;
-        let (all, load, waits) = self
-            .priorities
-            .entry(priority)
-            .or_insert_with(|| (0, 0, histogram()));
-        *all += 1;
-        *load += u64::from(in_load);
-        waits.saturating_record(wait_us.max(1));
+        let count = |(all, load, waits): &mut (u64, u64, Histogram<u64>)| {
+            *all += 1;
+            *load += u64::from(in_load);
+            waits.saturating_record(wait_us.max(1));
+        };
+        count(
+            self.priorities
+                .entry(priority)
+                .or_insert_with(|| (0, 0, histogram())),
+        );
+        if let Some(key) = key {
+            if !self.keys.contains_key(key) {
+                self.keys.insert(key.to_string(), (0, 0, histogram()));
+            }
+            count(self.keys.get_mut(key).expect("inserted"));
+        }
     }
 
     pub(super) fn report(&self) -> TopicReport {
@@ -183,14 +215,12 @@ impl TopicTally {
             priorities: self
                 .priorities
                 .iter()
-                .map(|(priority, (delivered, in_load, waits))| {
-                    let report = PriorityReport {
-                        delivered: *delivered,
-                        delivered_in_load: *in_load,
-                        wait_us: Percentiles::of(waits),
-                    };
-                    (*priority, report)
-                })
+                .map(|(priority, tally)| (*priority, PriorityReport::of(tally)))
+                .collect(),
+            fairness_keys: self
+                .keys
+                .iter()
+                .map(|(key, tally)| (key.clone(), PriorityReport::of(tally)))
                 .collect(),
         }
     }
@@ -347,12 +377,14 @@ impl SimReport {
             );
             for (topic, t) in &self.topics {
                 let in_load: u64 = t.priorities.values().map(|p| p.delivered_in_load).sum();
-                for (priority, p) in &t.priorities {
+                let priorities = t.priorities.iter().map(|(p, r)| (p.to_string(), r));
+                let keys = t.fairness_keys.iter().map(|(k, r)| (format!("key {k}"), r));
+                for (name, p) in priorities.chain(keys) {
                     let share = 100.0 * p.delivered_in_load as f64 / in_load.max(1) as f64;
                     let _ = writeln!(
                         out,
                         "  {:<20} {:>7.2}% {:>9} {:>13} {:>13} {:>13} {:>13}",
-                        format!("{topic} {priority}"),
+                        format!("{topic} {name}"),
                         share,
                         p.delivered,
                         p.wait_us.p50,

@@ -166,17 +166,29 @@ impl Sim {
         let replication = workload.replication;
         let mut index = HashMap::new();
         let mut bound = 0u64;
-        // Each topic's windows: one of a strict topic, one per tier of a weighted one (its
-        // lanes); a strict topic's reserve-ahead buffer at the root.
+        // Each topic's windows: one of a strict topic, one per tier of a weighted one and one
+        // per fairness key and tier (its lanes); a strict topic's reserve-ahead buffer at the
+        // root.
         let topics: std::collections::BTreeSet<&str> = workload
             .producers
             .iter()
             .map(|p| p.topic.as_deref().unwrap_or(&workload.topic))
             .collect();
-        let (mut lanes, mut strict) = (0u64, 0u64);
+        let (mut lanes, mut key_lanes, mut strict) = (0u64, 0u64, 0u64);
         for topic in topics {
             match workload.topics.get(topic).and_then(|t| t.weighted()) {
-                Some(weights) => lanes += weights.milli.len() as u64,
+                Some(weights) => {
+                    let tiers = weights.milli.len() as u64;
+                    // Each fairness key may have a lane in every tier.
+                    let keys: std::collections::BTreeSet<&str> = workload
+                        .producers
+                        .iter()
+                        .filter(|p| p.topic.as_deref().unwrap_or(&workload.topic) == topic)
+                        .filter_map(|p| p.fairness_key.as_deref())
+                        .collect();
+                    lanes += tiers;
+                    key_lanes += tiers * keys.len() as u64;
+                }
                 None => (lanes, strict) = (lanes + 1, strict + 1),
             }
         }
@@ -230,7 +242,10 @@ impl Sim {
                     Role::Root => u64::from(settings.reserve_ahead_max) * strict,
                     _ => 0,
                 };
-                let windows = u64::from(settings.credits_per_topic) * children * lanes;
+                let per_key = settings.credits_per_key.min(settings.credits_per_topic);
+                let windows = (u64::from(settings.credits_per_topic) * lanes
+                    + u64::from(per_key) * key_lanes)
+                    * children;
                 bound = bound.max(windows + ahead);
             }
             self.nodes.push(machine);

@@ -265,6 +265,9 @@ pub struct ProducerSpec {
     /// The topic it pushes to (default: the workload's).
     #[serde(default)]
     pub topic: Option<String>,
+    /// The fairness key of its messages (default: none).
+    #[serde(default)]
+    pub fairness_key: Option<String>,
 }
 
 /// Quotas and rates set on a scope (a topic, or a namespace's `NS/`) during the warm-up, as

@@ -1,5 +1,6 @@
 //! Scheduling policies in the simulator, with fixed seeds (virtual time): what `strict` does
-//! to a less urgent tier under a flood, and the shares `weighted` gives every tier.
+//! to a less urgent tier under a flood, the shares `weighted` gives every tier, and what a
+//! noisy fairness key does to quiet ones.
 
 use crest_core::topology::Topology;
 use crest_sim::{SimReport, Workload, run};
@@ -7,6 +8,7 @@ use crest_sim::{SimReport, Workload, run};
 const LOCAL: &str = include_str!("../../../topology/local.toml");
 const STARVATION: &str = include_str!("../../../examples/sim/starvation.toml");
 const SHARES: &str = include_str!("../../../examples/sim/weighted-shares.toml");
+const NOISY: &str = include_str!("../../../examples/sim/noisy-key.toml");
 
 fn starvation(duration_ms: u64) -> SimReport {
     let mut workload = Workload::parse(STARVATION).unwrap();
@@ -71,5 +73,55 @@ fn weighted_tiers_each_take_their_weights_share_of_pops_within_five_percent() {
                 100.0 * want
             );
         }
+    }
+}
+
+/// The p99 wait of each quiet key of `noisy-key.toml` on seed `seed`, with the noisy key
+/// (`noisy`) or without it, on a weighted topic or a strict one.
+fn quiet_p99s(seed: u64, noisy: bool, weighted: bool) -> Vec<u64> {
+    let mut workload = Workload::parse(NOISY).unwrap();
+    if !noisy {
+        workload
+            .producers
+            .retain(|p| p.fairness_key.as_deref() != Some("noisy"));
+    }
+    if !weighted {
+        workload.topics.clear();
+    }
+    let report = run(&Topology::parse(LOCAL).unwrap(), &workload, seed).unwrap();
+    let text = report.text();
+    assert_eq!(report.violations(), Vec::<String>::new(), "{text}");
+    let keys = &report.topics["jobs"].fairness_keys;
+    let quiet: Vec<u64> = keys
+        .iter()
+        .filter(|(key, _)| key.starts_with("quiet"))
+        .map(|(_, key)| {
+            assert!(key.delivered >= 15, "{text}");
+            key.wait_us.p99
+        })
+        .collect();
+    assert_eq!(quiet.len(), 9, "{text}");
+    quiet
+}
+
+#[test]
+fn a_noisy_fairness_key_does_not_make_quiet_keys_wait_longer_than_twice_as_long() {
+    for seed in 1..=2 {
+        let alone = quiet_p99s(seed, false, true);
+        let beside = quiet_p99s(seed, true, true);
+        for (at, (alone, beside)) in alone.iter().zip(&beside).enumerate() {
+            assert!(
+                *beside <= 2 * alone,
+                "seed {seed}: quiet-{} p99 {beside} us beside the noisy key, {alone} us alone",
+                at + 1
+            );
+        }
+        // The same load on a strict topic: the quiet keys wait behind the noisy backlog.
+        let strict = quiet_p99s(seed, true, false);
+        let slowest = strict.iter().min().copied().unwrap_or_default();
+        assert!(
+            slowest > 20 * beside.iter().max().copied().unwrap_or_default(),
+            "seed {seed}: strict {strict:?}, weighted {beside:?}"
+        );
     }
 }

@@ -64,9 +64,11 @@ use std::os::unix::fs::FileExt;
 
 /// First bytes of every segment.
 pub const SEGMENT_MAGIC: &[u8; 8] = b"CRESTWAL";
-/// Version of this format, which this build writes. 4: lease records carry their token.
-pub const SEGMENT_VERSION: u32 = 4;
-/// Versions this build reads: 3 (lease records without their token, read as token 0) and 4.
+/// Version of this format, which this build writes. 4: lease records carry their token; 5:
+/// message heads carry their fairness key.
+pub const SEGMENT_VERSION: u32 = 5;
+/// Versions this build reads: 3 (lease records without their token, read as token 0), 4
+/// (message heads without a fairness key, read as none) and 5.
 pub const SEGMENT_VERSIONS_READ: std::ops::RangeInclusive<u32> = 3..=SEGMENT_VERSION;
 /// Size of the segment header.
 pub const SEGMENT_HEADER_BYTES: usize = 32;
@@ -772,6 +774,7 @@ mod tests {
             enqueued_at: crest_core::Time(9),
             expires_at: Some(crest_core::Time(99)),
             dedup_key: Some("k".into()),
+            fairness_key: Some("tenant-42".into()),
         };
         let enqueue = LogRecord::Enqueue {
             head: head.clone(),

@@ -39,7 +39,12 @@ fn id(seq: u64) -> MessageId {
     MessageId::new(LeafId(7), seq)
 }
 
-fn head(seq: u64, priority: u32, dedup_key: Option<&str>) -> MessageHead {
+fn head(
+    seq: u64,
+    priority: u32,
+    dedup_key: Option<&str>,
+    fairness_key: Option<&str>,
+) -> MessageHead {
     MessageHead {
         id: id(seq),
         topic: "orders".into(),
@@ -48,22 +53,23 @@ fn head(seq: u64, priority: u32, dedup_key: Option<&str>) -> MessageHead {
         enqueued_at: Time(1_700_000_000_000),
         expires_at: (seq == 2).then_some(Time(1_700_000_060_000)),
         dedup_key: dedup_key.map(str::to_string),
+        fairness_key: fairness_key.map(str::to_string),
     }
 }
 
 /// One storage operation of each kind a leaf logs, with every optional field set somewhere.
 /// The fixture's operations as a log of `version` holds them (version 3 logged no lease
-/// tokens: they read back as 0).
+/// tokens: they read back as 0; versions before 5 no fairness keys: none).
 fn operations(version: u32) -> Vec<Vec<LogRecord>> {
     vec![
         vec![
             LogRecord::Enqueue {
-                head: head(1, 0, None),
+                head: head(1, 0, None, None),
                 metadata: vec![],
                 payload: Bytes::from_static(b"urgent"),
             },
             LogRecord::Enqueue {
-                head: head(2, 3, Some("order-42")),
+                head: head(2, 3, Some("order-42"), (version >= 5).then_some("tenant-7")),
                 metadata: vec![("trace".into(), "abc".into()), ("from".into(), "eu".into())],
                 payload: Bytes::from(vec![0u8, 1, 2, 255]),
             },
@@ -97,7 +103,7 @@ fn snapshot(location: Location) -> Vec<LogRecord> {
         LogRecord::Index {
             head: MessageHead {
                 dedup_key: None,
-                ..head(1, 0, None)
+                ..head(1, 0, None, None)
             },
             size: 6,
             location,

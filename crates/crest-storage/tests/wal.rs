@@ -395,7 +395,7 @@ fn a_log_of_another_format_version_is_refused_by_name_and_never_cut() {
         .err()
         .expect("an older format is refused");
         assert!(
-            matches!(&error, StorageError::Version { file, found: 2, expected: 4 } if file.ends_with(&segment_name(1))),
+            matches!(&error, StorageError::Version { file, found: 2, expected: 5 } if file.ends_with(&segment_name(1))),
             "{error}"
         );
     }

@@ -139,6 +139,7 @@ fn welcome(credits: u32) -> Wire {
         credits_per_topic: credits,
         payload_bytes_max: 1 << 20,
         frame_bytes_max: 16 << 20,
+        credits_per_key: credits.min(16),
     })
 }
 
@@ -275,6 +276,7 @@ fn wal_append(c: &mut Criterion) {
                         enqueued_at: Time(seq),
                         expires_at: None,
                         dedup_key: None,
+                        fairness_key: None,
                     },
                     metadata: vec![],
                     payload: payload.clone(),

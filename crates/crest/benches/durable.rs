@@ -52,6 +52,7 @@ fn batch(first: u64) -> Vec<LogRecord> {
                 enqueued_at: accepted,
                 expires_at: None,
                 dedup_key: None,
+                fairness_key: None,
             },
             metadata: vec![],
             payload: payload.clone(),
@@ -196,6 +197,7 @@ fn connected_leaf(config: LeafConfig, now: Time) -> Leaf {
         credits_per_topic: 256,
         payload_bytes_max: 1 << 20,
         frame_bytes_max: 16 << 20,
+        credits_per_key: 16,
     };
     leaf.handle_message(now, 1, Wire::Welcome(welcome));
     leaf.handle_connected(now, 2, Link::Incoming);

@@ -370,6 +370,35 @@ def dedup_ids_send_once_and_group_ids_come_back():
     assert code == "InvalidParameterValue", code
 
 
+def message_groups_of_a_fair_queue_share_it():
+    """boto-fair's topic is weighted (the test's topology): its message groups are fairness
+    keys, so a group with a deep backlog cannot starve the others."""
+    url = sqs.create_queue(QueueName="boto-fair")["QueueUrl"]
+    for batch in range(3):
+        entries = [
+            {"Id": f"n{i}", "MessageBody": f"noisy {batch}.{i}", "MessageGroupId": "noisy"}
+            for i in range(10)
+        ]
+        assert len(sqs.send_message_batch(QueueUrl=url, Entries=entries)["Successful"]) == 10
+    for group in ["quiet-1", "quiet-2"]:
+        for i in range(3):
+            sqs.send_message(QueueUrl=url, MessageBody=f"{group} {i}", MessageGroupId=group)
+    # One at a time, deleted: in the key order the six quiet messages would come last
+    # (31st to 36th); groups taking turns, all of them come within the first twelve.
+    order = []
+    deadline = time.time() + 20
+    while len(order) < 36 and time.time() < deadline:
+        answer = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=1, WaitTimeSeconds=2, AttributeNames=["All"]
+        )
+        for m in answer.get("Messages", []):
+            order.append(m["Attributes"]["MessageGroupId"])
+            delete_all(url, [m])
+    assert len(order) == 36, f"received {len(order)} of 36"
+    quiet = [at for at, group in enumerate(order) if group != "noisy"]
+    assert len(quiet) == 6 and quiet[-1] < 12, order
+
+
 def depths_show_in_the_queue_s_attributes():
     url = sqs.create_queue(QueueName="boto-depth")["QueueUrl"]
     for i in range(3):
@@ -595,6 +624,7 @@ CHECKS = [
     a_long_poll_wakes_up_when_a_message_arrives,
     a_batch_answers_each_entry_and_refuses_only_the_bad_one,
     dedup_ids_send_once_and_group_ids_come_back,
+    message_groups_of_a_fair_queue_share_it,
     depths_show_in_the_queue_s_attributes,
     redrive_sends_a_message_out_of_receives_to_its_dead_letter_queue_and_back,
     a_purge_empties_the_queue_but_leaves_received_messages_to_their_receipts,

@@ -166,7 +166,7 @@ fn request_and_list(out: &mut Vec<u8>, variant: &str, request: u64, len: usize) 
 fn encode_push(push: &Push, out: &mut Vec<u8>) {
     request_and_list(out, PUSH_VARIANT, push.request, push.messages.len());
     for m in &push.messages {
-        array(out, 8);
+        array(out, 9);
         str_(out, &m.topic);
         uint(out, m.priority.into());
         metadata(out, &m.metadata);
@@ -175,6 +175,7 @@ fn encode_push(push: &Push, out: &mut Vec<u8>) {
         uint(out, m.delay_ms);
         opt_uint(out, m.ttl_ms);
         opt_str(out, m.dedup_key.as_deref());
+        opt_str(out, m.fairness_key.as_deref());
     }
 }
 
@@ -187,7 +188,7 @@ pub(crate) fn encode_enqueue(
 ) {
     enum_variant(out, ENQUEUE_VARIANT);
     array(out, 3);
-    array(out, 7);
+    array(out, 8);
     uint(out, head.id.0);
     str_(out, &head.topic);
     uint(out, head.priority.into());
@@ -195,6 +196,7 @@ pub(crate) fn encode_enqueue(
     uint(out, head.enqueued_at.0);
     opt_uint(out, head.expires_at.map(|t| t.0));
     opt_str(out, head.dedup_key.as_deref());
+    opt_str(out, head.fairness_key.as_deref());
     metadata(out, pairs);
     bin(out, payload);
 }
@@ -207,7 +209,7 @@ fn key(out: &mut Vec<u8>, key: &Key) {
 }
 
 fn delivery(out: &mut Vec<u8>, d: &Delivery) {
-    array(out, 10);
+    array(out, 11);
     uint(out, d.id.0);
     uint(out, d.token);
     str_(out, &d.topic);
@@ -228,6 +230,7 @@ fn delivery(out: &mut Vec<u8>, d: &Delivery) {
             bool_(out, e.aged);
         }
     }
+    opt_str(out, d.fairness_key.as_deref());
 }
 
 /// Appends `Wire::Reserved(reserved)` as rmp-serde would.
@@ -544,7 +547,7 @@ impl Reader<'_> {
     }
 
     fn delivery(&mut self) -> Option<Delivery> {
-        self.fields(10)?;
+        self.fields(11)?;
         Some(Delivery {
             id: MessageId(self.uint()?),
             token: self.uint()?,
@@ -567,6 +570,7 @@ impl Reader<'_> {
                     aged: self.bool()?,
                 })
             },
+            fairness_key: self.opt_string()?,
         })
     }
 
@@ -628,12 +632,12 @@ impl Reader<'_> {
                 format!("batch of {count} messages exceeds push_batch_messages_max {max}"),
             );
         }
-        // A message takes at least 10 bytes.
-        let count = self.count(10)?;
+        // A message takes at least 11 bytes.
+        let count = self.count(11)?;
         let mut messages = Vec::with_capacity(count);
         let mut last_topic: Option<(&[u8], String)> = None;
         for _ in 0..count {
-            self.fields(8)?;
+            self.fields(9)?;
             let topic = self.str()?;
             // Consecutive messages mostly share a topic: checked as UTF-8 once, copied by clone.
             let topic = match &last_topic {
@@ -652,6 +656,7 @@ impl Reader<'_> {
                 delay_ms: self.uint()?,
                 ttl_ms: self.opt_uint()?,
                 dedup_key: self.opt_string()?,
+                fairness_key: self.opt_string()?,
             });
         }
         Some(Push { request, messages })
@@ -903,7 +908,7 @@ pub(crate) fn decode_enqueue(body: &[u8]) -> Option<LogRecord> {
         return None;
     }
     r.fields(3)?;
-    r.fields(7)?;
+    r.fields(8)?;
     let head = MessageHead {
         id: MessageId(r.uint()?),
         topic: r.str()?.to_owned(),
@@ -912,6 +917,7 @@ pub(crate) fn decode_enqueue(body: &[u8]) -> Option<LogRecord> {
         enqueued_at: Time(r.uint()?),
         expires_at: r.opt_uint()?.map(Time),
         dedup_key: r.opt_string()?,
+        fairness_key: r.opt_string()?,
     };
     let metadata = r.metadata()?;
     let payload = Bytes::copy_from_slice(r.bin()?);

@@ -40,9 +40,20 @@ fn message() -> impl Strategy<Value = PushMessage> {
         number(),
         prop::option::of(number()),
         prop::option::of(text()),
+        prop::option::of(text()),
     )
         .prop_map(
-            |(topic, priority, metadata, payload, deliver_at, delay_ms, ttl_ms, dedup_key)| {
+            |(
+                topic,
+                priority,
+                metadata,
+                payload,
+                deliver_at,
+                delay_ms,
+                ttl_ms,
+                dedup_key,
+                fairness_key,
+            )| {
                 PushMessage {
                     topic,
                     priority,
@@ -52,6 +63,7 @@ fn message() -> impl Strategy<Value = PushMessage> {
                     delay_ms,
                     ttl_ms,
                     dedup_key,
+                    fairness_key,
                 }
             },
         )
@@ -71,16 +83,20 @@ fn head() -> impl Strategy<Value = MessageHead> {
         number(),
         prop::option::of(number()),
         prop::option::of(text()),
+        prop::option::of(text()),
     )
         .prop_map(
-            |(id, topic, priority, ready_at, enqueued_at, expires_at, dedup_key)| MessageHead {
-                id: MessageId(id),
-                topic,
-                priority,
-                ready_at: Time(ready_at),
-                enqueued_at: Time(enqueued_at),
-                expires_at: expires_at.map(Time),
-                dedup_key,
+            |(id, topic, priority, ready_at, enqueued_at, expires_at, dedup_key, fairness_key)| {
+                MessageHead {
+                    id: MessageId(id),
+                    topic,
+                    priority,
+                    ready_at: Time(ready_at),
+                    enqueued_at: Time(enqueued_at),
+                    expires_at: expires_at.map(Time),
+                    dedup_key,
+                    fairness_key,
+                }
             },
         )
 }
@@ -101,6 +117,7 @@ fn delivery() -> impl Strategy<Value = Delivery> {
             number(),
             prop::collection::vec((text(), text()), 0..3),
             payload(),
+            prop::option::of(text()),
         ),
         prop::option::of((
             any::<u32>(),
@@ -113,7 +130,7 @@ fn delivery() -> impl Strategy<Value = Delivery> {
         .prop_map(
             |(
                 (id, token, topic, priority, attempt),
-                (enqueued_at, deadline, metadata, payload),
+                (enqueued_at, deadline, metadata, payload, fairness_key),
                 escalation,
             )| {
                 Delivery {
@@ -135,6 +152,7 @@ fn delivery() -> impl Strategy<Value = Delivery> {
                             aged,
                         }
                     }),
+                    fairness_key,
                 }
             },
         )

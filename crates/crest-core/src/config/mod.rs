@@ -11,8 +11,8 @@ use std::time::Duration;
 mod topic;
 
 pub use topic::{
-    AGING_PRIORITIES_MAX, Aging, Scheduling, TIERS_MAX, TopicPolicy, TopicSettings, WEIGHT_MAX,
-    Weights,
+    AGING_PRIORITIES_MAX, Aging, FAIRNESS_WEIGHTS_MAX, KeyWeights, Scheduling, TIERS_MAX,
+    TopicPolicy, TopicSettings, WEIGHT_MAX, Weights,
 };
 
 /// Largest payload of one message, in bytes (256 KiB).
@@ -308,6 +308,17 @@ pub struct Settings {
     /// Most ready messages of one priority of one topic a leaf looks at per aging check (the
     /// oldest first; those past their threshold are promoted): bounds the work of one check.
     pub aging_scan_messages: u32,
+    /// Longest fairness key (`Message::fairness_key`), in bytes.
+    pub fairness_key_bytes_max: u32,
+    /// Most lanes of fairness keys one `weighted` topic has at a leaf at once (a lane per key
+    /// with ready messages in a tier: a key ready in two tiers has two); the messages of
+    /// further keys share their tier's lane until a key's lane empties. Bounds the lanes a
+    /// topic sends up, and the root's work per delivery.
+    pub fairness_keys_max: u32,
+    /// Entries a parent lets each child hold in its window for each fairness key's lane (a
+    /// topic's or tier's credit is `credits_per_topic`): the root's window grows by this
+    /// much per key with ready messages and child. `credits_per_topic` caps it.
+    pub credits_per_key: u32,
     /// Most ready and delayed messages one leaf deletes for one `PurgeTopic` request (the
     /// caller repeats until none are left): bounds the records one request logs. Also bounds
     /// the messages one `MoveTopic` request moves.
@@ -472,6 +483,9 @@ impl Default for Settings {
             reason_bytes_max: 1024,
             aging_check_ms: 1000,
             aging_scan_messages: 4096,
+            fairness_key_bytes_max: 128,
+            fairness_keys_max: 64,
+            credits_per_key: 16,
             purge_batch_messages: 100_000,
             topic_configs_max: 10_000,
             topic_attributes_bytes_max: 16 * 1024,
@@ -520,8 +534,11 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 60] = [
+        let positive: [(&'static str, u64); 63] = [
             ("aging_check_ms", self.aging_check_ms),
+            ("fairness_key_bytes_max", self.fairness_key_bytes_max.into()),
+            ("fairness_keys_max", self.fairness_keys_max.into()),
+            ("credits_per_key", self.credits_per_key.into()),
             ("aging_scan_messages", self.aging_scan_messages.into()),
             ("quota_retry_ms", self.quota_retry_ms),
             ("quota_hold_ms", self.quota_hold_ms),

@@ -145,6 +145,46 @@ impl<'de> Deserialize<'de> for Weights {
     }
 }
 
+/// Most fairness keys one topic's `fairness_weights` names.
+pub const FAIRNESS_WEIGHTS_MAX: usize = 256;
+
+/// The weights of fairness keys within their tier of a `weighted` topic: among the keys with
+/// ready messages of a tier, each gets that tier's pops in proportion to its weight; a key not
+/// named weighs 1. Written as a table of key = weight:
+/// `fairness_weights = { "tenant-42" = 2, "batch" = 0.25 }`.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct KeyWeights {
+    /// Weight per key, in thousandths.
+    pub milli: BTreeMap<String, u32>,
+}
+
+impl Serialize for KeyWeights {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(
+            self.milli
+                .iter()
+                .map(|(key, milli)| (key, f64::from(*milli) / 1000.0)),
+        )
+    }
+}
+
+impl<'de> Deserialize<'de> for KeyWeights {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<KeyWeights, D::Error> {
+        use serde::de::Error;
+        let table = BTreeMap::<String, f64>::deserialize(deserializer)?;
+        let mut milli = BTreeMap::new();
+        for (key, weight) in table {
+            if !(0.001..=WEIGHT_MAX).contains(&weight) {
+                return Err(D::Error::custom(format!(
+                    "fairness_weights: {weight} for key {key:?} is outside 0.001..={WEIGHT_MAX}"
+                )));
+            }
+            milli.insert(key, (weight * 1000.0).round() as u32);
+        }
+        Ok(KeyWeights { milli })
+    }
+}
+
 /// Per-topic overrides of [`Settings`]; unset fields take the node's value.
 ///
 /// In a topology file: `[settings.topics.orders]` then e.g. `max_attempts = 3`.
@@ -172,6 +212,9 @@ pub struct TopicSettings {
     pub scheduling: Option<Scheduling>,
     /// The tiers of a `weighted` topic and their weights (default [`Weights::default`]).
     pub weights: Option<Weights>,
+    /// The weights of fairness keys within their tier of a `weighted` topic (default: every
+    /// key weighs 1; see [`KeyWeights`]).
+    pub fairness_weights: Option<KeyWeights>,
 }
 
 impl TopicSettings {
@@ -190,6 +233,10 @@ impl TopicSettings {
             aging_floor: self.aging_floor.or(base.aging_floor),
             scheduling: self.scheduling.or(base.scheduling),
             weights: self.weights.clone().or_else(|| base.weights.clone()),
+            fairness_weights: self
+                .fairness_weights
+                .clone()
+                .or_else(|| base.fairness_weights.clone()),
         }
     }
 
@@ -267,6 +314,24 @@ impl TopicSettings {
                 ));
             }
         }
+        if let Some(weights) = &self.fairness_weights {
+            if weights.milli.len() > FAIRNESS_WEIGHTS_MAX {
+                return Err(format!(
+                    "{topic}: fairness_weights names {} keys, more than {FAIRNESS_WEIGHTS_MAX}",
+                    weights.milli.len()
+                ));
+            }
+            for (key, milli) in &weights.milli {
+                settings
+                    .check_fairness_key(key)
+                    .map_err(|e| format!("{topic}: {e}"))?;
+                if *milli == 0 || f64::from(*milli) > WEIGHT_MAX * 1000.0 {
+                    return Err(format!(
+                        "{topic}: the weight of fairness key {key:?} is outside 0.001..={WEIGHT_MAX}"
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -315,6 +380,24 @@ impl Settings {
             return Err(format!(
                 "topic {topic:?} starts with '@': such a name is a principal's (its rates)"
             ));
+        }
+        Ok(())
+    }
+
+    /// Checks a fairness key: 1 to `fairness_key_bytes_max` bytes, no control characters.
+    ///
+    /// # Errors
+    /// A sentence naming the problem.
+    pub fn check_fairness_key(&self, key: &str) -> Result<(), String> {
+        let max = self.fairness_key_bytes_max as usize;
+        if key.is_empty() || key.len() > max {
+            return Err(format!(
+                "fairness key of {} bytes is outside 1..={max} (fairness_key_bytes_max)",
+                key.len()
+            ));
+        }
+        if key.chars().any(char::is_control) {
+            return Err(format!("fairness key {key:?} holds a control character"));
         }
         Ok(())
     }

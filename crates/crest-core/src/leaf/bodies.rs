@@ -31,6 +31,7 @@ impl Leaf {
         if !dead {
             leaf_topic.age_remove(id);
         }
+        leaf_topic.offers.forget_key(id);
         self.dirty.insert(topic.clone());
         self.live.remove(id.seq());
         if !self.escalations.is_empty() {

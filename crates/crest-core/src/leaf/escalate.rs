@@ -38,7 +38,9 @@ impl Leaf {
                 (None, None) => continue,
             };
             if let Some(weights) = merged.weighted() {
-                weighted.insert(name.clone(), weights);
+                let keys = merged.fairness_weights.iter().flat_map(|w| &w.milli);
+                let keys = keys.map(|(key, milli)| (Arc::from(key.as_str()), *milli));
+                weighted.insert(name.clone(), (weights, keys.collect()));
             }
             if let Some(thresholds) = merged.aging.filter(|a| !a.thresholds.is_empty()) {
                 aging.insert(name.clone(), (thresholds, merged.aging_floor.unwrap_or(0)));
@@ -46,9 +48,9 @@ impl Leaf {
         }
         self.aging = aging;
         for (name, topic) in &mut self.topics {
-            let weights = weighted.get(&**name);
-            if topic.offers.weights() != weights {
-                topic.offers.set_weights(weights.cloned());
+            let policy = weighted.get(&**name);
+            if topic.offers.policy() != policy {
+                topic.offers.set_policy(policy.cloned());
                 self.dirty.insert(name.clone());
             }
         }

@@ -104,6 +104,7 @@ impl Leaf {
             .expect("checked");
         leaf_topic.leased += 1;
         let enqueued_at = leaf_topic.enqueued_at(key.id);
+        let fairness_key = leaf_topic.offers.key_of(key.id).map(|key| key.to_string());
         slot.attempt += 1;
         self.dirty.insert(topic.clone());
         self.leases.by_deadline.insert((deadline, key.id));
@@ -124,6 +125,7 @@ impl Leaf {
                 true => None,
                 false => self.escalations.get(&key.id).cloned(),
             },
+            fairness_key,
         };
         self.hold(topic, key, slot, token, deadline);
         (delivery, cached)

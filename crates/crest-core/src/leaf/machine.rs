@@ -82,7 +82,7 @@ impl Leaf {
     /// `force`), and forgets empty topics. Diffs that may wait stay dirty until the linger
     /// deadline (`offer_due`).
     pub(super) fn flush_offers(&mut self, now: Time, force: bool) {
-        let credits = self.upstream.credits();
+        let (credits, key_credits) = (self.upstream.credits(), self.upstream.key_credits());
         let session = self.upstream.session();
         let force = force || self.offer_due.is_some_and(|due| due <= now);
         let mut lingering = TopicSet::default();
@@ -92,7 +92,9 @@ impl Leaf {
             };
             if let Some(parent) = session {
                 let mut linger = false;
-                for (lane, offers) in topic.offers.lanes_mut(&topic_name) {
+                for lane in topic.offers.lanes_mut(&topic_name) {
+                    let credits = if lane.keyed { key_credits } else { credits };
+                    let (lane, offers) = (lane.name, lane.set);
                     offers.rebalance(credits, self.config.settings.offer_swap, now);
                     let frontier = offers.best_unoffered();
                     if !self.flush_policy.due(offers, frontier, force) {
@@ -511,6 +513,7 @@ impl Machine for Leaf {
                 expires_at,
                 size,
                 body,
+                fairness_key,
             } = message;
             let same = run
                 .as_ref()
@@ -532,6 +535,9 @@ impl Machine for Leaf {
             let (_, leaf_topic, age, _) = run.as_mut().expect("set above");
             leaf_topic.messages += 1;
             leaf_topic.bytes += u64::from(size);
+            if let Some(fairness_key) = &fairness_key {
+                leaf_topic.offers.set_key(id, fairness_key);
+            }
             age.live += 1;
             self.live.insert(id.seq());
             self.track_expiry(expires_at, &topic, key);

@@ -345,6 +345,7 @@ struct PendingMessage {
     expires_at: Time,
     size: u32,
     body: MessageBody,
+    fairness_key: Option<String>,
 }
 
 #[derive(Debug)]
@@ -430,6 +431,8 @@ struct Recovery {
     escalations: IdMap<crate::wire::Escalation>,
     /// Metadata set by `SetMetadata`, by message.
     metadata: IdMap<Vec<(String, String)>>,
+    /// The fairness keys of the messages that have one.
+    fairness: IdMap<Arc<str>>,
     topics: Vec<Topic>,
     /// The last topic a record named, and its index.
     last: Option<(Topic, u32)>,
@@ -500,8 +503,9 @@ pub struct Leaf {
     aging: BTreeMap<String, (crate::config::Aging, u32)>,
     /// When the next aging check is due (`None`: no topic ages).
     aging_due: Option<Time>,
-    /// The tiers of each `weighted` topic (`crate::lanes`).
-    weighted: HashMap<String, crate::config::Weights>,
+    /// The tiers of each `weighted` topic, and the weights of its fairness keys
+    /// (`crate::lanes`).
+    weighted: HashMap<String, (crate::config::Weights, crate::lanes::KeyWeights)>,
 }
 
 /// Live leases (`leaf/leases.rs`).
@@ -771,9 +775,14 @@ impl Leaf {
         leaf_topic.messages -= 1;
         leaf_topic.bytes -= u64::from(slot.size);
         leaf_topic.age_remove(id);
+        let fairness_key = leaf_topic.offers.key_of(id).cloned();
+        leaf_topic.offers.forget_key(id);
         self.dirty.insert(from.clone());
         let to = self.topic(to);
         let leaf_topic = self.topics.get_mut(&to).expect("interned");
+        if let Some(fairness_key) = fairness_key {
+            leaf_topic.offers.set_key(id, &fairness_key);
+        }
         leaf_topic.messages += 1;
         leaf_topic.bytes += u64::from(slot.size);
         leaf_topic.age_add(id, enqueued_at);
@@ -795,7 +804,10 @@ impl Leaf {
         }
         let topic: Topic = Arc::from(name);
         let leaf_topic = LeafTopic {
-            offers: Lanes::new(self.weighted.get(name).cloned()),
+            offers: Lanes::new(
+                self.weighted.get(name).cloned(),
+                self.config.settings.fairness_keys_max,
+            ),
             ..LeafTopic::default()
         };
         self.topics.insert(topic.clone(), leaf_topic);

@@ -246,6 +246,7 @@ impl Leaf {
                 enqueued_at,
                 expires_at,
                 dedup_key: message.dedup_key,
+                fairness_key: message.fairness_key.clone(),
             };
             records.push(LogRecord::Enqueue {
                 head,
@@ -267,6 +268,7 @@ impl Leaf {
                     metadata: message.metadata,
                     payload: message.payload,
                 },
+                fairness_key: message.fairness_key,
             });
         }
         self.writes.messages += messages.len() as u64;
@@ -304,6 +306,11 @@ impl Leaf {
             enqueued_at,
             expires_at: (expires_at != Time::MAX).then_some(expires_at),
             dedup_key: None,
+            fairness_key: self
+                .topics
+                .get(topic)
+                .and_then(|t| t.offers.key_of(key.id))
+                .map(|key| key.to_string()),
         }
     }
 

@@ -63,6 +63,7 @@ impl Leaf {
             mut leases,
             mut escalations,
             mut metadata,
+            mut fairness,
             topics,
             ..
         } = *recovery;
@@ -78,6 +79,7 @@ impl Leaf {
             available: Vec<(Key, Slot)>,
             ages: Vec<(MessageId, Time)>,
             dead: Vec<((Time, MessageId), Dead)>,
+            keys: Vec<(MessageId, Arc<str>)>,
         }
         let mut gathered: Vec<Gathered> = topics.iter().map(|_| Gathered::default()).collect();
         if let Some(first) = gathered.first_mut() {
@@ -134,6 +136,11 @@ impl Leaf {
                 }
             }
             let gather = &mut gathered[index as usize];
+            if !fairness.is_empty()
+                && let Some(key) = fairness.remove(&id)
+            {
+                gather.keys.push((id, key));
+            }
             gather.messages += 1;
             gather.bytes += u64::from(slot.size);
             if let Some((at, reason)) = death {
@@ -179,7 +186,8 @@ impl Leaf {
             for chunk in available.chunk_by(|a, b| a.0.priority == b.0.priority) {
                 topic.ready.insert(chunk[0].0.priority, chunk.len() as u64);
             }
-            topic.offers = Lanes::from_sorted(available);
+            let keys_max = leaf.config.settings.fairness_keys_max;
+            topic.offers = Lanes::from_sorted(available, gather.keys, keys_max);
             let mut ages = gather.ages;
             ages.sort_unstable_by_key(|(id, _)| *id);
             for (id, at) in ages {
@@ -255,6 +263,9 @@ impl Leaf {
         }
         if let Some(expires_at) = head.expires_at {
             recovery.expiring.insert(id, expires_at);
+        }
+        if let Some(key) = head.fairness_key {
+            recovery.fairness.insert(id, key.into());
         }
         recovery.messages.insert(
             id,
@@ -371,6 +382,9 @@ impl Leaf {
                 }
                 if !recovery.metadata.is_empty() {
                     recovery.metadata.remove(&id);
+                }
+                if !recovery.fairness.is_empty() {
+                    recovery.fairness.remove(&id);
                 }
                 recovery.leases.remove(&id);
                 if !recovery.expiring.is_empty() {

@@ -110,7 +110,7 @@ impl Machine for Root {
             (Some(crate::downstream::Peer::Child { .. }), Wire::Offer(offer)) => {
                 self.counters.offers_received += 1;
                 let topic = self.children.topic(&offer.topic);
-                let credits = self.children.credits();
+                let credits = self.children.credit(&topic);
                 let window = self
                     .children
                     .windows

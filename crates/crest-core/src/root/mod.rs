@@ -350,33 +350,87 @@ struct PendingAck {
     principal: Option<Arc<str>>,
 }
 
-/// Stride scheduling over the lanes of a weighted topic (see [`crate::lanes`]): serving an
-/// entry of a lane moves the lane's pass on by 1 / its weight, and pops take from the lane of
-/// the lowest pass among those whose best entry they may have. A lane that had nothing joins
-/// at the pass of the lane served last, so it is not owed its idle time: an empty tier's share
-/// goes to the others, and a tier that comes back takes its share from then on.
+/// Stride scheduling over the lanes of a weighted topic (see [`crate::lanes`]), on two
+/// levels: tiers share pops by their weights, and within a tier its lanes — one per fairness
+/// key with ready messages, one for the messages without a key — share the tier's pops by the
+/// keys' weights. Serving an entry moves its tier's pass on by 1 / the tier's weight and its
+/// lane's pass within the tier by 1 / its key's weight; pops take from the tier of the lowest
+/// pass among those with an entry they may have, and in it from the lane of the lowest pass.
+/// A tier or lane that had nothing joins at the pass served last at its level, so it is not
+/// owed its idle time: an empty tier's (or key's) share goes to the others, and one that comes
+/// back takes its share from then on.
 #[derive(Debug, Default)]
 struct Stride {
-    passes: HashMap<Topic, f64>,
-    /// The pass of the lane served last.
+    /// Per tier (its first priority): its pass, and the pass of its lane served last.
+    tiers: HashMap<u32, (f64, f64)>,
+    /// Per lane: its pass within its tier.
+    lanes: HashMap<Topic, f64>,
+    /// The pass of the tier served last.
     virtual_time: f64,
 }
 
+/// What stride scheduling reads of a lane's name: its tier, the tier's weight and its key's
+/// weight (in thousandths).
+#[derive(Clone, Copy, Debug)]
+struct LaneWeights {
+    tier: u32,
+    tier_milli: u32,
+    key_milli: u32,
+}
+
+impl LaneWeights {
+    fn of(lane: &str) -> LaneWeights {
+        let name = crate::lanes::parse(lane);
+        LaneWeights {
+            tier: name.and_then(|name| name.tier).unwrap_or(0),
+            tier_milli: name.map_or(1000, |name| name.weight_milli.max(1)),
+            key_milli: name
+                .and_then(|name| name.key)
+                .map_or(crate::lanes::KEY_WEIGHT_MILLI, |(_, weight)| weight.max(1)),
+        }
+    }
+}
+
 impl Stride {
-    fn pass(&self, lane: &Topic) -> f64 {
-        self.passes
-            .get(lane)
-            .copied()
-            .unwrap_or(0.0)
-            .max(self.virtual_time)
+    /// Whether lane `a` goes before lane `b`: the lower tier pass; within a tier, the lower
+    /// lane pass (ties keep `b`, the lane found first).
+    fn before(&self, a: (&Topic, LaneWeights), b: (&Topic, LaneWeights)) -> bool {
+        let (a_tier, a_own) = self.pass(a.0, a.1);
+        let (b_tier, b_own) = self.pass(b.0, b.1);
+        if a.1.tier == b.1.tier {
+            a_own < b_own
+        } else {
+            a_tier < b_tier
+        }
     }
 
-    fn served(&mut self, lane: &Topic) {
-        let weight = crate::lanes::parse(lane).map_or(1000, |lane| lane.weight_milli.max(1));
-        let start = self.pass(lane);
-        self.virtual_time = start;
-        self.passes
-            .insert(lane.clone(), start + 1000.0 / f64::from(weight));
+    /// Where `lane` stands: its tier's pass, then its own within the tier.
+    fn pass(&self, lane: &Topic, weights: LaneWeights) -> (f64, f64) {
+        let (tier, lanes_time) = self.tiers.get(&weights.tier).copied().unwrap_or_default();
+        let own = self.lanes.get(lane).copied().unwrap_or(0.0);
+        (tier.max(self.virtual_time), own.max(lanes_time))
+    }
+
+    fn served(&mut self, lane: &Topic, weights: LaneWeights) {
+        let (tier, own) = self.pass(lane, weights);
+        self.virtual_time = tier;
+        let next_tier = tier + 1000.0 / f64::from(weights.tier_milli);
+        self.tiers.insert(weights.tier, (next_tier, own));
+        let next_own = own + 1000.0 / f64::from(weights.key_milli);
+        self.lanes.insert(lane.clone(), next_own);
+    }
+
+    /// Forgets the lanes and tiers not among `lanes` (their windows went: idle).
+    fn keep(&mut self, lanes: &[(Topic, LaneWeights)]) {
+        if self.lanes.len() > lanes.len() {
+            let present: std::collections::HashSet<&Topic> =
+                lanes.iter().map(|(lane, _)| lane).collect();
+            self.lanes.retain(|lane, _| present.contains(lane));
+        }
+        // The lanes come in tier order.
+        let tiers: Vec<u32> = lanes.iter().map(|(_, weights)| weights.tier).collect();
+        self.tiers
+            .retain(|tier, _| tiers.binary_search(tier).is_ok());
     }
 }
 

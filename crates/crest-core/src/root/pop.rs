@@ -161,15 +161,17 @@ impl Root {
         // certain, and pops wait for them (bounded by `absent_child_wait_ms`).
         let awaiting = self.children.awaiting(now);
         let weighted = !self.children.lanes_of(topic).is_empty();
-        let lanes: Vec<Topic> = if weighted {
+        let lanes: Vec<(Topic, LaneWeights)> = if weighted {
             let lanes = self.children.lanes_of(topic).iter();
-            lanes.map(|(_, lane)| lane.clone()).collect()
+            lanes
+                .map(|(_, lane)| (lane.clone(), LaneWeights::of(lane)))
+                .collect()
         } else {
-            vec![topic.clone()]
+            vec![(topic.clone(), LaneWeights::of(topic))]
         };
         let mut stride = weighted.then(|| {
             let mut stride = self.strides.remove(topic).unwrap_or_default();
-            stride.passes.retain(|lane, _| lanes.contains(lane));
+            stride.keep(&lanes);
             stride
         });
         for &pop_id in &queue {
@@ -182,7 +184,7 @@ impl Root {
                 // Per lane, the most urgent of the window, the buffer and the grants on their
                 // way, if the pop may have it now; of those lanes, the stride's pick.
                 let mut pick: Option<(usize, Key, Source)> = None;
-                for (at, lane) in lanes.iter().enumerate() {
+                for (at, (lane, _)) in lanes.iter().enumerate() {
                     let window = self.children.windows.get(lane);
                     let buffer = self.ahead.buffers.get(lane);
                     let in_window = window.and_then(|window| window.first());
@@ -213,7 +215,9 @@ impl Root {
                     let better = match (&stride, pick) {
                         (_, None) => true,
                         (Some(stride), Some((best, _, _))) => {
-                            stride.pass(&lanes[at]) < stride.pass(&lanes[best])
+                            let (lane, weights) = &lanes[at];
+                            let (best, best_weights) = &lanes[best];
+                            stride.before((lane, *weights), (best, *best_weights))
                         }
                         (None, Some(_)) => false,
                     };
@@ -224,7 +228,7 @@ impl Root {
                 let Some((at, key, source)) = pick else {
                     break;
                 };
-                let lane = &lanes[at];
+                let (lane, weights) = &lanes[at];
                 let taken = pop.deliveries.len() + pop.outstanding;
                 let mut buffer = self.ahead.buffers.get_mut(lane);
                 if let Source::Awaited(reservation) = source {
@@ -245,7 +249,7 @@ impl Root {
                     pop.bytes += cost;
                     pop.outstanding += 1;
                     if let Some(stride) = stride.as_mut() {
-                        stride.served(lane);
+                        stride.served(lane, *weights);
                     }
                     continue;
                 }
@@ -274,7 +278,7 @@ impl Root {
                     pop.from_ahead = true;
                     self.counters.ahead_hits += 1;
                     if let Some(stride) = stride.as_mut() {
-                        stride.served(lane);
+                        stride.served(lane, *weights);
                     }
                     continue;
                 }
@@ -295,7 +299,7 @@ impl Root {
                 pop.bytes += cost;
                 pop.outstanding += 1;
                 if let Some(stride) = stride.as_mut() {
-                    stride.served(lane);
+                    stride.served(lane, *weights);
                 }
                 let purpose = ReservedFor::Pop(pop_id);
                 let sent = Sent {
@@ -316,7 +320,7 @@ impl Root {
                 by_lane.entry(at).or_default().insert((child, leaf), items);
             }
             for (at, groups) in by_lane {
-                let lane = &lanes[at];
+                let (lane, _) = &lanes[at];
                 let window = self.children.windows.get(lane);
                 self.counters.reserves += groups.len() as u64;
                 self.outbox

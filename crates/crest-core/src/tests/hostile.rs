@@ -59,6 +59,15 @@ fn a_child_s_offer_of_another_subtree_s_message_or_a_bad_topic_is_refused() {
             (offer_of("jobs\u{1}x:1", own), "nor a lane of one"),
             (offer_of("jobs\u{1}4:0", own), "nor a lane of one"),
             (offer_of("\u{1}4:500", own), "topic is empty"),
+            (
+                offer_of("jobs\u{1}4:500\u{1}1000:", own),
+                "nor a lane of one",
+            ),
+            (offer_of("jobs\u{1}4:500\u{1}0:k", own), "nor a lane of one"),
+            (
+                offer_of("jobs\u{1}4:500\u{1}1000:a\tb", own),
+                "control character",
+            ),
         ] {
             t.h.send(child, offer);
             let Wire::Error(error) = t.h.recv(child) else {
@@ -68,7 +77,7 @@ fn a_child_s_offer_of_another_subtree_s_message_or_a_bad_topic_is_refused() {
             assert!(error.message.contains(says), "{}", error.message);
         }
         let after = t.h.nodes[node].stats();
-        assert_eq!(after.violations, before.violations + 6);
+        assert_eq!(after.violations, before.violations + 9);
         assert_eq!(
             after.window_entries, before.window_entries,
             "nothing applied"
@@ -120,7 +129,7 @@ fn a_child_cannot_make_its_parent_hold_more_topics_than_the_leaves_below_may() {
         panic!("a refusal")
     };
     assert!(
-        error.message.contains("past 128 lanes"),
+        error.message.contains("past 128 tier lanes"),
         "{}",
         error.message
     );
@@ -130,4 +139,24 @@ fn a_child_cannot_make_its_parent_hold_more_topics_than_the_leaves_below_may() {
         last.window_entries,
         after.window_entries + 2 * crate::config::TIERS_MAX as u64
     );
+    // Fairness keys' lanes: at most `fairness_keys_max` per leaf below, twice (the
+    // aggregator leads to two leaves: 4 × 64 × 2).
+    let keys_max = 2 * Settings::default().fairness_keys_max as usize * 2;
+    let key_lane = |key: usize| format!("a\u{1}0:1000\u{1}1000:k{key}");
+    for key in 0..keys_max {
+        t.h.send(child, offer_of(&key_lane(key), 3));
+    }
+    t.h.send(child, offer_of(&key_lane(keys_max), 3));
+    let Wire::Error(error) = t.h.recv(child) else {
+        panic!("a refusal")
+    };
+    assert!(
+        error
+            .message
+            .contains(&format!("past {keys_max} fairness key lanes")),
+        "{}",
+        error.message
+    );
+    let end = t.h.nodes[node].stats();
+    assert_eq!(end.violations, last.violations + 1);
 }

@@ -916,6 +916,7 @@ fn grant(reserve: &Reserve) -> Wire {
                 metadata: vec![],
                 payload: Bytes::from_static(b"x"),
                 escalation: None,
+                fairness_key: None,
             }),
         })
         .collect();

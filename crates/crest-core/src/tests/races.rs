@@ -45,6 +45,7 @@ fn a_late_answer_to_a_former_roots_reservation_is_not_taken_for_the_new_ones() {
         metadata: vec![],
         payload: Bytes::from_static(b"p5"),
         escalation: None,
+        fairness_key: None,
     };
     let key = crate::key::Key {
         priority: 5,

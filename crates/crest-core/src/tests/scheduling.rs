@@ -166,3 +166,257 @@ fn a_topic_made_weighted_at_run_time_moves_its_waiting_messages_and_back() {
     assert_eq!((counts[&0], counts[&3]), (26, 50));
     assert!(t.h.pop(t.consumer, "jobs", 1).is_empty());
 }
+
+/// Pushes `count` messages of priority `priority` with fairness key `key` through `producer`.
+fn push_keyed(
+    t: &mut Tree,
+    producer: ConnId,
+    key: Option<&str>,
+    priority: u32,
+    count: usize,
+) -> Vec<MessageId> {
+    let messages = (0..count)
+        .map(|_| PushMessage {
+            topic: "jobs".into(),
+            priority,
+            payload: Bytes::from_static(b"x"),
+            fairness_key: key.map(str::to_string),
+            ..PushMessage::default()
+        })
+        .collect();
+    t.h.push_messages(producer, messages)
+}
+
+/// Pops `count` messages of "jobs" one at a time (acked): their fairness keys and ids.
+fn pop_fair(h: &mut Harness, consumer: ConnId, count: usize) -> Vec<(String, MessageId)> {
+    let mut got = Vec::with_capacity(count);
+    for _ in 0..count {
+        let delivery = h.pop(consumer, "jobs", 1).remove(0);
+        assert_eq!(h.ack(consumer, vec![delivery.receipt()]), vec![Ok(())]);
+        got.push((delivery.fairness_key.unwrap_or_default(), delivery.id));
+    }
+    got
+}
+
+fn count_by_key(got: &[(String, MessageId)]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for (key, _) in got {
+        *counts.entry(key.clone()).or_default() += 1;
+    }
+    counts
+}
+
+#[test]
+fn fairness_keys_share_their_tier_so_a_deep_key_cannot_starve_a_shallow_one() {
+    // Goal: within a tier, pops rotate among the keys with ready messages, each key in key
+    // order. Method: a noisy key's 400 messages pushed first (so in key order they all come
+    // first), then two quiet keys' 20 each, on all four leaves; two credits per lane.
+    for keyed in [false, true] {
+        let mut settings = settings(2);
+        settings.credits_per_key = 2;
+        weighted(&mut settings, "jobs");
+        let mut t = tree_with(settings);
+        let mut pushed: BTreeMap<&str, Vec<MessageId>> = BTreeMap::new();
+        for (key, count) in [("noisy", 100), ("quiet-a", 5), ("quiet-b", 5)] {
+            for producer in t.producers {
+                let fairness_key = keyed.then_some(key);
+                let ids = push_keyed(&mut t, producer, fairness_key, 2, count);
+                pushed.entry(key).or_default().extend(ids);
+            }
+        }
+        let got = pop_fair(&mut t.h, t.consumer, 30);
+        let counts = count_by_key(&got);
+        if !keyed {
+            // Without keys, the key order: the noisy backlog first.
+            let noisy = &pushed["noisy"];
+            assert!(got.iter().all(|(_, id)| noisy.contains(id)), "{counts:?}");
+            continue;
+        }
+        assert_eq!(
+            counts.values().copied().collect::<Vec<_>>(),
+            vec![10, 10, 10],
+            "equal shares while each key has messages: {counts:?}"
+        );
+        // Each key's messages in its own key order (per leaf: push order), none twice.
+        for (key, ids) in &pushed {
+            for leaf in 1..=4 {
+                let got: Vec<MessageId> = got
+                    .iter()
+                    .filter(|(k, id)| k == key && id.leaf() == LeafId(leaf))
+                    .map(|(_, id)| *id)
+                    .collect();
+                let mine: Vec<MessageId> = ids
+                    .iter()
+                    .filter(|id| id.leaf() == LeafId(leaf))
+                    .take(got.len())
+                    .copied()
+                    .collect();
+                assert_eq!(got, mine, "{key} at leaf {leaf}");
+            }
+        }
+        // The quiet keys are done: the rest is the noisy key's, all of it, once.
+        let rest = pop_fair(&mut t.h, t.consumer, 400 + 40 - 30);
+        let counts = count_by_key(&rest);
+        assert_eq!(counts.get("noisy"), Some(&390), "{counts:?}");
+        assert!(t.h.pop(t.consumer, "jobs", 1).is_empty());
+    }
+}
+
+#[test]
+fn fairness_weights_share_a_tier_by_weight_and_tiers_keep_their_weights() {
+    let mut settings = settings(4);
+    settings.credits_per_key = 2;
+    settings.topics.insert(
+        "jobs".into(),
+        TopicSettings {
+            scheduling: Some(Scheduling::Weighted),
+            weights: Some(Weights {
+                milli: [(0, 3000), (4, 1000)].into(),
+            }),
+            fairness_weights: Some(crate::config::KeyWeights {
+                milli: [("gold".to_string(), 3000)].into(),
+            }),
+            ..TopicSettings::default()
+        },
+    );
+    let mut t = tree_with(settings);
+    for producer in t.producers {
+        push_keyed(&mut t, producer, Some("gold"), 0, 30);
+        push_keyed(&mut t, producer, Some("silver"), 0, 30);
+        push_keyed(&mut t, producer, None, 0, 30);
+        push_keyed(&mut t, producer, Some("gold"), 4, 30);
+    }
+    // Tiers 3 : 1; within tier 0, gold 3 : silver 1 : no key 1.
+    let mut tiers = BTreeMap::new();
+    let mut keys = BTreeMap::new();
+    for _ in 0..40 {
+        let delivery = t.h.pop(t.consumer, "jobs", 1).remove(0);
+        assert_eq!(t.h.ack(t.consumer, vec![delivery.receipt()]), vec![Ok(())]);
+        *tiers.entry(delivery.priority).or_insert(0) += 1;
+        if delivery.priority == 0 {
+            let key = delivery.fairness_key.unwrap_or_else(|| "-".into());
+            *keys.entry(key).or_insert(0) += 1;
+        }
+    }
+    assert_eq!((tiers[&0], tiers[&4]), (30, 10), "{tiers:?}");
+    assert_eq!(
+        (keys["gold"], keys["silver"], keys["-"]),
+        (18, 6, 6),
+        "{keys:?}"
+    );
+}
+
+#[test]
+fn keys_past_fairness_keys_max_share_their_tiers_lane_and_nothing_is_lost() {
+    let mut settings = settings(2);
+    settings.credits_per_key = 2;
+    settings.fairness_keys_max = 2;
+    weighted(&mut settings, "jobs");
+    let mut t = tree_with(settings);
+    let producer = t.producers[0];
+    let mut pushed = Vec::new();
+    for key in ["a", "b", "c", "d"] {
+        pushed.extend(push_keyed(&mut t, producer, Some(key), 1, 10));
+    }
+    // Keys a and b have lanes; c and d share the tier's lane with each other (as one key).
+    let got = pop_fair(&mut t.h, t.consumer, 12);
+    let counts = count_by_key(&got);
+    assert_eq!(
+        (
+            counts["a"],
+            counts["b"],
+            counts["c"] + counts.get("d").unwrap_or(&0)
+        ),
+        (4, 4, 4),
+        "{counts:?}"
+    );
+    let rest = pop_fair(&mut t.h, t.consumer, 28);
+    let mut all: Vec<MessageId> = got.iter().chain(&rest).map(|(_, id)| *id).collect();
+    all.sort_unstable();
+    pushed.sort_unstable();
+    assert_eq!(all, pushed, "every message once");
+    assert!(t.h.pop(t.consumer, "jobs", 1).is_empty());
+}
+
+#[test]
+fn fairness_keys_survive_a_rebuild_from_the_log_and_from_a_checkpoint() {
+    for checkpoint in [false, true] {
+        let mut h = Harness::new();
+        let mut leaf_settings = Settings {
+            checkpoint_interval_ms: if checkpoint { 1000 } else { 3_600_000 },
+            credits_per_key: 2,
+            ..settings(2)
+        };
+        weighted(&mut leaf_settings, "jobs");
+        let (config, root, _, leaf_end, log) = recorded_leaf_with(&mut h, leaf_settings);
+        let producer = h.client(h.nodes.len() - 1, PeerKind::Producer);
+        let consumer = h.client(root, PeerKind::Consumer);
+        let keyed = |key: &str, count: usize| -> Vec<PushMessage> {
+            (0..count)
+                .map(|_| PushMessage {
+                    topic: "jobs".into(),
+                    priority: 2,
+                    payload: Bytes::from_static(b"x"),
+                    fairness_key: Some(key.into()),
+                    ..PushMessage::default()
+                })
+                .collect()
+        };
+        h.push_messages(producer, keyed("noisy", 40));
+        h.push_messages(producer, keyed("quiet", 4));
+        h.advance(Duration::from_secs(2));
+        h.disconnect(leaf_end);
+        let has_checkpoint = log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|op| matches!(op, crate::machine::StorageOp::Checkpoint { .. }));
+        assert_eq!(has_checkpoint, checkpoint);
+        let operations = crate::machine::replay(&log.lock().unwrap());
+        let rebuilt = h.add(Box::new(Leaf::recover(config, h.now, operations)));
+        h.link(rebuilt, root);
+        let counts = count_by_key(&pop_fair(&mut h, consumer, 8));
+        assert_eq!(
+            (counts["noisy"], counts["quiet"]),
+            (4, 4),
+            "checkpoint {checkpoint}: {counts:?}"
+        );
+    }
+}
+
+#[test]
+fn a_push_with_a_bad_fairness_key_is_refused_whole_and_names_it() {
+    let mut t = tree(2);
+    let long = "k".repeat(Settings::default().fairness_key_bytes_max as usize + 1);
+    for (key, says) in [
+        ("", "outside 1..=128"),
+        ("a\u{1}b", "control character"),
+        (long.as_str(), "fairness_key_bytes_max"),
+    ] {
+        let good = PushMessage {
+            topic: "jobs".into(),
+            fairness_key: Some("fine".into()),
+            ..PushMessage::default()
+        };
+        let bad = PushMessage {
+            fairness_key: Some(key.into()),
+            ..good.clone()
+        };
+        let request = t.h.request();
+        let push = Push {
+            request,
+            messages: vec![good, bad],
+        };
+        t.h.send(t.producers[0], Wire::Push(push));
+        let Wire::Error(error) = t.h.recv(t.producers[0]) else {
+            panic!("a refusal for {key:?}")
+        };
+        assert_eq!(error.code, ErrorCode::InvalidArgument);
+        assert!(
+            error.message.contains("message 1") && error.message.contains(says),
+            "{key:?}: {}",
+            error.message
+        );
+    }
+    assert_eq!(t.h.nodes[t.leaves[0]].stats().messages, 0, "nothing kept");
+}

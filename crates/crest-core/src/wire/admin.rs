@@ -242,8 +242,16 @@ impl TopicConfig {
             .dead_letter_topic
             .as_ref()
             .map_or(0, String::len);
+        let fairness: usize = self
+            .settings
+            .fairness_weights
+            .iter()
+            .flat_map(|weights| weights.milli.keys())
+            .map(|key| key.len() + 16)
+            .sum();
         128 + topic.len() as u64
             + dead as u64
+            + fairness as u64
             + self.attribute_bytes()
             + 16 * self.attributes.len() as u64
     }

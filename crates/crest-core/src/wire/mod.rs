@@ -33,7 +33,7 @@ mod admin;
 pub use admin::*;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 15;
+pub const PROTOCOL_VERSION: u16 = 16;
 /// First byte written on a control stream.
 pub const STREAM_CONTROL: u8 = 0xC0;
 /// First byte written on a data stream.
@@ -135,6 +135,10 @@ pub struct Welcome {
     pub payload_bytes_max: u32,
     /// Largest frame the node accepts, in bytes.
     pub frame_bytes_max: u32,
+    /// Entries per fairness key's lane the child may hold in this parent's window (0 for
+    /// clients; see [`crate::config::Settings::credits_per_key`]).
+    #[serde(default)]
+    pub credits_per_key: u32,
 }
 
 /// What went wrong, as a stable code (the message gives details).
@@ -337,6 +341,9 @@ pub struct Delivery {
     /// `priority` is the effective one.
     #[serde(default)]
     pub escalation: Option<Escalation>,
+    /// The fairness key it was pushed with.
+    #[serde(default)]
+    pub fairness_key: Option<String>,
 }
 
 /// A change of a waiting message's priority: by an admin ([`AdminOp::Reprioritize`]) or by
@@ -485,6 +492,11 @@ pub struct PushMessage {
     /// A second push of the topic with the same key within the dedup window is acknowledged
     /// with the first message's id and not enqueued again.
     pub dedup_key: Option<String>,
+    /// Within its tier of a `weighted` topic, pops rotate among the fairness keys with ready
+    /// messages (a tenant, a customer, SQS's message group), so one key's backlog cannot
+    /// starve another's. Ignored by `strict` topics (kept and delivered all the same).
+    #[serde(default)]
+    pub fairness_key: Option<String>,
 }
 
 /// Producer → leaf: a batch of messages, accepted or rejected as a whole.

@@ -60,6 +60,7 @@ pub(crate) fn head(n: u64) -> MessageHead {
         enqueued_at: crest_core::Time(n),
         expires_at: None,
         dedup_key: None,
+        fairness_key: None,
     }
 }
 
