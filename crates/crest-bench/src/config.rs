@@ -134,6 +134,8 @@ pub struct BenchConfig {
     pub payload_bytes: usize,
     /// Priority distribution.
     pub priorities: PriorityMix,
+    /// Fairness keys drawn uniformly for each message (0: messages have none).
+    pub fairness_keys: u32,
     /// Most deliveries per pop.
     pub pop_batch: u32,
     /// Acknowledge deliveries (otherwise they stay leased until their visibility timeout).
@@ -182,6 +184,7 @@ impl BenchConfig {
             duration: None,
             payload_bytes: 100,
             priorities: PriorityMix::Skewed,
+            fairness_keys: 0,
             pop_batch: 256,
             ack: true,
             rate: None,

@@ -158,7 +158,12 @@ pub(super) async fn run_producer(
             let priority = config.priorities.draw(&mut rng);
             let sent_ns = shared.now_ns();
             let payload = stamp(config.payload_bytes, shared.nonce, seq, sent_ns);
-            messages.push(Message::new(config.topic.clone(), payload).priority(priority));
+            let mut message = Message::new(config.topic.clone(), payload).priority(priority);
+            if config.fairness_keys > 0 {
+                let key = rng.random_range(0..config.fairness_keys);
+                message = message.fairness_key(format!("k{key}"));
+            }
+            messages.push(message);
             stamps.push((priority, sent_ns, seq));
             sent += 1;
             if messages.len() >= config.push_batch

@@ -45,6 +45,9 @@ pub struct BenchReport {
     pub payload_bytes: usize,
     /// Priority mix.
     pub priorities: PriorityMix,
+    /// Fairness keys drawn for the messages (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fairness_keys: u32,
     /// Pop batch.
     pub pop_batch: u32,
     /// Whether deliveries were acknowledged.
@@ -640,6 +643,7 @@ pub(super) fn report(
         consumers: config.consumers,
         payload_bytes: config.payload_bytes,
         priorities: config.priorities,
+        fairness_keys: config.fairness_keys,
         pop_batch: config.pop_batch,
         ack: config.ack,
         acks_through_root: config.acks_through_root,
@@ -802,4 +806,8 @@ impl BenchReport {
         }
         out
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

@@ -46,6 +46,10 @@ pub(crate) struct BenchArgs {
     /// fixed:P.
     #[arg(long, default_value = "skewed")]
     pub(crate) priorities: crest::bench::PriorityMix,
+    /// Give each message one of this many fairness keys, drawn uniformly (0: none); they
+    /// share pops on a `weighted` topic.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) fairness_keys: u32,
     /// Most deliveries per pop.
     #[arg(long, default_value_t = 256)]
     pub(crate) pop_batch: u32,
@@ -210,6 +214,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
         duration: args.duration,
         payload_bytes: args.payload_bytes,
         priorities: args.priorities,
+        fairness_keys: args.fairness_keys,
         pop_batch: args.pop_batch,
         ack: !args.no_ack,
         rate: args.rate,

@@ -387,6 +387,9 @@ impl<V: Offerable> Lanes<V> {
 
     /// The candidate of `key`.
     pub(crate) fn get(&self, key: &Key) -> Option<&V> {
+        if self.keyed.is_empty() {
+            return self.live[self.route(key.priority)].set.get(key);
+        }
         let (keyed, tier) = self.holders(key);
         keyed
             .and_then(|at| self.keyed.get(&at))
@@ -396,6 +399,10 @@ impl<V: Offerable> Lanes<V> {
 
     /// The set that holds `key`'s candidate (its tier's when none does).
     fn holder_mut(&mut self, key: &Key) -> &mut OfferSet<V> {
+        if self.keyed.is_empty() {
+            let tier = self.route(key.priority);
+            return &mut self.live[tier].set;
+        }
         let (keyed, tier) = self.holders(key);
         if let Some(at) = keyed
             && self

@@ -379,6 +379,13 @@ struct LaneWeights {
 }
 
 impl LaneWeights {
+    /// A strict topic's one lane (no stride scheduling reads it).
+    const STRICT: LaneWeights = LaneWeights {
+        tier: 0,
+        tier_milli: 1000,
+        key_milli: crate::lanes::KEY_WEIGHT_MILLI,
+    };
+
     fn of(lane: &str) -> LaneWeights {
         let name = crate::lanes::parse(lane);
         LaneWeights {

@@ -167,7 +167,7 @@ impl Root {
                 .map(|(_, lane)| (lane.clone(), LaneWeights::of(lane)))
                 .collect()
         } else {
-            vec![(topic.clone(), LaneWeights::of(topic))]
+            vec![(topic.clone(), LaneWeights::STRICT)]
         };
         let mut stride = weighted.then(|| {
             let mut stride = self.strides.remove(topic).unwrap_or_default();
