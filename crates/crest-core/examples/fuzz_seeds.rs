@@ -16,11 +16,7 @@ use std::path::Path;
 
 fn messages() -> Vec<(&'static str, Wire)> {
     let id = MessageId::new(LeafId(1), 7);
-    let key = Key {
-        priority: 2,
-        ready_at: Time(1_000),
-        id,
-    };
+    let key = Key::new(2, Time(1_000), id);
     let delivery = Delivery {
         id,
         token: 0x0123_4567_89ab_cdef,

@@ -304,7 +304,7 @@ impl<V: Offerable> Lanes<V> {
     fn key_lane(&self, key: &Key) -> Option<(usize, Arc<str>)> {
         self.policy.as_ref()?;
         let name = self.key_of(key.id)?;
-        Some((self.route(key.priority), name.clone()))
+        Some((self.route(key.priority()), name.clone()))
     }
 
     /// Moves every candidate into the lanes of `policy` (tiers and keys' weights; `None`:
@@ -359,7 +359,7 @@ impl<V: Offerable> Lanes<V> {
                 .set
                 .iter()
                 .map(|(key, _)| *key)
-                .filter(|key| self.route(key.priority) != at || self.key_lane(key).is_some())
+                .filter(|key| self.route(key.priority()) != at || self.key_lane(key).is_some())
                 .collect();
             for key in keys {
                 moving.push((key, self.live[at].set.remove(&key).expect("listed")));
@@ -382,13 +382,13 @@ impl<V: Offerable> Lanes<V> {
 
     /// The lanes that may hold `key`'s candidate: its key's lane first, then its tier's.
     fn holders(&self, key: &Key) -> (Option<(usize, Arc<str>)>, usize) {
-        (self.key_lane(key), self.route(key.priority))
+        (self.key_lane(key), self.route(key.priority()))
     }
 
     /// The candidate of `key`.
     pub(crate) fn get(&self, key: &Key) -> Option<&V> {
         if self.keyed.is_empty() {
-            return self.live[self.route(key.priority)].set.get(key);
+            return self.live[self.route(key.priority())].set.get(key);
         }
         let (keyed, tier) = self.holders(key);
         keyed
@@ -400,7 +400,7 @@ impl<V: Offerable> Lanes<V> {
     /// The set that holds `key`'s candidate (its tier's when none does).
     fn holder_mut(&mut self, key: &Key) -> &mut OfferSet<V> {
         if self.keyed.is_empty() {
-            let tier = self.route(key.priority);
+            let tier = self.route(key.priority());
             return &mut self.live[tier].set;
         }
         let (keyed, tier) = self.holders(key);
@@ -430,7 +430,7 @@ impl<V: Offerable> Lanes<V> {
 
     /// Up to `max` keys from `from` on in `from`'s tier (its keys' lanes too), in key order.
     pub(crate) fn keys_from(&self, from: &Key, max: usize) -> Vec<Key> {
-        let tier = self.route(from.priority);
+        let tier = self.route(from.priority());
         let mut keys = self.live[tier].set.keys_from(from, max);
         for ((at, _), lane) in &self.keyed {
             if *at == tier {
@@ -445,7 +445,7 @@ impl<V: Offerable> Lanes<V> {
     /// Adds a candidate to its lane: its fairness key's (made if fewer than `keys_max` are),
     /// or its tier's.
     pub(crate) fn insert(&mut self, key: Key, candidate: V) {
-        let tier = self.route(key.priority);
+        let tier = self.route(key.priority());
         if let Some(at) = self.key_lane(&key) {
             if let Some(lane) = self.keyed.get_mut(&at) {
                 lane.set.insert(key, candidate);
@@ -549,22 +549,18 @@ impl<V: Offerable> Lanes<V> {
 
     /// Swaps made (see [`OfferSet::swaps`]).
     pub(crate) fn swaps(&self) -> u64 {
-        self.swaps_before
-            + self
-                .all()
-                .chain(&self.retired)
-                .map(|lane| lane.set.swaps)
-                .sum::<u64>()
+        self.swaps_before + self.sum(|set| set.swaps)
     }
 
     /// Rebalances that left candidates unoffered for want of credit.
     pub(crate) fn credit_stalls(&self) -> u64 {
-        self.stalls_before
-            + self
-                .all()
-                .chain(&self.retired)
-                .map(|lane| lane.set.credit_stalls)
-                .sum::<u64>()
+        self.stalls_before + self.sum(|set| set.credit_stalls)
+    }
+
+    /// A count summed over every lane's offered set, live or retired.
+    fn sum(&self, count: impl Fn(&OfferSet<V>) -> u64) -> u64 {
+        let lanes = self.all().chain(&self.retired);
+        lanes.map(|lane| count(&lane.set)).sum()
     }
 }
 
@@ -576,11 +572,7 @@ mod tests {
     use crate::time::Time;
 
     fn key(priority: u32, id: u64) -> Key {
-        Key {
-            priority,
-            ready_at: Time(0),
-            id: MessageId(id),
-        }
+        Key::new(priority, Time(0), MessageId(id))
     }
 
     fn weighted() -> (Weights, KeyWeights) {

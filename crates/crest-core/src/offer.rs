@@ -419,11 +419,7 @@ mod tests {
     }
 
     fn key(priority: u32, id: u64) -> Key {
-        Key {
-            priority,
-            ready_at: Time(0),
-            id: MessageId(id),
-        }
+        Key::new(priority, Time(0), MessageId(id))
     }
 
     #[test]

@@ -193,11 +193,7 @@ mod tests {
 
     fn offer(seqs: &[u64]) -> Offer {
         let entry = |seq: u64| OfferEntry {
-            key: Key {
-                priority: 1,
-                ready_at: Time(seq),
-                id: MessageId::new(LeafId(1), seq),
-            },
+            key: Key::new(1, Time(seq), MessageId::new(LeafId(1), seq)),
             size: 10,
             since: Time(seq),
             entered: Time(seq),

@@ -1,6 +1,6 @@
 //! Scheduling policies in the simulator, with fixed seeds (virtual time): what `strict` does
 //! to a less urgent tier under a flood, the shares `weighted` gives every tier, and what a
-//! noisy fairness key does to quiet ones.
+//! noisy fairness key does to quiet ones, and how aging bounds the wait of a flooded tier.
 
 use crest_core::topology::Topology;
 use crest_sim::{SimReport, Workload, run};
@@ -9,9 +9,15 @@ const LOCAL: &str = include_str!("../../../topology/local.toml");
 const STARVATION: &str = include_str!("../../../examples/sim/starvation.toml");
 const SHARES: &str = include_str!("../../../examples/sim/weighted-shares.toml");
 const NOISY: &str = include_str!("../../../examples/sim/noisy-key.toml");
+const AGING: &str = include_str!("../../../examples/sim/aging-flood.toml");
 
 fn starvation(duration_ms: u64) -> SimReport {
-    let mut workload = Workload::parse(STARVATION).unwrap();
+    flood(STARVATION, duration_ms)
+}
+
+/// Scenario `file` with its flood lasting `duration_ms` and twice that to drain, seed 1.
+fn flood(file: &str, duration_ms: u64) -> SimReport {
+    let mut workload = Workload::parse(file).unwrap();
     workload.duration_ms = duration_ms;
     workload.drain_ms = 2 * duration_ms;
     let report = run(&Topology::parse(LOCAL).unwrap(), &workload, 1).unwrap();
@@ -47,6 +53,35 @@ fn under_a_flood_strict_starves_background_for_as_long_as_the_flood_and_weighted
     assert!(
         long_wait > short_wait * 18 / 10 && short_wait > 2_000_000,
         "strict BACKGROUND waits {short_wait} us (2 s flood), {long_wait} us (4 s)"
+    );
+}
+
+#[test]
+fn under_a_flood_aging_bounds_background_waits_by_its_thresholds_however_long_the_flood() {
+    // Thresholds 1 s at each of 4, 3, 2, 1 up to 0, cumulative from the message's ready
+    // time, checked every second: it reaches CRITICAL at the first check after 4 s (at most
+    // 5 s) and goes ahead of the flood's backlog there, to leave within a few pops (10 ms
+    // apart).
+    let bound_us = 5_000_000 + 100_000;
+    let mut strict_waits = Vec::new();
+    for duration_ms in [6_000, 12_000] {
+        let report = flood(AGING, duration_ms);
+        let text = report.text();
+        let aged = &report.topics["aging"].priorities[&4];
+        let strict = &report.topics["strict"].priorities[&4];
+        assert_eq!(aged.delivered, strict.delivered, "{text}");
+        assert!(aged.delivered > 100, "{text}");
+        assert!(aged.wait_us.max < bound_us, "{text}");
+        // All but those pushed in the flood's last `bound` leave while it lasts.
+        let early = aged.delivered * (duration_ms - bound_us / 1000) / duration_ms;
+        assert!(aged.delivered_in_load >= early, "{text}");
+        assert_eq!(strict.delivered_in_load, 0, "{text}");
+        strict_waits.push(strict.wait_us.p50);
+    }
+    // Without aging the wait grows with the flood, past the aging bound.
+    assert!(
+        strict_waits[1] > strict_waits[0] * 18 / 10 && strict_waits[0] > bound_us,
+        "strict BACKGROUND p50 waits {strict_waits:?} us"
     );
 }
 

@@ -58,10 +58,12 @@ fn frames(c: &mut Criterion) {
 
 fn keys(c: &mut Criterion) {
     let keys: Vec<Key> = (0..100_000u64)
-        .map(|i| Key {
-            priority: (i.wrapping_mul(2654435761) % 10) as u32,
-            ready_at: Time(i.wrapping_mul(40503) % 1000),
-            id: MessageId::new(LeafId((i % 4 + 1) as u16), i),
+        .map(|i| {
+            Key::new(
+                (i.wrapping_mul(2654435761) % 10) as u32,
+                Time(i.wrapping_mul(40503) % 1000),
+                MessageId::new(LeafId((i % 4 + 1) as u16), i),
+            )
         })
         .collect();
     let mut group = c.benchmark_group("key");
@@ -175,10 +177,8 @@ fn aggregator_merge(c: &mut Criterion) {
         };
         agg.handle_message(now, conn, hello(peer));
     }
-    let key = |leaf: u16, seq: u64, priority: u32| Key {
-        priority,
-        ready_at: Time(0),
-        id: MessageId::new(LeafId(leaf), seq),
+    let key = |leaf: u16, seq: u64, priority: u32| {
+        Key::new(priority, Time(0), MessageId::new(LeafId(leaf), seq))
     };
     // Fill both children's windows.
     let mut seq = [0u64; 2];

@@ -361,11 +361,7 @@ async fn a_child_s_hostile_offers_and_reports_are_refused_or_contained() {
         Wire::Offer(Offer {
             topic: topic.into(),
             adds: vec![OfferEntry {
-                key: Key {
-                    priority: 0,
-                    ready_at: Time::ZERO,
-                    id: MessageId::new(LeafId(leaf), 1),
-                },
+                key: Key::new(0, Time::ZERO, MessageId::new(LeafId(leaf), 1)),
                 size: 1,
                 since: Time::ZERO,
                 entered: Time::ZERO,
@@ -414,11 +410,7 @@ async fn a_child_s_hostile_offers_and_reports_are_refused_or_contained() {
     };
     flood.adds = (1..=u64::from(credits) + 1)
         .map(|seq| OfferEntry {
-            key: Key {
-                priority: 0,
-                ready_at: Time::ZERO,
-                id: MessageId::new(LeafId(4), seq),
-            },
+            key: Key::new(0, Time::ZERO, MessageId::new(LeafId(4), seq)),
             ..flood.adds[0]
         })
         .collect();

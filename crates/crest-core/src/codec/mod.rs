@@ -203,7 +203,7 @@ pub(crate) fn encode_enqueue(
 
 fn key(out: &mut Vec<u8>, key: &Key) {
     array(out, 3);
-    uint(out, key.priority.into());
+    uint(out, key.rank());
     uint(out, key.ready_at.0);
     uint(out, key.id.0);
 }
@@ -539,11 +539,8 @@ impl<'a> Reader<'a> {
 impl Reader<'_> {
     fn key(&mut self) -> Option<Key> {
         self.fields(3)?;
-        Some(Key {
-            priority: self.u32()?,
-            ready_at: Time(self.uint()?),
-            id: MessageId(self.uint()?),
-        })
+        let rank = self.uint()?;
+        Key::from_rank(rank, Time(self.uint()?), MessageId(self.uint()?))
     }
 
     fn delivery(&mut self) -> Option<Delivery> {

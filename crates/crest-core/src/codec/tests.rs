@@ -102,11 +102,15 @@ fn head() -> impl Strategy<Value = MessageHead> {
 }
 
 fn key() -> impl Strategy<Value = Key> {
-    (any::<u32>(), number(), number()).prop_map(|(priority, ready_at, id)| Key {
-        priority,
-        ready_at: Time(ready_at),
-        id: MessageId(id),
-    })
+    (any::<u32>(), any::<bool>(), number(), number()).prop_map(
+        |(priority, native, ready_at, id)| {
+            let (ready_at, id) = (Time(ready_at), MessageId(id));
+            match native {
+                true => Key::new(priority, ready_at, id),
+                false => Key::aged(priority, ready_at, id),
+            }
+        },
+    )
 }
 
 fn delivery() -> impl Strategy<Value = Delivery> {
@@ -493,11 +497,7 @@ fn a_client_s_lists_over_the_limits_are_refused_before_they_are_allocated() {
     assert!(text.contains("pop_messages_max"), "{text}");
     // A child's offer adding, or taking back, more than its credit.
     let entry = |seq: u64| OfferEntry {
-        key: Key {
-            priority: 0,
-            ready_at: Time::ZERO,
-            id: MessageId(seq),
-        },
+        key: Key::new(0, Time::ZERO, MessageId(seq)),
         size: 1,
         since: Time::ZERO,
         entered: Time::ZERO,

@@ -44,11 +44,7 @@ impl Leaf {
                     let at = leaf_topic.dead_at.remove(id).expect("listed");
                     let dead = leaf_topic.dead.remove(&(at, *id)).expect("listed");
                     leaf_topic.age_add(*id, dead.enqueued_at);
-                    let key = Key {
-                        priority: dead.priority,
-                        ready_at: dead.ready_at,
-                        id: *id,
-                    };
+                    let key = self.key_of(dead.priority, dead.ready_at, *id);
                     self.track_expiry(dead.expires_at, &topic, key);
                     let slot = Slot {
                         attempt: 0,
@@ -164,11 +160,7 @@ impl Leaf {
                 .delayed
                 .iter()
                 .filter(|(_, delayed)| delayed.topic == *topic)
-                .map(|(&(ready_at, id), delayed)| Key {
-                    priority: delayed.priority,
-                    ready_at,
-                    id,
-                })
+                .map(|(&(ready_at, id), delayed)| self.key_of(delayed.priority, ready_at, id))
                 .take(max - keys.len());
             keys.extend(delayed);
         }

@@ -135,20 +135,12 @@ impl Leaf {
                 keep(name, *key, slot);
             }
             for (&(_, id), dead) in &topic.dead {
-                let key = Key {
-                    priority: dead.priority,
-                    ready_at: dead.ready_at,
-                    id,
-                };
+                let key = self.key_of(dead.priority, dead.ready_at, id);
                 keep(name, key, &dead.slot);
             }
         }
         for (&(ready_at, id), delayed) in self.delayed.iter() {
-            let key = Key {
-                priority: delayed.priority,
-                ready_at,
-                id,
-            };
+            let key = self.key_of(delayed.priority, ready_at, id);
             keep(&delayed.topic, key, &delayed.slot);
         }
         for leased in self.leases.by_id.values() {
@@ -248,7 +240,7 @@ impl Leaf {
                 None => (topic.enqueued_at(id), self.expires_at(id)),
             };
             records.push(LogRecord::Enqueue {
-                head: self.head(&item.topic, &item.key, enqueued_at, expires_at),
+                head: Leaf::head(&item.topic, topic, &item.key, enqueued_at, expires_at),
                 metadata: body.metadata,
                 payload: body.payload,
             });

@@ -1,7 +1,6 @@
 //! What a leaf logs, and when it replaces its log with a checkpoint of its index.
 
 use super::*;
-use crate::key::Key;
 use crate::machine::{StorageOp, SyncWait};
 use crate::record::LogRecord;
 use crate::time::Time;
@@ -82,8 +81,9 @@ impl Leaf {
         let mut records = Vec::with_capacity(self.live.len() as usize + self.dedup_len());
         for (name, topic) in &self.topics {
             for (key, slot) in topic.offers.iter() {
-                let head = self.head(
+                let head = Leaf::head(
                     name,
+                    topic,
                     key,
                     topic.enqueued_at(key.id),
                     self.expires_at(key.id),
@@ -91,24 +91,17 @@ impl Leaf {
                 self.message_records(&mut records, head, slot, None);
             }
             for (&(at, id), dead) in &topic.dead {
-                let key = Key {
-                    priority: dead.priority,
-                    ready_at: dead.ready_at,
-                    id,
-                };
-                let head = self.head(name, &key, dead.enqueued_at, dead.expires_at);
+                let key = self.key_of(dead.priority, dead.ready_at, id);
+                let head = Leaf::head(name, topic, &key, dead.enqueued_at, dead.expires_at);
                 self.message_records(&mut records, head, &dead.slot, Some((at, &dead.reason)));
             }
         }
         for (&(ready_at, id), delayed) in self.delayed.iter() {
-            let key = Key {
-                priority: delayed.priority,
-                ready_at,
-                id,
-            };
+            let key = self.key_of(delayed.priority, ready_at, id);
             let topic = &self.topics[&delayed.topic];
-            let head = self.head(
+            let head = Leaf::head(
                 &delayed.topic,
+                topic,
                 &key,
                 topic.enqueued_at(id),
                 self.expires_at(id),
@@ -117,8 +110,9 @@ impl Leaf {
         }
         for (&id, leased) in &self.leases.by_id {
             let topic = &self.topics[&leased.topic];
-            let head = self.head(
+            let head = Leaf::head(
                 &leased.topic,
+                topic,
                 &leased.key,
                 topic.enqueued_at(id),
                 self.expires_at(id),

@@ -98,14 +98,18 @@ impl Leaf {
                 if priority <= floor || !leaf_topic.ready.contains_key(&priority) {
                     continue;
                 }
-                let oldest = Key {
-                    priority,
-                    ready_at: Time::ZERO,
-                    id: MessageId(0),
-                };
-                for key in leaf_topic.offers.keys_from(&oldest, scan) {
-                    if key.priority != priority || key.ready_at + threshold > now {
-                        break;
+                // The aged (promoted into `priority` already) come first, then the natives:
+                // each in ready-time order, so each check stops at its first young message.
+                let aged = leaf_topic.offers.keys_from(&Key::first_of(priority), scan);
+                let natives = Key::new(priority, Time::ZERO, MessageId(0));
+                let natives = leaf_topic.offers.keys_from(&natives, scan);
+                let aged = aged.into_iter().take_while(|key| !key.native());
+                for key in aged.chain(natives) {
+                    if key.priority() != priority || key.ready_at + threshold > now {
+                        if key.native() {
+                            break;
+                        }
+                        continue;
                     }
                     // An admin's priority stands; aging goes on from where aging left it.
                     let origin = match self.escalations.get(&key.id) {
@@ -126,16 +130,34 @@ impl Leaf {
                     reason: format!(
                         "aged: ready for more than {} at priority {}",
                         humantime::format_duration(threshold),
-                        key.priority
+                        key.priority()
                     ),
                     aged: true,
                 };
-                self.rekey(now, &topic, key, key.priority - 1, escalation, &mut records);
+                self.rekey(
+                    now,
+                    &topic,
+                    key,
+                    key.priority() - 1,
+                    escalation,
+                    &mut records,
+                );
                 self.counters.aged += 1;
             }
         }
         self.schedule_aging(now);
         self.log(now, None, SyncWait::Linger, records);
+    }
+
+    /// The key of message `id` at `priority`, ready since `ready_at`: an aged one (ahead of
+    /// the messages given `priority`) if aging moved it there, else a native one. Every place
+    /// that rebuilds a waiting message's key asks here, so a promotion's place survives a
+    /// delay, a nack, a redrive and a restart.
+    pub(super) fn key_of(&self, priority: u32, ready_at: Time, id: MessageId) -> Key {
+        match !self.escalations.is_empty() && self.escalations.get(&id).is_some_and(|e| e.aged) {
+            true => Key::aged(priority, ready_at, id),
+            false => Key::new(priority, ready_at, id),
+        }
     }
 
     /// An admin's change of message `id`'s priority (see [`AdminOp::Reprioritize`]).
@@ -162,7 +184,7 @@ impl Leaf {
         let original_priority = self
             .escalations
             .get(&id)
-            .map_or(key.priority, |e| e.original_priority);
+            .map_or(key.priority(), |e| e.original_priority);
         let escalation = Escalation {
             original_priority,
             escalated_at: now,
@@ -226,11 +248,10 @@ impl Leaf {
         }
         let enqueued_at = leaf_topic.enqueued_at(id);
         let tracked = self.ttl.by_id.get(&id).map(|ttl| ttl.key);
-        let guesses = leaf_topic.ready.keys().map(|&priority| Key {
-            priority,
-            ready_at: enqueued_at,
-            id,
-        });
+        let guesses = leaf_topic
+            .ready
+            .keys()
+            .map(|&priority| self.key_of(priority, enqueued_at, id));
         for key in tracked.into_iter().chain(guesses) {
             let delayed = self
                 .delayed
@@ -249,11 +270,7 @@ impl Leaf {
                 .iter()
                 .find(|((_, delayed_id), delayed)| *delayed_id == id && delayed.topic == *name);
             if let Some((&(ready_at, _), delayed)) = found {
-                let key = Key {
-                    priority: delayed.priority,
-                    ready_at,
-                    id,
-                };
+                let key = self.key_of(delayed.priority, ready_at, id);
                 return Ok((name.clone(), key));
             }
         }
@@ -277,11 +294,11 @@ impl Leaf {
             escalation: escalation.clone(),
         });
         self.escalations.insert(key.id, escalation);
-        if priority == key.priority {
+        let moved = self.key_of(priority, key.ready_at, key.id);
+        if moved == key {
             return;
         }
         let slot = self.take_waiting(topic, &key);
-        let moved = Key { priority, ..key };
         if let Some(ttl) = self.ttl.by_id.get_mut(&key.id) {
             ttl.key = moved;
         }

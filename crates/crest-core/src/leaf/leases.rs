@@ -115,7 +115,7 @@ impl Leaf {
             id: key.id,
             token,
             topic: topic.to_string(),
-            priority: key.priority,
+            priority: key.priority(),
             attempt: slot.attempt,
             enqueued_at,
             lease_deadline: deadline,
@@ -541,7 +541,7 @@ impl Leaf {
         leaf_topic.dead.insert(
             (at, id),
             Dead {
-                priority: key.priority,
+                priority: key.priority(),
                 ready_at: key.ready_at,
                 enqueued_at,
                 expires_at,
@@ -790,7 +790,7 @@ impl Leaf {
             return leaf_topic
                 .dead
                 .get_mut(&(at, key.id))
-                .filter(|dead| dead.priority == key.priority && dead.ready_at == key.ready_at)
+                .filter(|dead| dead.priority == key.priority() && dead.ready_at == key.ready_at)
                 .map(|dead| &mut dead.slot);
         }
         if leaf_topic.offers.get(key).is_some() {
@@ -798,7 +798,7 @@ impl Leaf {
         }
         self.delayed
             .get_mut(&(key.ready_at, key.id))
-            .filter(|delayed| delayed.priority == key.priority)
+            .filter(|delayed| delayed.priority == key.priority())
             .map(|delayed| &mut delayed.slot)
     }
 }

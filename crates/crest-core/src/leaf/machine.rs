@@ -4,7 +4,6 @@
 use super::*;
 use crate::downstream::{PeerKindTag, Topic, TopicSet};
 use crate::id::MessageId;
-use crate::key::Key;
 use crate::machine::{
     ConnId, Link, Machine, NodeStats, StorageDone, StorageOp, SyncWait, Transmit,
 };
@@ -36,11 +35,7 @@ impl Leaf {
                 break;
             }
             let (_, delayed) = self.delayed.pop_first().expect("present");
-            let key = Key {
-                priority: delayed.priority,
-                ready_at,
-                id,
-            };
+            let key = self.key_of(delayed.priority, ready_at, id);
             let topic = self.topics.get_mut(&delayed.topic).expect("topic exists");
             topic.delayed -= 1;
             self.place(now, delayed.topic, key, delayed.slot);

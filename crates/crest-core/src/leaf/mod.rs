@@ -315,7 +315,7 @@ impl LeafTopic {
     /// Places an available message.
     fn make_available(&mut self, key: Key, slot: Slot) {
         self.offers.insert(key, slot);
-        *self.ready.entry(key.priority).or_default() += 1;
+        *self.ready.entry(key.priority()).or_default() += 1;
     }
 
     /// Takes an available message out (`take`: the parent reserved it, with `applied`).
@@ -324,10 +324,10 @@ impl LeafTopic {
             Some(applied) => self.offers.take(key, applied),
             None => self.offers.remove(key),
         }?;
-        if let Some(count) = self.ready.get_mut(&key.priority) {
+        if let Some(count) = self.ready.get_mut(&key.priority()) {
             *count -= 1;
             if *count == 0 {
-                self.ready.remove(&key.priority);
+                self.ready.remove(&key.priority());
             }
         }
         Some(slot)
@@ -861,7 +861,7 @@ fn place_in(
         leaf_topic.delayed += 1;
         let entry = Delayed {
             topic,
-            priority: key.priority,
+            priority: key.priority(),
             slot,
         };
         delayed.insert((key.ready_at, key.id), entry);

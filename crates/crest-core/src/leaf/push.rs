@@ -256,11 +256,7 @@ impl Leaf {
             messages.push(PendingMessage {
                 id,
                 topic,
-                key: Key {
-                    priority: message.priority,
-                    ready_at,
-                    id,
-                },
+                key: Key::new(message.priority, ready_at, id),
                 enqueued_at,
                 expires_at: expires_at.unwrap_or(Time::MAX),
                 size: message.payload.len() as u32,
@@ -289,28 +285,25 @@ impl Leaf {
         self.log(now, Some(token), SyncWait::Now, records);
     }
 
-    /// What the log keeps of message `key` of `topic` besides its body (no dedup key:
-    /// checkpoints log keys apart, and a rewritten body must not open a new window).
+    /// What the log keeps of message `key` of topic `name` (whose state is `topic`: it knows
+    /// the message's fairness key) besides its body (no dedup key: checkpoints log keys apart,
+    /// and a rewritten body must not open a new window).
     pub(super) fn head(
-        &self,
-        topic: &Topic,
+        name: &Topic,
+        topic: &LeafTopic,
         key: &Key,
         enqueued_at: Time,
         expires_at: Time,
     ) -> MessageHead {
         MessageHead {
             id: key.id,
-            topic: topic.to_string(),
-            priority: key.priority,
+            topic: name.to_string(),
+            priority: key.priority(),
             ready_at: key.ready_at,
             enqueued_at,
             expires_at: (expires_at != Time::MAX).then_some(expires_at),
             dedup_key: None,
-            fairness_key: self
-                .topics
-                .get(topic)
-                .and_then(|t| t.offers.key_of(key.id))
-                .map(|key| key.to_string()),
+            fairness_key: topic.offers.key_of(key.id).map(|key| key.to_string()),
         }
     }
 

@@ -96,11 +96,6 @@ impl Leaf {
                 enqueued_at,
                 slot,
             } = message;
-            let key = Key {
-                priority,
-                ready_at,
-                id,
-            };
             let expires_at = match expiring.is_empty() {
                 true => Time::MAX,
                 false => expiring.remove(&id).unwrap_or(Time::MAX),
@@ -127,6 +122,7 @@ impl Leaf {
             {
                 leaf.metadata.insert(id, pairs);
             }
+            let key = leaf.key_of(priority, ready_at, id);
             leaf.last_enqueued_at = leaf.last_enqueued_at.max(enqueued_at);
             match slot.logged() {
                 Some(location) => place_body(&mut leaf.bodies.segments, &location),
@@ -145,7 +141,7 @@ impl Leaf {
             gather.bytes += u64::from(slot.size);
             if let Some((at, reason)) = death {
                 let dead = Dead {
-                    priority: key.priority,
+                    priority: key.priority(),
                     ready_at: key.ready_at,
                     enqueued_at,
                     expires_at,
@@ -162,7 +158,7 @@ impl Leaf {
                 gather.delayed += 1;
                 let entry = Delayed {
                     topic: name.clone(),
-                    priority: key.priority,
+                    priority: key.priority(),
                     slot,
                 };
                 delayed.push(((key.ready_at, id), entry));
@@ -183,8 +179,10 @@ impl Leaf {
             let mut available = gather.available;
             available.sort_unstable_by_key(|(key, _)| *key);
             // Sorted by key, priorities come in runs.
-            for chunk in available.chunk_by(|a, b| a.0.priority == b.0.priority) {
-                topic.ready.insert(chunk[0].0.priority, chunk.len() as u64);
+            for chunk in available.chunk_by(|a, b| a.0.priority() == b.0.priority()) {
+                topic
+                    .ready
+                    .insert(chunk[0].0.priority(), chunk.len() as u64);
             }
             let keys_max = leaf.config.settings.fairness_keys_max;
             topic.offers = Lanes::from_sorted(available, gather.keys, keys_max);

@@ -205,7 +205,7 @@ impl Root {
                     let Some((key, source)) = next else {
                         continue;
                     };
-                    if key.priority > pop.max_priority {
+                    if key.priority() > pop.max_priority {
                         continue;
                     }
                     let certain = !awaiting && window.is_none_or(|window| window.is_certain(&key));

@@ -64,6 +64,21 @@ fn aging_settings(credits: u32, floor: u32) -> Settings {
     settings
 }
 
+/// A recorded leaf on [`aging_settings`] below a root: its config, the root, the link's end
+/// and the log, checkpointing every second if `checkpoint`, else not within the tests.
+fn aging_leaf(
+    h: &mut Harness,
+    floor: u32,
+    checkpoint: bool,
+) -> (LeafConfig, usize, ConnId, SharedLog) {
+    let leaf_settings = Settings {
+        checkpoint_interval_ms: if checkpoint { 1000 } else { 3_600_000 },
+        ..aging_settings(4, floor)
+    };
+    let (config, root, _, leaf_end, log) = recorded_leaf_with(h, leaf_settings);
+    (config, root, leaf_end, log)
+}
+
 fn ready_by_priority(h: &mut Harness, client: ConnId) -> Vec<(u32, u64)> {
     let (stats, _) = stats_of(h, client, "jobs");
     stats.ready.into_iter().collect()
@@ -282,6 +297,45 @@ fn aging_promotes_one_priority_per_threshold_up_to_the_floor_and_leaves_escalati
 }
 
 #[test]
+fn an_aged_message_goes_ahead_of_its_new_prioritys_backlog_across_nack_delay_and_restart() {
+    for checkpoint in [false, true] {
+        let mut h = Harness::new();
+        let (config, root, leaf_end, log) = aging_leaf(&mut h, 2, checkpoint);
+        let producer = h.client(h.nodes.len() - 1, PeerKind::Producer);
+        let consumer = h.client(root, PeerKind::Consumer);
+        // A backlog at 2, ready before the two at 3 that age into 2 after 30 s.
+        let backlog = h.push(producer, "jobs", &[2; 6]);
+        h.advance(Duration::from_secs(1));
+        let low = h.push(producer, "jobs", &[3, 3]);
+        h.advance(Duration::from_secs(31));
+        assert_eq!(ready_by_priority(&mut h, consumer), vec![(2, 8)]);
+        // An admin's priority makes a message native again: behind the backlog.
+        reprioritize(&mut h, consumer, "jobs", low[1], 2).expect("waiting");
+        let checkpointed = restart_from_log(&mut h, config, root, leaf_end, &log);
+        assert_eq!(checkpointed, checkpoint);
+        // Promoted, it goes ahead of the six that were ready before it; a nack with a delay
+        // brings it back ahead of them again.
+        let first = h.pop(consumer, "jobs", 1);
+        assert_eq!(first[0].id, low[0], "checkpoint {checkpoint}");
+        let nack = Settle::Nack {
+            delay_ms: 1000,
+            reason: None,
+        };
+        assert_eq!(
+            h.settle(consumer, nack, vec![first[0].receipt()]),
+            vec![Ok(())]
+        );
+        h.advance(Duration::from_secs(2));
+        let popped = h.pop(consumer, "jobs", 8);
+        let got: Vec<MessageId> = popped.iter().map(|d| d.id).collect();
+        let mut want = vec![low[0]];
+        want.extend(&backlog);
+        want.push(low[1]);
+        assert_eq!(got, want, "checkpoint {checkpoint}");
+    }
+}
+
+#[test]
 fn aging_set_at_run_time_applies_to_the_messages_already_waiting() {
     let mut t = tree(4);
     let ids = t.h.push(t.producers[0], "jobs", &[4]);
@@ -305,11 +359,7 @@ fn aging_set_at_run_time_applies_to_the_messages_already_waiting() {
 fn escalations_and_promotions_survive_a_rebuild_from_the_log_and_from_a_checkpoint() {
     for checkpoint in [false, true] {
         let mut h = Harness::new();
-        let leaf_settings = Settings {
-            checkpoint_interval_ms: if checkpoint { 1000 } else { 3_600_000 },
-            ..aging_settings(4, 0)
-        };
-        let (config, root, _, leaf_end, log) = recorded_leaf_with(&mut h, leaf_settings);
+        let (config, root, leaf_end, log) = aging_leaf(&mut h, 0, checkpoint);
         let producer = h.client(h.nodes.len() - 1, PeerKind::Producer);
         let consumer = h.client(root, PeerKind::Consumer);
         let ids = h.push(producer, "jobs", &[4, 2, 2]);
@@ -320,16 +370,8 @@ fn escalations_and_promotions_survive_a_rebuild_from_the_log_and_from_a_checkpoi
             ready_by_priority(&mut h, consumer),
             vec![(1, 1), (2, 1), (3, 1)]
         );
-        h.disconnect(leaf_end);
-        let operations = crate::machine::replay(&log.lock().unwrap());
-        let has_checkpoint = log
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|op| matches!(op, crate::machine::StorageOp::Checkpoint { .. }));
-        assert_eq!(has_checkpoint, checkpoint);
-        let rebuilt = h.add(Box::new(Leaf::recover(config, h.now, operations)));
-        h.link(rebuilt, root);
+        let checkpointed = restart_from_log(&mut h, config, root, leaf_end, &log);
+        assert_eq!(checkpointed, checkpoint);
         assert_eq!(
             ready_by_priority(&mut h, consumer),
             vec![(1, 1), (2, 1), (3, 1)],

@@ -7,11 +7,7 @@ use crate::key::Key;
 /// An offer of one entry of `leaf`'s on `topic`.
 fn offer_of(topic: &str, leaf: u16) -> Wire {
     let entry = crate::wire::OfferEntry {
-        key: Key {
-            priority: 0,
-            ready_at: Time::ZERO,
-            id: MessageId::new(LeafId(leaf), 1),
-        },
+        key: Key::new(0, Time::ZERO, MessageId::new(LeafId(leaf), 1)),
         size: 1,
         since: Time::ZERO,
         entered: Time::ZERO,

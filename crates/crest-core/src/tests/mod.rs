@@ -561,6 +561,28 @@ fn recorded_leaf_with(
     (config, root, leaf, leaf_end, log)
 }
 
+/// Cuts a recorded leaf off at `leaf_end`, rebuilds it from its log (`config` as given by
+/// [`recorded_leaf_with`]) and links the rebuilt leaf to `root`; whether the log held a
+/// checkpoint.
+fn restart_from_log(
+    h: &mut Harness,
+    config: LeafConfig,
+    root: usize,
+    leaf_end: ConnId,
+    log: &SharedLog,
+) -> bool {
+    h.disconnect(leaf_end);
+    let log = log.lock().unwrap();
+    let checkpointed = log
+        .iter()
+        .any(|op| matches!(op, crate::machine::StorageOp::Checkpoint { .. }));
+    let operations = crate::machine::replay(&log);
+    drop(log);
+    let rebuilt = h.add(Box::new(Leaf::recover(config, h.now, operations)));
+    h.link(rebuilt, root);
+    checkpointed
+}
+
 /// Wraps a machine and keeps a copy of every storage operation it emits: its log.
 struct Recording {
     inner: Box<dyn Machine>,
@@ -873,11 +895,7 @@ fn counter(h: &mut Harness, node: usize, name: &str) -> u64 {
 
 /// One entry of leaf `leaf` (priority 5, ready at `at` ms), as a child offers it.
 fn entry(leaf: u16, seq: u64, at: u64) -> OfferEntry {
-    let key = crate::key::Key {
-        priority: 5,
-        ready_at: Time::from_millis(at),
-        id: MessageId::new(LeafId(leaf), seq),
-    };
+    let key = crate::key::Key::new(5, Time::from_millis(at), MessageId::new(LeafId(leaf), seq));
     OfferEntry {
         key,
         size: 1,
@@ -909,7 +927,7 @@ fn grant(reserve: &Reserve) -> Wire {
                 id: item.key.id,
                 token: 7,
                 topic: reserve.topic.clone(),
-                priority: item.key.priority,
+                priority: item.key.priority(),
                 attempt: 1,
                 enqueued_at: item.key.ready_at,
                 lease_deadline: item.key.ready_at + Duration::from_secs(30),

@@ -47,11 +47,7 @@ fn a_late_answer_to_a_former_roots_reservation_is_not_taken_for_the_new_ones() {
         escalation: None,
         fairness_key: None,
     };
-    let key = crate::key::Key {
-        priority: 5,
-        ready_at: pushed_at,
-        id: ids[1],
-    };
+    let key = crate::key::Key::new(5, pushed_at, ids[1]);
     h.queue.push_front((
         root_end,
         Wire::Reserved(Reserved {

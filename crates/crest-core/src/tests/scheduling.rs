@@ -365,16 +365,8 @@ fn fairness_keys_survive_a_rebuild_from_the_log_and_from_a_checkpoint() {
         h.push_messages(producer, keyed("noisy", 40));
         h.push_messages(producer, keyed("quiet", 4));
         h.advance(Duration::from_secs(2));
-        h.disconnect(leaf_end);
-        let has_checkpoint = log
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|op| matches!(op, crate::machine::StorageOp::Checkpoint { .. }));
-        assert_eq!(has_checkpoint, checkpoint);
-        let operations = crate::machine::replay(&log.lock().unwrap());
-        let rebuilt = h.add(Box::new(Leaf::recover(config, h.now, operations)));
-        h.link(rebuilt, root);
+        let checkpointed = restart_from_log(&mut h, config, root, leaf_end, &log);
+        assert_eq!(checkpointed, checkpoint);
         let counts = count_by_key(&pop_fair(&mut h, consumer, 8));
         assert_eq!(
             (counts["noisy"], counts["quiet"]),
