@@ -10,8 +10,8 @@ pub const AGING_PRIORITIES_MAX: usize = 64;
 
 /// A topic's aging: per priority, how long a message waits ready at that priority before it
 /// moves one priority up (one lower number), never above the topic's `aging_floor`. A promoted
-/// message keeps its place by ready time and waits its new priority's threshold again before
-/// the next step. Written as a table of priority = duration: `aging = { 3 = "30m", 4 = "1h" }`.
+/// message goes ahead of the messages given its new priority (by ready time among the
+/// promoted) and waits its new priority's threshold too before the next step. Written as a table of priority = duration: `aging = { 3 = "30m", 4 = "1h" }`.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Aging {
     /// Threshold per priority.

@@ -10,9 +10,11 @@
 //!
 //! Aging needs no scan of every message: within a priority the index is in ready-time order,
 //! so the oldest ready messages of a tier come first and a check stops at the first one that
-//! has not waited the tier's threshold. A promoted message keeps its ready time (its place
-//! among the messages of its new tier is by how long it has been waiting) and is due again
-//! once it has waited the thresholds of every tier it went through.
+//! has not waited the tier's threshold. A promoted message keeps its ready time but its key
+//! is marked aged (`Key::aged`): it goes ahead of the messages given its new tier, so a flood
+//! of that tier cannot hold it back, and among the promoted ones the oldest goes first. It is
+//! due again once it has waited the thresholds of every tier it went through; each check
+//! walks a tier's promoted run, then its native run, each from its oldest.
 
 use super::*;
 use crate::config::Aging;
