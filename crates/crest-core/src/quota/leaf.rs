@@ -45,12 +45,16 @@ struct Allowance {
     version: Time,
     limits: Limits,
     granted: Amount,
+    /// Admitted or given back, in total (the root's grants are measured against it).
     taken: Amount,
+    /// Admitted, in total: what [`Allowance::ceiling`] is measured against (give-backs
+    /// after the report the ceiling answers must not count against it).
+    admitted: Amount,
     /// Admitted since the last report.
     recent: Amount,
     /// Refused for want of allowance since the last report.
     short: Amount,
-    /// The root's last word on how far `taken` could go ([`ScopeGrant::ceiling`]).
+    /// The root's last word on how far `admitted` could go ([`ScopeGrant::ceiling`]).
     ceiling: Option<Amount>,
     /// What the leaf asked for in its last report.
     want: Amount,
@@ -156,7 +160,7 @@ impl Allowance {
         let Some(ceiling) = self.ceiling else {
             return false;
         };
-        let reach = self.taken.plus(need);
+        let reach = self.admitted.plus(need);
         match which {
             Quota::Messages => reach.messages > ceiling.messages,
             _ => reach.bytes > ceiling.bytes,
@@ -388,6 +392,7 @@ impl Allowances {
         for (scope, need) in needs {
             let allowance = self.scopes.get_mut(&scope).expect("listed");
             allowance.taken.add(need);
+            allowance.admitted.add(need);
             allowance.recent.add(need);
             if allowance.limits.rated() {
                 allowance.tokens_taken.add(need);
@@ -579,6 +584,7 @@ impl Allowances {
                         .collect(),
                     granted: allowance.granted,
                     taken: allowance.taken,
+                    admitted: allowance.admitted,
                     want,
                     short,
                     recent,

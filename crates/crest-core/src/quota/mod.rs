@@ -391,6 +391,9 @@ pub struct ScopeUsage {
     pub granted: Amount,
     /// What of that it admitted or gave back, in total.
     pub taken: Amount,
+    /// What it admitted, in total (this incarnation): the basis of the ceiling the root
+    /// answers ([`ScopeGrant::ceiling`]).
+    pub admitted: Amount,
     /// What it would like to have in hand.
     pub want: Amount,
     /// What it refused for want of allowance since its last report.
@@ -502,9 +505,12 @@ pub struct ScopeGrant {
     pub scope: String,
     /// Everything granted to this incarnation of the leaf so far.
     pub granted: Amount,
-    /// The most the leaf's consumed total (`taken`) could reach: what it has in hand, what is
-    /// free, and what other leaves could give back. A push past it is refused as
-    /// [`QuotaExceeded`] rather than waiting for more (`None`: not known yet).
+    /// The most the leaf's admitted total ([`ScopeUsage::admitted`]) could reach: what it
+    /// admitted by the report this answers, what it has in hand, what is free, and what other
+    /// leaves could give back. Measured against what was admitted, not what was taken: an
+    /// allowance the leaf gives back after its report (a spare, a reclaim) must not count
+    /// against it. A push past it is refused as [`QuotaExceeded`] rather than waiting for
+    /// more (`None`: not known yet).
     pub ceiling: Option<Amount>,
     /// Another leaf is short: give back what is unused, and report at once.
     #[serde(default)]

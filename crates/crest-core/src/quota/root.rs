@@ -311,17 +311,17 @@ impl Ledger {
                 messages: u64::MAX,
                 bytes: u64::MAX,
             };
-            let taken = account.taken;
+            let admitted = scope.admitted;
             let ahead =
                 scope.recent.is_zero() && scope.short.is_zero() && scope.tokens_short.is_zero();
-            for (limit, bound, deficit, in_hand, elsewhere, taken, ceiling, more) in [
+            for (limit, bound, deficit, in_hand, elsewhere, admitted, ceiling, more) in [
                 (
                     limits.messages_max,
                     bound.messages,
                     deficit.messages,
                     in_hand.messages,
                     elsewhere.messages,
-                    taken.messages,
+                    admitted.messages,
                     &mut ceiling.messages,
                     &mut more.messages,
                 ),
@@ -331,7 +331,7 @@ impl Ledger {
                     deficit.bytes,
                     in_hand.bytes,
                     elsewhere.bytes,
-                    taken.bytes,
+                    admitted.bytes,
                     &mut ceiling.bytes,
                     &mut more.bytes,
                 ),
@@ -346,9 +346,9 @@ impl Ledger {
                     *more = deficit.max(share).min(free);
                     unmet |= *more < deficit;
                 }
-                // The most this leaf could consume: what it holds, what is free, and what
-                // the other leaves could give back.
-                *ceiling = taken
+                // The most this leaf could admit: what it admitted, what it holds, what is
+                // free, and what the other leaves could give back.
+                *ceiling = admitted
                     .saturating_add(in_hand)
                     .saturating_add(free)
                     .saturating_add(elsewhere);

@@ -1,5 +1,6 @@
 use super::*;
 use proptest::prelude::*;
+use std::collections::VecDeque;
 
 const INTERVAL: Duration = Duration::from_millis(100);
 const LEAST: Amount = Amount {
@@ -408,4 +409,59 @@ fn a_short_leaf_has_the_root_ask_the_others_for_what_they_hold_unused() {
     assert_eq!(one.held + two.held, 15);
     let refused = two.push(now, 6).expect_err("past the quota");
     assert!(matches!(refused, Shortfall::Exceeded(_)), "{refused:?}");
+}
+
+proptest! {
+    /// A refusal for the quota is never early: whatever the delays, with reports and grants
+    /// each in order on their links (grants, reclaims and give-backs crossing reports the
+    /// leaf sent before they arrived), a batch refused as `QuotaExceeded` would have passed
+    /// the limit with what the tree holds.
+    #[test]
+    fn a_quota_refusal_means_the_batch_would_pass_the_limit(
+        limit in 20_u64..300,
+        steps in proptest::collection::vec((0_u16..4, 0_u8..4, 1_usize..40), 1..400),
+    ) {
+        let mut now = Time::from_millis(1);
+        let mut ledger = Ledger::default();
+        let mut leaves: Vec<TestLeaf> =
+            (1..=4).map(|id| TestLeaf::new(id, now, messages_max(limit))).collect();
+        let mut up: Vec<VecDeque<Usage>> = vec![VecDeque::new(); 4];
+        let mut down: Vec<VecDeque<Grant>> = vec![VecDeque::new(); 4];
+        for (leaf, action, count) in steps {
+            now = now + Duration::from_millis(7);
+            let leaf_index = usize::from(leaf);
+            match action {
+                0 => {
+                    let held: u64 = leaves.iter().map(|l| l.held).sum();
+                    if let Err(Shortfall::Exceeded(quota)) = leaves[leaf_index].push(now, count) {
+                        prop_assert!(
+                            held + count as u64 > limit,
+                            "{count} refused ({quota:?}) with {held} held of {limit}"
+                        );
+                    }
+                }
+                1 => {
+                    let usage = leaves[leaf_index].report(now);
+                    up[leaf_index].push_back(usage);
+                }
+                2 => {
+                    // The root takes the leaf's oldest report; its answers go down in order.
+                    if let Some(usage) = up[leaf_index].pop_front() {
+                        let answer = ledger.report(now, &usage, &[], Duration::ZERO);
+                        down[leaf_index].extend(answer.grant);
+                        for reclaim in answer.reclaim {
+                            down[usize::from(reclaim.leaf.0) - 1].push_back(reclaim);
+                        }
+                    }
+                }
+                _ => {
+                    if let Some(grant) = down[leaf_index].pop_front() {
+                        leaves[leaf_index].allowances.grant(&grant);
+                    }
+                }
+            }
+            let held: u64 = leaves.iter().map(|l| l.held).sum();
+            prop_assert!(held <= limit, "held {held} over limit {limit}");
+        }
+    }
 }
