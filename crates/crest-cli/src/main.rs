@@ -52,7 +52,27 @@ use std::time::Duration;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines are written to stderr: `text` for people, `json` (one JSON object per
+    /// line: time, level, target, the event's fields and its spans') for log pipelines.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "CREST_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
 }
+
+/// See [`Cli::log_format`].
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Whether logs are JSON lines (set once from the command line, before any logging starts).
+static LOG_JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 #[derive(Subcommand)]
 enum Command {
@@ -246,10 +266,17 @@ fn init_tracing(default: &str) {
         // running one: the replica logs what an operator needs.
         tracing_subscriber::EnvFilter::new(format!("{default},openraft=warn,chunked_wal=warn"))
     });
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if LOG_JSON.load(std::sync::atomic::Ordering::Relaxed) {
+        logs.json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init();
+    } else {
+        logs.init();
+    }
 }
 
 /// Turns transparent huge pages off for this process, unless `MIMALLOC_ALLOW_THP` in the
@@ -269,6 +296,10 @@ fn no_huge_pages() {
 fn main() -> std::process::ExitCode {
     no_huge_pages();
     let cli = Cli::parse();
+    LOG_JSON.store(
+        cli.log_format == LogFormat::Json,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     // Read (and unset) the socket-activation variables while this is the only thread.
     let listen_fds = listenfd::ListenFd::from_env();
     let runtime = match tokio::runtime::Runtime::new() {

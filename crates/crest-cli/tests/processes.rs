@@ -183,16 +183,20 @@ async fn settle_requests(cluster: &Cluster, node: &str) -> u64 {
         .sum()
 }
 
-/// Messages of topic `jobs` under a live lease at the four leaves, from their `/metrics`.
+/// Messages of topic `jobs` under a live lease at the four leaves, from their `/stats` (a
+/// leaf's topics are its subtree's).
 async fn leased_at_leaves(cluster: &Cluster) -> u64 {
     let mut leased = 0;
     for leaf in ["leaf-1", "leaf-2", "leaf-3", "leaf-4"] {
-        let (code, metrics) = cluster.http_get(leaf, "/metrics").await;
-        assert_eq!(code, 200, "{leaf}: {metrics}");
-        leased += metrics
-            .lines()
-            .filter_map(|line| line.strip_prefix("crest_topic_in_flight{topic=\"jobs\"} "))
-            .map(|value| value.parse::<u64>().unwrap())
+        let (code, stats) = cluster.http_get(leaf, "/stats").await;
+        assert_eq!(code, 200, "{leaf}: {stats}");
+        let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+        leased += stats["stats"]["topics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["topic"] == "jobs")
+            .map(|t| t["in_flight"].as_u64().unwrap())
             .sum::<u64>();
     }
     leased

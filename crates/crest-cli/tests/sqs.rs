@@ -7,29 +7,20 @@
 #[path = "common/cluster.rs"]
 mod cluster;
 mod common;
+#[path = "common/printing.rs"]
+mod printing;
 
 use cluster::Cluster;
-use std::io::{BufRead, BufReader};
+use printing::{Process, spawn_printing, wait_for};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use crest::core::topology::Topology;
 use crest::node::LocalTree;
 
 use cluster::CREST;
 const DEFAULT: &str = include_str!("../../../topology/local.toml");
-
-/// A `crest` process, killed when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The Python that has boto3 and the AWS CLI.
 fn python() -> PathBuf {
@@ -47,42 +38,6 @@ fn python() -> PathBuf {
         venv.display()
     );
     venv
-}
-
-/// Spawns `command` with its stdout read line by line on a thread of its own.
-fn spawn_printing(mut command: Command) -> (Process, mpsc::Receiver<String>) {
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    // Reads to the end even once nobody waits for lines: a closed pipe would fail the
-    // process's next print (EPIPE) and end it while the test still talks to it.
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    (Process(child), rx)
-}
-
-/// The first value `find` gets from a printed line, within 30 s.
-fn wait_for<T>(lines: &mpsc::Receiver<String>, mut find: impl FnMut(&str) -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seen = String::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = lines
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("not printed within 30 s; printed:\n{seen}"));
-        if let Some(found) = find(&line) {
-            return found;
-        }
-        seen.push_str(&line);
-        seen.push('\n');
-    }
 }
 
 /// Starts `crest local` on ephemeral ports with its SQS API; returns the process, the API's
@@ -109,6 +64,7 @@ fn start_local(dir: &std::path::Path) -> (Process, String, String, String) {
         .arg(&path)
         .arg("--ca-out")
         .arg(dir.join("ca.pem"));
+    command.stderr(Stdio::null());
     let (local, lines) = spawn_printing(command);
     let endpoint = wait_for(&lines, |line| {
         let rest = line.strip_prefix("SQS API:")?;
@@ -282,6 +238,7 @@ async fn a_gateway_process_serves_each_key_in_its_namespace_as_its_principal() {
         for leaf in tree.topology.leaves() {
             command.arg("--leaf").arg(&leaf.address);
         }
+        command.stderr(Stdio::null());
         let (gateway, lines) = spawn_printing(command);
         let endpoint = wait_for(&lines, |line| {
             line.strip_prefix("SQS API: ")?

@@ -54,6 +54,7 @@ fn messages() -> Vec<(&'static str, Wire)> {
             ..Stats::default()
         },
         absent: vec![LeafId(2)],
+        ..Report::default()
     };
     vec![
         (

@@ -599,6 +599,10 @@ impl Machine for Aggregator {
         self.offer_due.into_iter().chain(report).min()
     }
 
+    fn histogram_totals(&self) -> std::collections::BTreeMap<Metric, crate::metrics::Hist> {
+        self.reporter.recorder.totals()
+    }
+
     fn report(&mut self, now: Time) -> Report {
         let stats = self.stats();
         let swaps = self.offers.values().map(|o| o.swaps).sum();

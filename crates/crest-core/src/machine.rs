@@ -242,6 +242,13 @@ pub trait Machine: Send {
     /// The measurements of this node's subtree (this node, then its children's latest
     /// reports), as sent to its parent and served over HTTP.
     fn report(&mut self, now: Time) -> crate::metrics::Report;
+    /// This node's own histograms since it started, every metric (what `/metrics` serves;
+    /// asked for at a scrape, not computed for every report).
+    fn histogram_totals(
+        &self,
+    ) -> std::collections::BTreeMap<crate::metrics::Metric, crate::metrics::Hist> {
+        std::collections::BTreeMap::new()
+    }
     /// Every `report_interval_ms` (the driver's clock): send the subtree's report to the
     /// parent, if there is a session. Driven from outside `poll_timeout` so that an idle node
     /// under virtual time is not woken once a second for days.

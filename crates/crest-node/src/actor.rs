@@ -552,7 +552,9 @@ impl Actor for NodeActor {
                 let _ = reply.send(links(&state.conns));
             }
             NodeMsg::Report(reply) => {
-                let _ = reply.send(state.machine.report(now));
+                let mut report = state.machine.report(now);
+                report.totals = state.machine.histogram_totals();
+                let _ = reply.send(report);
             }
             NodeMsg::ReportTick(pending) => {
                 pending.store(false, Ordering::Release);

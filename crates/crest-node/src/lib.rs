@@ -15,6 +15,7 @@
 pub mod access;
 mod actor;
 mod admission;
+mod exporter;
 mod http;
 mod local;
 mod net;
@@ -23,7 +24,6 @@ mod replicated;
 mod storage;
 
 pub use actor::{LinkStats, LinkTotals, Links};
-pub use http::render_prometheus;
 pub use local::{LOCAL_ADMIN, LocalTree};
 pub use replicated::{
     FollowerLag, LOG_DIR as REPLICA_LOG_DIR, ReplicaHandle, ReplicaStatus, start_replica,
@@ -483,6 +483,10 @@ pub(crate) async fn serve(
     endpoint: Option<quinn::Endpoint>,
 ) -> Result<NodeHandle, NodeError> {
     let name = spec.name.as_str();
+    let log_dir = match &backing {
+        Backing::Wal(_, dir) | Backing::Replicated(_, dir) => Some(dir.clone()),
+        Backing::Memory => None,
+    };
     let endpoint_config = crest_transport::NodeEndpointConfig {
         server: crest_transport::server_config(&tls.node, &tls.ca_pem, &spec.settings)?,
         client: crest_transport::link_client_config(&tls.ca_pem, &tls.node, &spec.settings)?,
@@ -595,7 +599,12 @@ pub(crate) async fn serve(
             let bound = listener.local_addr().ok();
             tokio::spawn(http::serve(
                 listener,
-                http::HttpState::node(actor.clone(), name.to_string(), spec.role.to_string()),
+                http::HttpState::node(
+                    actor.clone(),
+                    name.to_string(),
+                    spec.role.to_string(),
+                    log_dir.clone(),
+                ),
                 shutdown.clone(),
             ));
             bound

@@ -323,6 +323,7 @@ pub async fn start_replica(
             role: spec.role.to_string(),
             actor: Box::new(move || lock(&actor_of.actor).clone()),
             replica: Some(Box::new(move || lock(&status_of.status).clone())),
+            data_dir: Some(dir.clone()),
         };
         tokio::spawn(crate::http::serve(listener, state, shutdown.clone()));
     }

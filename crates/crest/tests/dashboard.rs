@@ -79,6 +79,7 @@ fn parse_prometheus(text: &str) -> (BTreeMap<String, String>, Vec<(String, f64)>
     let mut types = BTreeMap::new();
     let mut samples = Vec::new();
     let mut buckets: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut counts: BTreeMap<String, f64> = BTreeMap::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let (family, kind) = rest.split_once(' ').expect("TYPE name kind");
@@ -116,16 +117,33 @@ fn parse_prometheus(text: &str) -> (BTreeMap<String, String>, Vec<(String, f64)>
             })
             .unwrap_or(name);
         assert!(types.contains_key(family), "sample before its TYPE: {line}");
+        // A histogram series: its name and labels but `le`.
+        let series_of = |labels: &str| {
+            let kept: Vec<&str> = labels
+                .trim_matches(['{', '}'])
+                .split(',')
+                .filter(|l| !l.starts_with("le=") && !l.is_empty())
+                .collect();
+            format!("{family}{{{}}}", kept.join(","))
+        };
+        let labels = series.strip_prefix(name).unwrap_or_default();
         if name.ends_with("_bucket") {
-            buckets.entry(family.to_string()).or_default().push(value);
+            buckets.entry(series_of(labels)).or_default().push(value);
         }
         if name.ends_with("_count") && types.get(family).is_some_and(|k| k == "histogram") {
-            let counts = &buckets[family];
-            assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{family} buckets");
-            assert_eq!(*counts.last().unwrap(), value, "{family}: +Inf = count");
+            counts.insert(series_of(labels), value);
         }
         samples.push((series.to_string(), value));
     }
+    for (series, count) in &counts {
+        let cumulative = &buckets[series];
+        assert!(
+            cumulative.windows(2).all(|w| w[0] <= w[1]),
+            "{series} buckets"
+        );
+        assert_eq!(cumulative.last(), Some(count), "{series}: +Inf = count");
+    }
+    assert_eq!(counts.len(), buckets.len(), "every histogram has its count");
     (types, samples)
 }
 
@@ -234,19 +252,24 @@ async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
     let (status, text) = get(root, "/metrics").await;
     assert_eq!(status, 200);
     let (types, samples) = parse_prometheus(&text);
-    assert_eq!(types["crest_pushed_total"], "counter");
-    assert_eq!(types["crest_bubble_up_to_root_microseconds"], "histogram");
-    // The leaves keep messages in memory here: no log, no syncs to report.
-    assert_eq!(types["crest_log_sync_microseconds"], "histogram");
-    assert_eq!(sum_of(&samples, "crest_log_sync_microseconds_count"), 0.0);
-    assert_eq!(sum_of(&samples, "crest_pushed_total{"), 40.0);
+    assert_eq!(types["crest_deliveries_total"], "counter");
+    assert_eq!(types["crest_bubble_up_to_root_seconds"], "histogram");
+    // Every node serves every histogram of its own, empty ones too: the root syncs no log.
+    assert_eq!(types["crest_log_sync_seconds"], "histogram");
+    assert_eq!(sum_of(&samples, "crest_log_sync_seconds_count"), 0.0);
+    // Each node serves its own counters: the root pushes nothing.
+    assert_eq!(sum_of(&samples, "crest_pushed_total{"), 0.0);
     assert_eq!(sum_of(&samples, "crest_deliveries_total{"), 15.0);
+    assert_eq!(
+        sum_of(&samples, "crest_consumer_lag_seconds_count{topic=\"jobs\""),
+        15.0
+    );
     assert_eq!(sum_of(&samples, "crest_topic_ready{topic=\"jobs\""), 25.0);
     assert_eq!(
         sum_of(&samples, "crest_topic_in_flight{topic=\"jobs\"}"),
         10.0
     );
-    assert!(sum_of(&samples, "crest_bubble_up_to_root_microseconds_count") >= 15.0);
+    assert!(sum_of(&samples, "crest_bubble_up_to_root_seconds_count") >= 15.0);
     assert_eq!(sum_of(&samples, "crest_protocol_violations_total{"), 0.0);
     assert_eq!(sum_of(&samples, "crest_direct_links{"), 4.0);
     // The root's own QUIC links: one to each leaf for the pop path, and the aggregators' and
@@ -263,7 +286,7 @@ async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
         ) >= 3.0
     );
     assert!(sum_of(&samples, "crest_quic_sent_packets{") > 0.0);
-    assert!(sum_of(&samples, "crest_quic_rtt_max_microseconds{") > 0.0);
+    assert!(sum_of(&samples, "crest_quic_rtt_max_seconds{") > 0.0);
     // The process the tree runs in: it has worked and holds memory.
     assert_eq!(types["process_cpu_seconds_total"], "counter");
     assert!(
@@ -286,7 +309,8 @@ async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
     }
     assert_eq!(stats["links"]["omitted"], 0);
 
-    // Every node answers on its own; a leaf's subtree is itself.
+    // Every node answers on its own; a leaf's subtree is itself; the leaves pushed.
+    let mut pushed = 0.0;
     for node in &tree.nodes {
         let addr = node.http_addr().unwrap();
         let (status, body) = get(addr, "/healthz").await;
@@ -296,8 +320,15 @@ async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
         assert_eq!(health["node"], node.name());
         let (status, text) = get(addr, "/metrics").await;
         assert_eq!(status, 200);
-        parse_prometheus(&text);
+        let (_, samples) = parse_prometheus(&text);
+        pushed += sum_of(&samples, "crest_pushed_total{");
+        // Tree-wide series come from the root alone.
+        if node.role().to_string() != "root" {
+            assert_eq!(sum_of(&samples, "crest_topic_"), 0.0, "{text}");
+            assert!(!text.contains("crest_topic_ready{"), "{text}");
+        }
     }
+    assert_eq!(pushed, 40.0);
     let (_, leaf) = get(http(&tree, "leaf-1"), "/stats").await;
     let leaf: Value = serde_json::from_str(&leaf).unwrap();
     assert_eq!(leaf["nodes"].as_array().unwrap().len(), 1);

@@ -376,6 +376,9 @@ pub struct Settings {
     pub report_interval_ms: u64,
     /// Most topics a report carries (the deepest are kept).
     pub report_topics_max: u32,
+    /// Most (topic, priority) pairs whose consumer lag the root measures for `/metrics`
+    /// (`crest_consumer_lag_seconds`); deliveries of further pairs are counted, not measured.
+    pub consumer_lag_series_max: u32,
     /// Whether a child swaps a more urgent entry in for the least urgent one its parent holds
     /// when its credit is used up (the rule that keeps credits from inverting priorities).
     /// Off only to measure what it is worth (`crest sim`).
@@ -505,6 +508,7 @@ impl Default for Settings {
             topics: BTreeMap::new(),
             report_interval_ms: 1_000,
             report_topics_max: 256,
+            consumer_lag_series_max: 4096,
             offer_swap: true,
             offer_linger_us: OFFER_LINGER_US_DEFAULT,
             offer_batch_entries: 64,
@@ -534,7 +538,7 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 63] = [
+        let positive: [(&'static str, u64); 64] = [
             ("aging_check_ms", self.aging_check_ms),
             ("fairness_key_bytes_max", self.fairness_key_bytes_max.into()),
             ("fairness_keys_max", self.fairness_keys_max.into()),
@@ -594,6 +598,10 @@ impl Settings {
             ("offer_batch_entries", self.offer_batch_entries.into()),
             ("report_interval_ms", self.report_interval_ms),
             ("report_topics_max", self.report_topics_max.into()),
+            (
+                "consumer_lag_series_max",
+                self.consumer_lag_series_max.into(),
+            ),
             ("max_attempts", self.max_attempts.into()),
             ("dedup_keys_max", self.dedup_keys_max),
             ("dedup_key_bytes_max", self.dedup_key_bytes_max.into()),

@@ -383,6 +383,10 @@ impl Machine for Leaf {
         }
     }
 
+    fn histogram_totals(&self) -> std::collections::BTreeMap<Metric, crate::metrics::Hist> {
+        self.reporter.recorder.totals()
+    }
+
     fn report(&mut self, now: Time) -> Report {
         let c = self.counters;
         let swaps = self.topics.values().map(|t| t.offers.swaps()).sum();
@@ -420,7 +424,8 @@ impl Machine for Leaf {
         let gauges = [
             ("messages", messages),
             ("available", available),
-            ("leased", leased),
+            // Not `leased`: that is the counter of leases granted.
+            ("in_flight", leased),
             ("delayed", delayed),
             ("dead", dead),
             ("pending_messages", self.writes.messages),

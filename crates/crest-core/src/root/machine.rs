@@ -276,6 +276,10 @@ impl Machine for Root {
         }
     }
 
+    fn histogram_totals(&self) -> std::collections::BTreeMap<Metric, crate::metrics::Hist> {
+        self.reporter.recorder.totals()
+    }
+
     fn report(&mut self, now: Time) -> Report {
         let c = self.counters;
         let counters = [
@@ -296,6 +300,7 @@ impl Machine for Root {
             ("ahead_released", c.ahead_released),
             ("ahead_revoked", c.ahead_revoked),
             ("protocol_violations", self.violations),
+            ("consumer_lag_unmeasured", self.lag.unmeasured),
         ];
         let gauges = [
             ("window_entries", self.children.window_entries() as u64),
@@ -328,6 +333,8 @@ impl Machine for Root {
             absent: Vec::new(),
             group: None,
         };
-        self.reporter.report(now, own)
+        let mut report = self.reporter.report(now, own);
+        report.consumer_lag = self.lag.snapshot();
+        report
     }
 }

@@ -457,6 +457,8 @@ pub struct Root {
     /// See [`RootConfig::standby`].
     standby: bool,
     reporter: Reporter,
+    /// Consumer lag per topic and priority, for `/metrics`.
+    lag: crate::metrics::ConsumerLag,
     /// The leaves' allowances of each scope with quotas ([`crate::quota`]).
     ledger: crate::quota::Ledger,
     counters: RootCounters,
@@ -557,6 +559,7 @@ impl Root {
             name,
             standby,
             reporter,
+            lag: crate::metrics::ConsumerLag::default(),
             ledger: crate::quota::Ledger::default(),
             counters: RootCounters::default(),
             direct: DirectLinks::default(),

@@ -392,6 +392,12 @@ impl Root {
             let recorder = &mut self.reporter.recorder;
             recorder.record_since(now, Metric::Pop, pop.arrived);
             recorder.record(now, Metric::PopBatch, pop.deliveries.len() as u64);
+            let series_max = self.settings.consumer_lag_series_max as usize;
+            let delivered = pop
+                .deliveries
+                .iter()
+                .map(|(key, d)| (d.priority, key.ready_at));
+            self.lag.record_pop(now, &pop.topic, delivered, series_max);
         }
         self.pops.deadlines.remove(&(pop.deadline, pop_id));
         self.pops.deadlines.remove(&(pop.order_deadline, pop_id));

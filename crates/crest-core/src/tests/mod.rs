@@ -59,6 +59,11 @@ macro_rules! pass_through {
         fn report(&mut self, now: Time) -> crate::metrics::Report {
             self.inner.report(now)
         }
+        fn histogram_totals(
+            &self,
+        ) -> std::collections::BTreeMap<crate::metrics::Metric, crate::metrics::Hist> {
+            self.inner.histogram_totals()
+        }
         fn handle_principal(
             &mut self,
             conn: ConnId,

@@ -21,6 +21,10 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
+
+mod lag;
+pub(crate) use lag::ConsumerLag;
+pub use lag::{LAG_BOUNDS_MS, LagSeries};
 use std::time::Duration;
 
 /// How long one recording window lasts; "recent" is the current window and the previous one.
@@ -81,6 +85,27 @@ impl Metric {
             Metric::PushBatch => "push_batch",
             Metric::PopBatch => "pop_batch",
             Metric::LogSync => "log_sync",
+        }
+    }
+
+    /// What it measures, in a line (`/metrics`'s help).
+    pub fn help(self) -> &'static str {
+        match self {
+            Metric::BubbleToAggregator => {
+                "from a leaf making a message available to its entry reaching an aggregator"
+            }
+            Metric::BubbleToRoot => {
+                "from a leaf making a message available to its entry reaching the root"
+            }
+            Metric::HopToRoot => "the last hop alone: the root's child to the root's window",
+            Metric::PushAck => "at a leaf: push batch received to acknowledged (durable)",
+            Metric::Pop => "at the root: pop received to answered, for pops that delivered",
+            Metric::ReserveRoundTrip => "at the root: reserve sent to the leaf's answer",
+            Metric::PushBatch => "at a leaf: messages per push batch",
+            Metric::PopBatch => "at the root: deliveries per answered pop",
+            Metric::LogSync => {
+                "at a leaf: the fdatasync of a log group that pushes or acks waited for"
+            }
         }
     }
 
@@ -208,35 +233,71 @@ impl Percentiles {
 /// A node's histograms over the recent past (see the module doc).
 #[derive(Debug)]
 pub(crate) struct Recorder {
-    current: BTreeMap<Metric, Histogram<u64>>,
-    previous: BTreeMap<Metric, Histogram<u64>>,
+    /// Per metric (indexed by `Metric as usize`: no map search per record).
+    current: Windows,
+    previous: Windows,
+    /// Every window before the current one, since the node started: with the current window,
+    /// the cumulative histograms `/metrics` serves (Prometheus histograms never go down).
+    /// Added to once per window, so recording costs what it did.
+    earlier: Windows,
     window_start: Time,
 }
+
+/// One histogram slot per metric.
+type Windows = [Option<Histogram<u64>>; Metric::ALL.len()];
 
 impl Default for Recorder {
     fn default() -> Self {
         Recorder {
-            current: BTreeMap::new(),
-            previous: BTreeMap::new(),
+            current: Default::default(),
+            previous: Default::default(),
+            earlier: Default::default(),
             window_start: Time(0),
         }
     }
 }
 
 impl Recorder {
+    /// Starts a new window if the current one is over (on every record: the check stays
+    /// inline, the fold out of line).
+    #[inline]
     fn rotate(&mut self, now: Time) {
         if now.saturating_since(self.window_start) >= RECENT_WINDOW {
-            self.previous = std::mem::take(&mut self.current);
-            self.window_start = now;
+            self.next_window(now);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn next_window(&mut self, now: Time) {
+        for (window, total) in self.current.iter().zip(&mut self.earlier) {
+            if let Some(window) = window {
+                let _ = total.get_or_insert_with(histogram).add(window);
+            }
+        }
+        self.previous = std::mem::take(&mut self.current);
+        self.window_start = now;
+    }
+
+    /// Every value recorded since the node started, per metric.
+    pub(crate) fn totals(&self) -> BTreeMap<Metric, Hist> {
+        let mut out = BTreeMap::new();
+        for metric in Metric::ALL {
+            let mut merged = histogram();
+            let at = metric as usize;
+            for part in [&self.earlier[at], &self.current[at]].into_iter().flatten() {
+                let _ = merged.add(part);
+            }
+            out.insert(metric, Hist::of(&merged));
+        }
+        out
     }
 
     /// Records one value.
     pub(crate) fn record(&mut self, now: Time, metric: Metric, value: u64) {
         self.rotate(now);
-        self.current
-            .entry(metric)
-            .or_insert_with(histogram)
+        self.current[metric as usize]
+            .get_or_insert_with(histogram)
             .saturating_record(value.clamp(1, VALUE_MAX));
     }
 
@@ -255,7 +316,8 @@ impl Recorder {
         for metric in Metric::ALL {
             let mut merged = histogram();
             if !stale {
-                for part in [self.current.get(&metric), self.previous.get(&metric)]
+                let at = metric as usize;
+                for part in [&self.current[at], &self.previous[at]]
                     .into_iter()
                     .flatten()
                 {
@@ -336,6 +398,15 @@ pub struct Report {
     /// a less urgent message while one of them may hold a more urgent one. Sorted.
     #[serde(default, deserialize_with = "crate::bounded::vec::<_, _, LEAVES_MAX>")]
     pub absent: Vec<LeafId>,
+    /// This node's own histograms since it started, every metric (empty ones too): what its
+    /// `/metrics` serves (filled by the driver at a scrape: [`crate::machine::Machine::histogram_totals`]).
+    /// Not sent up the tree.
+    #[serde(skip)]
+    pub totals: BTreeMap<Metric, Hist>,
+    /// At the root: consumer lag per topic and priority since it started (see [`LagSeries`]).
+    /// Not sent up the tree.
+    #[serde(skip)]
+    pub consumer_lag: Vec<LagSeries>,
 }
 
 impl Report {
@@ -433,6 +504,8 @@ impl Reporter {
             histograms: recent,
             stats: own.stats,
             absent: own.absent,
+            totals: BTreeMap::new(),
+            consumer_lag: Vec::new(),
         };
         let mut children: Vec<&Report> = self.children.values().collect();
         children.sort_by(|a, b| {
@@ -719,6 +792,7 @@ mod tests {
                 ..Stats::default()
             },
             absent: vec![LeafId(3)],
+            ..Report::default()
         };
         parent.merge(&child);
         parent.merge(&child);
@@ -816,5 +890,31 @@ mod tests {
         assert_eq!(merged.ready.len(), READY_PRIORITIES_MAX);
         assert_eq!(merged.ready_total(), 1200);
         assert_eq!(merged.ready[..3], one.ready[..3]);
+    }
+
+    #[test]
+    fn each_metric_has_its_own_slot() {
+        for (at, metric) in Metric::ALL.into_iter().enumerate() {
+            assert_eq!(metric as usize, at, "{metric:?}");
+        }
+    }
+
+    #[test]
+    fn cumulative_histograms_keep_every_window_since_the_start() {
+        let mut recorder = Recorder::default();
+        let mut now = Time::from_millis(1);
+        for round in 0..5_u64 {
+            recorder.record(now, Metric::PushAck, 100 + round);
+            now = now + RECENT_WINDOW;
+        }
+        let totals = recorder.totals();
+        assert_eq!(totals[&Metric::PushAck].count(), 5);
+        assert_eq!(
+            totals[&Metric::Pop].count(),
+            0,
+            "every metric, empty ones too"
+        );
+        // The recent ones forget the windows before the last two.
+        assert!(recorder.recent(now)[&Metric::PushAck].count() <= 2);
     }
 }
