@@ -9,7 +9,7 @@
 mod printing;
 
 use crest::sdk::{ClientTls, Consumer, ConsumerConfig, Message, Producer, ProducerConfig};
-use printing::{Process, spawn_printing, wait_for};
+use printing::{Process, ephemeral_default_topology, spawn_printing, wait_for};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -50,14 +50,7 @@ struct Node {
 /// JSON lines in `dir/local.log`, topic `ops-jobs` dead-lettering at the first failed
 /// delivery; returns the process and its nodes as it printed them.
 fn start_local(dir: &Path) -> (Process, Vec<Node>) {
-    let mut topology = String::new();
-    for line in DEFAULT.lines() {
-        match line.split_once("\"127.0.0.1:") {
-            Some((start, _)) => topology.push_str(&format!("{start}\"127.0.0.1:0\"")),
-            None => topology.push_str(line),
-        }
-        topology.push('\n');
-    }
+    let mut topology = ephemeral_default_topology();
     topology.push_str("[settings.topics.ops-jobs]\nmax_attempts = 1\n");
     let path = dir.join("topology.toml");
     std::fs::write(&path, topology).unwrap();

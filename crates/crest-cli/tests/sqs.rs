@@ -11,7 +11,7 @@ mod common;
 mod printing;
 
 use cluster::Cluster;
-use printing::{Process, spawn_printing, wait_for};
+use printing::{Process, ephemeral_default_topology, spawn_printing, wait_for};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -43,15 +43,7 @@ fn python() -> PathBuf {
 /// Starts `crest local` on ephemeral ports with its SQS API; returns the process, the API's
 /// endpoint and its access key pair, as the process printed them.
 fn start_local(dir: &std::path::Path) -> (Process, String, String, String) {
-    // The default tree, every port ephemeral (tests run side by side).
-    let mut topology = String::new();
-    for line in DEFAULT.lines() {
-        match line.split_once("\"127.0.0.1:") {
-            Some((start, _)) => topology.push_str(&format!("{start}\"127.0.0.1:0\"")),
-            None => topology.push_str(line),
-        }
-        topology.push('\n');
-    }
+    let mut topology = ephemeral_default_topology();
     // The suite's fair queue: message groups are fairness keys of a weighted topic (one
     // tier: every priority shares it).
     topology

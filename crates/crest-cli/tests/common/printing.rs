@@ -5,6 +5,20 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// The default tree's topology text with every port ephemeral (tests run side by side), for
+/// a test to append settings to.
+pub(crate) fn ephemeral_default_topology() -> String {
+    let mut topology = String::new();
+    for line in include_str!("../../../../topology/local.toml").lines() {
+        match line.split_once("\"127.0.0.1:") {
+            Some((start, _)) => topology.push_str(&format!("{start}\"127.0.0.1:0\"")),
+            None => topology.push_str(line),
+        }
+        topology.push('\n');
+    }
+    topology
+}
+
 /// A `crest` process, killed when dropped.
 pub(crate) struct Process(pub(crate) Child);
 
