@@ -5,6 +5,7 @@ mod bench;
 mod client;
 mod gateway;
 mod node;
+mod otlp;
 mod sim;
 mod sqs_bench;
 mod status;
@@ -62,6 +63,11 @@ struct Cli {
         env = "CREST_LOG_FORMAT"
     )]
     log_format: LogFormat,
+    /// Export each message's spans (push, offer, reserve, delivery, ack) to this OpenTelemetry
+    /// collector over OTLP/HTTP (its base URL, e.g. `http://127.0.0.1:4318`; spans go to its
+    /// `/v1/traces`). A message whose metadata holds a W3C `traceparent` joins that trace.
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 /// See [`Cli::log_format`].
@@ -261,22 +267,47 @@ fn base_dir(path: &Path) -> PathBuf {
 }
 
 fn init_tracing(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        // Raft's own logs (every vote, every start) are for debugging a group, not for
-        // running one: the replica logs what an operator needs.
-        tracing_subscriber::EnvFilter::new(format!("{default},openraft=warn,chunked_wal=warn"))
-    });
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if LOG_JSON.load(std::sync::atomic::Ordering::Relaxed) {
-        logs.json()
-            .with_current_span(true)
-            .with_span_list(true)
-            .init();
-    } else {
-        logs.init();
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::{FilterExt, filter_fn};
+    use tracing_subscriber::fmt::format::FmtSpan;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+            // Raft's own logs (every vote, every start) are for debugging a group, not for
+            // running one: the replica logs what an operator needs.
+            tracing_subscriber::EnvFilter::new(format!("{default},openraft=warn,chunked_wal=warn"))
+        })
+    };
+    let message = |m: &tracing::Metadata<'_>| m.target() == crest::core::trace::TARGET;
+    // Events as lines; and the message spans, which have no events of their own, as a line
+    // each when they close (`RUST_LOG=crest::message=trace`), other crates' spans not.
+    let lines = |spans: FmtSpan| {
+        let layer = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_span_events(spans);
+        if LOG_JSON.load(std::sync::atomic::Ordering::Relaxed) {
+            layer
+                .json()
+                .with_current_span(true)
+                .with_span_list(true)
+                .boxed()
+        } else {
+            layer.boxed()
+        }
+    };
+    // By target alone: `crest::trace::enabled` asks with a hint, neither span nor event.
+    let spans = filter().and(filter_fn(message));
+    let mut layers = vec![
+        lines(FmtSpan::NONE).with_filter(filter()).boxed(),
+        lines(FmtSpan::CLOSE).with_filter(spans).boxed(),
+    ];
+    if let Some(exporter) = otlp::layer() {
+        let exported = tracing_subscriber::filter::Targets::new()
+            .with_target(crest::core::trace::TARGET, tracing::Level::TRACE);
+        layers.push(exporter.with_filter(exported).boxed());
     }
+    tracing_subscriber::registry().with(layers).init();
 }
 
 /// Turns transparent huge pages off for this process, unless `MIMALLOC_ALLOW_THP` in the
@@ -296,6 +327,12 @@ fn no_huge_pages() {
 fn main() -> std::process::ExitCode {
     no_huge_pages();
     let cli = Cli::parse();
+    if let Some(endpoint) = &cli.otlp_endpoint
+        && let Err(error) = otlp::start(endpoint)
+    {
+        eprintln!("error: cannot export traces to {endpoint}: {error:#}");
+        return std::process::ExitCode::FAILURE;
+    }
     LOG_JSON.store(
         cli.log_format == LogFormat::Json,
         std::sync::atomic::Ordering::Relaxed,
@@ -309,7 +346,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli, listen_fds)) {
+    let outcome = runtime.block_on(run(cli, listen_fds));
+    drop(runtime);
+    otlp::shutdown();
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");

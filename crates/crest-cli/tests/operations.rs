@@ -9,7 +9,7 @@
 mod printing;
 
 use crest::sdk::{ClientTls, Consumer, ConsumerConfig, Message, Producer, ProducerConfig};
-use printing::{Process, ephemeral_default_topology, spawn_printing, wait_for};
+use printing::{Node, Process, ephemeral_default_topology, node_table, spawn_printing};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -36,16 +36,6 @@ fn deploy(file: &str) -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy")).join(file)
 }
 
-/// One node as `crest local` printed it.
-#[derive(Debug)]
-struct Node {
-    name: String,
-    role: String,
-    quic: String,
-    /// `host:port` of its HTTP.
-    http: String,
-}
-
 /// Starts `crest local` on ephemeral ports, its leaves logging under `dir`, its own logs as
 /// JSON lines in `dir/local.log`, topic `ops-jobs` dead-lettering at the first failed
 /// delivery; returns the process and its nodes as it printed them.
@@ -64,29 +54,7 @@ fn start_local(dir: &Path) -> (Process, Vec<Node>) {
         .arg(dir.join("ca.pem"))
         .stderr(std::fs::File::create(dir.join("local.log")).unwrap());
     let (process, lines) = spawn_printing(command);
-    let mut nodes = Vec::new();
-    // The table of nodes, up to the line after it.
-    wait_for(&lines, |line| {
-        if line.starts_with("producers push to") {
-            return Some(());
-        }
-        let words: Vec<&str> = line.split_whitespace().collect();
-        if line.starts_with("  ")
-            && let (Some(name), Some(role), Some(quic), Some(url)) =
-                (words.first(), words.get(1), words.get(2), words.last())
-            && let Some(http) = url
-                .strip_prefix("http://")
-                .and_then(|u| u.strip_suffix("/metrics"))
-        {
-            nodes.push(Node {
-                name: name.to_string(),
-                role: role.to_string(),
-                quic: quic.to_string(),
-                http: http.to_string(),
-            });
-        }
-        None
-    });
+    let nodes = node_table(&lines);
     assert_eq!(nodes.len(), 7, "{nodes:?}");
     (process, nodes)
 }
@@ -438,6 +406,16 @@ async fn a_real_prometheus_scrapes_every_node_and_shows_what_the_tree_holds() {
     // The 10 most urgent went first: what is ready is the 20 at priority 3.
     prometheus.wait_for("crest_topic_ready{topic=\"ops-jobs\",priority=\"3\"}", 20.0);
     prometheus.wait_for("sum(crest_topic_ready{topic=\"ops-jobs\"})", 20.0);
+    // Only priority 3 has a message waiting (those of priority 1 are leased or dead), and it
+    // has waited since the push.
+    prometheus.wait_for(
+        "count(crest_topic_oldest_ready_age_seconds{topic=\"ops-jobs\",priority=\"3\"} > 0)",
+        1.0,
+    );
+    prometheus.wait_for(
+        "count(crest_topic_oldest_ready_age_seconds{topic=\"ops-jobs\"})",
+        1.0,
+    );
     prometheus.wait_for("crest_topic_dead{topic=\"ops-jobs\"}", 4.0);
     prometheus.wait_for("crest_topic_in_flight{topic=\"ops-jobs\"}", 6.0);
     prometheus.wait_for("crest_messages_dead_lettered_total", 4.0);

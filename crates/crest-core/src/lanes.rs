@@ -18,6 +18,7 @@ use crate::config::{Settings, Weights};
 use crate::id::MessageId;
 use crate::key::Key;
 use crate::offer::{OfferSet, Offerable};
+use crate::time::Time;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -440,6 +441,21 @@ impl<V: Offerable> Lanes<V> {
         keys.sort_unstable();
         keys.truncate(max);
         keys
+    }
+
+    /// When the candidate of `priority` that has been ready longest became ready: the first
+    /// of its aged keys or of its native ones (one lookup in each lane of its tier).
+    pub(crate) fn oldest_ready(&self, priority: u32) -> Option<Time> {
+        let firsts = [
+            Key::first_of(priority),
+            Key::new(priority, Time::ZERO, MessageId(0)),
+        ];
+        firsts
+            .iter()
+            .filter_map(|from| self.keys_from(from, 1).first().copied())
+            .filter(|key| key.priority() == priority)
+            .map(|key| key.ready_at)
+            .min()
     }
 
     /// Adds a candidate to its lane: its fairness key's (made if fewer than `keys_max` are),

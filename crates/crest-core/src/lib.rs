@@ -13,6 +13,7 @@
 //! - [`record`]: the leaf's log records;
 //! - [`metrics`]: histograms, counters and the reports nodes send up the tree;
 //! - [`topology`]: the topology file (TOML) and what each node derives from it;
+//! - [`trace`]: the per-message spans (push, offer, reserve, delivery, ack);
 //! - [`machine`]: the driver contract shared by the three roles;
 //! - [`leaf`], [`aggregator`], [`root`]: the state machines.
 
@@ -40,6 +41,7 @@ mod sorted;
 mod tests;
 pub mod time;
 pub mod topology;
+pub mod trace;
 mod upstream;
 mod validate;
 mod window;

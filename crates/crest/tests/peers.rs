@@ -379,6 +379,7 @@ async fn a_child_s_hostile_offers_and_reports_are_refused_or_contained() {
         dead: u64::MAX,
         oldest_enqueued_at: Some(Time(5)),
         bytes: u64::MAX,
+        oldest_ready: vec![(3, Time(u64::MAX)), (1, Time::ZERO), (3, Time(5))],
     };
     let report = Wire::Report(Report {
         stats: Stats {

@@ -1,5 +1,8 @@
 //! Processes whose printed lines a test reads: `crest local`, `crest gateway`.
 
+// Each test crate that includes this file uses a part of it.
+#![allow(dead_code)]
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -9,7 +12,7 @@ use std::time::{Duration, Instant};
 /// a test to append settings to.
 pub(crate) fn ephemeral_default_topology() -> String {
     let mut topology = String::new();
-    for line in include_str!("../../../../topology/local.toml").lines() {
+    for line in crest::DEFAULT_TOPOLOGY.lines() {
         match line.split_once("\"127.0.0.1:") {
             Some((start, _)) => topology.push_str(&format!("{start}\"127.0.0.1:0\"")),
             None => topology.push_str(line),
@@ -63,4 +66,41 @@ pub(crate) fn wait_for<T>(
         seen.push_str(&line);
         seen.push('\n');
     }
+}
+
+/// One node as `crest local` printed it.
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub(crate) name: String,
+    pub(crate) role: String,
+    pub(crate) quic: String,
+    /// `host:port` of its HTTP.
+    pub(crate) http: String,
+}
+
+/// The table of nodes `crest local` prints, read up to the line after it.
+pub(crate) fn node_table(lines: &mpsc::Receiver<String>) -> Vec<Node> {
+    let mut nodes = Vec::new();
+    wait_for(lines, |line| {
+        if line.starts_with("producers push to") {
+            return Some(());
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if line.starts_with("  ")
+            && let (Some(name), Some(role), Some(quic), Some(url)) =
+                (words.first(), words.get(1), words.get(2), words.last())
+            && let Some(http) = url
+                .strip_prefix("http://")
+                .and_then(|u| u.strip_suffix("/metrics"))
+        {
+            nodes.push(Node {
+                name: name.to_string(),
+                role: role.to_string(),
+                quic: quic.to_string(),
+                http: http.to_string(),
+            });
+        }
+        None
+    });
+    nodes
 }

@@ -366,6 +366,14 @@ impl Leaf {
                 dead: topic.dead.len() as u64,
                 oldest_enqueued_at: topic.ages.first_key_value().map(|(_, age)| age.at),
                 bytes: topic.bytes,
+                // A lookup per ready priority, per report (not per message).
+                oldest_ready: crate::metrics::oldest_pairs(
+                    topic
+                        .ready
+                        .iter()
+                        .filter(|(_, n)| **n > 0)
+                        .filter_map(|(p, _)| Some((*p, topic.offers.oldest_ready(*p)?))),
+                ),
             })
             .collect();
         topics.sort_by(|a, b| a.topic.cmp(&b.topic));

@@ -45,6 +45,16 @@ impl Leaf {
             };
             if let Ok((delivery, cached)) = &result {
                 self.counters.leased += 1;
+                if crate::trace::enabled() {
+                    let span = crate::trace::Span {
+                        id,
+                        topic: &delivery.topic,
+                        priority: delivery.priority,
+                        traceparent: "",
+                        elapsed: Duration::ZERO,
+                    };
+                    crate::trace::emit(crate::trace::Stage::Reserve, span);
+                }
                 records.push(LogRecord::Lease {
                     id,
                     attempt: delivery.attempt,
@@ -384,12 +394,23 @@ impl Leaf {
 
     /// The records of a settlement are durable: its outcomes apply.
     pub(super) fn settled(&mut self, now: Time, outcomes: Vec<(MessageId, Outcome)>) {
+        let tracing = crate::trace::enabled();
         for (id, outcome) in outcomes {
             match &outcome {
                 Outcome::Acked => self.counters.acked += 1,
                 _ => self.counters.nacked += 1,
             }
             let leased = self.end_lease(id);
+            if tracing && matches!(outcome, Outcome::Acked) {
+                let span = crate::trace::Span {
+                    id,
+                    topic: &leased.topic,
+                    priority: leased.key.priority(),
+                    traceparent: "",
+                    elapsed: Duration::ZERO,
+                };
+                crate::trace::emit(crate::trace::Stage::Ack, span);
+            }
             self.apply_outcome(now, leased, outcome);
         }
     }

@@ -97,6 +97,18 @@ impl Leaf {
                         continue;
                     }
                     if let Some(offer) = offers.poll(&lane, frontier) {
+                        if crate::trace::enabled() {
+                            for entry in &offer.adds {
+                                let span = crate::trace::Span {
+                                    id: entry.key.id,
+                                    topic: &topic_name,
+                                    priority: entry.key.priority(),
+                                    traceparent: "",
+                                    elapsed: Duration::ZERO,
+                                };
+                                crate::trace::emit(crate::trace::Stage::Offer, span);
+                            }
+                        }
                         self.outbox.push(Transmit {
                             conn: parent,
                             msg: Wire::Offer(offer),
@@ -498,6 +510,20 @@ impl Machine for Leaf {
             self.reporter
                 .recorder
                 .record_since(now, Metric::PushAck, batch.received_at);
+            if crate::trace::enabled() {
+                let elapsed = now.saturating_since(batch.received_at);
+                for message in &batch.messages {
+                    let span = crate::trace::Span {
+                        id: message.id,
+                        topic: &message.topic,
+                        priority: message.key.priority(),
+                        traceparent: crate::trace::traceparent(&message.body.metadata)
+                            .unwrap_or_default(),
+                        elapsed,
+                    };
+                    crate::trace::emit(crate::trace::Stage::Push, span);
+                }
+            }
         }
         let cache = self.config.settings.leaf_body_cache_bytes;
         // Consecutive messages mostly share a topic: each run takes its topic out of the map

@@ -571,6 +571,14 @@ pub struct TopicStats {
     /// Payload bytes of its messages in every state (dead letters included).
     #[serde(default)]
     pub bytes: u64,
+    /// When the ready message of each priority that has waited longest became ready:
+    /// `(priority, ready_at)`, most urgent first, as many pairs as [`TopicStats::ready`] (the
+    /// last pair, when that one sums the less urgent priorities, holds their earliest).
+    #[serde(
+        default,
+        deserialize_with = "crate::bounded::vec::<_, _, READY_PRIORITIES_MAX>"
+    )]
+    pub oldest_ready: Vec<(u32, Time)>,
 }
 
 impl TopicStats {
@@ -606,18 +614,38 @@ impl TopicStats {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let mut oldest: BTreeMap<u32, Time> = BTreeMap::new();
+        for (priority, at) in self.oldest_ready.iter().chain(&other.oldest_ready) {
+            let earliest = oldest.entry(*priority).or_insert(*at);
+            *earliest = (*earliest).min(*at);
+        }
+        self.oldest_ready = oldest_pairs(oldest.into_iter());
     }
+}
+
+/// `(priority, ready_at)` pairs from pairs sorted most urgent first, the pairs past
+/// [`READY_PRIORITIES_MAX`] folded into the last one kept (the earliest time).
+pub(crate) fn oldest_pairs(sorted: impl Iterator<Item = (u32, Time)>) -> Vec<(u32, Time)> {
+    capped_pairs(sorted, Time::min)
 }
 
 /// `(priority, count)` pairs from pairs sorted most urgent first, the pairs past
 /// [`READY_PRIORITIES_MAX`] summed into the last one kept.
 pub(crate) fn ready_pairs(sorted: impl Iterator<Item = (u32, u64)>) -> Vec<(u32, u64)> {
-    let mut out: Vec<(u32, u64)> = Vec::new();
-    for (priority, count) in sorted {
+    capped_pairs(sorted, u64::saturating_add)
+}
+
+/// The first [`READY_PRIORITIES_MAX`] of `sorted`, the rest folded into the last by `fold`.
+fn capped_pairs<T: Copy>(
+    sorted: impl Iterator<Item = (u32, T)>,
+    fold: impl Fn(T, T) -> T,
+) -> Vec<(u32, T)> {
+    let mut out: Vec<(u32, T)> = Vec::new();
+    for (priority, value) in sorted {
         if out.len() < READY_PRIORITIES_MAX {
-            out.push((priority, count));
+            out.push((priority, value));
         } else if let Some(last) = out.last_mut() {
-            last.1 = last.1.saturating_add(count);
+            last.1 = fold(last.1, value);
         }
     }
     out
@@ -735,6 +763,7 @@ mod tests {
             dead: u64::MAX,
             oldest_enqueued_at: Some(Time(5)),
             bytes: u64::MAX,
+            oldest_ready: vec![(3, Time(9)), (1, Time(7)), (3, Time(2))],
         };
         let hostile = Report {
             histograms: [(Metric::Pop, Hist(vec![(u64::MAX, u64::MAX), (0, u64::MAX)]))].into(),
@@ -755,6 +784,7 @@ mod tests {
         assert_eq!(z.ready, vec![(1, u64::MAX), (3, u64::MAX)]);
         assert_eq!((z.delayed, z.ready_total()), (u64::MAX, u64::MAX));
         assert_eq!((z.bytes, z.messages()), (u64::MAX, u64::MAX));
+        assert_eq!(z.oldest_ready, vec![(1, Time(7)), (3, Time(2))]);
         assert_eq!(parent.stats.expired, u64::MAX);
         let pops = &parent.histograms[&Metric::Pop];
         assert_eq!(pops.count(), u64::MAX);
@@ -871,9 +901,11 @@ mod tests {
         // Goal: a leaf holding more priorities than a report carries sends the most urgent
         // ones exactly and sums the rest into the last pair; merging keeps the bound and the
         // total.
+        // The oldest ready time of priority p is 1000 - p: the less urgent, the older.
         let many = |from: u32| TopicStats {
             topic: "t".into(),
             ready: ready_pairs((from..from + 300).map(|p| (p, 2))),
+            oldest_ready: oldest_pairs((from..from + 300).map(|p| (p, Time(u64::from(2000 - p))))),
             ..TopicStats::default()
         };
         let one = many(0);
@@ -885,11 +917,24 @@ mod tests {
             (last, 2 * (300 - u64::from(last)))
         );
         assert_eq!(one.ready_total(), 600);
+        assert_eq!(one.oldest_ready.len(), READY_PRIORITIES_MAX);
+        assert_eq!(one.oldest_ready[0], (0, Time(2000)));
+        // The last pair holds the earliest of the priorities it stands for (299's).
+        assert_eq!(
+            one.oldest_ready[READY_PRIORITIES_MAX - 1],
+            (last, Time(1701))
+        );
         let mut merged = one.clone();
         merged.merge(&many(1000));
         assert_eq!(merged.ready.len(), READY_PRIORITIES_MAX);
         assert_eq!(merged.ready_total(), 1200);
         assert_eq!(merged.ready[..3], one.ready[..3]);
+        assert_eq!(merged.oldest_ready.len(), READY_PRIORITIES_MAX);
+        // Priorities 1000.. fold into the last pair: their times are the earliest (701..1000).
+        assert_eq!(
+            merged.oldest_ready[READY_PRIORITIES_MAX - 1],
+            (last, Time(701))
+        );
     }
 
     #[test]

@@ -389,6 +389,20 @@ impl Root {
                     .demand
                     .taken(now, pop.deliveries.len() as u64);
             }
+            if crate::trace::enabled() {
+                let elapsed = now.saturating_since(pop.arrived);
+                for (_, delivery) in &pop.deliveries {
+                    let span = crate::trace::Span {
+                        id: delivery.id,
+                        topic: &delivery.topic,
+                        priority: delivery.priority,
+                        traceparent: crate::trace::traceparent(&delivery.metadata)
+                            .unwrap_or_default(),
+                        elapsed,
+                    };
+                    crate::trace::emit(crate::trace::Stage::Delivery, span);
+                }
+            }
             let recorder = &mut self.reporter.recorder;
             recorder.record_since(now, Metric::Pop, pop.arrived);
             recorder.record(now, Metric::PopBatch, pop.deliveries.len() as u64);

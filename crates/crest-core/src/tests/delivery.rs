@@ -728,3 +728,29 @@ fn purging_a_topic_deletes_its_ready_and_delayed_messages_in_bounded_steps_and_f
     let others: Vec<MessageId> = h.pop(consumer, "other", 10).iter().map(|d| d.id).collect();
     assert_eq!(others, kept, "another topic is untouched");
 }
+
+#[test]
+fn stats_give_each_priority_s_longest_waiting_ready_message_over_the_leaves() {
+    let mut t = tree(4);
+    let start = t.h.now;
+    // Priority 5 waits since the start on leaf 2; priority 1 since 10 ms on leaf 1, and a
+    // later one on leaf 2 does not make it younger.
+    t.h.push(t.producers[1], "aged", &[5]);
+    t.h.advance(Duration::from_millis(10));
+    t.h.push(t.producers[0], "aged", &[1]);
+    t.h.advance(Duration::from_millis(10));
+    t.h.push(t.producers[1], "aged", &[1, 5]);
+    let (stats, _) = stats_of(&mut t.h, t.consumer, "aged");
+    let ms = |n: u64| start + Duration::from_millis(n);
+    assert_eq!(stats.oldest_ready, vec![(1, ms(10)), (5, start)]);
+
+    // Once the oldest of priority 1 leaves, the next one is the oldest.
+    let got = t.h.pop(t.consumer, "aged", 1);
+    assert_eq!(got[0].priority, 1);
+    let (stats, _) = stats_of(&mut t.h, t.consumer, "aged");
+    assert_eq!(stats.oldest_ready, vec![(1, ms(20)), (5, start)]);
+    // A leased message is not waiting: with every priority-1 message out, no pair for it.
+    t.h.pop(t.consumer, "aged", 1);
+    let (stats, _) = stats_of(&mut t.h, t.consumer, "aged");
+    assert_eq!(stats.oldest_ready, vec![(5, start)]);
+}

@@ -33,7 +33,7 @@ mod admin;
 pub use admin::*;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 18;
+pub const PROTOCOL_VERSION: u16 = 19;
 /// First byte written on a control stream.
 pub const STREAM_CONTROL: u8 = 0xC0;
 /// First byte written on a data stream.

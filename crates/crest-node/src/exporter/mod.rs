@@ -541,6 +541,20 @@ impl Scrape {
                 Some((labels([("topic", &t.topic)]), age.as_secs_f64()))
             }),
         )?;
+        f.gauges(
+            "crest_topic_oldest_ready_age_seconds",
+            "time since the longest-waiting ready message of the topic and priority became ready",
+            topics.iter().flat_map(|t| {
+                t.oldest_ready.iter().map(|(priority, ready_at)| {
+                    let priority = priority.to_string();
+                    let age = Duration::from_micros(self.now_micros.saturating_sub(ready_at.0));
+                    (
+                        labels([("topic", &t.topic), ("priority", &priority)]),
+                        age.as_secs_f64(),
+                    )
+                })
+            }),
+        )?;
         // Each namespace's messages and payload bytes, over the topics the report carries.
         let mut namespaces: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
         for topic in topics {

@@ -76,6 +76,7 @@ fn root_scrape() -> Scrape {
                     topic: "jobs".into(),
                     ready: vec![(0, 4), (9, 1)],
                     oldest_enqueued_at: Some(Time(1_000_000)),
+                    oldest_ready: vec![(0, Time(2_500_000)), (9, Time(1_000_000))],
                     ..TopicStats::default()
                 },
                 TopicStats {
@@ -152,6 +153,8 @@ fn a_scrape_is_encoded_under_prometheus_names_with_labels_escaped() {
         "crest_pop_batch_messages_bucket{le=\"4.0\",node=\"root\",role=\"root\"} 5\n",
         "crest_topic_ready{topic=\"jobs\",priority=\"9\"} 1\n",
         "crest_topic_oldest_age_seconds{topic=\"jobs\"} 2.0\n",
+        "crest_topic_oldest_ready_age_seconds{topic=\"jobs\",priority=\"0\"} 0.5\n",
+        "crest_topic_oldest_ready_age_seconds{topic=\"jobs\",priority=\"9\"} 2.0\n",
         "crest_namespace_messages{namespace=\"orders\"} 7\n",
         "crest_namespace_bytes{namespace=\"orders\"} 70\n",
         "crest_namespace_messages{namespace=\"default\"} 5\n",
