@@ -11,7 +11,7 @@ mod common;
 mod printing;
 
 use cluster::Cluster;
-use printing::{Process, ephemeral_default_topology, spawn_printing, wait_for};
+use printing::{Process, spawn_printing, start_local_sqs, wait_for};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -40,36 +40,11 @@ fn python() -> PathBuf {
     venv
 }
 
-/// Starts `crest local` on ephemeral ports with its SQS API; returns the process, the API's
-/// endpoint and its access key pair, as the process printed them.
+/// Starts `crest local` with its SQS API and the suite's fair queue: message groups are
+/// fairness keys of a weighted topic (one tier: every priority shares it).
 fn start_local(dir: &std::path::Path) -> (Process, String, String, String) {
-    let mut topology = ephemeral_default_topology();
-    // The suite's fair queue: message groups are fairness keys of a weighted topic (one
-    // tier: every priority shares it).
-    topology
-        .push_str("[settings.topics.boto-fair]\nscheduling = \"weighted\"\nweights = { 0 = 1 }\n");
-    let path = dir.join("topology.toml");
-    std::fs::write(&path, topology).unwrap();
-    let mut command = Command::new(CREST);
-    command
-        .args(["local", "--memory", "--sqs", "127.0.0.1:0", "--topology"])
-        .arg(&path)
-        .arg("--ca-out")
-        .arg(dir.join("ca.pem"));
-    command.stderr(Stdio::null());
-    let (local, lines) = spawn_printing(command);
-    let endpoint = wait_for(&lines, |line| {
-        let rest = line.strip_prefix("SQS API:")?;
-        rest.split_whitespace().next().map(str::to_string)
-    });
-    let (id, secret) = wait_for(&lines, |line| {
-        let rest = line.trim().strip_prefix("access key ")?;
-        match rest.split_whitespace().collect::<Vec<_>>()[..] {
-            [id, "secret", secret] => Some((id.to_string(), secret.to_string())),
-            _ => None,
-        }
-    });
-    (local, endpoint, id, secret)
+    let fair = "[settings.topics.boto-fair]\nscheduling = \"weighted\"\nweights = { 0 = 1 }\n";
+    start_local_sqs(dir, "", fair)
 }
 
 /// The directory whose `node_modules` has the AWS SDK for JavaScript.

@@ -234,13 +234,13 @@ fn parse_attributes(input: &Value) -> Result<Vec<(String, Attribute)>, SqsError>
 }
 
 /// The crest message for a send (entry) to `queue`, and the digests to answer with.
-struct Prepared {
+pub(crate) struct Prepared {
     message: Message,
     md5_body: String,
     md5_attributes: Option<String>,
 }
 
-fn prepare(
+pub(crate) fn prepare(
     caller: &Caller,
     name: &QueueName,
     queue: &QueueAttributes,
@@ -339,7 +339,7 @@ async fn send_message(state: &State, caller: &Caller, input: &Value) -> Result<V
 }
 
 /// A batch's entries, checked as SQS checks them (count, ids).
-fn entries(input: &Value) -> Result<&Vec<Value>, SqsError> {
+pub(crate) fn entries(input: &Value) -> Result<&Vec<Value>, SqsError> {
     let entries = match input.get("Entries") {
         Some(Value::Array(entries)) => entries,
         None | Some(Value::Null) => return Err(SqsError::empty_batch()),
@@ -555,13 +555,13 @@ async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Resul
 }
 
 #[derive(Clone, Copy)]
-enum Op {
+pub(crate) enum Op {
     Delete,
     Visibility,
 }
 
 /// What a settle does for an entry: the crest operation, from the entry's fields.
-fn settle_op(op: Op, entry: &Value) -> Result<Settle, SqsError> {
+pub(crate) fn settle_op(op: Op, entry: &Value) -> Result<Settle, SqsError> {
     Ok(match op {
         Op::Delete => Settle::Ack,
         Op::Visibility => {
@@ -584,7 +584,7 @@ fn settle_op(op: Op, entry: &Value) -> Result<Settle, SqsError> {
     })
 }
 
-fn receipt(entry: &Value) -> Result<Receipt, SqsError> {
+pub(crate) fn receipt(entry: &Value) -> Result<Receipt, SqsError> {
     let handle = text(entry, "ReceiptHandle")?;
     handle.parse().map_err(|_| {
         SqsError::bad_receipt(format!(

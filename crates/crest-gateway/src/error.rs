@@ -164,6 +164,33 @@ impl SqsError {
         Self::named(StatusCode::BAD_REQUEST, "RequestExpired", message)
     }
 
+    /// An `x-amz-content-sha256` header that is not the body's hash.
+    pub fn content_hash_mismatch(message: String) -> Self {
+        Self::named(
+            StatusCode::BAD_REQUEST,
+            "XAmzContentSHA256Mismatch",
+            message,
+        )
+    }
+
+    /// A body larger than `gateway_body_bytes_max`.
+    pub fn too_large(bytes_max: usize) -> Self {
+        let m = format!(
+            "The request body is larger than the gateway reads (gateway_body_bytes_max = \
+             {bytes_max} bytes)."
+        );
+        Self::named(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", m)
+    }
+
+    /// A body not received within `gateway_body_timeout_ms`.
+    pub fn body_timeout(timeout: std::time::Duration) -> Self {
+        let m = format!(
+            "The request body did not arrive within {} ms (gateway_body_timeout_ms).",
+            timeout.as_millis()
+        );
+        Self::named(StatusCode::REQUEST_TIMEOUT, "RequestTimeout", m)
+    }
+
     /// What the principal may not do in the namespace.
     pub fn denied(message: impl Into<String>) -> Self {
         Self::named(StatusCode::FORBIDDEN, "AccessDenied", message)

@@ -11,8 +11,11 @@
 
 mod api;
 pub mod client;
+mod connections;
 pub mod digest;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod keys;
 mod manage;
 mod query;
@@ -20,9 +23,8 @@ pub mod queues;
 pub mod sigv4;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State as Shared};
-use axum::http::{HeaderMap, Method, Uri};
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State as Shared};
 use axum::response::{IntoResponse, Response};
 use crest_core::config::Settings;
 use crest_sdk::Admin;
@@ -30,6 +32,7 @@ use crest_sdk::Credential;
 use crest_sdk::{Consumer, ConsumerConfig};
 use crest_sdk::{Producer, ProducerConfig};
 use error::SqsError;
+use http_body_util::BodyExt;
 use queues::{Queue, QueueName};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -85,6 +88,21 @@ pub struct GatewayConfig {
     pub queue_cache_max: usize,
     /// Most message move tasks remembered (`gateway_move_tasks_max`).
     pub move_tasks_max: usize,
+    /// Most connections open at once (`gateway_connections_max`).
+    pub connections_max: u32,
+    /// Most connections open at once from one client address
+    /// (`gateway_connections_per_address_max`).
+    pub connections_per_address_max: u32,
+    /// How long a connection may take to send a request's headers, or to start its next
+    /// request (`gateway_header_timeout_ms`).
+    pub header_timeout: Duration,
+    /// How long a request may take to send its body (`gateway_body_timeout_ms`).
+    pub body_timeout: Duration,
+    /// Most body bytes held of requests not verified yet
+    /// (`gateway_unauthenticated_bytes_max`).
+    pub unauthenticated_bytes_max: u32,
+    /// Most parameters of a query-protocol request (`gateway_query_params_max`).
+    pub query_params_max: usize,
 }
 
 impl GatewayConfig {
@@ -106,6 +124,12 @@ impl GatewayConfig {
             queue_cache: Duration::ZERO,
             queue_cache_max: 0,
             move_tasks_max: 0,
+            connections_max: 0,
+            connections_per_address_max: 0,
+            header_timeout: Duration::ZERO,
+            body_timeout: Duration::ZERO,
+            unauthenticated_bytes_max: 0,
+            query_params_max: 0,
         }
         .with_settings(&Settings::default())
     }
@@ -118,6 +142,13 @@ impl GatewayConfig {
         self.queue_cache = Duration::from_millis(settings.gateway_queue_cache_ms);
         self.queue_cache_max = settings.gateway_queue_cache_max as usize;
         self.move_tasks_max = settings.gateway_move_tasks_max as usize;
+        self.connections_max = settings.gateway_connections_max;
+        self.connections_per_address_max = settings.gateway_connections_per_address_max;
+        self.header_timeout = Duration::from_millis(settings.gateway_header_timeout_ms);
+        self.body_timeout = Duration::from_millis(settings.gateway_body_timeout_ms);
+        self.unauthenticated_bytes_max =
+            u32::try_from(settings.gateway_unauthenticated_bytes_max).unwrap_or(u32::MAX);
+        self.query_params_max = settings.gateway_query_params_max as usize;
         self
     }
 }
@@ -245,6 +276,8 @@ pub(crate) struct State {
     /// The latest move tasks, oldest first (`move_tasks_max`).
     tasks: Mutex<VecDeque<MoveTask>>,
     requests: Semaphore,
+    /// Body bytes of requests not verified yet (`unauthenticated_bytes_max`).
+    unauthenticated: Semaphore,
     /// Numbers the query protocol's answers (`RequestId`).
     request_ids: std::sync::atomic::AtomicU64,
 }
@@ -320,18 +353,12 @@ impl Gateway {
             clients: Mutex::new(HashMap::new()),
             tasks: Mutex::new(VecDeque::new()),
             requests: Semaphore::new(config.requests_max),
+            unauthenticated: Semaphore::new(config.unauthenticated_bytes_max as usize),
             request_ids: std::sync::atomic::AtomicU64::new(1),
             config: config.clone(),
         });
-        let app = Router::new()
-            .fallback(handle)
-            .layer(DefaultBodyLimit::max(config.body_bytes_max))
-            .with_state(state);
-        let task = tokio::spawn(async move {
-            if let Err(error) = axum::serve(listener, app).await {
-                tracing::warn!(%error, "the SQS gateway stopped");
-            }
-        });
+        let app = Router::new().fallback(handle).with_state(state);
+        let task = tokio::spawn(connections::accept(listener, app, config));
         Ok(Gateway { addr, task })
     }
 
@@ -352,79 +379,46 @@ impl Drop for Gateway {
     }
 }
 
-/// Which of SQS's protocols a request speaks, and its operation.
-enum Protocol {
-    /// AWS JSON 1.0: `X-Amz-Target: AmazonSQS.ACTION`, a JSON body.
-    Json(String),
-    /// The query protocol: `Action=ACTION` among form or query string parameters.
-    Query(String, Vec<(String, String)>),
-}
-
-impl Protocol {
-    fn of(uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Protocol {
-        if let Some(target) = headers.get("x-amz-target") {
-            let target = String::from_utf8_lossy(target.as_bytes());
-            return Protocol::Json(target.into_owned());
+async fn handle(Shared(state): Shared<Arc<State>>, request: Request) -> Response {
+    // AWS JSON 1.0 names its operation in `X-Amz-Target`; the query protocol in `Action`.
+    let json = request.headers().contains_key("x-amz-target");
+    let result = serve(&state, request).await;
+    if json {
+        match result {
+            Ok((_, value)) => (
+                [("content-type", "application/x-amz-json-1.0")],
+                value.to_string(),
+            )
+                .into_response(),
+            Err(error) => error.into_response(),
         }
-        let mut params = query::form_pairs(uri.query().unwrap_or_default());
-        let form = headers.get("content-type").is_some_and(|t| {
-            t.as_bytes()
-                .starts_with(b"application/x-www-form-urlencoded")
-        });
-        if form {
-            params.extend(query::form_pairs(&String::from_utf8_lossy(body)));
-        }
-        let action = params
-            .iter()
-            .find(|(name, _)| name == "Action")
-            .map(|(_, value)| value.clone())
-            .unwrap_or_default();
-        Protocol::Query(action, params)
-    }
-}
-
-async fn handle(
-    Shared(state): Shared<Arc<State>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let protocol = Protocol::of(&uri, &headers, &body);
-    let result = serve(&state, &method, &uri, &headers, &body, &protocol).await;
-    match (protocol, result) {
-        (Protocol::Json(_), Ok(value)) => (
-            [("content-type", "application/x-amz-json-1.0")],
-            value.to_string(),
-        )
-            .into_response(),
-        (Protocol::Json(_), Err(error)) => error.into_response(),
-        (Protocol::Query(action, _), result) => {
-            let id = state
-                .request_ids
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            query::render(&action, &format!("{id:016x}"), result)
+    } else {
+        let id = state
+            .request_ids
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("{id:016x}");
+        match result {
+            Ok((action, value)) => query::render(&action, &id, Ok(value)),
+            Err(error) => query::render("", &id, Err(error)),
         }
     }
 }
 
-async fn serve(
-    state: &State,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    body: &[u8],
-    protocol: &Protocol,
-) -> Result<serde_json::Value, SqsError> {
-    let _permit = state
-        .requests
-        .try_acquire()
-        .map_err(|_| SqsError::throttled("the gateway serves its most requests at once"))?;
-    let signed = sigv4::Signed {
-        method: method.as_str(),
-        path: uri.path(),
-        query: uri.query().unwrap_or_default(),
-        headers: headers
+/// Verifies `request` and runs its operation: answers the operation's name and output.
+///
+/// What a request may hold before its signature is verified is bounded: its headers are
+/// checked first (a SigV4 `Authorization` of a known key, dated now), then its body is read
+/// within `body_timeout`, at most `body_bytes_max`, under the gateway's budget of
+/// unauthenticated bytes.
+async fn serve(state: &State, request: Request) -> Result<(String, serde_json::Value), SqsError> {
+    let (parts, body) = request.into_parts();
+    let now = SystemTime::now();
+    let mut signed = sigv4::Signed {
+        method: parts.method.as_str(),
+        path: parts.uri.path(),
+        query: parts.uri.query().unwrap_or_default(),
+        headers: parts
+            .headers
             .iter()
             .map(|(n, v)| {
                 (
@@ -433,33 +427,62 @@ async fn serve(
                 )
             })
             .collect(),
-        body,
+        body: &[],
     };
-    let key_id = sigv4::claimed_key(&signed).map_err(signature_error)?;
-    let key = state.keys.get(&key_id).ok_or_else(SqsError::unknown_key)?;
-    sigv4::verify(&signed, &key.secret, SystemTime::now()).map_err(signature_error)?;
-    let (action, input) = match protocol {
-        Protocol::Json(target) => {
+    let claimed = sigv4::claimed_key(&signed, now)
+        .map_err(signature_error)
+        .and_then(|id| Ok((state.keys.get(&id).ok_or_else(SqsError::unknown_key)?, id)));
+    let (key, key_id) = match claimed {
+        Ok(claimed) => claimed,
+        Err(error) => {
+            state.discard(body).await;
+            return Err(error);
+        }
+    };
+    let (body, unverified) = state.read_body(body).await?;
+    signed.body = &body;
+    sigv4::verify(&signed, &key.secret, now).map_err(signature_error)?;
+    drop(unverified);
+    let _permit = state
+        .requests
+        .try_acquire()
+        .map_err(|_| SqsError::throttled("the gateway serves its most requests at once"))?;
+    let (action, input) = match parts.headers.get("x-amz-target") {
+        Some(target) => {
+            let target = String::from_utf8_lossy(target.as_bytes());
             let action = target
                 .strip_prefix("AmazonSQS.")
-                .ok_or_else(|| SqsError::unknown_action(target))?;
+                .ok_or_else(|| SqsError::unknown_action(&target))?
+                .to_string();
             let input: serde_json::Value = if body.is_empty() {
                 serde_json::json!({})
             } else {
-                serde_json::from_slice(body)
+                serde_json::from_slice(&body)
                     .map_err(|e| SqsError::invalid(format!("the body is not JSON: {e}")))?
             };
             (action, input)
         }
-        Protocol::Query(action, _) if action.is_empty() => {
-            return Err(SqsError::missing("Action"));
+        None => {
+            let form = parts.headers.get("content-type").is_some_and(|t| {
+                t.as_bytes()
+                    .starts_with(b"application/x-www-form-urlencoded")
+            });
+            let body = if form { &body[..] } else { &[] };
+            let params = query::params(signed.query, body, state.config.query_params_max)?;
+            let action = params
+                .iter()
+                .find(|(name, _)| name == "Action")
+                .map(|(_, value)| value.clone())
+                .filter(|action| !action.is_empty())
+                .ok_or_else(|| SqsError::missing("Action"))?;
+            (action, query::to_input(&params)?)
         }
-        Protocol::Query(action, params) => (action.as_str(), query::to_input(params)),
     };
     if !input.is_object() {
         return Err(SqsError::invalid("the body must be a JSON object"));
     }
-    let host = headers
+    let host = parts
+        .headers
         .get("host")
         .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
         .unwrap_or_else(|| state.config.listen.to_string());
@@ -468,7 +491,60 @@ async fn serve(
         namespace: key.namespace.clone(),
         host,
     };
-    api::dispatch(state, &caller, action, &input).await
+    let value = api::dispatch(state, &caller, &action, &input).await?;
+    Ok((action, value))
+}
+
+impl State {
+    /// Reads what comes of a refused request's body and keeps none of it, for at most
+    /// `body_timeout`: a client sends its whole body before it reads the answer, and
+    /// closing on it would lose the answer.
+    async fn discard(&self, mut body: Body) {
+        let drain = async { while let Some(Ok(_)) = body.frame().await {} };
+        let _ = tokio::time::timeout(self.config.body_timeout, drain).await;
+    }
+
+    /// The body of a request whose headers passed, read within the bounds [`serve`] names,
+    /// and its share of the unauthenticated budget (held until the signature is verified).
+    async fn read_body(
+        &self,
+        body: Body,
+    ) -> Result<(Bytes, tokio::sync::SemaphorePermit<'_>), SqsError> {
+        let limit = self.config.body_bytes_max;
+        // hyper knows the length from `Content-Length` (or that there is no body); a
+        // chunked body's is unknown.
+        let declared = axum::body::HttpBody::size_hint(&body).upper();
+        if declared.is_some_and(|length| length > limit as u64) {
+            self.discard(body).await;
+            return Err(SqsError::too_large(limit));
+        }
+        // A body of unknown length (chunked) reserves the largest it may be.
+        let reserve = declared.unwrap_or(limit as u64);
+        let permit = u32::try_from(reserve)
+            .ok()
+            .and_then(|bytes| self.unauthenticated.try_acquire_many(bytes).ok());
+        let Some(permit) = permit else {
+            self.discard(body).await;
+            return Err(SqsError::throttled(
+                "the gateway holds its most bytes of requests not verified yet \
+                 (gateway_unauthenticated_bytes_max)",
+            ));
+        };
+        let read = http_body_util::Limited::new(body, limit).collect();
+        let body = match tokio::time::timeout(self.config.body_timeout, read).await {
+            Err(_) => return Err(SqsError::body_timeout(self.config.body_timeout)),
+            Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
+                return Err(SqsError::too_large(limit));
+            }
+            Ok(Err(error)) => {
+                return Err(SqsError::invalid(format!(
+                    "the body could not be read: {error}"
+                )));
+            }
+            Ok(Ok(collected)) => collected.to_bytes(),
+        };
+        Ok((body, permit))
+    }
 }
 
 fn signature_error(error: sigv4::SignatureError) -> SqsError {
@@ -480,5 +556,6 @@ fn signature_error(error: sigv4::SignatureError) -> SqsError {
         E::UnknownKey(_) => SqsError::unknown_key(),
         E::Mismatch => SqsError::signature_mismatch(message),
         E::Expired(_) => SqsError::expired(message),
+        E::ContentHashMismatch => SqsError::content_hash_mismatch(message),
     }
 }

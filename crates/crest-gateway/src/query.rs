@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 const XMLNS: &str = "http://queue.amazonaws.com/doc/2012-11-05/";
 
 /// `application/x-www-form-urlencoded` pairs (`+` is a space).
-pub(crate) fn form_pairs(text: &str) -> Vec<(String, String)> {
+fn form_pairs(text: &str) -> Vec<(String, String)> {
     text.split('&')
         .filter(|pair| !pair.is_empty())
         .map(|pair| {
@@ -23,6 +23,27 @@ pub(crate) fn form_pairs(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A request's parameters: those of its query string, then those of its form body; at
+/// most `max` of them (`gateway_query_params_max`).
+pub(crate) fn params(
+    query: &str,
+    form: &[u8],
+    max: usize,
+) -> Result<Vec<(String, String)>, SqsError> {
+    let form = String::from_utf8_lossy(form);
+    let count = |text: &str| text.split('&').filter(|pair| !pair.is_empty()).count();
+    let given = count(query) + count(&form);
+    if given > max {
+        return Err(SqsError::invalid(format!(
+            "the request has {given} parameters, more than the gateway takes \
+             (gateway_query_params_max = {max})"
+        )));
+    }
+    let mut params = form_pairs(query);
+    params.extend(form_pairs(&form));
+    Ok(params)
+}
+
 /// Lists the query protocol flattens as `NAME.N` (a string each), by their JSON name.
 const LISTS: [(&str, &str); 3] = [
     ("AttributeName", "AttributeNames"),
@@ -31,10 +52,21 @@ const LISTS: [(&str, &str); 3] = [
 ];
 
 /// The JSON protocol's input for a request's parameters (`Action` and `Version` left out).
-pub(crate) fn to_input(params: &[(String, String)]) -> Value {
+///
+/// # Errors
+/// A parameter given both plainly and as numbered members (`Attributes=x` beside
+/// `Attribute.1.Name=...`), or batch entries nested in a batch entry: SQS nests one level,
+/// and the parser does not recurse past it, so no request's shape can exhaust the stack.
+pub(crate) fn to_input(params: &[(String, String)]) -> Result<Value, SqsError> {
+    group(params, true).map(Value::Object)
+}
+
+/// The members of one parameter group; `entries`: whether batch entries may appear (only
+/// at the top).
+fn group(params: &[(String, String)], entries: bool) -> Result<Map<String, Value>, SqsError> {
     let mut out = Map::new();
     // Numbered groups: (prefix, index) → the group's remaining parameters.
-    let mut groups: BTreeMap<(String, u32), Vec<(String, String)>> = BTreeMap::new();
+    let mut groups: BTreeMap<(&str, u32), Vec<(String, String)>> = BTreeMap::new();
     for (name, value) in params {
         if matches!(name.as_str(), "Action" | "Version") {
             continue;
@@ -43,7 +75,7 @@ pub(crate) fn to_input(params: &[(String, String)]) -> Value {
         let (head, index, rest) = (parts.next(), parts.next(), parts.next());
         match (head, index.and_then(|i| i.parse::<u32>().ok())) {
             (Some(head), Some(index)) => groups
-                .entry((head.to_string(), index))
+                .entry((head, index))
                 .or_default()
                 .push((rest.unwrap_or_default().to_string(), value.clone())),
             _ => {
@@ -51,6 +83,22 @@ pub(crate) fn to_input(params: &[(String, String)]) -> Value {
             }
         }
     }
+    // A member collection already given a plain value is refused, not overwritten.
+    fn slot<'a>(
+        out: &'a mut Map<String, Value>,
+        name: &str,
+        empty: fn() -> Value,
+    ) -> Result<&'a mut Value, SqsError> {
+        let slot = out.entry(name).or_insert_with(empty);
+        if slot.is_string() {
+            return Err(SqsError::invalid(format!(
+                "{name} is given both as a value and as numbered members"
+            )));
+        }
+        Ok(slot)
+    }
+    let list = || Value::Array(Vec::new());
+    let map = || Value::Object(Map::new());
     for ((head, _), members) in groups {
         let field = |name: &str| {
             members
@@ -58,35 +106,36 @@ pub(crate) fn to_input(params: &[(String, String)]) -> Value {
                 .find(|(n, _)| n == name)
                 .map(|(_, v)| v.clone())
         };
-        if let Some((_, list)) = LISTS.iter().find(|(item, _)| *item == head) {
-            let items = out.entry(*list).or_insert_with(|| Value::Array(Vec::new()));
-            if let (Value::Array(items), Some(value)) = (items, field("")) {
+        if let Some((_, name)) = LISTS.iter().find(|(item, _)| *item == head) {
+            if let (Value::Array(items), Some(value)) = (slot(&mut out, name, list)?, field("")) {
                 items.push(value.into());
             }
         } else if head == "Attribute" {
-            if let (Some(name), Some(value)) = (field("Name"), field("Value")) {
-                let map = out.entry("Attributes").or_insert_with(|| Map::new().into());
-                map[name] = value.into();
+            if let (Some(name), Some(value)) = (field("Name"), field("Value"))
+                && let Value::Object(map) = slot(&mut out, "Attributes", map)?
+            {
+                map.insert(name, value.into());
             }
         } else if head == "MessageAttribute" {
-            if let Some(name) = field("Name") {
+            if let Some(name) = field("Name")
+                && let Value::Object(map) = slot(&mut out, "MessageAttributes", map)?
+            {
                 let mut value = Map::new();
                 for (member, text) in &members {
                     if let Some(part) = member.strip_prefix("Value.") {
                         value.insert(part.to_string(), text.clone().into());
                     }
                 }
-                let map = out
-                    .entry("MessageAttributes")
-                    .or_insert_with(|| Map::new().into());
-                map[name] = value.into();
+                map.insert(name, value.into());
             }
         } else if head.ends_with("BatchRequestEntry") {
-            let entries = out
-                .entry("Entries")
-                .or_insert_with(|| Value::Array(Vec::new()));
-            if let Value::Array(entries) = entries {
-                entries.push(to_input(&members));
+            if !entries {
+                return Err(SqsError::invalid(format!(
+                    "{head}.N is nested in a batch entry; batch entries do not nest"
+                )));
+            }
+            if let Value::Array(items) = slot(&mut out, "Entries", list)? {
+                items.push(Value::Object(group(&members, false)?));
             }
         } else {
             // Unknown numbered parameters are kept whole, for the operation to refuse.
@@ -95,7 +144,7 @@ pub(crate) fn to_input(params: &[(String, String)]) -> Value {
             }
         }
     }
-    Value::Object(out)
+    Ok(out)
 }
 
 fn escape(text: &str) -> String {
@@ -215,7 +264,7 @@ mod tests {
              &AttributeName.1=All&Attribute.1.Name=DelaySeconds&Attribute.1.Value=5",
         );
         assert_eq!(
-            to_input(&params),
+            to_input(&params).unwrap(),
             json!({
                 "QueueUrl": "http://h/default/q",
                 "AttributeNames": ["All"],
@@ -227,6 +276,27 @@ mod tests {
                 ],
             })
         );
+    }
+
+    #[test]
+    fn nested_entries_and_a_parameter_given_twice_are_refused() {
+        let nested = form_pairs(
+            "SendMessageBatchRequestEntry.1.SendMessageBatchRequestEntry.1.SendMessageBatch\
+             RequestEntry.1.Id=x",
+        );
+        let error = to_input(&nested).unwrap_err();
+        assert!(error.message.contains("do not nest"), "{error:?}");
+        for text in [
+            "Attributes=x&Attribute.1.Name=DelaySeconds&Attribute.1.Value=1",
+            "AttributeNames=x&AttributeName.1=All",
+            "Entries=x&SendMessageBatchRequestEntry.1.Id=a",
+        ] {
+            let error = to_input(&form_pairs(text)).unwrap_err();
+            assert!(error.message.contains("given both"), "{text}: {error:?}");
+        }
+        let error = params("a=1&b=2", b"c=3", 2).unwrap_err();
+        assert!(error.message.contains("3 parameters"), "{error:?}");
+        assert_eq!(params("a=1", b"b=2", 2).unwrap().len(), 2);
     }
 
     #[test]

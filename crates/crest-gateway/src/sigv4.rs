@@ -34,6 +34,9 @@ pub enum SignatureError {
     /// The request's time is too far from the gateway's.
     #[error("the request's time {0} is more than 15 minutes from the gateway's clock")]
     Expired(String),
+    /// An `x-amz-content-sha256` header that is not the SHA-256 of the body that came.
+    #[error("the provided 'x-amz-content-sha256' header does not match what was computed")]
+    ContentHashMismatch,
 }
 
 /// What a request is made of, as the signature covers it.
@@ -104,23 +107,19 @@ fn parse_authorization(value: &str) -> Result<Authorization, SignatureError> {
     })
 }
 
-/// The access key id a request claims, before its signature is checked (to find the secret).
-pub fn claimed_key(request: &Signed<'_>) -> Result<String, SignatureError> {
-    let value = header(request, "authorization")
-        .ok_or_else(|| SignatureError::Missing("no Authorization header".into()))?;
-    Ok(parse_authorization(value)?.key_id)
+/// The access key id a request claims, once its `Authorization` header is well formed, its
+/// time within [`SKEW_MAX`] of `now` and its host signed: what can be checked before its
+/// body is read (and is, so a request that cannot verify holds no body).
+pub fn claimed_key(request: &Signed<'_>, now: SystemTime) -> Result<String, SignatureError> {
+    Ok(checked_head(request, now)?.0.key_id)
 }
 
-fn header<'a>(request: &'a Signed<'_>, name: &str) -> Option<&'a str> {
-    request
-        .headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
-}
-
-/// Checks `request`'s signature with `secret` at `now`.
-pub fn verify(request: &Signed<'_>, secret: &str, now: SystemTime) -> Result<(), SignatureError> {
+/// The request's parsed `Authorization` and its `X-Amz-Date`, checked as [`claimed_key`]
+/// says.
+fn checked_head<'a>(
+    request: &'a Signed<'_>,
+    now: SystemTime,
+) -> Result<(Authorization, &'a str), SignatureError> {
     let value = header(request, "authorization")
         .ok_or_else(|| SignatureError::Missing("no Authorization header".into()))?;
     let auth = parse_authorization(value)?;
@@ -145,6 +144,20 @@ pub fn verify(request: &Signed<'_>, secret: &str, now: SystemTime) -> Result<(),
             "the host header is not signed".into(),
         ));
     }
+    Ok((auth, amz_date))
+}
+
+fn header<'a>(request: &'a Signed<'_>, name: &str) -> Option<&'a str> {
+    request
+        .headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// Checks `request`'s signature with `secret` at `now`.
+pub fn verify(request: &Signed<'_>, secret: &str, now: SystemTime) -> Result<(), SignatureError> {
+    let (auth, amz_date) = checked_head(request, now)?;
     let canonical = canonical_request(request, &auth.signed_headers)?;
     let to_sign = format!(
         "AWS4-HMAC-SHA256\n{amz_date}\n{}\n{}",
@@ -198,10 +211,17 @@ fn canonical_request(request: &Signed<'_>, signed: &[String]) -> Result<String, 
             .join(",");
         headers.push_str(&format!("{name}:{value}\n"));
     }
-    let payload = match header(request, "x-amz-content-sha256") {
-        Some(hash) if hash != "UNSIGNED-PAYLOAD" => hash.to_ascii_lowercase(),
-        _ => hex(digest::digest(&digest::SHA256, request.body).as_ref()),
-    };
+    // The body is always hashed: a client's `x-amz-content-sha256` (signed or not) only
+    // says what it hashed, and one that differs is refused, so a captured signature cannot
+    // carry another body. `UNSIGNED-PAYLOAD` (S3's) is not taken: the signature covers the
+    // body as it came.
+    let payload = hex(digest::digest(&digest::SHA256, request.body).as_ref());
+    if let Some(claimed) = header(request, "x-amz-content-sha256")
+        && claimed != "UNSIGNED-PAYLOAD"
+        && !claimed.trim().eq_ignore_ascii_case(&payload)
+    {
+        return Err(SignatureError::ContentHashMismatch);
+    }
     Ok(format!(
         "{}\n{}\n{}\n{}\n{}\n{}",
         request.method,
@@ -259,11 +279,15 @@ pub(crate) fn decode(text: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
+        // Hex digits read as bytes: slicing the text there could split a character, and
+        // `from_str_radix` would take a sign (`%+f`).
         if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let Ok(byte) = u8::from_str_radix(&text[i + 1..i + 3], 16)
+            && let (Some(high), Some(low)) = (
+                bytes.get(i + 1).and_then(|b| hex_digit(*b)),
+                bytes.get(i + 2).and_then(|b| hex_digit(*b)),
+            )
         {
-            out.push(byte);
+            out.push(high << 4 | low);
             i += 3;
             continue;
         }
@@ -273,7 +297,11 @@ pub(crate) fn decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// `YYYYMMDDTHHMMSSZ` as a time.
+fn hex_digit(byte: u8) -> Option<u8> {
+    (byte as char).to_digit(16).map(|d| d as u8)
+}
+
+/// `YYYYMMDDTHHMMSSZ` as a time (none before 1970: no client signs then).
 fn parse_amz_date(text: &str) -> Option<SystemTime> {
     let b = text.as_bytes();
     if b.len() != 16 || b[8] != b'T' || b[15] != b'Z' {
@@ -288,9 +316,9 @@ fn parse_amz_date(text: &str) -> Option<SystemTime> {
     if second > 60 {
         return None;
     }
-    let days = days_from_civil(year as i64, month as i64, day as i64);
-    let seconds = days.checked_mul(86_400)? as u64 + hour * 3600 + minute * 60 + second;
-    Some(UNIX_EPOCH + Duration::from_secs(seconds))
+    let days = u64::try_from(days_from_civil(year as i64, month as i64, day as i64)).ok()?;
+    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second;
+    UNIX_EPOCH.checked_add(Duration::from_secs(seconds))
 }
 
 /// Signs a request as AWS SDKs do: every header given (which must include `host`) and
@@ -430,7 +458,7 @@ mod tests {
     fn aws_s_get_vanilla_request_verifies_and_any_change_breaks_it() {
         let at = parse_amz_date("20150830T123600Z").unwrap();
         let request = vanilla("GET", b"");
-        assert_eq!(claimed_key(&request).unwrap(), "AKIDEXAMPLE");
+        assert_eq!(claimed_key(&request, at).unwrap(), "AKIDEXAMPLE");
         assert_eq!(verify(&request, SECRET, at), Ok(()));
         let mismatch = Err(SignatureError::Mismatch);
         assert_eq!(verify(&request, "another", at), mismatch);
@@ -492,7 +520,34 @@ mod tests {
     }
 
     #[test]
+    fn a_content_hash_header_must_be_the_body_s() {
+        let at = parse_amz_date("20150830T123600Z").unwrap();
+        let mut request = vanilla("GET", b"");
+        let empty = hex(digest::digest(&digest::SHA256, b"").as_ref());
+        request
+            .headers
+            .push(("x-amz-content-sha256".into(), empty.to_uppercase()));
+        assert_eq!(verify(&request, SECRET, at), Ok(()));
+        request.body = b"another";
+        assert_eq!(
+            verify(&request, SECRET, at),
+            Err(SignatureError::ContentHashMismatch)
+        );
+    }
+
+    #[test]
+    fn percent_decoding_takes_two_hex_digits_only() {
+        assert_eq!(decode("%41%2f"), "A/");
+        assert_eq!(decode("%a\u{e9}"), "%a\u{e9}");
+        assert_eq!(decode("%+f"), "%+f");
+        assert_eq!(decode("%4"), "%4");
+        assert_eq!(decode("%"), "%");
+    }
+
+    #[test]
     fn dates_convert_to_unix_time() {
+        assert!(parse_amz_date("19691231T235959Z").is_none());
+        assert!(parse_amz_date("00000101T000000Z").is_none());
         let at = parse_amz_date("20150830T123600Z").unwrap();
         assert_eq!(
             at.duration_since(UNIX_EPOCH).unwrap().as_secs(),

@@ -22,6 +22,43 @@ pub(crate) fn ephemeral_default_topology() -> String {
     topology
 }
 
+/// Starts `crest local --memory` on ephemeral ports with its SQS API, `settings` (TOML
+/// lines) added to the topology's `[settings]` and `tables` after it; answers the process,
+/// the API's endpoint and its access key pair, as the process printed them.
+pub(crate) fn start_local_sqs(
+    dir: &std::path::Path,
+    settings: &str,
+    tables: &str,
+) -> (Process, String, String, String) {
+    let topology = ephemeral_default_topology().replacen(
+        "[settings]\n",
+        &format!("[settings]\n{settings}"),
+        1,
+    ) + tables;
+    let path = dir.join("topology.toml");
+    std::fs::write(&path, topology).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_crest"));
+    command
+        .args(["local", "--memory", "--sqs", "127.0.0.1:0", "--topology"])
+        .arg(&path)
+        .arg("--ca-out")
+        .arg(dir.join("ca.pem"));
+    command.stderr(Stdio::null());
+    let (local, lines) = spawn_printing(command);
+    let endpoint = wait_for(&lines, |line| {
+        let rest = line.strip_prefix("SQS API:")?;
+        rest.split_whitespace().next().map(str::to_string)
+    });
+    let (id, secret) = wait_for(&lines, |line| {
+        let rest = line.trim().strip_prefix("access key ")?;
+        match rest.split_whitespace().collect::<Vec<_>>()[..] {
+            [id, "secret", secret] => Some((id.to_string(), secret.to_string())),
+            _ => None,
+        }
+    });
+    (local, endpoint, id, secret)
+}
+
 /// A `crest` process, killed when dropped.
 pub(crate) struct Process(pub(crate) Child);
 

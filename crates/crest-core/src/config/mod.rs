@@ -369,6 +369,26 @@ pub struct Settings {
     pub gateway_queue_cache_max: u32,
     /// Most message move tasks an SQS gateway remembers for `ListMessageMoveTasks`.
     pub gateway_move_tasks_max: u32,
+    /// Most HTTP connections an SQS gateway holds open at once; a connection past it is
+    /// answered 503 and closed.
+    pub gateway_connections_max: u32,
+    /// Most HTTP connections an SQS gateway holds open from one client address (a share of
+    /// `gateway_connections_max`, so one host cannot take every connection).
+    pub gateway_connections_per_address_max: u32,
+    /// How long an SQS gateway waits for a request's headers (and, on a kept-alive
+    /// connection, for the next request to start) before it closes the connection, in
+    /// milliseconds.
+    pub gateway_header_timeout_ms: u64,
+    /// How long an SQS gateway waits for a request's body once its headers came, in
+    /// milliseconds; past it the request is answered `RequestTimeout`.
+    pub gateway_body_timeout_ms: u64,
+    /// Most body bytes an SQS gateway holds, over all connections, of requests whose
+    /// signature is not verified yet (a request reserves its `Content-Length` before its
+    /// body is read); past it a request is answered `RequestThrottled` without being read.
+    pub gateway_unauthenticated_bytes_max: u64,
+    /// Most parameters an SQS query-protocol request may carry (a batch of ten messages
+    /// with ten attributes each needs about 500).
+    pub gateway_query_params_max: u32,
     /// Per-topic overrides of the delivery policy, by topic name.
     pub topics: BTreeMap<String, TopicSettings>,
     /// How often a leaf or aggregator reports its subtree's measurements to its parent, in
@@ -505,6 +525,12 @@ impl Default for Settings {
             gateway_queue_cache_ms: 1000,
             gateway_queue_cache_max: 10_000,
             gateway_move_tasks_max: 1000,
+            gateway_connections_max: 2048,
+            gateway_connections_per_address_max: 512,
+            gateway_header_timeout_ms: 10_000,
+            gateway_body_timeout_ms: 30_000,
+            gateway_unauthenticated_bytes_max: 64 << 20,
+            gateway_query_params_max: 1000,
             topics: BTreeMap::new(),
             report_interval_ms: 1_000,
             report_topics_max: 256,
@@ -538,7 +564,7 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 64] = [
+        let positive: [(&'static str, u64); 70] = [
             ("aging_check_ms", self.aging_check_ms),
             ("fairness_key_bytes_max", self.fairness_key_bytes_max.into()),
             ("fairness_keys_max", self.fairness_keys_max.into()),
@@ -559,6 +585,24 @@ impl Settings {
                 self.gateway_queue_cache_max.into(),
             ),
             ("gateway_move_tasks_max", self.gateway_move_tasks_max.into()),
+            (
+                "gateway_connections_max",
+                self.gateway_connections_max.into(),
+            ),
+            (
+                "gateway_connections_per_address_max",
+                self.gateway_connections_per_address_max.into(),
+            ),
+            ("gateway_header_timeout_ms", self.gateway_header_timeout_ms),
+            ("gateway_body_timeout_ms", self.gateway_body_timeout_ms),
+            (
+                "gateway_unauthenticated_bytes_max",
+                self.gateway_unauthenticated_bytes_max,
+            ),
+            (
+                "gateway_query_params_max",
+                self.gateway_query_params_max.into(),
+            ),
             ("topic_configs_max", self.topic_configs_max.into()),
             (
                 "topic_attributes_bytes_max",
@@ -659,6 +703,31 @@ impl Settings {
             if value == 0 {
                 return fail(name, "must be at least 1".into());
             }
+        }
+        // A gateway reserves a whole body of the unauthenticated budget before reading it.
+        if self.gateway_body_bytes_max > self.gateway_unauthenticated_bytes_max {
+            return fail(
+                "gateway_body_bytes_max",
+                format!(
+                    "{} exceeds gateway_unauthenticated_bytes_max {}: no request could be read",
+                    self.gateway_body_bytes_max, self.gateway_unauthenticated_bytes_max
+                ),
+            );
+        }
+        if self.gateway_unauthenticated_bytes_max > u64::from(u32::MAX) {
+            return fail(
+                "gateway_unauthenticated_bytes_max",
+                format!("{} exceeds 4 GiB", self.gateway_unauthenticated_bytes_max),
+            );
+        }
+        if self.gateway_connections_per_address_max > self.gateway_connections_max {
+            return fail(
+                "gateway_connections_per_address_max",
+                format!(
+                    "{} exceeds gateway_connections_max {}",
+                    self.gateway_connections_per_address_max, self.gateway_connections_max
+                ),
+            );
         }
         if self.payload_bytes_max > self.push_batch_bytes_max {
             return fail(
