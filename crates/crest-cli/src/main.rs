@@ -200,9 +200,10 @@ enum Command {
     /// Every node of a topology as its HTTP /healthz says: up or down, the root in charge, and
     /// each replicated leaf's leader, followers and their lag.
     Status {
-        /// Topology file (the nodes' `http` addresses are read).
-        #[arg(long)]
-        topology: PathBuf,
+        /// Topology file (the nodes' `http` addresses are read); the embedded default (the
+        /// tree `crest local` runs) if omitted.
+        #[arg(long, env = "CREST_TOPOLOGY")]
+        topology: Option<PathBuf>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -454,7 +455,9 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
             init_tracing("warn");
             stats(args).await
         }
-        Command::Status { topology, json } => status::status(&topology, json).await,
+        Command::Status { topology, json } => {
+            status::status(load_topology(topology.as_deref())?, json).await
+        }
         Command::Sim {
             topology,
             workload,

@@ -4,12 +4,11 @@
 //! its version, its link's round trip, a leaf's log disk and recent sync p99. Exits 2 when a
 //! node is down, for scripts and health checks.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use crest::core::topology::{NodeSpec, Topology};
 use crest::core::wire::Role;
 use http_body_util::BodyExt;
 use serde_json::Value;
-use std::path::Path;
 use std::time::Duration;
 
 /// How long one node's `/healthz` may take.
@@ -70,10 +69,7 @@ fn details_of(metrics: &str, root: bool) -> Details {
     details
 }
 
-pub(crate) async fn status(topology: &Path, json: bool) -> Result<()> {
-    let text = std::fs::read_to_string(topology)
-        .with_context(|| format!("reading {}", topology.display()))?;
-    let topology = Topology::parse(&text)?;
+pub(crate) async fn status(topology: Topology, json: bool) -> Result<()> {
     let mut asks = tokio::task::JoinSet::new();
     for (index, node) in topology.nodes.iter().enumerate() {
         let http = node.http;

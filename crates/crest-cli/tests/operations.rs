@@ -335,6 +335,25 @@ fn crest_status_shows_the_tree(dir: &Path, nodes: &[Node]) {
     drop(silent);
 }
 
+/// `crest status` without `--topology` reads the tree `crest local` runs by default (as every
+/// other client command does), naming each of its nodes (down, unless a `crest local` of the
+/// defaults runs on this machine).
+#[test]
+fn crest_status_without_a_topology_describes_the_default_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = Command::new(CREST)
+        .arg("status")
+        .current_dir(dir.path())
+        .env_remove("CREST_TOPOLOGY")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(matches!(table.status.code(), Some(0 | 2)), "{text}");
+    for node in ["root", "agg-1", "agg-2", "leaf-1", "leaf-4"] {
+        assert!(text.contains(node), "{node}: {text}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_scrapes_every_node_and_shows_what_the_tree_holds() {
     // Goal: an operator's Prometheus, pointed at every node, sees the values the test caused

@@ -236,8 +236,16 @@ impl Consumer {
         let lease_ms = options.visibility.map(millis);
         let mut tries = Tries::new(&self.inner.config);
         let deadline = tokio::time::Instant::now() + options.wait;
+        let mut first = true;
         let answer = loop {
-            let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+            // The first try asks for the wait as given, so a wait past `pop_wait_max_ms` is
+            // refused rather than shortened by the time taken to send it; a retry asks for
+            // what is left.
+            let wait = if std::mem::take(&mut first) {
+                options.wait
+            } else {
+                deadline.saturating_duration_since(tokio::time::Instant::now())
+            };
             let wait_ms = millis(wait);
             let answer = self
                 .request(

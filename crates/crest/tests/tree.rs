@@ -339,14 +339,14 @@ async fn bad_receipts_and_invalid_arguments_get_typed_errors() {
         matches!(&error, ClientError::Rejected { code: ErrorCode::InvalidArgument, message } if message.contains("max 0")),
         "{error}"
     );
-    let error = consumer
-        .pop("jobs", 1, Duration::from_secs(3600))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&error, ClientError::Rejected { message, .. } if message.contains("pop_wait_max_ms")),
-        "{error}"
-    );
+    // A wait one millisecond past the bound (20,000 ms) is refused, not shortened.
+    for wait in [Duration::from_secs(3600), Duration::from_millis(20_001)] {
+        let error = consumer.pop("jobs", 1, wait).await.unwrap_err();
+        assert!(
+            matches!(&error, ClientError::Rejected { message, .. } if message.contains("pop_wait_max_ms 20000")),
+            "{wait:?}: {error}"
+        );
+    }
 
     let huge = vec![0u8; 256 * 1024 + 1];
     let error = producers[0].push("jobs", 1, huge).await.unwrap_err();
