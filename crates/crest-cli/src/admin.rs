@@ -340,6 +340,17 @@ pub(crate) async fn stats(args: StatsArgs) -> Result<()> {
             by_priority.join(" ")
         );
     }
+    // A topic asked for that holds nothing (every message acknowledged, or none pushed) is
+    // shown with its zeros, not left out.
+    if let Some(asked) = args.topic.as_deref()
+        && !asked.ends_with('/')
+        && !stats.topics.iter().any(|t| t.topic == asked)
+    {
+        println!(
+            "{asked:<24} {:>10} {:>10} {:>10} {:>8} {:>12}  (holds nothing)",
+            0, 0, 0, 0, "-"
+        );
+    }
     println!(
         "expired {}, dead-lettered {}, deduplicated {} (since each leaf started)",
         stats.expired, stats.dead_lettered, stats.deduplicated

@@ -327,6 +327,10 @@ fn no_huge_pages() {
 
 fn main() -> std::process::ExitCode {
     no_huge_pages();
+    // Every file and directory crest makes (logs, Raft logs, snapshots, keys, tokens) is
+    // its owner's alone: payloads and secrets are not for other local users. The mask
+    // reaches what the libraries crest runs create too (the Raft log's files).
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let cli = Cli::parse();
     if let Some(endpoint) = &cli.otlp_endpoint
         && let Err(error) = otlp::start(endpoint)

@@ -440,6 +440,7 @@ pub(crate) fn certs(
 pub(crate) fn write_private(path: &Path, contents: &str) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::PermissionsExt;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -447,6 +448,10 @@ pub(crate) fn write_private(path: &Path, contents: &str) -> Result<()> {
         .mode(0o600)
         .open(path)
         .with_context(|| format!("writing {}", path.display()))?;
+    // The mode applies only when the file is created: one that existed keeps its own, which
+    // must not stay readable by others now that it holds a secret.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("making {} private", path.display()))?;
     file.write_all(contents.as_bytes())?;
     Ok(())
 }

@@ -8,7 +8,7 @@
 //! span; here the parent is a field of the span, read when it closes, which this small layer
 //! does (ARCHITECTURE.md, "Traces").
 
-use crest::core::trace::TARGET;
+use crest::core::trace::{TARGET, TRACEPARENT};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{Span as _, SpanKind, Tracer as _, TracerProvider as _};
 use opentelemetry::{Context, KeyValue};
@@ -91,7 +91,7 @@ impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
         match field.name() {
             "topic" => self.topic = value.to_string(),
-            "traceparent" => self.traceparent = value.to_string(),
+            TRACEPARENT => self.traceparent = value.to_string(),
             "message_id" => self.message_id = value.to_string(),
             _ => {}
         }
@@ -143,7 +143,7 @@ where
         let parent = if fields.traceparent.is_empty() {
             Context::new()
         } else {
-            let carrier = HashMap::from([("traceparent".to_string(), fields.traceparent)]);
+            let carrier = HashMap::from([(TRACEPARENT.to_string(), fields.traceparent)]);
             self.propagator.extract(&carrier)
         };
         // The push and the delivery answer a client's request; the rest is the tree's work.

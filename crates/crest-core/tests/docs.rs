@@ -159,7 +159,7 @@ fn no_page_or_comment_keeps_a_diary() {
             }
         }
     }
-    for dir in ["crates", "examples"] {
+    for dir in ["crates", "examples", "tests", "benches"] {
         sources(&root().join(dir), &mut files);
     }
     for file in files {

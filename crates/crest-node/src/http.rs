@@ -45,6 +45,58 @@ pub(crate) struct HttpState {
     pub(crate) replica: Option<Box<dyn Fn() -> ReplicaStatus + Send + Sync>>,
     /// A leaf's log directory (its disk use is in `/metrics`).
     pub(crate) data_dir: Option<std::path::PathBuf>,
+    /// Names the dashboard and `/stats` answer under besides IP addresses and `localhost`
+    /// (see [`host_allowed`]).
+    pub(crate) hosts: Vec<String>,
+}
+
+/// The names a node's pages answer under: its own address's host and `http_hosts`.
+pub(crate) fn hosts_of(spec: &crest_core::topology::NodeSpec) -> Vec<String> {
+    let own = spec
+        .address
+        .rsplit_once(':')
+        .map_or(spec.address.as_str(), |(host, _)| host);
+    let mut hosts = spec.settings.http_hosts.clone();
+    hosts.push(own.trim_matches(['[', ']']).to_string());
+    hosts
+}
+
+/// Whether a request's `Host` names this node as its operators reach it: an IP address (a
+/// DNS name rebound to the node's address by another site's page arrives as that site's
+/// name, never as an address), `localhost`, or one of `hosts`. A request without `Host`
+/// (HTTP/1.0 tools) is not a browser's.
+fn host_allowed(headers: &HeaderMap, hosts: &[String]) -> bool {
+    let Some(host) = headers.get(header::HOST) else {
+        return true;
+    };
+    let Ok(host) = host.to_str() else {
+        return false;
+    };
+    if host.starts_with('[') {
+        return host
+            .split_once(']')
+            .is_some_and(|(ip, _)| ip[1..].parse::<std::net::Ipv6Addr>().is_ok());
+    }
+    let name = host.split_once(':').map_or(host, |(name, _)| name);
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || hosts.iter().any(|h| h.eq_ignore_ascii_case(name))
+}
+
+/// 403 for a request whose `Host` is not one of the node's names.
+fn wrong_host(headers: &HeaderMap) -> Response {
+    let host = headers
+        .get(header::HOST)
+        .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+        .unwrap_or_default();
+    (
+        StatusCode::FORBIDDEN,
+        format!(
+            "Host {host:?} is not a name of this node: use its address, or list the name in \
+             http_hosts\n"
+        ),
+    )
+        .into_response()
 }
 
 impl HttpState {
@@ -54,6 +106,7 @@ impl HttpState {
         name: String,
         role: String,
         data_dir: Option<std::path::PathBuf>,
+        hosts: Vec<String>,
     ) -> HttpState {
         HttpState {
             name,
@@ -61,6 +114,7 @@ impl HttpState {
             actor: Box::new(move || Some(actor.clone())),
             replica: None,
             data_dir,
+            hosts,
         }
     }
 }
@@ -120,8 +174,11 @@ async fn report_and_links(state: &HttpState) -> Result<(Report, Links), Response
     ))
 }
 
-async fn dashboard() -> Html<&'static str> {
-    Html(DASHBOARD)
+async fn dashboard(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
+    if !host_allowed(&headers, &state.hosts) {
+        return wrong_host(&headers);
+    }
+    Html(DASHBOARD).into_response()
 }
 
 async fn healthz(State(state): State<Arc<HttpState>>) -> Response {
@@ -151,7 +208,10 @@ async fn healthz(State(state): State<Arc<HttpState>>) -> Response {
     (code, axum::Json(body)).into_response()
 }
 
-async fn stats(State(state): State<Arc<HttpState>>) -> Response {
+async fn stats(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
+    if !host_allowed(&headers, &state.hosts) {
+        return wrong_host(&headers);
+    }
     let (report, links) = match report_and_links(&state).await {
         Ok(both) => both,
         Err(response) => return response,
@@ -237,9 +297,14 @@ mod tests {
 
     /// GETs `path` from `addr` over a plain connection: the status line and the body.
     async fn get_raw(addr: std::net::SocketAddr, path: &str) -> String {
+        get_from(addr, path, "node").await
+    }
+
+    /// GETs `path` from `addr` with `Host: host`.
+    async fn get_from(addr: std::net::SocketAddr, path: &str, host: &str) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let request = format!("GET {path} HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut answer = String::new();
         stream.read_to_string(&mut answer).await.unwrap();
@@ -256,6 +321,7 @@ mod tests {
             actor: Box::new(|| None),
             replica: None,
             data_dir: None,
+            hosts: Vec::new(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -269,6 +335,43 @@ mod tests {
             process.contains("\nprocess_cpu_seconds_total "),
             "{process}"
         );
+        shutdown.cancel();
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn pages_answer_only_under_the_node_s_names() {
+        // A browser page of another site that rebinds its name to the node's address sends
+        // that name as Host: the dashboard and /stats refuse it; addresses, localhost and
+        // the configured names are served (here /stats answers 503: no actor, but not 403).
+        let state = HttpState {
+            name: "root".into(),
+            role: "root".into(),
+            actor: Box::new(|| None),
+            replica: None,
+            data_dir: None,
+            hosts: vec!["crest.example".into()],
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(serve(listener, state, shutdown.clone()));
+        for path in ["/", "/stats"] {
+            let refused = get_from(addr, path, "evil.example:7480").await;
+            assert!(refused.starts_with("HTTP/1.1 403"), "{path}: {refused}");
+            assert!(refused.contains("http_hosts"), "{refused}");
+        }
+        for host in [
+            addr.to_string(),
+            "localhost:7480".into(),
+            "[::1]:7480".into(),
+            "CREST.example:7480".into(),
+        ] {
+            let page = get_from(addr, "/", &host).await;
+            assert!(page.starts_with("HTTP/1.1 200"), "{host}: {page}");
+            let stats = get_from(addr, "/stats", &host).await;
+            assert!(!stats.starts_with("HTTP/1.1 403"), "{host}: {stats}");
+        }
         shutdown.cancel();
         server.await.unwrap();
     }

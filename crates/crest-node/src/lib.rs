@@ -604,6 +604,7 @@ pub(crate) async fn serve(
                     name.to_string(),
                     spec.role.to_string(),
                     log_dir.clone(),
+                    http::hosts_of(spec),
                 ),
                 shutdown.clone(),
             ));

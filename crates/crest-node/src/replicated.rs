@@ -324,6 +324,7 @@ pub async fn start_replica(
             actor: Box::new(move || lock(&actor_of.actor).clone()),
             replica: Some(Box::new(move || lock(&status_of.status).clone())),
             data_dir: Some(dir.clone()),
+            hosts: crate::http::hosts_of(&spec),
         };
         tokio::spawn(crate::http::serve(listener, state, shutdown.clone()));
     }

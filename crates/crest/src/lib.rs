@@ -1,7 +1,7 @@
 //! crest: a distributed priority queue built as a hierarchical aggregation tree over QUIC.
 //!
 //! This facade re-exports the workspace crates and embeds the default local topology; the
-//! `crest` command is the crate `crest-cli`.
+//! `crest` command (crates/crest-cli/src) is this package's binary.
 //!
 //! - [`core`]: sans-IO core (keys, wire protocol, topology, state machines);
 //! - [`node`]: running nodes (`start_node`, `LocalTree`);

@@ -58,7 +58,7 @@ use crest_core::record::{Location, LogRecord};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
@@ -250,6 +250,11 @@ fn io_error(path: &Path, error: std::io::Error) -> StorageError {
 /// holds the process id of its holder, for the error a second process gets.
 pub const LOCK_FILE: &str = "LOCK";
 
+/// The mode of a file the log creates: its payloads are readable by the owner alone.
+pub(crate) const PRIVATE_FILE: u32 = 0o600;
+/// The mode of a directory the log creates.
+pub(crate) const PRIVATE_DIR: u32 = 0o700;
+
 /// Takes the exclusive lock of `dir` (see [`LOCK_FILE`]) without waiting for it.
 fn lock_dir(dir: &Path) -> Result<File, StorageError> {
     use rustix::fs::{FlockOperation, flock};
@@ -259,6 +264,7 @@ fn lock_dir(dir: &Path) -> Result<File, StorageError> {
         .truncate(false)
         .read(true)
         .write(true)
+        .mode(PRIVATE_FILE)
         .open(&path)
         .map_err(|e| io_error(&path, e))?;
     match flock(&file, FlockOperation::NonBlockingLockExclusive) {
@@ -313,6 +319,7 @@ fn create_segment(options: &WalOptions, seq: u64) -> Result<(File, u64), Storage
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(PRIVATE_FILE)
         .open(&path)
         .map_err(|e| io_error(&path, e))?;
     let made = Write::write_all(&mut file, &segment_header(seq))

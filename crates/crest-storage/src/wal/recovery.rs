@@ -10,6 +10,7 @@ use crate::format::{
 use crest_core::record::LogRecord;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::sync::mpsc;
 
@@ -66,7 +67,11 @@ pub(super) fn recover(
     mut each: impl FnMut(Vec<LogRecord>),
 ) -> Result<(Wal, Recovered), StorageError> {
     let dir = options.dir.clone();
-    std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(super::PRIVATE_DIR)
+        .create(&dir)
+        .map_err(|e| io_error(&dir, e))?;
     // Held from before the first read until the writer thread ends: no second process may
     // recover or append to this log meanwhile.
     let lock = lock_dir(&dir)?;

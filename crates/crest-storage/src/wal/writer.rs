@@ -12,8 +12,8 @@ use crest_core::config::Durability;
 use crest_core::machine::SyncWait;
 use crest_core::record::LogRecord;
 use std::collections::BTreeSet;
-use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Instant;
@@ -439,7 +439,13 @@ pub(super) fn write_checkpoint(
     let tmp_path = dir.join(format!("{}.tmp", checkpoint_name(seq)));
     let result = (|| {
         let encoding = |error: String| StorageError::other(&tmp_path, error);
-        let mut file = File::create(&tmp_path).map_err(|e| io_error(&tmp_path, e))?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(super::PRIVATE_FILE)
+            .open(&tmp_path)
+            .map_err(|e| io_error(&tmp_path, e))?;
         let mut buf = checkpoint_header(seq).to_vec();
         encode_checkpoint_start(seq, replay_from, &mut buf).map_err(encoding)?;
         let mut written = 0u64;

@@ -213,7 +213,7 @@ impl Drop for Hosts {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaf_whose_host_is_cut_off_is_routed_around_and_found_again_once_healed() {
     let mut hosts = Hosts::new(&["a", "b", "c"]);
-    let text = include_str!("../../../topology/three-hosts.toml")
+    let text = include_str!("../topology/three-hosts.toml")
         .replace("10.0.0.", &format!("{}.", hosts.subnet));
     let topology_path = hosts.dir.join("three-hosts.toml");
     std::fs::write(&topology_path, &text).unwrap();

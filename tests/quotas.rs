@@ -81,11 +81,8 @@ async fn producers(tree: &LocalTree) -> Vec<Producer> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_quota_holds_over_four_leaves_and_through_restarts() {
     let data = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../topology/local.toml"
-    ))
-    .unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
     let topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
     let mut tree = LocalTree::start_with(&topology, Some(data.path()))
         .await

@@ -102,7 +102,7 @@ impl Logs {
 }
 
 fn topology() -> Topology {
-    let text = include_str!("../../../topology/one-leaf.toml");
+    let text = include_str!("../topology/one-leaf.toml");
     let mut topology = Topology::parse(text).unwrap().with_ephemeral_ports();
     // Segments grow as they are written (no preallocated room to give back when one is
     // sealed), so that a full disk refuses the creation of the next one.

@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const CREST: &str = env!("CARGO_BIN_EXE_crest");
-const DEFAULT: &str = include_str!("../../../topology/local.toml");
+const DEFAULT: &str = include_str!("../topology/local.toml");
 /// Each node of the default tree with a parent, and its parent.
 const DEFAULT_PARENTS: [(&str, &str); 6] = [
     ("agg-1", "root"),
@@ -33,7 +33,7 @@ const DEFAULT_PARENTS: [(&str, &str); 6] = [
 const WAIT: Duration = Duration::from_secs(60);
 
 fn deploy(file: &str) -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy")).join(file)
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy")).join(file)
 }
 
 /// Starts `crest local` on ephemeral ports, its leaves logging under `dir`, its own logs as
@@ -333,6 +333,37 @@ fn crest_status_shows_the_tree(dir: &Path, nodes: &[Node]) {
     assert!(table.contains("down: leaf-5"), "{table}");
     assert!(table.contains("slowest log sync: leaf-1"), "{table}");
     drop(silent);
+}
+
+/// What `crest local` writes is its owner's alone: the log's directories 0700, its segments
+/// and checkpoints 0600, and the admin token 0600 even where a token file readable by others
+/// was there before (it kept its old mode when rewritten).
+#[test]
+fn the_files_a_tree_writes_are_private() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, "old\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (process, _nodes) = start_local(dir.path());
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().mode() & 0o777;
+    assert_eq!(mode(&token), 0o600);
+    assert_ne!(std::fs::read_to_string(&token).unwrap(), "old\n");
+    let mut seen = (0, 0);
+    let mut stack = vec![dir.path().join("data")];
+    while let Some(path) = stack.pop() {
+        if path.is_dir() {
+            assert_eq!(mode(&path), 0o700, "{}", path.display());
+            seen.0 += 1;
+            stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else {
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+            seen.1 += 1;
+        }
+    }
+    // A directory and at least a segment and a lock file for each of the four leaves.
+    assert!(seen.0 >= 5 && seen.1 >= 8, "{seen:?} directories and files");
+    drop(process);
 }
 
 /// `crest status` without `--topology` reads the tree `crest local` runs by default (as every

@@ -1,5 +1,5 @@
 //! How long a replicated leaf's messages stay out of consumers' reach when its leader is
-//! killed with SIGKILL: `cargo bench -p crest-cli --bench replica_failover [-- KILLS]`
+//! killed with SIGKILL: `cargo bench --bench replica_failover [-- KILLS]`
 //! (default 20).
 //!
 //! A root, an aggregator and a leaf of three replicas below it run as five `crest launch`

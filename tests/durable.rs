@@ -22,11 +22,8 @@ use common::leaf_counter;
 const WAIT: Duration = Duration::from_secs(10);
 
 fn topology() -> Topology {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../topology/local.toml"
-    ))
-    .unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
     let mut topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
     for setting in [
         "leaf_body_cache_bytes=0",

@@ -33,11 +33,8 @@ dedup_window_ms = 60000
 "#;
 
 fn topology() -> Topology {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../topology/local.toml"
-    ))
-    .unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
     Topology::parse(&format!("{text}\n{TOPIC_SETTINGS}"))
         .unwrap()
         .with_ephemeral_ports()

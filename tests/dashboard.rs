@@ -519,7 +519,7 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
         assert!(metrics.contains(&line), "{line} in {metrics}");
     }
 
-    let artifacts = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artifacts");
+    let artifacts = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
     let screenshot = artifacts.join("dashboard.png");
     let _ = std::fs::remove_file(&screenshot);

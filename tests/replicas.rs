@@ -10,10 +10,10 @@ use std::time::Duration;
 #[path = "common/cluster.rs"]
 mod cluster;
 
-#[path = "../../crest/tests/common/browser.rs"]
+#[path = "common/browser.rs"]
 mod browser;
 
-#[path = "../../crest/tests/common/acks.rs"]
+#[path = "common/acks.rs"]
 mod acks;
 
 use acks::ack_until_applied;

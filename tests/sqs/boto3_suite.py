@@ -1,6 +1,6 @@
 """crest's SQS-compatible API through real AWS clients: boto3 and the AWS CLI.
 
-Run by crates/crest-cli/tests/sqs.rs against a `crest local` it starts, with
+Run by tests/sqs.rs against a `crest local` it starts, with
 SQS_ENDPOINT, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY set. Each check names what
 it shows; any failure raises and the process exits non-zero.
 """

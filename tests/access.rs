@@ -393,15 +393,12 @@ async fn one_principal_cannot_take_more_than_its_share_of_a_node_s_connections()
     // Goal: `principal_connections_max` bounds the connections one principal holds to a node;
     // the next is refused `Overloaded` naming the setting, another principal still connects,
     // and a slot given back can be taken again.
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../topology/local.toml"
-    ))
-    .unwrap()
-    .replace(
-        "[settings]\n",
-        "[settings]\nprincipal_connections_max = 2\n",
-    );
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap()
+        .replace(
+            "[settings]\n",
+            "[settings]\nprincipal_connections_max = 2\n",
+        );
     let topology = crest::core::topology::Topology::parse(&text)
         .unwrap()
         .with_ephemeral_ports();

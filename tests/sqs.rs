@@ -20,17 +20,14 @@ use crest::core::topology::Topology;
 use crest::node::LocalTree;
 
 use cluster::CREST;
-const DEFAULT: &str = include_str!("../../../topology/local.toml");
+const DEFAULT: &str = include_str!("../topology/local.toml");
 
 /// The Python that has boto3 and the AWS CLI.
 fn python() -> PathBuf {
     if let Some(python) = std::env::var_os("CREST_PYTHON") {
         return python.into();
     }
-    let venv = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../target/sqs-venv/bin/python"
-    );
+    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/target/sqs-venv/bin/python");
     let venv = PathBuf::from(venv);
     assert!(
         venv.exists(),
@@ -52,10 +49,7 @@ fn node_modules_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("CREST_NODE_PACKAGES") {
         return dir.into();
     }
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../target/sqs-node"
-    ));
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/sqs-node"));
     assert!(
         dir.join("node_modules/@aws-sdk/client-sqs").exists(),
         "{} has no @aws-sdk/client-sqs: scripts/test installs it there (or set \
@@ -72,10 +66,7 @@ async fn node_example(endpoint: &str, key: (&str, &str)) {
     // Node resolves an ES module's imports from its own directory up: the example runs
     // from beside the packages.
     let script = dir.join("priority.mjs");
-    let example = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/sqs/priority.mjs"
-    );
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/sqs/priority.mjs");
     std::fs::copy(example, &script).unwrap();
     let mut command = Command::new("node");
     command

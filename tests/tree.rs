@@ -86,11 +86,9 @@ async fn push_everywhere(
 /// `topology/local.toml` on free fixed ports (as `crest local` runs it, not on port 0), and the
 /// nodes' sockets, bound on those ports.
 fn local_topology_on_free_ports() -> (Topology, SocketBook) {
-    let mut text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../topology/local.toml"
-    ))
-    .unwrap();
+    let mut text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+            .unwrap();
     // Bind every node's socket here and hand it to the node: the ports are held from the moment
     // they are chosen, and no other process can take one before its node listens.
     let mut sockets = std::collections::HashMap::new();
@@ -140,7 +138,7 @@ async fn a_local_tree_on_fixed_ports_starts_without_losing_a_packet() {
 
 #[test]
 fn every_shipped_topology_file_is_valid() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../topology");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/topology");
     let mut checked = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -606,12 +604,9 @@ async fn malformed_and_oversized_frames_are_answered_and_the_connection_survives
 async fn a_restarted_root_loses_nothing_a_leaf_holds() {
     // In-process variant: stop the root (its connections close), start a new root on the
     // same address, and check every message is still delivered. The real-process variant with
-    // SIGKILL lives in crates/crest-cli/tests/processes.rs.
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../topology/local.toml"
-    ))
-    .unwrap();
+    // SIGKILL lives in tests/processes.rs.
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
     let topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
     let mut tree = LocalTree::start(&topology).await.unwrap();
     assert!(tree.wait_connected(WAIT).await);
@@ -656,11 +651,8 @@ async fn a_root_standing_by_serves_once_the_root_is_gone() {
     // Goal: with a second root standing by, stopping the root moves its children (and the
     // consumer, given both roots) to the standby, which serves every message the leaves hold;
     // acks of deliveries made by the old root reach their leaves through the new one.
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../topology/local.toml"
-    ))
-    .unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
     let text =
         format!("{text}\n[[node]]\nname = \"root-b\"\nrole = \"root\"\nlisten = \"127.0.0.1:0\"\n");
     let topology = Topology::parse(&text).unwrap().with_ephemeral_ports();

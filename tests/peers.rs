@@ -244,11 +244,8 @@ async fn idle_clients_cannot_keep_child_nodes_out_and_are_closed_without_a_hello
     // links need nor stay for ever. Method: the root takes 3 client connections; 3 silent
     // clients take them all; a fourth is refused; agg-1 restarted meanwhile reconnects; the
     // silent ones are closed after `hello_timeout_ms`, and a consumer gets in again.
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../topology/local.toml"
-    ))
-    .unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
     let mut topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
     for node in &mut topology.nodes {
         node.settings.connections_max = 3;

@@ -337,7 +337,7 @@ fn leaf_push(dir: &Path, messages: u64) -> f64 {
 
 /// Pushes `messages` through one durable leaf over QUIC with the SDK; messages per second.
 async fn durable_push(messages: usize) -> f64 {
-    let text = include_str!("../../../topology/two-level.toml");
+    let text = include_str!("../topology/two-level.toml");
     let topology = Topology::parse(text).unwrap().with_ephemeral_ports();
     let dir = fresh_dir("push");
     let tree = LocalTree::start_with(&topology, Some(&dir)).await.unwrap();

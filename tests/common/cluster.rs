@@ -162,11 +162,9 @@ impl Cluster {
         let dir = std::env::temp_dir().join(format!("crest-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let local = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../topology/local.toml"
-        ))
-        .unwrap();
+        let local =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+                .unwrap();
         // Every node's sockets are bound here and held for the whole test: each launch (and
         // relaunch after a SIGKILL) gets them by socket activation, so no other process can
         // take a port between runs of its node.

@@ -1,5 +1,5 @@
 //! How long a node killed with SIGKILL and started again at once keeps its messages from
-//! consumers: `cargo bench -p crest-cli --bench failover [-- ROUNDS]`.
+//! consumers: `cargo bench --bench failover [-- ROUNDS]`.
 //!
 //! The default tree runs as seven `crest launch` processes with their default settings. Each
 //! round pushes 20 priority-5 messages to each of leaves 2-4 and one priority-0 message to

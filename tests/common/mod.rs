@@ -1,4 +1,5 @@
-//! Helpers shared by the end-to-end tests of a local tree.
+//! Helpers shared by the end-to-end tests: trees started in the test's process, and the
+//! `crest` binary run as a command.
 #![allow(dead_code)]
 
 use crest::core::topology::Topology;
@@ -11,11 +12,8 @@ pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
 /// `topology/local.toml` on ephemeral ports, started in this process and connected.
 pub(crate) async fn start_tree() -> LocalTree {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../topology/local.toml"
-    ))
-    .unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
     let topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
     let tree = LocalTree::start(&topology).await.unwrap();
     assert!(tree.wait_connected(WAIT).await, "tree connects");
@@ -68,4 +66,18 @@ pub(crate) async fn ack_all(consumer: &Consumer, deliveries: &[crest::sdk::Deliv
     let receipts: Vec<crest::sdk::Receipt> = deliveries.iter().map(|d| d.receipt()).collect();
     let results = consumer.ack_many(&receipts).await.unwrap();
     assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
+
+/// Runs a command to completion off the async runtime; returns (success, stdout + stderr).
+pub(crate) async fn output(mut command: std::process::Command) -> (bool, String) {
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
 }

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 const CREST: &str = env!("CARGO_BIN_EXE_crest");
-const DEFAULT: &str = include_str!("../../../topology/local.toml");
+const DEFAULT: &str = include_str!("../topology/local.toml");
 
 struct Cli {
     ca: PathBuf,
@@ -75,11 +75,8 @@ fn field<'a>(text: &'a str, key: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../topology/local.toml"
-    ))
-    .unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
     let settings = "\n[settings.topics.flaky]\nmax_attempts = 2\n";
     let topology = Topology::parse(&format!("{text}{settings}"))
         .unwrap()
@@ -152,6 +149,27 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
     assert_eq!(stats["deduplicated"], 1);
     let table = cli.ok(&["stats"]).await;
     assert!(table.contains("flaky"), "{table}");
+    // A topic that holds nothing is shown with zeros.
+    let empty = cli.ok(&["stats", "--topic", "never-pushed"]).await;
+    let row = empty
+        .lines()
+        .find(|l| l.starts_with("never-pushed "))
+        .unwrap_or_default();
+    let row: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        row,
+        [
+            "never-pushed",
+            "0",
+            "0",
+            "0",
+            "0",
+            "-",
+            "(holds",
+            "nothing)"
+        ],
+        "{empty}"
+    );
     // Three messages of `flaky` wait (dead, delayed, slow): 6 + 5 + 4 payload bytes in namespace
     // `default`.
     let default = table
@@ -338,7 +356,7 @@ async fn the_rough_edges_a_new_user_meets_are_explained() {
         !ok && text.contains("--file"),
         "a payload or a file: {text}"
     );
-    let local = concat!(env!("CARGO_MANIFEST_DIR"), "/../../topology/local.toml");
+    let local = concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml");
     let (ok, text) = bare(&["launch", "--node", "nosuch", "--topology", local]).await;
     assert!(
         !ok && text.contains("\"nosuch\" is not in") && text.contains("leaf-4"),

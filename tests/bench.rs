@@ -179,7 +179,7 @@ async fn bench_on_its_own_durable_tree_accounts_for_every_message() {
 async fn bench_reports_which_leaves_sync_when_a_topology_makes_some_buffered() {
     let topology = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../topology/one-syncing-leaf.toml"
+        "/topology/one-syncing-leaf.toml"
     );
     let (text, report) =
         bench_ok(&[&["--topology", topology, "--messages", "3000"], SMALL_FILL].concat()).await;
@@ -373,7 +373,7 @@ async fn crest_sim_is_reproducible_from_the_command_line() {
     let short = dir.path().join("short.toml");
     let scenario = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/sim/leaf-crash.toml"
+        "/examples/sim/leaf-crash.toml"
     ))
     .unwrap();
     let scenario: String = scenario
