@@ -321,4 +321,46 @@ async fn a_gateway_node_of_the_topology_serves_sqs_and_loses_nothing_when_killed
     }
     let expected: Vec<String> = (0..10).rev().map(|i| format!("body {i}")).collect();
     assert_eq!(bodies, expected, "every message, the most urgent first");
+
+    // A native producer may set any metadata, the gateway's sender among it: a message it
+    // says the key sent (as the gateway once wrote it, or with a made-up stamp) has no
+    // SenderId; one the key sent through the gateway has the key's.
+    let producer = cluster.producer().await;
+    for (priority, forged) in [(0, "AKIACRESTTEST"), (1, "AKIACRESTTEST 00ff")] {
+        let message = crest::sdk::Message::new("jobs", b"forged".to_vec())
+            .priority(priority)
+            .metadata("sqs.sender", forged);
+        producer.send(message).await.unwrap().acked().await.unwrap();
+    }
+    let sent = json!({"QueueUrl": url, "MessageBody": "genuine", "MessageAttributes": {
+        "Priority": {"DataType": "Number", "StringValue": "2"}}});
+    client.call("SendMessage", &sent).await.unwrap();
+    let mut senders = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while senders.len() < 3 && tokio::time::Instant::now() < deadline {
+        let received = client
+            .call(
+                "ReceiveMessage",
+                &json!({"QueueUrl": url, "MaxNumberOfMessages": 10, "WaitTimeSeconds": 1,
+                        "AttributeNames": ["SenderId"]}),
+            )
+            .await
+            .unwrap();
+        for m in received["Messages"].as_array().cloned().unwrap_or_default() {
+            senders.push((
+                m["Body"].as_str().unwrap().to_string(),
+                m["Attributes"]["SenderId"].as_str().map(str::to_string),
+            ));
+            let delete = json!({"QueueUrl": url, "ReceiptHandle": m["ReceiptHandle"]});
+            client.call("DeleteMessage", &delete).await.unwrap();
+        }
+    }
+    assert_eq!(
+        senders,
+        [
+            ("forged".to_string(), None),
+            ("forged".to_string(), None),
+            ("genuine".to_string(), Some("AKIACRESTTEST".to_string())),
+        ]
+    );
 }

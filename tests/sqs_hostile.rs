@@ -465,3 +465,57 @@ async fn unverified_bytes_and_connections_are_bounded() {
         assert!(Instant::now() < until, "never served again; last: {answer}");
     }
 }
+
+/// One access key's requests hold at most `gateway_requests_per_key_max` of the gateway's
+/// request slots: with two long polls of a key waiting, its next request is refused naming
+/// the bound (before, one key's long polls could take every slot from every other key), and
+/// served again once they end.
+#[tokio::test]
+async fn one_key_holds_at_most_its_share_of_the_request_slots() {
+    let gateway = Gateway::start("gateway_requests_per_key_max = 2\n");
+    gateway.ready().await;
+    let client = gateway.client();
+    let created = client
+        .call("CreateQueue", &json!({ "QueueName": "idle" }))
+        .await
+        .unwrap();
+    let url = created["QueueUrl"].as_str().unwrap().to_string();
+    let poll = || {
+        let (client, url) = (gateway.client(), url.clone());
+        tokio::spawn(async move {
+            let input = json!({ "QueueUrl": url, "WaitTimeSeconds": 10 });
+            client.call("ReceiveMessage", &input).await
+        })
+    };
+    // A poll that came while a request of the loop held the key's other slot is refused in
+    // turn: it is sent again, until both wait and the loop's request is the one refused.
+    let mut polls = vec![poll(), poll()];
+    let until = Instant::now() + DEADLINE;
+    loop {
+        for slot in polls.iter_mut() {
+            if slot.is_finished() {
+                *slot = poll();
+            }
+        }
+        match client.call("ListQueues", &json!({})).await {
+            Err(crest_gateway::client::CallError::Sqs { code, message, .. })
+                if code == "RequestThrottled" =>
+            {
+                assert!(
+                    message.contains("gateway_requests_per_key_max"),
+                    "{message}"
+                );
+                break;
+            }
+            other => assert!(Instant::now() < until, "never refused: {other:?}"),
+        }
+    }
+    // The long polls end (within their 10 s wait): the key's slots come back.
+    for poll in polls {
+        let _ = poll.await;
+    }
+    let until = Instant::now() + DEADLINE;
+    while let Err(error) = client.call("ListQueues", &json!({})).await {
+        assert!(Instant::now() < until, "never served again: {error}");
+    }
+}

@@ -32,8 +32,36 @@ const ATTRIBUTES_MAX: usize = 10;
 pub const PRIORITY_ATTRIBUTE: &str = "Priority";
 /// Metadata keys that hold a message attribute: `sqs.a.NAME` = `TYPE\nVALUE`.
 const ATTRIBUTE_PREFIX: &str = "sqs.a.";
-/// Metadata key of the access key that sent a message (`SenderId`).
+/// Metadata key of the access key that sent a message (`SenderId`), stamped (see
+/// [`sender_stamp`]).
 const SENDER_KEY: &str = "sqs.sender";
+
+/// The `sqs.sender` value of a message with `body` sent with the key `key_id`: the id and an
+/// HMAC-SHA256 of it and the body under the key's secret. A native producer may set any
+/// metadata, but cannot name a key it does not hold as a message's sender.
+pub(crate) fn sender_stamp(key_id: &str, secret: &str, body: &str) -> String {
+    let mac = ring::hmac::sign(
+        &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes()),
+        format!("crest sqs sender\n{key_id}\n{body}").as_bytes(),
+    );
+    format!("{key_id} {}", crate::sigv4::hex(mac.as_ref()))
+}
+
+/// The key a stamp names, if it is a key of this gateway's and the stamp is its (a stamp
+/// that does not verify names no sender).
+fn stamped_sender(state: &State, stamp: &str, body: &str) -> Option<String> {
+    let (key_id, _) = stamp.split_once(' ')?;
+    let key = state.keys.get(key_id)?;
+    let expected = sender_stamp(key_id, &key.secret, body);
+    // Constant time, as signatures are compared.
+    let same = expected.len() == stamp.len()
+        && expected
+            .bytes()
+            .zip(stamp.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    same.then(|| key_id.to_string())
+}
 
 /// Runs operation `action` for `caller`.
 pub(crate) async fn dispatch(
@@ -257,7 +285,10 @@ pub(crate) fn prepare(
     )?;
     let mut message = Message::new(name.topic(), body.as_bytes().to_vec())
         .ttl(Duration::from_secs(queue.retention_seconds.into()))
-        .metadata(SENDER_KEY, caller.key_id.clone());
+        .metadata(
+            SENDER_KEY,
+            sender_stamp(&caller.key_id, &caller.secret, body),
+        );
     if delay > 0 {
         message = message.deliver_after(Duration::from_secs(delay));
     }
@@ -471,7 +502,7 @@ async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Resul
         let group = delivery.fairness_key.clone();
         for (key, value) in &delivery.metadata {
             if key == SENDER_KEY {
-                sender = Some(value.clone());
+                sender = stamped_sender(state, value, &body);
             }
             let Some(attribute_name) = key.strip_prefix(ATTRIBUTE_PREFIX) else {
                 continue;

@@ -33,6 +33,7 @@ fn json_value(input: &Value) {
     }
     let caller = Caller {
         key_id: "AKIAFUZZ".into(),
+        secret: "secret".into(),
         namespace: "fuzz".into(),
         host: "127.0.0.1:9324".into(),
     };

@@ -81,6 +81,8 @@ pub struct GatewayConfig {
     pub body_bytes_max: usize,
     /// Most requests served at once (`gateway_requests_max`).
     pub requests_max: usize,
+    /// Most of them one access key's (`gateway_requests_per_key_max`).
+    pub requests_per_key_max: u32,
     /// How long a queue's attributes read from the tree are used (`gateway_queue_cache_ms`;
     /// this gateway's own changes show at once).
     pub queue_cache: Duration,
@@ -121,6 +123,7 @@ impl GatewayConfig {
             keys,
             body_bytes_max: 0,
             requests_max: 0,
+            requests_per_key_max: 0,
             queue_cache: Duration::ZERO,
             queue_cache_max: 0,
             move_tasks_max: 0,
@@ -139,6 +142,7 @@ impl GatewayConfig {
         self.body_bytes_max =
             usize::try_from(settings.gateway_body_bytes_max).unwrap_or(usize::MAX);
         self.requests_max = settings.gateway_requests_max as usize;
+        self.requests_per_key_max = settings.gateway_requests_per_key_max;
         self.queue_cache = Duration::from_millis(settings.gateway_queue_cache_ms);
         self.queue_cache_max = settings.gateway_queue_cache_max as usize;
         self.move_tasks_max = settings.gateway_move_tasks_max as usize;
@@ -264,6 +268,8 @@ pub(crate) struct MoveTask {
 /// name it).
 pub(crate) struct Caller {
     key_id: String,
+    /// The key's secret: what the sender of a message it sends is stamped with.
+    secret: String,
     namespace: String,
     host: String,
 }
@@ -276,6 +282,8 @@ pub(crate) struct State {
     /// The latest move tasks, oldest first (`move_tasks_max`).
     tasks: Mutex<VecDeque<MoveTask>>,
     requests: Semaphore,
+    /// Requests served now, by access key (`requests_per_key_max`).
+    by_key: Mutex<HashMap<String, u32>>,
     /// Body bytes of requests not verified yet (`unauthenticated_bytes_max`).
     unauthenticated: Semaphore,
     /// Numbers the query protocol's answers (`RequestId`).
@@ -353,6 +361,7 @@ impl Gateway {
             clients: Mutex::new(HashMap::new()),
             tasks: Mutex::new(VecDeque::new()),
             requests: Semaphore::new(config.requests_max),
+            by_key: Mutex::new(HashMap::new()),
             unauthenticated: Semaphore::new(config.unauthenticated_bytes_max as usize),
             request_ids: std::sync::atomic::AtomicU64::new(1),
             config: config.clone(),
@@ -443,10 +452,10 @@ async fn serve(state: &State, request: Request) -> Result<(String, serde_json::V
     signed.body = &body;
     sigv4::verify(&signed, &key.secret, now).map_err(signature_error)?;
     drop(unverified);
-    let _permit = state
-        .requests
-        .try_acquire()
-        .map_err(|_| SqsError::throttled("the gateway serves its most requests at once"))?;
+    let _permit = state.requests.try_acquire().map_err(|_| {
+        SqsError::throttled("the gateway serves its most requests at once (gateway_requests_max)")
+    })?;
+    let _share = KeyShare::take(state, &key.id)?;
     let (action, input) = match parts.headers.get("x-amz-target") {
         Some(target) => {
             let target = String::from_utf8_lossy(target.as_bytes());
@@ -488,6 +497,7 @@ async fn serve(state: &State, request: Request) -> Result<(String, serde_json::V
         .unwrap_or_else(|| state.config.listen.to_string());
     let caller = Caller {
         key_id,
+        secret: key.secret.clone(),
         namespace: key.namespace.clone(),
         host,
     };
@@ -495,7 +505,47 @@ async fn serve(state: &State, request: Request) -> Result<(String, serde_json::V
     Ok((action, value))
 }
 
+/// One request's place in its access key's share of the request slots; given back when
+/// dropped.
+struct KeyShare<'a> {
+    state: &'a State,
+    key: &'a str,
+}
+
+impl<'a> KeyShare<'a> {
+    fn take(state: &'a State, key: &'a str) -> Result<KeyShare<'a>, SqsError> {
+        let mut by_key = state.lock_by_key();
+        let held = by_key.entry(key.to_string()).or_default();
+        if *held >= state.config.requests_per_key_max {
+            return Err(SqsError::throttled(format!(
+                "access key {key} has {held} requests served at once, its most \
+                 (gateway_requests_per_key_max)"
+            )));
+        }
+        *held += 1;
+        Ok(KeyShare { state, key })
+    }
+}
+
+impl Drop for KeyShare<'_> {
+    fn drop(&mut self) {
+        let mut by_key = self.state.lock_by_key();
+        if let Some(held) = by_key.get_mut(self.key) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                by_key.remove(self.key);
+            }
+        }
+    }
+}
+
 impl State {
+    /// The per-key counts; a poisoned lock is taken as it is (plain counters, each change
+    /// made whole under the lock, and a drop cannot answer an error).
+    fn lock_by_key(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.by_key.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Reads what comes of a refused request's body and keeps none of it, for at most
     /// `body_timeout`: a client sends its whole body before it reads the answer, and
     /// closing on it would lose the answer.

@@ -366,6 +366,10 @@ pub struct Settings {
     /// Most requests an SQS gateway serves at once; beyond, `RequestThrottled` (SDKs back off
     /// and retry).
     pub gateway_requests_max: u32,
+    /// Most of `gateway_requests_max` one access key's requests hold at once (long polls
+    /// included), so one key's clients cannot take every slot from the others; beyond,
+    /// `RequestThrottled` naming this bound.
+    pub gateway_requests_per_key_max: u32,
     /// How long an SQS gateway uses a queue's attributes read from the tree before it reads
     /// them again, in milliseconds (another gateway's change shows after at most this long).
     pub gateway_queue_cache_ms: u64,
@@ -531,6 +535,7 @@ impl Default for Settings {
             quota_start_wait_ms: 2_000,
             gateway_body_bytes_max: 4 << 20,
             gateway_requests_max: 1024,
+            gateway_requests_per_key_max: 256,
             gateway_queue_cache_ms: 1000,
             gateway_queue_cache_max: 10_000,
             gateway_move_tasks_max: 1000,

@@ -10,7 +10,7 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 70] = [
+        let positive: [(&'static str, u64); 71] = [
             ("aging_check_ms", self.aging_check_ms),
             ("fairness_key_bytes_max", self.fairness_key_bytes_max.into()),
             ("fairness_keys_max", self.fairness_keys_max.into()),
@@ -26,6 +26,10 @@ impl Settings {
             ("quota_grant_bytes_min", self.quota_grant_bytes_min),
             ("gateway_body_bytes_max", self.gateway_body_bytes_max),
             ("gateway_requests_max", self.gateway_requests_max.into()),
+            (
+                "gateway_requests_per_key_max",
+                self.gateway_requests_per_key_max.into(),
+            ),
             (
                 "gateway_queue_cache_max",
                 self.gateway_queue_cache_max.into(),
@@ -175,6 +179,15 @@ impl Settings {
             return fail(
                 "gateway_unauthenticated_bytes_max",
                 format!("{} exceeds 4 GiB", self.gateway_unauthenticated_bytes_max),
+            );
+        }
+        if self.gateway_requests_per_key_max > self.gateway_requests_max {
+            return fail(
+                "gateway_requests_per_key_max",
+                format!(
+                    "{} exceeds gateway_requests_max {}",
+                    self.gateway_requests_per_key_max, self.gateway_requests_max
+                ),
             );
         }
         if self.gateway_connections_per_address_max > self.gateway_connections_max {
