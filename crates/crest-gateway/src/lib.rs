@@ -142,12 +142,17 @@ impl GatewayConfig {
         self.body_bytes_max =
             usize::try_from(settings.gateway_body_bytes_max).unwrap_or(usize::MAX);
         self.requests_max = settings.gateway_requests_max as usize;
-        self.requests_per_key_max = settings.gateway_requests_per_key_max;
+        // A share above the whole is the whole.
+        self.requests_per_key_max = settings
+            .gateway_requests_per_key_max
+            .min(settings.gateway_requests_max);
         self.queue_cache = Duration::from_millis(settings.gateway_queue_cache_ms);
         self.queue_cache_max = settings.gateway_queue_cache_max as usize;
         self.move_tasks_max = settings.gateway_move_tasks_max as usize;
         self.connections_max = settings.gateway_connections_max;
-        self.connections_per_address_max = settings.gateway_connections_per_address_max;
+        self.connections_per_address_max = settings
+            .gateway_connections_per_address_max
+            .min(settings.gateway_connections_max);
         self.header_timeout = Duration::from_millis(settings.gateway_header_timeout_ms);
         self.body_timeout = Duration::from_millis(settings.gateway_body_timeout_ms);
         self.unauthenticated_bytes_max =

@@ -368,7 +368,7 @@ pub struct Settings {
     pub gateway_requests_max: u32,
     /// Most of `gateway_requests_max` one access key's requests hold at once (long polls
     /// included), so one key's clients cannot take every slot from the others; beyond,
-    /// `RequestThrottled` naming this bound.
+    /// `RequestThrottled` naming this bound (a value above `gateway_requests_max` is that).
     pub gateway_requests_per_key_max: u32,
     /// How long an SQS gateway uses a queue's attributes read from the tree before it reads
     /// them again, in milliseconds (another gateway's change shows after at most this long).
@@ -381,7 +381,8 @@ pub struct Settings {
     /// answered 503 and closed.
     pub gateway_connections_max: u32,
     /// Most HTTP connections an SQS gateway holds open from one client address (a share of
-    /// `gateway_connections_max`, so one host cannot take every connection).
+    /// `gateway_connections_max`, so one host cannot take every connection; a value above it
+    /// is that).
     pub gateway_connections_per_address_max: u32,
     /// How long an SQS gateway waits for a request's headers (and, on a kept-alive
     /// connection, for the next request to start) before it closes the connection, in

@@ -181,24 +181,6 @@ impl Settings {
                 format!("{} exceeds 4 GiB", self.gateway_unauthenticated_bytes_max),
             );
         }
-        if self.gateway_requests_per_key_max > self.gateway_requests_max {
-            return fail(
-                "gateway_requests_per_key_max",
-                format!(
-                    "{} exceeds gateway_requests_max {}",
-                    self.gateway_requests_per_key_max, self.gateway_requests_max
-                ),
-            );
-        }
-        if self.gateway_connections_per_address_max > self.gateway_connections_max {
-            return fail(
-                "gateway_connections_per_address_max",
-                format!(
-                    "{} exceeds gateway_connections_max {}",
-                    self.gateway_connections_per_address_max, self.gateway_connections_max
-                ),
-            );
-        }
         if self.payload_bytes_max > self.push_batch_bytes_max {
             return fail(
                 "payload_bytes_max",
