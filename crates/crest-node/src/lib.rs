@@ -550,16 +550,19 @@ pub(crate) async fn serve(
             let slot = actor_slot.clone();
             let store = replica::ReplicatedStore::start(
                 raft,
-                queue,
+                replica::Gathering::of(&spec.settings),
                 replica::Acks::of(&spec.settings),
-                move |outcome| {
-                    let completion = match outcome {
-                        Ok(done) => (done.token, Ok(done.locations)),
-                        Err((token, reason)) => (token, Err(reason)),
-                    };
+                move |outcomes| {
+                    let completions = outcomes
+                        .into_iter()
+                        .map(|outcome| match outcome {
+                            Ok(done) => (done.token, Ok(done.locations)),
+                            Err((token, reason)) => (token, Err(reason)),
+                        })
+                        .collect();
                     if let Some(actor) = slot.get() {
                         let timing = crest_storage::wal::GroupTiming::default();
-                        let _ = actor.send_message(NodeMsg::Stored(vec![completion], timing));
+                        let _ = actor.send_message(NodeMsg::Stored(completions, timing));
                     }
                 },
             )

@@ -9,7 +9,7 @@ use crest_core::id::{LeafId, MessageId};
 use crest_core::machine::{StorageOp, SyncWait};
 use crest_core::record::{Location, LogRecord, MessageBody, MessageHead};
 use crest_core::time::Time;
-use crest_node::replica::{Acks, JournalLimits, LeafJournal, Outcome, ReplicatedStore};
+use crest_node::replica::{Acks, Gathering, JournalLimits, LeafJournal, Outcome, ReplicatedStore};
 use crest_replica::ReplicaId;
 use crest_storage::wal::{BodyReader, WalOptions};
 use std::collections::{BTreeMap, BTreeSet};
@@ -49,8 +49,11 @@ fn store_of(
     let (tx, rx) = std::sync::mpsc::channel();
     let raft = cluster.running[&leader].raft().clone();
     let acks = Acks::of(&cluster.settings);
-    let store = ReplicatedStore::start(raft, 64, acks, move |outcome| {
-        let _ = tx.send(outcome);
+    let gathering = Gathering::of(&cluster.settings);
+    let store = ReplicatedStore::start(raft, gathering, acks, move |outcomes| {
+        for outcome in outcomes {
+            let _ = tx.send(outcome);
+        }
     })
     .unwrap();
     (store, rx)
@@ -397,4 +400,101 @@ async fn with_replica_acks_all_an_append_is_done_once_every_replica_in_sync_hold
     }
     drop(store);
     cluster.shutdown().await;
+}
+
+/// Entries `seqs` as the group's leader sends them: one encoded append each, in term 1.
+fn entries(
+    seqs: std::ops::RangeInclusive<u64>,
+) -> Vec<(crest_replica::Position, Option<crest_replica::Batch>)> {
+    let membership = crest_replica::StoredMembership::default();
+    seqs.map(|seq| {
+        let op = crest_node::replica::Operation::Append {
+            token: Some(seq),
+            records: vec![enqueue(seq)],
+        }
+        .encoded(Settings::default().frame_bytes_max)
+        .unwrap();
+        let id = crest_replica::LogId::new(crest_replica::CommittedLeaderId::new(1, 1), seq);
+        ((Some(id), membership.clone()), Some(op.encode().unwrap()))
+    })
+    .collect()
+}
+
+/// Copies the files of `from` to `to`: the disk as a crash would leave it, with what was
+/// written and not synced still there (a process crash) unless the test cuts it.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "LOCK" {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_replica_restarted_with_its_log_ahead_of_its_last_sync_cuts_it_back_and_applies_again() {
+    // Goal: a replica's crest log is not synced per entry (its Raft log is); after a crash it
+    // is cut back to the end saved at its last sync and the entries after it are applied
+    // again from the Raft log, ending with the same bytes as a replica that never crashed,
+    // whether what was written after the sync survived (a process crash), or was lost or
+    // torn (a machine crash).
+    let dirs = tempfile::tempdir().unwrap();
+    // A sync after every 4 KiB applied: the first entries are synced, the last ones not.
+    let settings = Settings {
+        replica_journal_sync_bytes: 4096,
+        ..Settings::default()
+    };
+    let open = |dir: &Path| {
+        let options = WalOptions::new(dir.to_path_buf(), &settings);
+        LeafJournal::open(options, JournalLimits::of(&settings)).unwrap()
+    };
+    let mut source = open(&dirs.path().join("source"));
+    // Past the sync threshold: synced and saved once applied.
+    let applied = crest_replica::Journal::apply(&mut source, entries(1..=100)).unwrap();
+    assert_eq!(applied.len(), 100);
+    // Below it: written, not synced, not saved.
+    crest_replica::Journal::apply(&mut source, entries(101..=110)).unwrap();
+    for (case, cut) in [
+        ("process crash", None),
+        ("torn tail", Some(b"\xffgarbage".as_slice())),
+    ] {
+        let crashed = dirs.path().join(case);
+        copy_dir(&dirs.path().join("source"), &crashed);
+        if let Some(garbage) = cut {
+            // What was written after the last sync is torn: some of it lost, garbage after.
+            let segment = segments(&crashed).into_keys().last().unwrap();
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(crashed.join(&segment))
+                .unwrap();
+            let len = segments(&crashed)[&segment].len() as u64;
+            std::os::unix::fs::FileExt::write_all_at(&file, garbage, len - 40).unwrap();
+        }
+        let mut restarted = open(&crashed);
+        let (position, _) = crest_replica::Journal::position(&mut restarted).unwrap();
+        let saved = position.expect("a position saved at the last sync").index;
+        assert_eq!(saved, 100, "{case}: the position saved at the last sync");
+        let again =
+            crest_replica::Journal::apply(&mut restarted, entries(saved + 1..=110)).unwrap();
+        assert_eq!(again.len() as u64, 110 - saved);
+        assert_eq!(
+            crest_node::replica::placed(&again[again.len() - 1]).unwrap(),
+            crest_node::replica::placed(
+                &crest_replica::Journal::apply(
+                    &mut open(&dirs.path().join(format!("{case} reference"))),
+                    entries(1..=110)
+                )
+                .unwrap()[109]
+            )
+            .unwrap(),
+            "{case}: the last body lands where it did"
+        );
+        drop(restarted);
+        assert_eq!(
+            segments(&crashed),
+            segments(&dirs.path().join("source")),
+            "{case}: the log is the one that never crashed, byte for byte"
+        );
+    }
 }

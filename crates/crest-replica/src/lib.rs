@@ -44,6 +44,12 @@ openraft::declare_raft_types!(
 /// The Raft of a replica group.
 pub type Raft = openraft::Raft<TypeConfig>;
 
+/// Raft's answer to a write handed to it ([`Raft::client_write_ff`]), to come.
+pub type WriteAnswer =
+    <<TypeConfig as openraft::RaftTypeConfig>::Responder as openraft::raft::responder::Responder<
+        TypeConfig,
+    >>::Receiver;
+
 /// What a replica's Raft reports of itself (and, on a leader, of its followers).
 pub type RaftMetrics = openraft::RaftMetrics<ReplicaId, openraft::BasicNode>;
 

@@ -144,32 +144,81 @@ pub fn encode_record(
     let start = out.len();
     let spans = bodies.len();
     out.extend_from_slice(&[0u8; RECORD_HEADER_BYTES]);
+    let encoded = encode_elements(records, max, out, |span, _| bodies.push(span));
+    if let Err(error) = encoded {
+        out.truncate(start);
+        bodies.truncate(spans);
+        return Err(error);
+    }
+    let len = out.len() - start - RECORD_HEADER_BYTES;
+    let crc = record_crc(seq, &out[start + RECORD_HEADER_BYTES..]);
+    out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+    Ok(())
+}
+
+/// Appends the body of a record holding `records` (their array), calling `on_body` with the
+/// span of each `Enqueue` element in `out` and its bytes; nothing stays appended on an error.
+fn encode_elements(
+    records: &[LogRecord],
+    max: u32,
+    out: &mut Vec<u8>,
+    mut on_body: impl FnMut(Range<usize>, &[u8]),
+) -> Result<(), String> {
+    let start = out.len();
     let encoded = (|| {
         rmp::encode::write_array_len(out, records.len() as u32).map_err(|e| e.to_string())?;
         for record in records {
             let element = out.len();
             record.encode(out)?;
             if matches!(record, LogRecord::Enqueue { .. }) {
-                bodies.push(element..out.len());
+                on_body(element..out.len(), &out[element..]);
             }
         }
         Ok::<(), String>(())
     })();
-    if let Err(error) = encoded {
-        out.truncate(start);
-        bodies.truncate(spans);
-        return Err(format!("encode log record: {error}"));
+    let len = out.len() - start;
+    let refused = match encoded {
+        Err(error) => Some(format!("encode log record: {error}")),
+        Ok(()) if len > max as usize => Some(format!("log record of {len} bytes exceeds {max}")),
+        Ok(()) => None,
+    };
+    match refused {
+        Some(error) => {
+            out.truncate(start);
+            Err(error)
+        }
+        None => Ok(()),
     }
-    let len = out.len() - start - RECORD_HEADER_BYTES;
-    if len > max as usize {
-        out.truncate(start);
+}
+
+/// The body of a log record holding `records` (what follows its header, which binds it to a
+/// segment), appended to `out`, with each `Enqueue` element's span in `out` and checksum
+/// pushed onto `bodies`: a replica group's leader sends this, and every replica writes it
+/// with [`crate::wal::DirectLog::append_encoded`] without decoding the records.
+///
+/// # Errors
+/// A message if the records cannot be encoded or exceed `max` bytes (nothing appended).
+pub fn encode_record_body(
+    records: &[LogRecord],
+    max: u32,
+    out: &mut Vec<u8>,
+    bodies: &mut Vec<(Range<usize>, u32)>,
+) -> Result<(), String> {
+    let spans = bodies.len();
+    let encoded = encode_elements(records, max, out, |span, bytes| {
+        bodies.push((span, crc32fast::hash(bytes)));
+    });
+    if encoded.is_err() {
         bodies.truncate(spans);
-        return Err(format!("log record of {len} bytes exceeds {max}"));
     }
-    let crc = record_crc(seq, &out[start + RECORD_HEADER_BYTES..]);
-    out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
-    out[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
-    Ok(())
+    encoded
+}
+
+/// Appends to `out` the header of a record whose body is `body`, in segment `seq`.
+pub fn record_header(seq: u64, body: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&record_crc(seq, body).to_be_bytes());
 }
 
 /// The location of the `Enqueue` element at `span` of `buf`, which starts at `file_offset` of

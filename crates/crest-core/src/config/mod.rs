@@ -234,9 +234,17 @@ pub struct Settings {
     /// each): a follower's lag in bytes is counted over them (one further behind shows as
     /// behind by more than they hold).
     pub replica_lag_window_entries: u64,
-    /// How long a replica waits for its own log's writer to apply committed entries before it
-    /// takes its disk for broken and stops applying, in milliseconds.
-    pub replica_log_write_timeout_ms: u64,
+    /// Bytes a replica writes to its crest log between syncs of it. Its Raft log, synced
+    /// before every acknowledgement, is what makes a write durable; the crest log is the
+    /// applied state, and after a crash a replica applies again from its Raft log what it
+    /// wrote after the last of these syncs (at most this many bytes).
+    pub replica_journal_sync_bytes: u64,
+    /// The leader of a replica group gathers the leaf's storage operations waiting for it into
+    /// one log entry up to this many bytes (a larger single operation is an entry alone).
+    pub replica_entry_bytes_max: u64,
+    /// Log entries the leader has handed to Raft and not yet seen committed, at most; while
+    /// they are out, the leaf's operations gather into the next entry.
+    pub replica_entries_in_flight_max: u64,
     /// When a replicated leaf's leader acknowledges a push (`majority` or `all`).
     pub replica_acks: ReplicaAcks,
     /// Most bytes of one message between the replicas of a group (a batch of entries, a
@@ -495,7 +503,9 @@ impl Default for Settings {
             replica_log_cache_entries: 4_096,
             replica_log_cache_bytes: 64 * 1024 * 1024,
             replica_lag_window_entries: 65_536,
-            replica_log_write_timeout_ms: 60_000,
+            replica_journal_sync_bytes: 64 * 1024 * 1024,
+            replica_entry_bytes_max: 1024 * 1024,
+            replica_entries_in_flight_max: 2,
             replica_acks: ReplicaAcks::Majority,
             replica_rpc_bytes_max: 64 * 1024 * 1024,
             durability: Durability::Fsync,

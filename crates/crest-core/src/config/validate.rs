@@ -10,7 +10,7 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 71] = [
+        let positive: [(&'static str, u64); 73] = [
             ("aging_check_ms", self.aging_check_ms),
             ("fairness_key_bytes_max", self.fairness_key_bytes_max.into()),
             ("fairness_keys_max", self.fairness_keys_max.into()),
@@ -80,8 +80,13 @@ impl Settings {
                 self.replica_lag_window_entries,
             ),
             (
-                "replica_log_write_timeout_ms",
-                self.replica_log_write_timeout_ms,
+                "replica_journal_sync_bytes",
+                self.replica_journal_sync_bytes,
+            ),
+            ("replica_entry_bytes_max", self.replica_entry_bytes_max),
+            (
+                "replica_entries_in_flight_max",
+                self.replica_entries_in_flight_max,
             ),
             ("replica_rpc_bytes_max", self.replica_rpc_bytes_max),
             (

@@ -43,12 +43,15 @@
 //! [`RecoveryMode::TruncateCorrupt`] explicitly says to cut the log there (discarding
 //! everything after it).
 
+mod direct;
 mod reader;
 mod recovery;
 mod writer;
 
+pub use direct::{DirectLog, truncate_to};
 pub use reader::BodyReader;
 pub use recovery::{open, open_with};
+pub use writer::approximate_bytes;
 
 use crate::StorageError;
 use crate::format::{SEGMENT_HEADER_BYTES, parse_segment_name, segment_header, segment_name};

@@ -190,6 +190,20 @@ impl Wal {
     /// Writes a checkpoint that starts the log at a fresh segment, then deletes what it
     /// replaces. A checkpoint that cannot be written is abandoned (the log is still complete).
     pub(super) fn checkpoint(&mut self, records: &[LogRecord], includes: &[u64], segments: &[u32]) {
+        self.checkpoint_with(records, includes, segments, &mut |_| Ok(()));
+    }
+
+    /// As [`Wal::checkpoint`], calling `before_removal` with the log's new end once the
+    /// checkpoint is durable and before anything it replaces is deleted; an error from it
+    /// leaves the replaced files in place (the log stays whole). Answers whether the
+    /// checkpoint was taken.
+    pub(super) fn checkpoint_with(
+        &mut self,
+        records: &[LogRecord],
+        includes: &[u64],
+        segments: &[u32],
+        before_removal: &mut dyn FnMut((u64, u64)) -> Result<(), String>,
+    ) -> bool {
         let started = std::time::Instant::now();
         // Replay starts at the first append the snapshot does not reflect.
         let mut first: Option<(u64, u64)> = None;
@@ -199,13 +213,13 @@ impl Wal {
                     token,
                     "checkpoint abandoned: an append it includes is too old"
                 );
-                return;
+                return false;
             };
             first = Some(first.map_or(*position, |f| f.min(*position)));
         }
         if let Err(error) = self.rotate() {
             tracing::error!(%error, "checkpoint abandoned: cannot start a new segment");
-            return;
+            return false;
         }
         let seq = self.seq;
         let replay_from = first.unwrap_or((seq, SEGMENT_HEADER_BYTES as u64));
@@ -213,6 +227,10 @@ impl Wal {
         let max = self.options.record_bytes_max;
         match write_checkpoint(&dir, seq, replay_from, records, max) {
             Ok(bytes) => {
+                if let Err(error) = before_removal((self.seq, self.len)) {
+                    tracing::error!(%error, "checkpoint written; what it replaces is kept");
+                    return true;
+                }
                 let keep: BTreeSet<u64> = segments.iter().map(|s| u64::from(*s)).collect();
                 if let Err(error) = remove_replaced(&dir, seq, replay_from.0, &keep) {
                     tracing::warn!(%error, "checkpoint written, but old files could not all be removed");
@@ -225,8 +243,12 @@ impl Wal {
                     elapsed = ?started.elapsed(),
                     "checkpoint taken"
                 );
+                true
             }
-            Err(error) => tracing::error!(%error, "checkpoint abandoned"),
+            Err(error) => {
+                tracing::error!(%error, "checkpoint abandoned");
+                false
+            }
         }
     }
 
@@ -510,7 +532,8 @@ pub(super) fn remove_replaced(
     sync_dir(dir)
 }
 
-pub(super) fn approximate_bytes(record: &LogRecord) -> usize {
+/// Roughly how many bytes `record` takes in the log (what bounds a group's size).
+pub fn approximate_bytes(record: &LogRecord) -> usize {
     match record {
         LogRecord::Index { head, .. } => 64 + head.topic.len(),
         LogRecord::Enqueue {

@@ -1,0 +1,253 @@
+//! When the leader counts a write done, and the leader's storage: operations gathered into
+//! entries of the group's log, answers passed back in order.
+
+use super::{Operation, Placed, encode_entry, placed};
+use crest_core::machine::{StorageDone, StorageOp};
+use crest_core::record::Location;
+use std::collections::HashMap;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+/// When the leader counts a write done: `replica_acks`, and how long a follower that takes
+/// nothing stays in sync (`replica_election_timeout_ms`).
+#[derive(Clone, Copy, Debug)]
+pub struct Acks {
+    /// `replica_acks`.
+    pub mode: crest_core::config::ReplicaAcks,
+    /// How long a follower that takes no entry stays in sync.
+    pub in_sync_for: Duration,
+}
+
+impl Acks {
+    /// As `settings` say.
+    pub fn of(settings: &crest_core::config::Settings) -> Acks {
+        Acks {
+            mode: settings.replica_acks,
+            in_sync_for: Duration::from_millis(settings.replica_election_timeout_ms),
+        }
+    }
+}
+
+/// For `replica_acks = "all"`: which followers are in sync, and waiting until they hold an
+/// entry. A follower is in sync while the last entry it holds changed within `in_sync_for`
+/// (one that holds the leader's last entry is never waited for).
+struct InSync {
+    metrics: tokio::sync::watch::Receiver<crest_replica::RaftMetrics>,
+    /// Per follower: the last entry it held, and since when.
+    progress: HashMap<u64, (Option<u64>, tokio::time::Instant)>,
+    in_sync_for: Duration,
+}
+
+impl InSync {
+    fn new(raft: &crest_replica::Raft, acks: Acks) -> Option<InSync> {
+        (acks.mode == crest_core::config::ReplicaAcks::All).then(|| InSync {
+            metrics: raft.metrics(),
+            progress: HashMap::new(),
+            in_sync_for: acks.in_sync_for,
+        })
+    }
+
+    /// Waits until every follower in sync holds entry `index` (committed already: a majority
+    /// holds it). Returns at once on a replica that no longer leads.
+    async fn hold(&mut self, index: u64) {
+        loop {
+            let now = tokio::time::Instant::now();
+            let mut waits_until = None;
+            {
+                let metrics = self.metrics.borrow_and_update();
+                let Some(replication) = &metrics.replication else {
+                    return;
+                };
+                for (&follower, matched) in replication.iter() {
+                    if follower == metrics.id {
+                        continue;
+                    }
+                    let matched = matched.map(|id| id.index);
+                    let seen = self.progress.entry(follower).or_insert((matched, now));
+                    if seen.0 != matched {
+                        *seen = (matched, now);
+                    }
+                    let out_of_sync_at = seen.1 + self.in_sync_for;
+                    if matched.is_some_and(|m| m >= index) || out_of_sync_at <= now {
+                        continue;
+                    }
+                    waits_until = Some(
+                        waits_until.map_or(out_of_sync_at, |t: tokio::time::Instant| {
+                            t.min(out_of_sync_at)
+                        }),
+                    );
+                }
+            }
+            let Some(until) = waits_until else {
+                return;
+            };
+            if let Ok(Err(_)) = tokio::time::timeout_at(until, self.metrics.changed()).await {
+                return;
+            }
+        }
+    }
+}
+
+/// A leader's storage: operations go through the group's log, in the order the leaf emits
+/// them, gathered into entries; completions come back, in that order, to `on_done`.
+pub struct ReplicatedStore {
+    ops: mpsc::SyncSender<Operation>,
+}
+
+/// What became of one append the leader's leaf waits for.
+pub type Outcome = Result<StorageDone, (u64, String)>;
+
+/// How the leader's store gathers operations into entries.
+#[derive(Clone, Copy, Debug)]
+pub struct Gathering {
+    /// Operations waiting for the store at most (then the leaf waits, as for its own disk):
+    /// `wal_queue_ops_max`.
+    pub queue: usize,
+    /// An entry stops gathering past this many bytes (`replica_entry_bytes_max`); one
+    /// operation larger than that is an entry alone.
+    pub entry_bytes_max: usize,
+    /// Entries sent and not yet answered at most (`replica_entries_in_flight_max`): while
+    /// they are all out, operations gather into the next entry.
+    pub in_flight: usize,
+    /// The largest log record (`frame_bytes_max`).
+    pub record_bytes_max: u32,
+}
+
+impl Gathering {
+    /// As `settings` say.
+    pub fn of(settings: &crest_core::config::Settings) -> Gathering {
+        let size = |value: u64| usize::try_from(value).unwrap_or(usize::MAX).max(1);
+        Gathering {
+            queue: size(settings.wal_queue_ops_max.into()),
+            entry_bytes_max: size(settings.replica_entry_bytes_max),
+            in_flight: size(settings.replica_entries_in_flight_max),
+            record_bytes_max: settings.frame_bytes_max,
+        }
+    }
+}
+
+/// An entry handed to Raft: the tokens its leaf waits for, and Raft's answer to come.
+type Sent = (
+    Vec<u64>,
+    Result<crest_replica::WriteAnswer, String>,
+    tokio::sync::OwnedSemaphorePermit,
+);
+
+impl ReplicatedStore {
+    /// Starts the thread that gathers operations into entries for `raft` and the task that
+    /// reports completions to `on_done`, one call per entry.
+    ///
+    /// # Errors
+    /// The thread cannot be spawned.
+    pub fn start(
+        raft: crest_replica::Raft,
+        gathering: Gathering,
+        acks: Acks,
+        on_done: impl Fn(Vec<Outcome>) + Send + 'static,
+    ) -> std::io::Result<ReplicatedStore> {
+        let mut in_sync = InSync::new(&raft, acks);
+        let (ops, rx) = mpsc::sync_channel::<Operation>(gathering.queue);
+        let runtime = tokio::runtime::Handle::current();
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(gathering.in_flight));
+        // Entries handed to Raft and not answered yet: bounded by the permits.
+        let (pending_tx, mut pending) = tokio::sync::mpsc::unbounded_channel::<Sent>();
+        std::thread::Builder::new()
+            .name("crest-replicate".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    // Waiting for a permit is what lets operations gather under load.
+                    let Ok(permit) = runtime.block_on(in_flight.clone().acquire_owned()) else {
+                        return;
+                    };
+                    let entry = gather(first, &rx, gathering.entry_bytes_max);
+                    let tokens = entry.iter().filter_map(Operation::token).collect();
+                    let sent = entry
+                        .into_iter()
+                        .map(|op| op.encoded(gathering.record_bytes_max))
+                        .collect::<Result<Vec<_>, _>>()
+                        .and_then(|entry| encode_entry(&entry).map_err(|e| e.to_string()))
+                        .and_then(|batch| {
+                            runtime
+                                .block_on(raft.client_write_ff(batch))
+                                .map_err(|e| e.to_string())
+                        });
+                    if pending_tx.send((tokens, sent, permit)).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        // Raft answers writes in log order; this task passes the answers on in that order.
+        tokio::spawn(async move {
+            while let Some((tokens, sent, permit)) = pending.recv().await {
+                let answer = match sent {
+                    Ok(receiver) => match receiver.await {
+                        Ok(Ok(response)) => {
+                            drop(permit);
+                            if let Some(in_sync) = &mut in_sync {
+                                in_sync.hold(response.log_id.index).await;
+                            }
+                            placed(&response.data).map_err(|e| e.to_string())
+                        }
+                        Ok(Err(error)) => Err(error.to_string()),
+                        Err(_) => Err("the replica group stopped".to_string()),
+                    },
+                    Err(error) => Err(error),
+                };
+                if tokens.is_empty() {
+                    if let Err(error) = answer {
+                        tracing::warn!(%error, "log records were not replicated");
+                    }
+                    continue;
+                }
+                on_done(outcomes(tokens, answer));
+            }
+        });
+        Ok(ReplicatedStore { ops })
+    }
+
+    /// Queues `op` for the group (reads are not for this store: the caller reads its own log).
+    ///
+    /// # Errors
+    /// The store has stopped.
+    pub fn submit(&self, op: StorageOp) -> Result<(), String> {
+        let Some(op) = Operation::of(op) else {
+            return Err("reads go to the replica's own log".into());
+        };
+        self.ops
+            .send(op)
+            .map_err(|_| "the replica group stopped".to_string())
+    }
+}
+
+/// `first` and the operations waiting after it, up to `bytes_max` bytes; a checkpoint ends
+/// an entry (see [`Operation::Checkpoint`]).
+fn gather(first: Operation, rx: &mpsc::Receiver<Operation>, bytes_max: usize) -> Vec<Operation> {
+    let mut bytes = first.bytes();
+    let mut entry = vec![first];
+    while bytes < bytes_max && !matches!(entry.last(), Some(Operation::Checkpoint { .. })) {
+        let Ok(op) = rx.try_recv() else { break };
+        bytes += op.bytes();
+        entry.push(op);
+    }
+    entry
+}
+
+/// One outcome per token of an entry: where its bodies are, or why the entry failed.
+fn outcomes(tokens: Vec<u64>, answer: Result<Placed, String>) -> Vec<Outcome> {
+    match answer {
+        Ok(placed) => {
+            let mut placed: HashMap<u64, Vec<Location>> = placed.into_iter().collect();
+            tokens
+                .into_iter()
+                .map(|token| match placed.remove(&token) {
+                    Some(locations) => Ok(StorageDone { token, locations }),
+                    None => Err((token, "the replica's answer left this append out".into())),
+                })
+                .collect()
+        }
+        Err(reason) => tokens
+            .into_iter()
+            .map(|token| Err((token, reason.clone())))
+            .collect(),
+    }
+}
