@@ -498,3 +498,127 @@ fn a_replica_restarted_with_its_log_ahead_of_its_last_sync_cuts_it_back_and_appl
         );
     }
 }
+
+fn append(token: Option<u64>, seqs: std::ops::Range<u64>) -> crest_node::replica::Operation {
+    crest_node::replica::Operation::Append {
+        token,
+        records: seqs.map(enqueue).collect(),
+    }
+}
+
+#[test]
+fn an_entry_carries_each_append_encoded_once_with_its_spans_and_checksum() {
+    // Goal: the leader encodes an append straight into the entry; what a replica decodes
+    // is what `encoded` makes of the same records (body, spans, checksum), sliced out of
+    // the entry it received, and other operations come back as they went.
+    let max = u32::MAX;
+    let mut entry = crest_node::replica::EntryWriter::with_capacity(0);
+    let sent_a = entry.push(append(Some(7), 0..3), max).unwrap();
+    assert!(entry.push(append(None, 3..4), max).unwrap().is_none());
+    let pre = append(Some(9), 4..6).encoded(max).unwrap();
+    let sent_b = entry.push(pre, max).unwrap();
+    let checkpoint = crest_node::replica::Operation::Checkpoint {
+        records: vec![enqueue(9)],
+        includes: vec![7],
+        segments: vec![2],
+    };
+    entry.push(checkpoint, max).unwrap();
+    let batch = entry.finish();
+    let ops = crest_node::replica::decode_entry(&batch).unwrap();
+    assert_eq!(ops.len(), 4);
+    for (op, (token, seqs), sent) in [
+        (&ops[0], (Some(7), 0..3), Some(sent_a)),
+        (&ops[1], (None, 3..4), None),
+        (&ops[2], (Some(9), 4..6), Some(sent_b)),
+    ]
+    .into_iter()
+    .map(|(op, (token, seqs), sent)| (op, (token, seqs), sent.flatten()))
+    {
+        let crest_node::replica::Operation::Encoded {
+            token: got,
+            body,
+            spans,
+            crc,
+        } = op
+        else {
+            panic!("an append decodes as encoded: {op:?}");
+        };
+        let crest_node::replica::Operation::Encoded {
+            body: want_body,
+            spans: want_spans,
+            crc: want_crc,
+            ..
+        } = append(token, seqs).encoded(max).unwrap()
+        else {
+            unreachable!()
+        };
+        assert_eq!(*got, token);
+        assert_eq!(body, &want_body);
+        assert_eq!(spans, &want_spans);
+        assert_eq!(*crc, want_crc);
+        assert_eq!(*crc, Some(crc32fast::hash(body)));
+        if let Some(sent) = sent {
+            assert_eq!(Some(sent.token), token);
+            assert_eq!(sent.spans, Some((want_spans, want_body.len())));
+        }
+        // Sliced from the entry, not copied.
+        let within = batch.0.as_ptr_range();
+        assert!(
+            within.contains(&body.as_ptr()),
+            "the body is a slice of the entry"
+        );
+    }
+    assert!(
+        matches!(&ops[3], crest_node::replica::Operation::Checkpoint { includes, segments, .. }
+            if includes == &[7] && segments == &[2])
+    );
+}
+
+#[test]
+fn entries_of_the_older_formats_still_decode() {
+    let op = append(Some(3), 0..2);
+    let list = crest_replica::Batch(rmp_serde::to_vec(&[&op]).unwrap().into());
+    let single = crest_replica::Batch(rmp_serde::to_vec(&op).unwrap().into());
+    for batch in [list, single] {
+        let ops = crest_node::replica::decode_entry(&batch).unwrap();
+        assert!(
+            matches!(&ops[..], [crest_node::replica::Operation::Append { token: Some(3), records }] if records.len() == 2)
+        );
+    }
+}
+
+#[test]
+fn a_cut_or_garbled_entry_is_an_error_not_a_panic() {
+    let mut entry = crest_node::replica::EntryWriter::with_capacity(0);
+    entry.push(append(Some(1), 0..4), u32::MAX).unwrap();
+    let whole = entry.finish().0;
+    // Cut anywhere inside its one operation (an entry of the format byte alone holds none).
+    for len in 2..whole.len() {
+        let cut = crest_replica::Batch(whole.slice(..len));
+        assert!(
+            crest_node::replica::decode_entry(&cut).is_err(),
+            "cut at {len} of {}",
+            whole.len()
+        );
+    }
+    let mut unknown = whole.to_vec();
+    unknown[1] = 9;
+    assert!(crest_node::replica::decode_entry(&crest_replica::Batch(unknown.into())).is_err());
+    let mut huge = whole.to_vec();
+    // The body's length, past the end of the entry.
+    huge[15..19].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(crest_node::replica::decode_entry(&crest_replica::Batch(huge.into())).is_err());
+}
+
+#[test]
+fn an_append_that_cannot_be_logged_is_refused_alone() {
+    let mut entry = crest_node::replica::EntryWriter::with_capacity(0);
+    assert!(entry.push(append(Some(1), 0..50), 64).is_err());
+    assert!(entry.is_empty(), "nothing of the refused append stays");
+    entry.push(append(Some(2), 0..1), u32::MAX).unwrap();
+    let ops = crest_node::replica::decode_entry(&entry.finish()).unwrap();
+    assert!(matches!(
+        &ops[..],
+        [crest_node::replica::Operation::Encoded { token: Some(2), .. }]
+    ));
+}

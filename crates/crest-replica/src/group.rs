@@ -132,6 +132,7 @@ impl Group {
             &log_dir,
             s.replica_log_cache_entries as usize,
             s.replica_log_cache_bytes as usize,
+            Duration::from_micros(s.replica_log_flush_linger_us),
         )
         .map_err(storage_error(&log_dir))?;
         let snapshot_dir = config.dir.join("snapshots");

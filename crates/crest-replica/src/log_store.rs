@@ -25,16 +25,27 @@ const ENCODED_BYTES_MAX: u32 = 256 << 20;
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Coded<T>(pub(crate) T);
 
+thread_local! {
+    /// Where a value is encoded before its length is known: kept from one value to the next,
+    /// so that an entry of a megabyte is not encoded into a buffer that grows (and is copied)
+    /// twenty times, in memory fresh from the system each time. What it keeps is bounded by
+    /// the largest entry (`replica_entry_bytes_max`) once per thread that appends.
+    static ENCODING: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl<T: Serialize> Encode for Coded<T> {
     fn encode<W: io::Write>(&self, mut w: W) -> Result<usize, io::Error> {
-        let bytes = rmp_serde::to_vec(&self.0).map_err(io::Error::other)?;
-        let len = u32::try_from(bytes.len())
-            .ok()
-            .filter(|len| *len <= ENCODED_BYTES_MAX)
-            .ok_or_else(|| io::Error::other("a log entry over 256 MiB"))?;
-        w.write_all(&len.to_le_bytes())?;
-        w.write_all(&bytes)?;
-        Ok(4 + bytes.len())
+        ENCODING.with_borrow_mut(|bytes| {
+            bytes.clear();
+            rmp_serde::encode::write(bytes, &self.0).map_err(io::Error::other)?;
+            let len = u32::try_from(bytes.len())
+                .ok()
+                .filter(|len| *len <= ENCODED_BYTES_MAX)
+                .ok_or_else(|| io::Error::other("a log entry over 256 MiB"))?;
+            w.write_all(&len.to_le_bytes())?;
+            w.write_all(bytes)?;
+            Ok(4 + bytes.len())
+        })
     }
 }
 
@@ -107,16 +118,19 @@ pub(crate) struct LogStore {
 
 impl LogStore {
     /// Opens (or creates) the log in `dir`, caching at most `cache_entries` entries and
-    /// `cache_bytes` bytes of payload in memory.
+    /// `cache_bytes` bytes of payload in memory, a flush waiting `flush_linger` for more
+    /// appends to join it.
     pub(crate) fn open(
         dir: &std::path::Path,
         cache_entries: usize,
         cache_bytes: usize,
+        flush_linger: std::time::Duration,
     ) -> io::Result<LogStore> {
         std::fs::create_dir_all(dir)?;
         let mut config = raft_log::Config::new(dir.display());
         config.log_cache_max_items = Some(cache_entries);
         config.log_cache_capacity = Some(cache_bytes);
+        config.wal.flush_batch_wait = Some(flush_linger);
         let log = RaftLog::open(Arc::new(config))?;
         Ok(LogStore {
             log: Arc::new(Mutex::new(log)),

@@ -272,6 +272,12 @@ impl Settings {
                 format!("{} exceeds one second", self.wal_ack_sync_linger_us),
             );
         }
+        if self.replica_log_flush_linger_us > 1_000_000 {
+            return fail(
+                "replica_log_flush_linger_us",
+                format!("{} exceeds one second", self.replica_log_flush_linger_us),
+            );
+        }
         if self.offer_linger_us > 1_000_000 {
             return fail(
                 "offer_linger_us",

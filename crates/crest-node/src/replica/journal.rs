@@ -2,7 +2,7 @@
 //! order, synced every `replica_journal_sync_bytes`, at checkpoints and before snapshots, and
 //! cut back to the last synced end after a crash.
 
-use super::{Operation, Placed, decode_entry, encode_placed, locations_of, snapshot};
+use super::{Operation, Placed, Placement, decode_entry, encode_placed, snapshot};
 use crest_core::record::LogRecord;
 use crest_replica::{Applied, Batch, Journal, Position};
 use crest_storage::wal::{DirectLog, WalOptions};
@@ -362,19 +362,21 @@ impl JournalState {
                     };
                     if let Some(token) = token {
                         self.remember(term, token, local);
-                        placed.push((token, locations));
+                        placed.push((token, Placement::Locations(locations)));
                     }
                 }
-                Operation::Encoded { token, body, spans } => {
+                Operation::Encoded {
+                    token, body, crc, ..
+                } => {
                     let local = self.token();
                     let log = self.log()?;
                     let (segment, offset) = log
-                        .append_encoded(&body, local)
+                        .append_encoded(&body, crc, local)
                         .map_err(std::io::Error::other)?;
                     self.unsynced += body.len() as u64;
                     if let Some(token) = token {
                         self.remember(term, token, local);
-                        placed.push((token, locations_of(&spans, body.len(), segment, offset)?));
+                        placed.push((token, Placement::At { segment, offset }));
                     }
                 }
                 Operation::Checkpoint {

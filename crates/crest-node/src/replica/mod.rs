@@ -46,6 +46,10 @@ pub enum Operation {
         body: bytes::Bytes,
         /// Each message body in it: start, length and checksum, 12 bytes little-endian.
         spans: bytes::Bytes,
+        /// The body's CRC-32, computed once by the leader (`None` in entries of replicas that
+        /// did not send it: each replica computes it).
+        #[serde(default)]
+        crc: Option<u32>,
     },
     /// [`StorageOp::Checkpoint`], its `includes` in the leader's tokens. Always the last
     /// operation of its entry: a replica records the checkpoint's entry as applied and synced
@@ -121,6 +125,7 @@ impl Operation {
         }
         Ok(Operation::Encoded {
             token,
+            crc: Some(crc32fast::hash(&body)),
             body: body.into(),
             spans: spans.into(),
         })
@@ -130,8 +135,10 @@ impl Operation {
     ///
     /// # Errors
     /// A record that cannot be encoded.
-    pub fn encode(&self) -> std::io::Result<Batch> {
-        encode_entry(std::slice::from_ref(self))
+    pub fn encode(self) -> std::io::Result<Batch> {
+        let mut entry = EntryWriter::with_capacity(self.bytes());
+        entry.push(self, u32::MAX).map_err(std::io::Error::other)?;
+        Ok(entry.finish())
     }
 }
 
@@ -173,40 +180,220 @@ pub(crate) fn locations_of(
         .collect()
 }
 
-/// The entry that carries `ops`, in order.
+/// The first byte of an entry in the format [`EntryWriter`] writes: one MessagePack never
+/// uses, so an entry of the older format (a MessagePack array or map) is never taken for one.
+const ENTRY_FORMAT: u8 = 0xc1;
+/// An operation of such an entry: an [`Operation::Encoded`], its parts as they are.
+const OP_ENCODED: u8 = 1;
+/// An operation of such an entry: any other, MessagePack behind its length.
+const OP_OTHER: u8 = 2;
+
+/// Writes an entry: each append encoded straight into the entry as a crest log record body
+/// (once, on the leader) with its spans and checksum beside it, so that every replica slices
+/// it out of the entry it received and writes it without decoding or copying it first.
 ///
-/// # Errors
-/// A record that cannot be encoded.
-pub fn encode_entry(ops: &[Operation]) -> std::io::Result<Batch> {
-    rmp_serde::to_vec(ops)
-        .map(|bytes| Batch(bytes.into()))
-        .map_err(std::io::Error::other)
+/// Layout (integers little-endian): `0xc1`, then per operation either `1`, a token flag and
+/// token (u8, u64), the body's CRC-32 (u32), the body (u32 length, bytes) and its spans
+/// (u32 length, bytes); or `2` and a MessagePack [`Operation`] (u32 length, bytes).
+pub struct EntryWriter {
+    buf: Vec<u8>,
 }
 
-/// The operations an entry carries. An entry written by a replica that sent one operation
-/// an entry (a map, where a list of operations is an array) is read as that one operation.
-///
-/// # Errors
-/// Bytes that are neither.
-pub fn decode_entry(batch: &Batch) -> std::io::Result<Vec<Operation>> {
-    let invalid = |e| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
-    match batch.0.first() {
-        // MessagePack's map markers: fixmap, map 16, map 32.
-        Some(0x80..=0x8f | 0xde | 0xdf) => rmp_serde::from_slice(&batch.0)
-            .map(|op| vec![op])
-            .map_err(invalid),
-        _ => rmp_serde::from_slice(&batch.0).map_err(invalid),
+/// An append an entry carries, as the leader keeps it until the entry is answered: its token
+/// and where its message bodies lie in its record body.
+pub struct Sent {
+    /// The leader's token.
+    pub token: u64,
+    /// The spans ([`Operation::Encoded`]), or `None` for an append sent as records.
+    pub spans: Option<(bytes::Bytes, usize)>,
+}
+
+impl EntryWriter {
+    /// An empty entry with room for `bytes`.
+    pub fn with_capacity(bytes: usize) -> EntryWriter {
+        let mut buf = Vec::with_capacity(bytes + 1);
+        buf.push(ENTRY_FORMAT);
+        EntryWriter { buf }
+    }
+
+    /// Whether no operation was added.
+    pub fn is_empty(&self) -> bool {
+        self.buf.len() <= 1
+    }
+
+    /// Adds `op`; an append is encoded here. Answers what the leader keeps of an append its
+    /// leaf waits for.
+    ///
+    /// # Errors
+    /// Records that cannot be encoded or are past `record_bytes_max`: nothing is added.
+    pub fn push(&mut self, op: Operation, record_bytes_max: u32) -> Result<Option<Sent>, String> {
+        let start = self.buf.len();
+        let added = self.push_inner(op, record_bytes_max);
+        if added.is_err() {
+            self.buf.truncate(start);
+        }
+        added
+    }
+
+    fn push_inner(&mut self, op: Operation, max: u32) -> Result<Option<Sent>, String> {
+        let (token, records) = match op {
+            Operation::Append { token, records } => (token, records),
+            Operation::Encoded {
+                token,
+                body,
+                spans,
+                crc,
+            } => {
+                self.encoded_header(token, crc.unwrap_or_else(|| crc32fast::hash(&body)));
+                self.part(&body)?;
+                self.part(&spans)?;
+                return Ok(token.map(|token| Sent {
+                    token,
+                    spans: Some((spans, body.len())),
+                }));
+            }
+            other => {
+                let bytes = rmp_serde::to_vec(&other).map_err(|e| e.to_string())?;
+                self.buf.push(OP_OTHER);
+                self.part(&bytes)?;
+                return Ok(None);
+            }
+        };
+        let crc_at = self.encoded_header(token, 0);
+        let len_at = self.buf.len();
+        self.buf.extend_from_slice(&[0; 4]);
+        let body_start = self.buf.len();
+        let mut bodies = Vec::with_capacity(records.len());
+        crest_storage::format::encode_record_body(&records, max, &mut self.buf, &mut bodies)?;
+        let body = &self.buf[body_start..];
+        let body_len = body.len();
+        let crc = crc32fast::hash(body);
+        self.buf[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+        self.buf[len_at..len_at + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
+        let mut spans = Vec::with_capacity(bodies.len() * SPAN_BYTES);
+        for (span, crc) in bodies {
+            spans.extend_from_slice(&((span.start - body_start) as u32).to_le_bytes());
+            spans.extend_from_slice(&(span.len() as u32).to_le_bytes());
+            spans.extend_from_slice(&crc.to_le_bytes());
+        }
+        self.part(&spans)?;
+        Ok(token.map(|token| Sent {
+            token,
+            spans: Some((spans.into(), body_len)),
+        }))
+    }
+
+    /// Writes an encoded append's tag, token and checksum; answers where the checksum is.
+    fn encoded_header(&mut self, token: Option<u64>, crc: u32) -> usize {
+        self.buf.push(OP_ENCODED);
+        self.buf.push(u8::from(token.is_some()));
+        self.buf
+            .extend_from_slice(&token.unwrap_or_default().to_le_bytes());
+        let at = self.buf.len();
+        self.buf.extend_from_slice(&crc.to_le_bytes());
+        at
+    }
+
+    fn part(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let len = u32::try_from(bytes.len()).map_err(|_| "an operation over 4 GiB".to_string())?;
+        self.buf.extend_from_slice(&len.to_le_bytes());
+        self.buf.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// The entry.
+    pub fn finish(self) -> Batch {
+        Batch(self.buf.into())
     }
 }
 
+/// The operations an entry carries: one [`EntryWriter`] wrote (its bodies slices of the
+/// entry, not copies), or one of the older formats: a MessagePack list of operations, or a
+/// single operation (a map).
+///
+/// # Errors
+/// Bytes that are none of these.
+pub fn decode_entry(batch: &Batch) -> std::io::Result<Vec<Operation>> {
+    let invalid = |e| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+    match batch.0.first() {
+        Some(&ENTRY_FORMAT) => decode_written(&batch.0).map_err(invalid),
+        // MessagePack's map markers: fixmap, map 16, map 32.
+        Some(0x80..=0x8f | 0xde | 0xdf) => rmp_serde::from_slice(&batch.0)
+            .map(|op| vec![op])
+            .map_err(|e| invalid(e.to_string())),
+        _ => rmp_serde::from_slice(&batch.0).map_err(|e| invalid(e.to_string())),
+    }
+}
+
+fn decode_written(entry: &bytes::Bytes) -> Result<Vec<Operation>, String> {
+    let mut at = 1;
+    let take = |at: &mut usize, n: usize| -> Result<std::ops::Range<usize>, String> {
+        let end = at
+            .checked_add(n)
+            .filter(|end| *end <= entry.len())
+            .ok_or_else(|| format!("an entry cut short at byte {at}"))?;
+        let range = *at..end;
+        *at = end;
+        Ok(range)
+    };
+    let word = |range: std::ops::Range<usize>| {
+        let b = &entry[range];
+        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    };
+    let mut ops = Vec::new();
+    while at < entry.len() {
+        let tag = entry[take(&mut at, 1)?.start];
+        match tag {
+            OP_ENCODED => {
+                let has_token = entry[take(&mut at, 1)?.start] != 0;
+                let token = take(&mut at, 8)?;
+                let token = u64::from_le_bytes(entry[token].try_into().unwrap_or_default());
+                let crc = word(take(&mut at, 4)?);
+                let len = word(take(&mut at, 4)?) as usize;
+                let body = entry.slice(take(&mut at, len)?);
+                let len = word(take(&mut at, 4)?) as usize;
+                let spans = entry.slice(take(&mut at, len)?);
+                ops.push(Operation::Encoded {
+                    token: has_token.then_some(token),
+                    body,
+                    spans,
+                    crc: Some(crc),
+                });
+            }
+            OP_OTHER => {
+                let len = word(take(&mut at, 4)?) as usize;
+                let bytes = &entry[take(&mut at, len)?];
+                ops.push(rmp_serde::from_slice(bytes).map_err(|e| e.to_string())?);
+            }
+            other => return Err(format!("an operation of unknown kind {other}")),
+        }
+    }
+    Ok(ops)
+}
+
+/// Where an append of an entry landed on the replica that applied it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Placement {
+    /// An [`Operation::Encoded`]: its body was written at `offset` of segment `segment`; its
+    /// message bodies are there plus their spans (which the leader kept).
+    At {
+        /// The segment.
+        segment: u64,
+        /// The file offset of the body.
+        offset: u64,
+    },
+    /// An [`Operation::Append`]: where its message bodies are.
+    Locations(Vec<Location>),
+}
+
 /// What an entry's appends became on the replica that applied it: for each append the
-/// leader's leaf waits for, its token and where its bodies are.
-pub type Placed = Vec<(u64, Vec<Location>)>;
+/// leader's leaf waits for, its token and where it landed.
+pub type Placed = Vec<(u64, Placement)>;
 
 /// The journal's answer for an entry.
 ///
 /// # Errors
-/// Locations that cannot be encoded.
+/// An answer that cannot be encoded.
 pub(crate) fn encode_placed(placed: &Placed) -> std::io::Result<Applied> {
     if placed.is_empty() {
         return Ok(Applied::default());
@@ -216,8 +403,7 @@ pub(crate) fn encode_placed(placed: &Placed) -> std::io::Result<Applied> {
         .map_err(std::io::Error::other)
 }
 
-/// What the leader's leaf gets back for an entry: where the bodies of each of its appends
-/// are in the leader's log.
+/// Where the journal that answered `applied` placed each append of its entry.
 ///
 /// # Errors
 /// An answer that is not that.

@@ -1,9 +1,8 @@
 //! When the leader counts a write done, and the leader's storage: operations gathered into
 //! entries of the group's log, answers passed back in order.
 
-use super::{Operation, Placed, encode_entry, placed};
+use super::{EntryWriter, Operation, Placement, Sent, locations_of, placed};
 use crest_core::machine::{StorageDone, StorageOp};
-use crest_core::record::Location;
 use std::collections::HashMap;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
@@ -126,12 +125,14 @@ impl Gathering {
     }
 }
 
-/// An entry handed to Raft: the tokens its leaf waits for, and Raft's answer to come.
-type Sent = (
-    Vec<u64>,
-    Result<crest_replica::WriteAnswer, String>,
-    tokio::sync::OwnedSemaphorePermit,
-);
+/// An entry handed to Raft: the appends its leaf waits for, those refused before it was sent,
+/// and Raft's answer to come.
+struct Handed {
+    sent: Vec<Sent>,
+    refused: Vec<Outcome>,
+    answer: Result<crest_replica::WriteAnswer, String>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+}
 
 impl ReplicatedStore {
     /// Starts the thread that gathers operations into entries for `raft` and the task that
@@ -150,7 +151,7 @@ impl ReplicatedStore {
         let runtime = tokio::runtime::Handle::current();
         let in_flight = Arc::new(tokio::sync::Semaphore::new(gathering.in_flight));
         // Entries handed to Raft and not answered yet: bounded by the permits.
-        let (pending_tx, mut pending) = tokio::sync::mpsc::unbounded_channel::<Sent>();
+        let (pending_tx, mut pending) = tokio::sync::mpsc::unbounded_channel::<Handed>();
         std::thread::Builder::new()
             .name("crest-replicate".into())
             .spawn(move || {
@@ -159,27 +160,49 @@ impl ReplicatedStore {
                     let Ok(permit) = runtime.block_on(in_flight.clone().acquire_owned()) else {
                         return;
                     };
-                    let entry = gather(first, &rx, gathering.entry_bytes_max);
-                    let tokens = entry.iter().filter_map(Operation::token).collect();
-                    let sent = entry
-                        .into_iter()
-                        .map(|op| op.encoded(gathering.record_bytes_max))
-                        .collect::<Result<Vec<_>, _>>()
-                        .and_then(|entry| encode_entry(&entry).map_err(|e| e.to_string()))
-                        .and_then(|batch| {
-                            runtime
-                                .block_on(raft.client_write_ff(batch))
-                                .map_err(|e| e.to_string())
-                        });
-                    if pending_tx.send((tokens, sent, permit)).is_err() {
+                    let gathered = gather(first, &rx, gathering.entry_bytes_max);
+                    let bytes = gathered.iter().map(Operation::bytes).sum();
+                    let mut entry = EntryWriter::with_capacity(bytes);
+                    let mut sent = Vec::with_capacity(gathered.len());
+                    let mut refused = Vec::new();
+                    for op in gathered {
+                        let token = op.token();
+                        match entry.push(op, gathering.record_bytes_max) {
+                            Ok(Some(one)) => sent.push(one),
+                            Ok(None) => {}
+                            // The append alone is refused (its records cannot be logged);
+                            // the rest of the entry goes on.
+                            Err(reason) => refused.extend(token.map(|token| Err((token, reason)))),
+                        }
+                    }
+                    let answer = if entry.is_empty() {
+                        Err("nothing to replicate".to_string())
+                    } else {
+                        runtime
+                            .block_on(raft.client_write_ff(entry.finish()))
+                            .map_err(|e| e.to_string())
+                    };
+                    let handed = Handed {
+                        sent,
+                        refused,
+                        answer,
+                        permit,
+                    };
+                    if pending_tx.send(handed).is_err() {
                         return;
                     }
                 }
             })?;
         // Raft answers writes in log order; this task passes the answers on in that order.
         tokio::spawn(async move {
-            while let Some((tokens, sent, permit)) = pending.recv().await {
-                let answer = match sent {
+            while let Some(handed) = pending.recv().await {
+                let Handed {
+                    sent,
+                    mut refused,
+                    answer,
+                    permit,
+                } = handed;
+                let answer = match answer {
                     Ok(receiver) => match receiver.await {
                         Ok(Ok(response)) => {
                             drop(permit);
@@ -193,13 +216,14 @@ impl ReplicatedStore {
                     },
                     Err(error) => Err(error),
                 };
-                if tokens.is_empty() {
+                if sent.is_empty() && refused.is_empty() {
                     if let Err(error) = answer {
                         tracing::warn!(%error, "log records were not replicated");
                     }
                     continue;
                 }
-                on_done(outcomes(tokens, answer));
+                refused.extend(outcomes(sent, answer));
+                on_done(refused);
             }
         });
         Ok(ReplicatedStore { ops })
@@ -232,22 +256,35 @@ fn gather(first: Operation, rx: &mpsc::Receiver<Operation>, bytes_max: usize) ->
     entry
 }
 
-/// One outcome per token of an entry: where its bodies are, or why the entry failed.
-fn outcomes(tokens: Vec<u64>, answer: Result<Placed, String>) -> Vec<Outcome> {
-    match answer {
-        Ok(placed) => {
-            let mut placed: HashMap<u64, Vec<Location>> = placed.into_iter().collect();
-            tokens
+/// One outcome per append of an entry: where its bodies are, or why the entry failed.
+fn outcomes(sent: Vec<Sent>, answer: Result<super::Placed, String>) -> Vec<Outcome> {
+    let placed = match answer {
+        Ok(placed) => placed,
+        Err(reason) => {
+            return sent
                 .into_iter()
-                .map(|token| match placed.remove(&token) {
-                    Some(locations) => Ok(StorageDone { token, locations }),
-                    None => Err((token, "the replica's answer left this append out".into())),
-                })
-                .collect()
+                .map(|one| Err((one.token, reason.clone())))
+                .collect();
         }
-        Err(reason) => tokens
-            .into_iter()
-            .map(|token| Err((token, reason.clone())))
-            .collect(),
-    }
+    };
+    let mut placed: HashMap<u64, Placement> = placed.into_iter().collect();
+    sent.into_iter()
+        .map(|one| {
+            let token = one.token;
+            let locations = match (placed.remove(&token), one.spans) {
+                (Some(Placement::Locations(locations)), _) => Ok(locations),
+                (Some(Placement::At { segment, offset }), Some((spans, body_len))) => {
+                    locations_of(&spans, body_len, segment, offset).map_err(|e| e.to_string())
+                }
+                (Some(Placement::At { .. }), None) => {
+                    Err("the replica placed a body the leader did not encode".to_string())
+                }
+                (None, _) => Err("the replica's answer left this append out".to_string()),
+            };
+            match locations {
+                Ok(locations) => Ok(StorageDone { token, locations }),
+                Err(reason) => Err((token, reason)),
+            }
+        })
+        .collect()
 }

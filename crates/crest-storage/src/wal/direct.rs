@@ -15,7 +15,7 @@ use super::writer::fail_all;
 use super::*;
 use crate::format::{
     RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES, parse_checkpoint_name, parse_segment_name,
-    record_header, segment_name,
+    record_header_of, segment_name,
 };
 use crest_core::config::Durability;
 
@@ -65,12 +65,18 @@ impl DirectLog {
     /// Writes one record whose body `body` was made by [`crate::format::encode_record_body`]
     /// (on another replica, perhaps) at the end of the log, as [`DirectLog::append`] does
     /// with its records, without decoding them; answers the segment and the file offset the
-    /// body starts at (a body's location is that plus its span).
+    /// body starts at (a body's location is that plus its span). `body_crc` is the body's
+    /// CRC-32 where the sender computed it (`None`: computed here).
     ///
     /// # Errors
     /// A body past `record_bytes_max`, a failed write (cut back from the file), or a log
     /// stopped after a failed sync.
-    pub fn append_encoded(&mut self, body: &[u8], token: u64) -> Result<(u64, u64), String> {
+    pub fn append_encoded(
+        &mut self,
+        body: &[u8],
+        body_crc: Option<u32>,
+        token: u64,
+    ) -> Result<(u64, u64), String> {
         let wal = &mut self.wal;
         if wal.stopped {
             return Err("the log stopped after a failed sync".into());
@@ -89,10 +95,9 @@ impl DirectLog {
                 return Err(error);
             }
         }
-        self.buf.clear();
-        record_header(wal.seq, body, &mut self.buf);
-        self.buf.extend_from_slice(body);
-        if let Err(error) = wal.file.write_all_at(&self.buf, wal.len) {
+        let body_crc = body_crc.unwrap_or_else(|| crc32fast::hash(body));
+        let record = record_header_of(wal.seq, body.len(), body_crc);
+        if let Err(error) = wal.file.write_all_vectored_at(&[&record, body], wal.len) {
             let _ = wal.file.set_len(wal.len);
             let path = wal.options.dir.join(segment_name(wal.seq));
             let error = format!("log write to {} failed: {error}", path.display());

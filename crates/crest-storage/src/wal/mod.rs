@@ -84,6 +84,11 @@ pub trait SegmentFile: Send {
     /// Writes all of `buf` at `offset`, the end of what was written so far (the file may be
     /// longer: preallocated).
     fn write_all_at(&mut self, buf: &[u8], offset: u64) -> std::io::Result<()>;
+    /// Writes all of `parts`, one after another, at `offset` (as [`SegmentFile::write_all_at`]
+    /// with their concatenation, which is what it does unless the file has a better way).
+    fn write_all_vectored_at(&mut self, parts: &[&[u8]], offset: u64) -> std::io::Result<()> {
+        self.write_all_at(&parts.concat(), offset)
+    }
     /// Makes everything written so far durable (`fdatasync`).
     fn sync_data(&mut self) -> std::io::Result<()>;
     /// Cuts the file back to `len` bytes.
@@ -93,6 +98,25 @@ pub trait SegmentFile: Send {
 impl SegmentFile for File {
     fn write_all_at(&mut self, buf: &[u8], offset: u64) -> std::io::Result<()> {
         std::os::unix::fs::FileExt::write_all_at(self, buf, offset)
+    }
+    /// One `pwritev` (a record's header and its body, without copying them together); what a
+    /// short write left is written as [`SegmentFile::write_all_at`] writes.
+    fn write_all_vectored_at(&mut self, parts: &[&[u8]], offset: u64) -> std::io::Result<()> {
+        let slices: Vec<std::io::IoSlice<'_>> = parts
+            .iter()
+            .map(|part| std::io::IoSlice::new(part))
+            .collect();
+        let mut written = rustix::io::pwritev(&*self, &slices, offset)?;
+        let mut at = offset;
+        for part in parts {
+            let done = written.min(part.len());
+            written -= done;
+            if done < part.len() {
+                std::os::unix::fs::FileExt::write_all_at(self, &part[done..], at + done as u64)?;
+            }
+            at += part.len() as u64;
+        }
+        Ok(())
     }
     fn sync_data(&mut self) -> std::io::Result<()> {
         File::sync_data(self)
