@@ -117,12 +117,7 @@ impl Operation {
             &mut body,
             &mut bodies,
         )?;
-        let mut spans = Vec::with_capacity(bodies.len() * SPAN_BYTES);
-        for (span, crc) in bodies {
-            spans.extend_from_slice(&(span.start as u32).to_le_bytes());
-            spans.extend_from_slice(&(span.len() as u32).to_le_bytes());
-            spans.extend_from_slice(&crc.to_le_bytes());
-        }
+        let spans = span_bytes(bodies, 0);
         Ok(Operation::Encoded {
             token,
             crc: Some(crc32fast::hash(&body)),
@@ -140,6 +135,18 @@ impl Operation {
         entry.push(self, u32::MAX).map_err(std::io::Error::other)?;
         Ok(entry.finish())
     }
+}
+
+/// The spans of [`Operation::Encoded`] for message bodies at `bodies` of a buffer whose record
+/// body starts at `body_start`.
+fn span_bytes(bodies: Vec<(std::ops::Range<usize>, u32)>, body_start: usize) -> Vec<u8> {
+    let mut spans = Vec::with_capacity(bodies.len() * SPAN_BYTES);
+    for (span, crc) in bodies {
+        spans.extend_from_slice(&((span.start - body_start) as u32).to_le_bytes());
+        spans.extend_from_slice(&(span.len() as u32).to_le_bytes());
+        spans.extend_from_slice(&crc.to_le_bytes());
+    }
+    spans
 }
 
 /// Bytes of one span in [`Operation::Encoded`].
@@ -270,12 +277,7 @@ impl EntryWriter {
         let crc = crc32fast::hash(body);
         self.buf[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
         self.buf[len_at..len_at + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
-        let mut spans = Vec::with_capacity(bodies.len() * SPAN_BYTES);
-        for (span, crc) in bodies {
-            spans.extend_from_slice(&((span.start - body_start) as u32).to_le_bytes());
-            spans.extend_from_slice(&(span.len() as u32).to_le_bytes());
-            spans.extend_from_slice(&crc.to_le_bytes());
-        }
+        let spans = span_bytes(bodies, body_start);
         self.part(&spans)?;
         Ok(token.map(|token| Sent {
             token,
