@@ -450,11 +450,14 @@ fn a_replica_restarted_with_its_log_ahead_of_its_last_sync_cuts_it_back_and_appl
         LeafJournal::open(options, JournalLimits::of(&settings)).unwrap()
     };
     let mut source = open(&dirs.path().join("source"));
-    // Past the sync threshold: synced and saved once applied.
+    // Past the sync threshold: synced and saved after it is applied.
     let applied = crest_replica::Journal::apply(&mut source, entries(1..=100)).unwrap();
     assert_eq!(applied.len(), 100);
     // Below it: written, not synced, not saved.
     crest_replica::Journal::apply(&mut source, entries(101..=110)).unwrap();
+    // The sync the first apply started runs apart from the applies: the copies below are of
+    // the disk once it saved its position.
+    source.synced().unwrap();
     for (case, cut) in [
         ("process crash", None),
         ("torn tail", Some(b"\xffgarbage".as_slice())),

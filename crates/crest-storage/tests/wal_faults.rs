@@ -255,3 +255,96 @@ fn each_group_reports_how_long_its_sync_took_and_buffered_groups_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The length on disk of each segment of `dir` (a [`FaultyFile`] puts there only what was
+/// synced).
+fn on_disk(dir: &std::path::Path) -> std::collections::BTreeMap<String, u64> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".wal"))
+        .map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            (name, entry.metadata().unwrap().len())
+        })
+        .collect()
+}
+
+#[test]
+fn a_direct_log_syncs_the_segments_it_sealed_with_its_next_sync_and_a_sync_job_runs_apart() {
+    // Goal: a replica's log does not stall its apply on a sync at each rotation: a sealed
+    // segment waits for the next sync of the log, which can run on another thread while the
+    // log is written on, and makes durable all it was given and nothing after it.
+    let dir = temp_dir("direct-sync");
+    let faults = std::sync::Arc::new(Faults {
+        space: AtomicU64::new(u64::MAX / 2),
+        syncs_left: AtomicU64::new(u64::MAX),
+    });
+    let options = WalOptions {
+        segment_bytes_max: 1024,
+        ..faulty(&dir, &faults)
+    };
+    let (wal, _) = open(options.clone()).unwrap();
+    let mut log = crest_storage::wal::DirectLog::new(wal);
+    let synced_at_open = syncs(&faults);
+    for n in 1..=40 {
+        log.append(op(n), n).unwrap();
+    }
+    let end = log.end();
+    assert!(end.0 >= 3, "the appends span segments: ended in {end:?}");
+    assert_eq!(
+        syncs(&faults),
+        synced_at_open,
+        "no sync as segments were sealed"
+    );
+    let job = log.sync_job().unwrap();
+    assert_eq!(job.end(), end);
+    // The log goes on while the job runs on a thread of its own.
+    let syncing = std::thread::spawn(move || job.run());
+    for n in 41..=60 {
+        log.append(op(n), n).unwrap();
+    }
+    assert_eq!(syncing.join().unwrap(), Ok(end));
+    let disk = on_disk(&dir);
+    let (last, len) = end;
+    let name = crest_storage::format::segment_name;
+    // Durable at least to where the job took it (a sync of a file makes what was written
+    // to it meanwhile durable too).
+    assert!(
+        disk[&name(last)] >= len,
+        "segment {last} durable to {} < {len}",
+        disk[&name(last)]
+    );
+    for seq in 1..last {
+        assert!(disk[&name(seq)] > 0, "sealed segment {seq} synced with it");
+    }
+    // A crash now keeps what the job synced: recovery finds every append up to 40.
+    let later = log.end();
+    assert!(later > end);
+    drop(log);
+    let (_, recovered) = open(options).unwrap();
+    let ids = ids(&recovered.operations);
+    assert!(
+        ids.len() >= 40 && ids[..40] == expect(1..=40)[..],
+        "what the job synced survives: {} operations",
+        ids.len()
+    );
+
+    // A job whose sync fails says so and syncs nothing more.
+    let dir = temp_dir("direct-sync-fails");
+    let faults = std::sync::Arc::new(Faults {
+        space: AtomicU64::new(u64::MAX / 2),
+        syncs_left: AtomicU64::new(u64::MAX),
+    });
+    let (wal, _) = open(faulty(&dir, &faults)).unwrap();
+    let mut log = crest_storage::wal::DirectLog::new(wal);
+    log.append(op(1), 1).unwrap();
+    let job = log.sync_job().unwrap();
+    faults.syncs_left.store(0, Ordering::SeqCst);
+    let failed = job.run().unwrap_err();
+    assert!(
+        failed.contains("fdatasync"),
+        "the failure is named: {failed}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

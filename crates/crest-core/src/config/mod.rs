@@ -240,7 +240,10 @@ pub struct Settings {
     /// Bytes a replica writes to its crest log between syncs of it. Its Raft log, synced
     /// before every acknowledgement, is what makes a write durable; the crest log is the
     /// applied state, and after a crash a replica applies again from its Raft log what it
-    /// wrote after the last of these syncs (at most this many bytes).
+    /// wrote after the last of these syncs (at most this many bytes). The sync runs beside
+    /// the apply, but on a disk the Raft log shares it delays that log's syncs while it
+    /// writes: a smaller value spreads the writing out (a steadier tail under sustained load)
+    /// where a larger one leaves more to the page cache in a short burst.
     pub replica_journal_sync_bytes: u64,
     /// The leader of a replica group gathers the leaf's storage operations waiting for it into
     /// one log entry up to this many bytes (a larger single operation is an entry alone).

@@ -103,9 +103,12 @@ struct JournalState {
     log: Option<DirectLog>,
     /// The last entry applied (ahead of the saved one until the next sync).
     position: Position,
-    /// Bytes written to the log since it was last synced.
+    /// Bytes written to the log since its last sync started.
     unsynced: u64,
     sync_bytes: u64,
+    /// The sync running apart from the apply, if one is: it saves the position it was
+    /// started at once done. One at a time: the next waits for it.
+    syncing: Option<std::thread::JoinHandle<std::io::Result<()>>>,
     /// The local token of each recent append with a leader's token, by (term, leader's token):
     /// a checkpoint names the appends it does not include by the leader's tokens.
     tokens: HashMap<(u64, u64), u64>,
@@ -150,6 +153,14 @@ impl LeafJournal {
         self.recent().after(index)
     }
 
+    /// Waits until the sync running apart from the apply, if one is, has saved its position.
+    ///
+    /// # Errors
+    /// That sync failed (the log is then closed).
+    pub fn synced(&self) -> std::io::Result<()> {
+        self.state().settle()
+    }
+
     /// The log's directory.
     pub fn dir(&self) -> PathBuf {
         self.state().options.dir.clone()
@@ -167,6 +178,7 @@ impl LeafJournal {
         each: impl FnMut(Vec<LogRecord>),
     ) -> std::io::Result<crest_storage::wal::Recovered> {
         let mut state = self.state();
+        state.settle()?;
         // The directory's lock goes with the log; the recovery takes it again.
         state.log = None;
         let (wal, recovered) = crest_storage::wal::open_with(state.options.clone(), each)
@@ -208,6 +220,10 @@ impl Journal for LeafJournal {
 
     fn restore(&mut self, from: &mut std::fs::File, position: &Position) -> std::io::Result<()> {
         let mut state = self.state();
+        // The log is replaced whole: a sync of the old one may fail, but must not save after.
+        if let Err(error) = state.settle() {
+            tracing::warn!(%error, "the replica's log, replaced by a snapshot, was not synced");
+        }
         state.log = None;
         snapshot::read(from, &state.options.dir)?;
         state.tokens.clear();
@@ -286,6 +302,7 @@ impl JournalState {
             position: saved.position,
             unsynced: 0,
             sync_bytes: limits.sync_bytes.max(1),
+            syncing: None,
             tokens: HashMap::new(),
             token_order: VecDeque::new(),
             tokens_kept: limits.tokens_kept.max(1),
@@ -315,8 +332,66 @@ impl JournalState {
         }
     }
 
+    /// Waits for the sync running apart, if one is. Its failure closes the log: after a failed
+    /// `fdatasync` nothing more is written to it (the replica stops and, restarted, cuts its
+    /// log back to the last end saved and applies again from the Raft log).
+    fn settle(&mut self) -> std::io::Result<()> {
+        let Some(syncing) = self.syncing.take() else {
+            return Ok(());
+        };
+        let result = syncing
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the log's sync thread panicked")));
+        if result.is_err() {
+            self.log = None;
+        }
+        result
+    }
+
+    /// Starts a sync of everything applied so far on a thread of its own, which saves the
+    /// position once the log is durable to where it ends now; the apply goes on meanwhile.
+    /// Where no thread can be started, syncs here.
+    fn sync_apart(&mut self) -> std::io::Result<()> {
+        self.settle()?;
+        let job = self.log()?.sync_job().map_err(std::io::Error::other)?;
+        let dir = self.options.dir.clone();
+        let position = self.position.clone();
+        self.unsynced = 0;
+        // Shared so that, if no thread can be started, it runs here all the same.
+        let run = Arc::new(Mutex::new(Some(move || {
+            let end = job.run().map_err(std::io::Error::other)?;
+            save(&dir, &position, end)
+        })));
+        let take = |run: &Mutex<Option<_>>| {
+            run.lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .take()
+        };
+        let spawned = std::thread::Builder::new()
+            .name("crest-journal-sync".into())
+            .spawn({
+                let run = run.clone();
+                move || take(&run).map_or(Ok(()), |run| run())
+            });
+        match spawned {
+            Ok(thread) => {
+                self.syncing = Some(thread);
+                Ok(())
+            }
+            Err(error) => {
+                tracing::warn!(%error, "no thread for the replica log's sync: synced in the apply");
+                let result = take(&run).map_or(Ok(()), |run| run());
+                if result.is_err() {
+                    self.log = None;
+                }
+                result
+            }
+        }
+    }
+
     /// Syncs the log and saves the position it reflects.
     fn sync(&mut self) -> std::io::Result<()> {
+        self.settle()?;
         let log = self.log()?;
         log.sync().map_err(std::io::Error::other)?;
         let end = log.end();
@@ -336,7 +411,10 @@ impl JournalState {
             answers.push(encode_placed(&placed)?);
         }
         if self.unsynced >= self.sync_bytes {
-            self.sync()?;
+            self.sync_apart()?;
+        } else if self.syncing.as_ref().is_some_and(|s| s.is_finished()) {
+            // A failed sync is heard of at the next apply, not the next threshold.
+            self.settle()?;
         }
         Ok(answers)
     }
@@ -354,7 +432,8 @@ impl JournalState {
                     let before = log.end();
                     let locations = log.append(records, local).map_err(std::io::Error::other)?;
                     let after = log.end();
-                    // A new segment was started after the old one was synced.
+                    // In a new segment, what it holds (the sealed one's last bytes are not
+                    // counted: the threshold is a schedule, the sync takes all).
                     self.unsynced += if after.0 == before.0 {
                         after.1 - before.1
                     } else {
@@ -414,6 +493,8 @@ impl JournalState {
         includes: &[u64],
         segments: &[u32],
     ) -> std::io::Result<()> {
+        // A sync running apart would save an older position after this one.
+        self.settle()?;
         let dir = self.options.dir.clone();
         let mut failed = None;
         let mut saved = false;
@@ -440,6 +521,9 @@ impl JournalState {
 impl Drop for JournalState {
     fn drop(&mut self) {
         // Less to apply again at the next start; nothing depends on it.
+        if let Err(error) = self.settle() {
+            tracing::warn!(%error, "the replica's log was not synced as it closed");
+        }
         if self.log.is_some()
             && let Err(error) = self.sync()
         {

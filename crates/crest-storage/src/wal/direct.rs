@@ -4,7 +4,10 @@
 //! already synced there, on a majority. Its crest log is the applied state, so it is written
 //! without a sync per append (synced when its owner asks: at a checkpoint, before a snapshot,
 //! or every so many bytes), and after a crash it is cut back to the end its owner last
-//! recorded as synced ([`truncate_to`]) and the entries after it are applied again.
+//! recorded as synced ([`truncate_to`]) and the entries after it are applied again. A segment
+//! it seals is synced with the next sync too, not as it is sealed, and a sync can run on
+//! another thread while the log goes on being written ([`DirectLog::sync_job`]): the owner
+//! records the end it reached once the job is done.
 //!
 //! For that to give every replica the same bytes at the same places, each append is its own
 //! write and decides its own segment rotation: the same appends in the same order from the
@@ -29,6 +32,7 @@ impl DirectLog {
     /// The log `wal` (opened and recovered), written without syncs from now on.
     pub fn new(mut wal: Wal) -> DirectLog {
         wal.options.durability = Durability::Buffered;
+        wal.defer_rotation_sync = true;
         DirectLog {
             wal,
             buf: Vec::with_capacity(1 << 20),
@@ -131,8 +135,8 @@ impl DirectLog {
             .checkpoint_with(records, includes, segments, before_removal)
     }
 
-    /// Makes everything written durable (`fdatasync` of the active segment; sealed segments
-    /// were synced when sealed). A failure applies the log's [`SyncFailure`].
+    /// Makes everything written durable (`fdatasync` of the segments sealed since the last
+    /// sync, then of the active one). A failure applies the log's [`SyncFailure`].
     ///
     /// # Errors
     /// The sync failed (in [`SyncFailure::StopWriter`] mode).
@@ -149,6 +153,76 @@ impl DirectLog {
     /// Where the log ends: the active segment and the length written to it.
     pub fn end(&self) -> (u64, u64) {
         (self.wal.seq, self.wal.len)
+    }
+
+    /// A sync of everything written so far, to run on another thread while this log goes on
+    /// being written: the segments sealed since the last sync and another handle on the
+    /// active one. A segment file that has no other handle to give is synced here instead (the
+    /// job then has nothing left to do).
+    ///
+    /// # Errors
+    /// The log stopped after a failed sync, the active segment could not be shared, or (synced
+    /// here) its sync failed.
+    pub fn sync_job(&mut self) -> Result<SyncJob, String> {
+        if self.wal.stopped {
+            return Err("the log stopped after a failed sync".into());
+        }
+        let end = self.end();
+        let options = self.wal.options.clone();
+        match self.wal.file.try_clone() {
+            Some(Ok(active)) => {
+                let mut files = std::mem::take(&mut self.wal.sealed);
+                files.push((end.0, active));
+                Ok(SyncJob {
+                    files,
+                    end,
+                    options,
+                })
+            }
+            Some(Err(error)) => Err(format!(
+                "segment {} of {} could not be shared for syncing: {error}",
+                end.0,
+                options.dir.display()
+            )),
+            None => {
+                self.sync()?;
+                Ok(SyncJob {
+                    files: Vec::new(),
+                    end,
+                    options,
+                })
+            }
+        }
+    }
+}
+
+/// A sync of a [`DirectLog`] up to [`SyncJob::end`], run apart from the log
+/// ([`DirectLog::sync_job`]).
+pub struct SyncJob {
+    files: Vec<(u64, Box<dyn SegmentFile>)>,
+    end: (u64, u64),
+    options: WalOptions,
+}
+
+impl SyncJob {
+    /// Where the log ended when the job was made: durable once it ran.
+    pub fn end(&self) -> (u64, u64) {
+        self.end
+    }
+
+    /// Syncs each segment; a failure applies the log's [`SyncFailure`] (an abort, or the
+    /// error, after which the log's owner must write no more to it: the failed pages may be
+    /// dropped by the kernel and a later sync would not say so).
+    ///
+    /// # Errors
+    /// An `fdatasync` failed.
+    pub fn run(self) -> Result<(u64, u64), String> {
+        for (seq, mut file) in self.files {
+            if let Err(error) = file.sync_data() {
+                return Err(writer::sync_failure(&self.options, seq, &error));
+            }
+        }
+        Ok(self.end)
     }
 }
 

@@ -48,7 +48,7 @@ mod reader;
 mod recovery;
 mod writer;
 
-pub use direct::{DirectLog, truncate_to};
+pub use direct::{DirectLog, SyncJob, truncate_to};
 pub use reader::BodyReader;
 pub use recovery::{open, open_with};
 pub use writer::approximate_bytes;
@@ -93,6 +93,11 @@ pub trait SegmentFile: Send {
     fn sync_data(&mut self) -> std::io::Result<()>;
     /// Cuts the file back to `len` bytes.
     fn set_len(&mut self, len: u64) -> std::io::Result<()>;
+    /// Another handle on the same file, for syncing it from another thread ([`SyncJob`]);
+    /// `None` where the file has none to give (its syncs then run on the caller's thread).
+    fn try_clone(&self) -> Option<std::io::Result<Box<dyn SegmentFile>>> {
+        None
+    }
 }
 
 impl SegmentFile for File {
@@ -123,6 +128,9 @@ impl SegmentFile for File {
     }
     fn set_len(&mut self, len: u64) -> std::io::Result<()> {
         File::set_len(self, len)
+    }
+    fn try_clone(&self) -> Option<std::io::Result<Box<dyn SegmentFile>>> {
+        Some(File::try_clone(self).map(|file| Box::new(file) as Box<dyn SegmentFile>))
     }
 }
 
@@ -227,6 +235,12 @@ pub struct Wal {
     len: u64,
     /// Set after a failed sync in `SyncFailure::StopWriter` mode.
     stopped: bool,
+    /// Whether a rotation leaves the sealed segment's sync to the next sync of the log
+    /// ([`DirectLog`]: it syncs on its owner's schedule) instead of syncing it at once.
+    defer_rotation_sync: bool,
+    /// Sealed segments not synced yet (with `defer_rotation_sync`), by sequence number: at
+    /// most those written between two syncs of the log.
+    sealed: Vec<(u64, Box<dyn SegmentFile>)>,
     /// Since when bytes written are not synced (fsync mode: appends nobody waited for).
     unsynced_since: Option<Instant>,
     /// Tokens of recent appends that failed (bounded), to abandon checkpoints holding them.

@@ -198,6 +198,8 @@ pub(super) fn recover(
         file,
         len,
         stopped: false,
+        defer_rotation_sync: false,
+        sealed: Vec::new(),
         unsynced_since: None,
         failed_tokens: VecDeque::new(),
         positions: VecDeque::new(),

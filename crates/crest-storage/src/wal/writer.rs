@@ -221,6 +221,13 @@ impl Wal {
             tracing::error!(%error, "checkpoint abandoned: cannot start a new segment");
             return false;
         }
+        // Replay may start in any segment before the new one: they are all durable first.
+        if self.defer_rotation_sync
+            && let Err(error) = self.sync()
+        {
+            tracing::error!(%error, "checkpoint abandoned: the log could not be synced");
+            return false;
+        }
         let seq = self.seq;
         let replay_from = first.unwrap_or((seq, SEGMENT_HEADER_BYTES as u64));
         let dir = self.options.dir.clone();
@@ -396,9 +403,15 @@ impl Wal {
             .is_some_and(|at| at.elapsed() < self.options.linger_sync_after)
     }
 
-    /// Syncs the active segment; a failure applies [`SyncFailure`] (abort, or stop the writer).
+    /// Syncs the sealed segments not synced yet, then the active one; a failure applies
+    /// [`SyncFailure`] (abort, or stop the writer).
     pub(super) fn sync(&mut self) -> Result<(), String> {
         let started = Instant::now();
+        for (seq, mut file) in std::mem::take(&mut self.sealed) {
+            if let Err(error) = file.sync_data() {
+                return Err(self.sync_failed(seq, &error));
+            }
+        }
         let Err(error) = self.file.sync_data() else {
             let took = started.elapsed();
             self.synced_for = Some(self.synced_for.unwrap_or_default() + took);
@@ -408,18 +421,15 @@ impl Wal {
             self.ready.append(&mut self.held);
             return Ok(());
         };
-        let path = self.options.dir.join(segment_name(self.seq));
-        tracing::error!(path = %path.display(), %error, "fdatasync failed: the log stops");
-        if self.options.sync_failure == SyncFailure::Abort {
-            eprintln!(
-                "crest: fdatasync of {} failed: {error}; aborting (recovery decides what survived)",
-                path.display()
-            );
-            std::process::abort();
-        }
+        Err(self.sync_failed(self.seq, &error))
+    }
+
+    /// After a failed sync of segment `seq`: aborts, or stops the writer and fails what it
+    /// held (see [`SyncFailure`]); answers the error.
+    fn sync_failed(&mut self, seq: u64, error: &std::io::Error) -> String {
+        let error = sync_failure(&self.options, seq, error);
         self.stopped = true;
         self.unsynced_since = None;
-        let error = format!("fdatasync of {} failed: {error}", path.display());
         // What was held is lost with the sync: its waiters learn so.
         self.held_since = None;
         let held = std::mem::take(&mut self.held);
@@ -427,12 +437,16 @@ impl Wal {
             held.into_iter()
                 .map(|(token, _)| (token, Err(error.clone()))),
         );
-        Err(error)
+        error
     }
 
+    /// Seals the active segment (synced first, unless `defer_rotation_sync` leaves that to the
+    /// next sync of the log) and starts the next one.
     pub(super) fn rotate(&mut self) -> Result<(), StorageError> {
-        self.sync()
-            .map_err(|error| StorageError::other(&self.options.dir, error))?;
+        if !self.defer_rotation_sync {
+            self.sync()
+                .map_err(|error| StorageError::other(&self.options.dir, error))?;
+        }
         // The sealed segment gives back its unwritten preallocated space (if this is lost in a
         // crash, recovery reads the zeros as its end all the same).
         if self.options.preallocate
@@ -441,11 +455,29 @@ impl Wal {
             tracing::debug!(%error, "sealed segment not trimmed");
         }
         let (file, len) = create_segment(&self.options, self.seq + 1)?;
+        let sealed = std::mem::replace(&mut self.file, wrap(&self.options, file));
+        if self.defer_rotation_sync {
+            self.sealed.push((self.seq, sealed));
+        }
         self.seq += 1;
-        self.file = wrap(&self.options, file);
         self.len = len;
         Ok(())
     }
+}
+
+/// What a failed `fdatasync` of segment `seq` does under `options.sync_failure`: aborts the
+/// process, or answers the error (the caller stops its log).
+pub(super) fn sync_failure(options: &WalOptions, seq: u64, error: &std::io::Error) -> String {
+    let path = options.dir.join(segment_name(seq));
+    tracing::error!(path = %path.display(), %error, "fdatasync failed: the log stops");
+    if options.sync_failure == SyncFailure::Abort {
+        eprintln!(
+            "crest: fdatasync of {} failed: {error}; aborting (recovery decides what survived)",
+            path.display()
+        );
+        std::process::abort();
+    }
+    format!("fdatasync of {} failed: {error}", path.display())
 }
 
 /// Writes `records` as checkpoint `seq` (replay starting at `replay_from`): a temporary file,

@@ -132,25 +132,39 @@ pub(crate) struct Faults {
     pub(crate) syncs_left: AtomicU64,
 }
 
-/// A segment file whose writes sit in a page cache of its own until a sync succeeds.
+/// A segment file whose writes sit in a page cache of its own until a sync succeeds; its
+/// clones (for syncing from another thread) share that cache, as handles on one file do.
 pub(crate) struct FaultyFile {
+    pub(crate) cached: std::sync::Arc<std::sync::Mutex<Cached>>,
+    pub(crate) faults: std::sync::Arc<Faults>,
+}
+
+/// A [`FaultyFile`]'s file and what was written to it and not synced.
+pub(crate) struct Cached {
     pub(crate) file: std::fs::File,
     pub(crate) unsynced: Vec<u8>,
-    pub(crate) faults: std::sync::Arc<Faults>,
+}
+
+impl FaultyFile {
+    fn cached(&self) -> std::sync::MutexGuard<'_, Cached> {
+        self.cached.lock().unwrap()
+    }
 }
 
 impl SegmentFile for FaultyFile {
     fn write_all_at(&mut self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        let synced = self.file.metadata()?.len();
+        let faults = self.faults.clone();
+        let mut cached = self.cached();
+        let synced = cached.file.metadata()?.len();
         assert_eq!(
             offset,
-            synced + self.unsynced.len() as u64,
+            synced + cached.unsynced.len() as u64,
             "writes go at the end"
         );
-        let space = self.faults.space.load(Ordering::SeqCst) as usize;
+        let space = faults.space.load(Ordering::SeqCst) as usize;
         let fits = buf.len().min(space);
-        self.unsynced.extend_from_slice(&buf[..fits]);
-        self.faults.space.fetch_sub(fits as u64, Ordering::SeqCst);
+        cached.unsynced.extend_from_slice(&buf[..fits]);
+        faults.space.fetch_sub(fits as u64, Ordering::SeqCst);
         if fits < buf.len() {
             return Err(std::io::Error::from_raw_os_error(28));
         }
@@ -158,30 +172,41 @@ impl SegmentFile for FaultyFile {
     }
 
     fn sync_data(&mut self) -> std::io::Result<()> {
-        if self.faults.syncs_left.load(Ordering::SeqCst) == 0 {
-            self.unsynced.clear();
+        let faults = self.faults.clone();
+        let mut cached = self.cached();
+        if faults.syncs_left.load(Ordering::SeqCst) == 0 {
+            cached.unsynced.clear();
             return Err(std::io::Error::from_raw_os_error(5));
         }
-        self.faults.syncs_left.fetch_sub(1, Ordering::SeqCst);
-        let synced = self.file.metadata()?.len();
-        std::os::unix::fs::FileExt::write_all_at(&self.file, &self.unsynced, synced)?;
-        self.unsynced.clear();
-        self.file.sync_data()
+        faults.syncs_left.fetch_sub(1, Ordering::SeqCst);
+        let synced = cached.file.metadata()?.len();
+        let unsynced = std::mem::take(&mut cached.unsynced);
+        std::os::unix::fs::FileExt::write_all_at(&cached.file, &unsynced, synced)?;
+        cached.file.sync_data()
     }
 
     fn set_len(&mut self, len: u64) -> std::io::Result<()> {
-        let synced = self.file.metadata()?.len();
-        let logical = synced + self.unsynced.len() as u64;
-        self.faults
+        let faults = self.faults.clone();
+        let mut cached = self.cached();
+        let synced = cached.file.metadata()?.len();
+        let logical = synced + cached.unsynced.len() as u64;
+        faults
             .space
             .fetch_add(logical.saturating_sub(len), Ordering::SeqCst);
         if len >= synced {
-            self.unsynced.truncate((len - synced) as usize);
+            cached.unsynced.truncate((len - synced) as usize);
             Ok(())
         } else {
-            self.unsynced.clear();
-            self.file.set_len(len)
+            cached.unsynced.clear();
+            cached.file.set_len(len)
         }
+    }
+
+    fn try_clone(&self) -> Option<std::io::Result<Box<dyn SegmentFile>>> {
+        Some(Ok(Box::new(FaultyFile {
+            cached: self.cached.clone(),
+            faults: self.faults.clone(),
+        })))
     }
 }
 
@@ -189,8 +214,10 @@ pub(crate) fn faulty(dir: &Path, faults: &std::sync::Arc<Faults>) -> WalOptions 
     let faults = faults.clone();
     let wrapper = FileWrapper(std::sync::Arc::new(move |file| {
         Box::new(FaultyFile {
-            file,
-            unsynced: Vec::new(),
+            cached: std::sync::Arc::new(std::sync::Mutex::new(Cached {
+                file,
+                unsynced: Vec::new(),
+            })),
             faults: faults.clone(),
         }) as Box<dyn SegmentFile>
     }));
