@@ -539,6 +539,37 @@ async fn bench_compares_two_trees_in_interleaved_pairs() {
     assert!(text.contains("not with --connect"), "{text}");
 }
 
+/// `topology/replicated.toml` (a leaf of three replicas, on fixed ports in the file) started by
+/// the bench itself, against one leaf: the bench holds free ports for every node and each
+/// replica's group RPCs (it used to put every node on port 0, which a group refuses), and
+/// every message of both trees is accounted for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_compares_a_replicated_leaf_it_starts_with_one_leaf() {
+    let topology = |name: &str| format!("{}/topology/{name}", env!("CARGO_MANIFEST_DIR"));
+    let (text, comparison) = bench_ok(
+        &[
+            &[
+                "--topology",
+                &topology("replicated.toml"),
+                "--against",
+                &topology("one-leaf.toml"),
+                "--messages",
+                "2000",
+            ],
+            SMALL_FILL,
+        ]
+        .concat(),
+    )
+    .await;
+    assert!(text.contains("A against B, 1 interleaved pairs"), "{text}");
+    for side in ["a", "b"] {
+        let runs = comparison[side]["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 1, "{text}");
+        assert_run_accounted(&runs[0], 2000, &text);
+        assert_eq!(runs[0]["durable"], true, "{text}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_measures_what_authentication_costs_against_an_open_tree() {
     // Goal: `--against-open` compares the tree serving clients through its admin token (A)

@@ -115,11 +115,14 @@ async fn start(target: &Target) -> Result<Running> {
             if let Some(dir) = data_dir {
                 let _ = std::fs::remove_dir_all(dir);
             }
-            let topology = topology.with_ephemeral_ports();
+            // Ports held for the tree, not port 0: a group's replicas must know each other's
+            // addresses before they start.
+            let (topology, sockets) =
+                crest_node::on_held_ports(topology).context("binding the local tree's ports")?;
             let started = if *open {
-                LocalTree::start_open(&topology, data_dir.as_deref()).await
+                LocalTree::start_open_on(&topology, data_dir.as_deref(), Some(sockets)).await
             } else {
-                LocalTree::start_with(&topology, data_dir.as_deref()).await
+                LocalTree::start_on(&topology, data_dir.as_deref(), Some(sockets)).await
             };
             let tree = started.context("starting the local tree")?;
             if !tree.wait_connected(Duration::from_secs(10)).await {

@@ -151,6 +151,51 @@ impl NodeSockets {
     }
 }
 
+/// `topology` on loopback ports held for it: each node's QUIC socket, HTTP listener (if it
+/// has an `http` address) and replication socket (a replica) bound now to a free port, and
+/// the topology naming those ports. For a tree started in this process where port 0 will not
+/// do: a group's replicas must know each other's addresses before they start.
+///
+/// # Errors
+/// A socket cannot be bound.
+pub fn on_held_ports(
+    topology: &crest_core::topology::Topology,
+) -> std::io::Result<(crest_core::topology::Topology, SocketBook)> {
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut topology = topology.clone();
+    let mut book = std::collections::HashMap::new();
+    for node in &mut topology.nodes {
+        let quic = std::net::UdpSocket::bind(loopback)?;
+        node.listen = quic.local_addr()?;
+        node.address = node.listen.to_string();
+        let http = match node.http {
+            Some(_) => {
+                let listener = std::net::TcpListener::bind(loopback)?;
+                node.http = Some(listener.local_addr()?);
+                Some(listener)
+            }
+            None => None,
+        };
+        let replication = match &mut node.replica {
+            Some(replica) => {
+                let socket = std::net::UdpSocket::bind(loopback)?;
+                replica.address = socket.local_addr()?;
+                Some(socket)
+            }
+            None => None,
+        };
+        book.insert(
+            node.name.clone(),
+            NodeSockets {
+                quic,
+                http,
+                replication,
+            },
+        );
+    }
+    Ok((topology, Arc::new(std::sync::Mutex::new(book))))
+}
+
 impl NodeSockets {
     /// A QUIC socket alone.
     pub fn quic(socket: std::net::UdpSocket) -> NodeSockets {

@@ -92,6 +92,19 @@ impl LocalTree {
         LocalTree::start_all(topology, data_root, sockets, true).await
     }
 
+    /// As [`LocalTree::start_open`], each node listening on its socket in `sockets` (see
+    /// [`LocalTree::start_on`]).
+    ///
+    /// # Errors
+    /// [`NodeError`] from the first node that fails to start (the others are stopped).
+    pub async fn start_open_on(
+        topology: &Topology,
+        data_root: Option<&Path>,
+        sockets: Option<SocketBook>,
+    ) -> Result<LocalTree, NodeError> {
+        LocalTree::start_all(topology, data_root, sockets, false).await
+    }
+
     async fn start_all(
         topology: &Topology,
         data_root: Option<&Path>,

@@ -264,6 +264,68 @@ async fn every_replica_of_a_leaf_keeps_the_same_log_and_a_new_leader_goes_on_wit
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_by_more_than_one_rpc_holds_catches_up_in_parts() {
+    // Goal: a follower that missed more entries than one RPC may carry
+    // (`replica_rpc_bytes_max`) gets them in several, each within the bound (the follower
+    // refuses a larger one, and did at every retry: it never caught up).
+    let frame = crest_core::config::FRAME_OVERHEAD_BYTES + 8192;
+    let mut settings = Settings {
+        payload_bytes_max: 4096,
+        push_batch_bytes_max: 8192,
+        push_batch_messages_max: 64,
+        frame_bytes_max: frame,
+        replica_entry_bytes_max: 16 * 1024,
+        ..Settings::default()
+    };
+    settings.replica_rpc_bytes_max = settings.replica_entry_bytes_max
+        + u64::from(frame)
+        + 64 * 16
+        + crest_core::config::REPLICA_RPC_OVERHEAD_BYTES;
+    settings.validate().unwrap();
+    let rpc_bytes_max = settings.replica_rpc_bytes_max;
+    let mut cluster = leaf_group(settings).await;
+    let leader = cluster.leader().await;
+    let follower = *cluster.running.keys().find(|id| **id != leader).unwrap();
+    cluster.stop(follower).await;
+    let (store, outcomes) = store_of(&cluster, leader);
+    // Twice what one RPC holds, in 3 KiB bodies, while the follower is down.
+    let count = 2 * rpc_bytes_max / 3000;
+    for seq in 1..=count {
+        let mut record = enqueue(seq);
+        if let LogRecord::Enqueue { payload, .. } = &mut record {
+            *payload = Bytes::from(vec![(seq % 251) as u8; 3000]);
+        }
+        let append = StorageOp::Append {
+            token: Some(seq),
+            records: vec![record],
+            wait: SyncWait::Now,
+        };
+        store.submit(append).unwrap();
+    }
+    let mut placed = BTreeMap::new();
+    for seq in 1..=count {
+        let done = outcomes.recv_timeout(WAIT).expect("an outcome").unwrap();
+        assert_eq!(done.token, seq);
+        placed.insert(seq, done.locations[0]);
+    }
+    cluster.journals.remove(&follower);
+    cluster.run(follower, None).await;
+    caught_up(&cluster, leader).await;
+    assert_same_logs(&cluster, 0);
+    let log = log_dir(&cluster.dirs[&follower]);
+    let mut reader = BodyReader::new(log);
+    let last = placed[&count];
+    let body = reader.read(&last).unwrap();
+    assert_eq!(
+        body.payload.len(),
+        3000,
+        "the last body, read from the follower's log"
+    );
+    drop(store);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_disk_was_wiped_gets_the_leader_s_log_from_a_snapshot() {
     // Goal: a replica that lost its directory rejoins; the group's log no longer reaches back
     // to the first append (snapshots every 16 entries purge it), so it is sent a snapshot of

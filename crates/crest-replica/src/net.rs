@@ -38,16 +38,37 @@ impl Request {
             Request::Append(append) => append
                 .entries
                 .iter()
-                .map(|entry| match &entry.payload {
-                    openraft::EntryPayload::Normal(batch) => batch.0.len() + 64,
-                    _ => 256,
-                })
+                .map(entry_bytes)
                 .sum::<usize>()
                 .saturating_add(256),
             Request::Vote(_) => 256,
             Request::Snapshot(chunk) => chunk.data.len() + 256,
         }
     }
+}
+
+/// About how many bytes one entry takes in a request (see [`Request::bytes_hint`]).
+fn entry_bytes(entry: &openraft::Entry<TypeConfig>) -> usize {
+    match &entry.payload {
+        openraft::EntryPayload::Normal(batch) => batch.0.len() + 64,
+        _ => 256,
+    }
+}
+
+/// Drops the entries past the first ones that fit in a request of `bytes_max` (the first
+/// stays, whatever its size: settings keep an entry within it); answers whether any went.
+fn fit(entries: &mut Vec<openraft::Entry<TypeConfig>>, bytes_max: usize) -> bool {
+    let mut bytes = 256;
+    let keep = entries
+        .iter()
+        .position(|entry| {
+            bytes += entry_bytes(entry);
+            bytes > bytes_max
+        })
+        .map_or(entries.len(), |at| at.max(1));
+    let cut = keep < entries.len();
+    entries.truncate(keep);
+    cut
 }
 
 /// Its answer.
@@ -192,17 +213,27 @@ impl Peer {
 impl RaftNetwork<TypeConfig> for Peer {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<
         AppendEntriesResponse<ReplicaId>,
         RPCError<ReplicaId, BasicNode, RaftError<ReplicaId>>,
     > {
-        self.rpc(Request::Append(rpc), &option, |answer| match answer {
-            Response::Append(result) => Some(result),
-            _ => None,
+        // Entries past what one RPC may carry (`rpc_bytes_max`: the follower refuses a larger
+        // one, and would refuse it again at every retry) go in the next: openraft takes a
+        // partial success as that.
+        let cut = fit(&mut rpc.entries, self.rpc_bytes_max);
+        let last = rpc.entries.last().map(|entry| entry.log_id);
+        let answer = self
+            .rpc(Request::Append(rpc), &option, |answer| match answer {
+                Response::Append(result) => Some(result),
+                _ => None,
+            })
+            .await?;
+        Ok(match answer {
+            AppendEntriesResponse::Success if cut => AppendEntriesResponse::PartialSuccess(last),
+            other => other,
         })
-        .await
     }
 
     async fn install_snapshot(
@@ -308,5 +339,45 @@ async fn answer(
     };
     if send.write_all(&bytes).await.is_ok() {
         let _ = send.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+
+    fn entries(sizes: &[usize]) -> Vec<Entry<TypeConfig>> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(index, size)| Entry {
+                log_id: LogId::new(CommittedLeaderId::new(1, 1), index as u64 + 1),
+                payload: EntryPayload::Normal(crate::Batch(vec![0u8; *size].into())),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_append_is_cut_to_what_one_rpc_may_carry_keeping_at_least_one_entry() {
+        // Each entry counts its payload and 64 bytes; a request 256 bytes more.
+        for (sizes, max, kept, cut) in [
+            (vec![1000, 1000, 1000], 256 + 3 * 1064, 3, false),
+            (vec![1000, 1000, 1000], 256 + 3 * 1064 - 1, 2, true),
+            (vec![1000, 1000, 1000], 256 + 1064, 1, true),
+            (vec![5000, 10], 1000, 1, true),
+            (vec![], 1000, 0, false),
+        ] {
+            let mut list = entries(&sizes);
+            assert_eq!(fit(&mut list, max), cut, "{sizes:?} in {max}");
+            assert_eq!(list.len(), kept, "{sizes:?} in {max}");
+            let request = Request::Append(AppendEntriesRequest {
+                vote: openraft::Vote::new_committed(1, 1),
+                prev_log_id: None,
+                entries: list,
+                leader_commit: None,
+            });
+            assert!(kept <= 1 || request.bytes_hint() <= max);
+        }
     }
 }

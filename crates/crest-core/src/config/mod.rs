@@ -20,6 +20,9 @@ pub use topic::{
 pub const PAYLOAD_BYTES_MAX_DEFAULT: u32 = 256 * 1024;
 /// Largest frame on any stream, in bytes (16 MiB).
 pub const FRAME_BYTES_MAX_DEFAULT: u32 = 16 * 1024 * 1024;
+/// What a replica group's RPC carries beside one entry's operations, at most: the request's
+/// fields and the entry's framing (see `replica_rpc_bytes_max`).
+pub const REPLICA_RPC_OVERHEAD_BYTES: u64 = 64 * 1024;
 /// Largest number of messages in one push batch.
 pub const PUSH_BATCH_MESSAGES_MAX_DEFAULT: u32 = 4096;
 /// Largest total payload of one push batch, in bytes (4 MiB).
@@ -260,7 +263,9 @@ pub struct Settings {
     /// When a replicated leaf's leader acknowledges a push (`majority` or `all`).
     pub replica_acks: ReplicaAcks,
     /// Most bytes of one message between the replicas of a group (a batch of entries, a
-    /// snapshot chunk, or their answers).
+    /// snapshot chunk, or their answers). A batch of entries past it is sent in parts; it must
+    /// hold the largest entry: at least `replica_entry_bytes_max` + `frame_bytes_max` + 16 ×
+    /// `push_batch_messages_max` + 64 KiB.
     pub replica_rpc_bytes_max: u64,
     /// When a leaf acknowledges pushes (leaves with a data directory).
     pub durability: Durability,
@@ -683,6 +688,29 @@ mod tests {
                 settings.validate().err().map(|e| e.name),
                 name.map(|_| "replica_log_flush_linger_us")
             );
+        }
+    }
+
+    #[test]
+    fn a_replica_rpc_must_hold_the_largest_entry() {
+        let defaults = Settings::default();
+        let largest = defaults.replica_entry_bytes_max
+            + u64::from(defaults.frame_bytes_max)
+            + u64::from(defaults.push_batch_messages_max) * 16
+            + REPLICA_RPC_OVERHEAD_BYTES;
+        for (rpc, refused) in [(largest - 1, true), (largest, false)] {
+            let settings = Settings {
+                replica_rpc_bytes_max: rpc,
+                ..Settings::default()
+            };
+            let error = settings.validate().err();
+            assert_eq!(
+                error.as_ref().map(|e| e.name),
+                refused.then_some("replica_rpc_bytes_max")
+            );
+            if let Some(error) = error {
+                assert!(error.problem.contains(&largest.to_string()), "{error:?}");
+            }
         }
     }
 

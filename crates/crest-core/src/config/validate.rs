@@ -170,6 +170,26 @@ impl Settings {
                 format!("at most {HTTP_HOSTS_MAX} host names of 1 to 253 bytes, without a port"),
             );
         }
+        // A replica group's largest entry (operations gathered up to replica_entry_bytes_max,
+        // then one more, of at most a frame) and its overhead must fit in one RPC, or the
+        // follower refuses it at every retry and never catches up.
+        // (its messages' spans, 16 bytes each at most, beside their bodies).
+        let entry_max = self
+            .replica_entry_bytes_max
+            .saturating_add(u64::from(self.frame_bytes_max))
+            .saturating_add(u64::from(self.push_batch_messages_max) * 16)
+            .saturating_add(REPLICA_RPC_OVERHEAD_BYTES);
+        if self.replica_rpc_bytes_max < entry_max {
+            return fail(
+                "replica_rpc_bytes_max",
+                format!(
+                    "{} is below replica_entry_bytes_max + frame_bytes_max + 16 × \
+                     push_batch_messages_max + {REPLICA_RPC_OVERHEAD_BYTES} = {entry_max}: the \
+                     largest entry would not fit in one RPC",
+                    self.replica_rpc_bytes_max
+                ),
+            );
+        }
         // A gateway reserves a whole body of the unauthenticated budget before reading it.
         if self.gateway_body_bytes_max > self.gateway_unauthenticated_bytes_max {
             return fail(
