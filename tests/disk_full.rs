@@ -14,10 +14,14 @@ use crest::sdk::{
 };
 use std::collections::HashSet;
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+#[path = "common/tmpfs.rs"]
+mod tmpfs;
+
+use tmpfs::{Tmpfs, fill};
 
 const WAIT: Duration = Duration::from_secs(20);
 const SMALL: usize = 16 * 1024;
@@ -27,59 +31,6 @@ const LEASED: usize = 400;
 /// More than what is left of the first segment after the small pushes: its push starts a new
 /// segment, whose creation is what a full disk refuses.
 const LARGE: usize = 160 * 1024;
-
-/// A tmpfs of `size` mounted on a fresh directory, unmounted when dropped. Mounting needs root,
-/// or `sudo` that asks no password (as `scripts/test` does to install what the suite needs).
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-fn as_root(args: &[&str]) -> std::process::Output {
-    let root = rustix::process::geteuid().is_root();
-    let mut command = if root {
-        Command::new(args[0])
-    } else {
-        let mut sudo = Command::new("sudo");
-        sudo.arg("-n").arg(args[0]);
-        sudo
-    };
-    command.args(&args[1..]).output().expect("run mount")
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().to_str().unwrap().to_string();
-        let output = as_root(&[
-            "mount",
-            "-t",
-            "tmpfs",
-            "-o",
-            &format!("size={size}"),
-            "tmpfs",
-            &path,
-        ]);
-        assert!(
-            output.status.success(),
-            "mounting a tmpfs needs root or password-less sudo: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        if !rustix::process::geteuid().is_root() {
-            as_root(&["chmod", "777", &path]);
-        }
-        Tmpfs { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = as_root(&["umount", "-l", self.dir.path().to_str().unwrap()]);
-    }
-}
 
 /// Everything the nodes log, kept to look at.
 #[derive(Clone, Default)]
@@ -157,19 +108,6 @@ async fn push(producer: &Producer, n: usize, bytes: usize) -> Option<MessageId> 
         }) => None,
         Err(other) => panic!("push {n}: {other}"),
     }
-}
-
-/// Fills what is left of the filesystem at `dir` with a file; returns its path.
-fn fill(dir: &Path) -> PathBuf {
-    let path = dir.join("ballast");
-    let mut file = std::fs::File::create(&path).unwrap();
-    // Down to the last byte: a page left free would hold a new segment's header.
-    for size in [64 * 1024, 4096, 1] {
-        let chunk = vec![0u8; size];
-        while file.write_all(&chunk).is_ok() {}
-    }
-    let _ = file.sync_all();
-    path
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,26 +14,15 @@ use crest::core::topology::Topology;
 use crest::sdk::{ClientTls, Consumer, ConsumerConfig, LeafId, Message, Producer, ProducerConfig};
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-const WAIT: Duration = Duration::from_secs(30);
+#[path = "common/tmpfs.rs"]
+mod tmpfs;
 
-/// Runs a command as root: directly, or through password-less sudo.
-fn as_root(args: &[&str]) -> Output {
-    let root = rustix::process::geteuid().is_root();
-    let mut command = if root {
-        Command::new(args[0])
-    } else {
-        let mut sudo = Command::new("sudo");
-        sudo.arg("-n").arg(args[0]);
-        sudo
-    };
-    command
-        .args(&args[1..])
-        .output()
-        .expect("run a command as root")
-}
+use tmpfs::as_root;
+
+const WAIT: Duration = Duration::from_secs(30);
 
 fn must(args: &[&str]) {
     let output = as_root(args);

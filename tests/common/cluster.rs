@@ -366,6 +366,14 @@ impl Cluster {
         child.wait().unwrap();
     }
 
+    /// How `node`'s process ended, once it has (it is then no longer the cluster's).
+    pub(crate) fn exited(&mut self, node: &str) -> Option<std::process::ExitStatus> {
+        let index = self.children.iter().position(|(name, _)| name == node)?;
+        let status = self.children[index].1.try_wait().unwrap()?;
+        self.children.remove(index);
+        Some(status)
+    }
+
     /// The running process of `node`, no longer the cluster's to kill at the end.
     fn take_child(&mut self, node: &str) -> Child {
         let index = self

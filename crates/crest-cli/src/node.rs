@@ -271,6 +271,12 @@ pub(crate) async fn launch(
                 break;
             }
             _ = terminate.recv() => break,
+            // A replica whose Raft stopped (its log cannot be written) exits, for its service
+            // manager to start it again: it recovers from its disk and catches up.
+            reason = node.stopped() => {
+                node.shutdown().await;
+                anyhow::bail!("{name}: the replica stopped: {reason}; exiting to be started again");
+            }
             // SIGHUP: read the certificate, key and CA files again (a rotation), and the
             // access file.
             _ = hangup.recv() => {
@@ -329,6 +335,15 @@ impl Running {
         match self {
             Running::Node(node) => node.shutdown().await,
             Running::Replica(replica) => replica.shutdown().await,
+        }
+    }
+
+    /// For a replica: once it stopped on its own, why (see `ReplicaHandle::stopped`). Never
+    /// for a node.
+    async fn stopped(&self) -> String {
+        match self {
+            Running::Node(_) => std::future::pending().await,
+            Running::Replica(replica) => replica.stopped().await,
         }
     }
 }

@@ -53,6 +53,8 @@ struct Shared {
     status: Mutex<ReplicaStatus>,
     /// The actor of the node it serves, for its HTTP.
     actor: Mutex<Option<ractor::ActorRef<crate::actor::NodeMsg>>>,
+    /// Why its Raft stopped on its own (a log it cannot write), once it did.
+    stopped: tokio::sync::watch::Sender<Option<String>>,
 }
 
 /// Where a replica stands in its group (its `/healthz` and `/metrics` say it, and `crest
@@ -188,6 +190,22 @@ impl ReplicaHandle {
         Ok(())
     }
 
+    /// Resolves once the replica's Raft stopped on its own, with why: a fatal error, such as
+    /// a log its disk refuses to write. The replica then takes no part in its group (the
+    /// others serve on without it) until its process is started again, which `crest launch`
+    /// does by exiting for its service manager to restart it.
+    pub async fn stopped(&self) -> String {
+        let mut stopped = self.shared.stopped.subscribe();
+        loop {
+            if let Some(reason) = stopped.borrow_and_update().clone() {
+                return reason;
+            }
+            if stopped.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// Stops the replica: the node it serves, its group member and its log.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
@@ -313,6 +331,7 @@ pub async fn start_replica(
             ..ReplicaStatus::default()
         }),
         actor: Mutex::new(None),
+        stopped: tokio::sync::watch::Sender::new(None),
     });
     let shutdown = CancellationToken::new();
     let http_addr = http_listener.as_ref().and_then(|l| l.local_addr().ok());
@@ -365,10 +384,12 @@ async fn supervise(s: Supervisor) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut metrics = s.group.raft().metrics();
     let mut refusing: Option<Refuser> = None;
+    // Set when the Raft's metrics end without a shutdown: it stopped on a fatal error.
+    let mut lost = false;
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
-            changed = metrics.changed() => if changed.is_err() { break },
+            changed = metrics.changed() => if changed.is_err() { lost = true; break },
             () = s.shutdown.cancelled() => break,
         }
         let m = metrics.borrow_and_update().clone();
@@ -486,9 +507,32 @@ async fn supervise(s: Supervisor) {
         accepting.abort();
         endpoint.close(0u32.into(), b"stopped");
     }
+    let reason = if lost {
+        // A stopped Raft answers any command with the error it stopped on.
+        Some(match s.group.raft().trigger().heartbeat().await {
+            Err(fatal) => fatal.to_string(),
+            Ok(()) => "its Raft stopped".to_string(),
+        })
+    } else {
+        None
+    };
     s.group.shutdown().await;
-    lock(&s.shared.status).serving = None;
+    {
+        let mut status = lock(&s.shared.status);
+        status.serving = None;
+        if reason.is_some() {
+            status.state = "shutdown".into();
+        }
+    }
     drop(s.journal);
+    if let Some(reason) = reason {
+        tracing::error!(
+            node = %s.spec.name,
+            %reason,
+            "the replica stopped taking part in its group; it must be started again"
+        );
+        s.shared.stopped.send_replace(Some(reason));
+    }
 }
 
 /// On a leader, how far behind each follower is (empty on others).

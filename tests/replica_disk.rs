@@ -1,0 +1,121 @@
+//! A replicated leaf whose one replica's disk refuses writes (its data directory on a small
+//! tmpfs, filled to the last byte while the group serves), as real processes: the group goes on
+//! acknowledging pushes with the other two, the replica says why and exits (for its service
+//! manager to start it again), and once it has room again and is started it catches up;
+//! nothing acknowledged is lost.
+
+use crest::sdk::{Delivery, MessageId, Producer, Receipt};
+use std::collections::HashSet;
+use std::time::Duration;
+
+#[path = "common/cluster.rs"]
+mod cluster;
+
+#[path = "common/acks.rs"]
+mod acks;
+
+#[path = "common/tmpfs.rs"]
+mod tmpfs;
+
+use acks::ack_until_applied;
+use cluster::Cluster;
+use tmpfs::{Tmpfs, fill};
+
+const TOPOLOGY: &str = include_str!("common/replicated.toml");
+
+const REPLICAS: [&str; 3] = ["leaf-1a", "leaf-1b", "leaf-1c"];
+
+/// The replica whose disk fills.
+const FULL: &str = "leaf-1c";
+
+/// Pushes `count` messages tagged `tag`; each must be acknowledged (a push sent while the
+/// group elects its next leader waits in the producer for one, `leaf_wait_max`).
+async fn push(producer: &Producer, tag: &str, count: usize) -> Vec<MessageId> {
+    let mut handles = Vec::new();
+    for i in 0..count {
+        let message = crest::sdk::Message::new("jobs", format!("{tag} {i}"));
+        handles.push(producer.send(message).await.unwrap());
+    }
+    let mut ids = Vec::new();
+    for handle in handles {
+        ids.push(handle.acked().await.expect("acknowledged by the group"));
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_disk_refuses_writes_leaves_the_group_serving_and_catches_up_with_room() {
+    let mut cluster = Cluster::from_template("replica-disk", TOPOLOGY);
+    // Room for the logs' first segments and checkpoints, then filled.
+    let disk = Tmpfs::mount_on(&cluster.dir.join("data").join(FULL), "192m");
+    for node in ["root", "agg-1", "leaf-1a", "leaf-1b", "leaf-1c"] {
+        cluster.launch(node);
+    }
+    let producer = cluster.producer().await;
+    let consumer = cluster.consumer().await;
+    let mut acked: HashSet<MessageId> = push(&producer, "before", 100).await.into_iter().collect();
+    let leader = cluster.leader_among(&REPLICAS).await;
+    cluster.caught_up(FULL, &leader).await;
+
+    let ballast = fill(disk.path());
+    // The group goes on with two of its three replicas (after an election, if the full one
+    // led): every push is acknowledged, several entries' worth.
+    for round in 0..5 {
+        acked.extend(push(&producer, &format!("full {round}"), 200).await);
+    }
+    // It says why, and exits for its service manager to start it again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = cluster.exited(FULL) {
+            break status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{FULL} did not exit within 30 s of its disk filling: {}",
+            cluster.plain_log(FULL)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!status.success(), "{FULL} exited with {status}");
+    let log = cluster.plain_log(FULL);
+    assert!(
+        log.contains("the replica stopped") && log.contains("No space left on device"),
+        "{FULL}'s log: {}",
+        &log[log.len().saturating_sub(3000)..]
+    );
+
+    // Room again; restarted, the replica catches up with the group's leader.
+    std::fs::remove_file(ballast).unwrap();
+    cluster.launch(FULL);
+    acked.extend(push(&producer, "after", 100).await);
+    let leader = cluster.leader_among(&REPLICAS).await;
+    if leader != FULL {
+        cluster.caught_up(FULL, &leader).await;
+    }
+
+    let mut seen = HashSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !acked.is_subset(&seen) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {} acknowledged messages delivered within 60 s",
+            acked.intersection(&seen).count(),
+            acked.len()
+        );
+        let batch = consumer
+            .pop("jobs", 64, Duration::from_millis(500))
+            .await
+            .unwrap();
+        let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
+        ack_until_applied(&consumer, receipts).await;
+        for delivery in batch {
+            assert!(seen.insert(delivery.id), "{} delivered twice", delivery.id);
+        }
+    }
+    for replica in REPLICAS {
+        assert!(
+            !cluster.plain_log(replica).contains("panicked"),
+            "{replica} panicked"
+        );
+    }
+}
