@@ -288,6 +288,73 @@ async fn killing_a_replicated_leaf_s_leader_loses_no_acknowledged_message() {
     assert_no_panic(&cluster.dir);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_killed_under_a_stream_of_pipelined_pushes_lose_nothing_acknowledged() {
+    // Goal: SIGKILL lands while entries are in flight, not between quiet rounds: a producer
+    // streams batches (several entries out at once, followers flushing entries they have not
+    // applied yet) while a follower, then the leader, is killed and launched again. Every
+    // acknowledged push is delivered once; the killed follower catches up.
+    let mut cluster = Cluster::from_template("replicas-stream", TOPOLOGY);
+    for node in ["root", "agg-1", "leaf-1a", "leaf-1b", "leaf-1c"] {
+        cluster.launch(node);
+    }
+    let producer = std::sync::Arc::new(cluster.producer().await);
+    let consumer = cluster.consumer().await;
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(HashSet::new()));
+    let streaming = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let stream = tokio::spawn({
+        let (producer, acked, streaming) = (producer.clone(), acked.clone(), streaming.clone());
+        async move {
+            let mut batch = 0;
+            while streaming.load(std::sync::atomic::Ordering::SeqCst) {
+                // Eight batches out at once: entries pipelined to the followers.
+                let mut out = Vec::new();
+                for _ in 0..8 {
+                    let messages =
+                        (0..200).map(|i| crest::sdk::Message::new("jobs", format!("s{batch} {i}")));
+                    out.push(producer.send_batch(messages).await.unwrap());
+                    batch += 1;
+                }
+                for handle in out {
+                    let ids = handle.acked().await.expect("acknowledged by the group");
+                    acked.lock().unwrap().extend(ids);
+                }
+            }
+        }
+    });
+    let acked_count = || acked.lock().unwrap().len();
+    let wait_for_more = |than: usize| {
+        let acked = acked.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while acked.lock().unwrap().len() < than + 3000 {
+                assert!(tokio::time::Instant::now() < deadline, "pushes stopped");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_for_more(0).await;
+    let leader = current_leader(&cluster).await;
+    let follower = REPLICAS.iter().find(|r| **r != leader).unwrap().to_string();
+    cluster.kill(&follower);
+    wait_for_more(acked_count()).await;
+    cluster.launch(&follower);
+    cluster.kill(&leader);
+    wait_for_more(acked_count()).await;
+    cluster.launch(&leader);
+    let successor = current_leader(&cluster).await;
+    assert_ne!(successor, leader);
+    wait_for_more(acked_count()).await;
+    streaming.store(false, std::sync::atomic::Ordering::SeqCst);
+    stream.await.unwrap();
+    cluster.caught_up(&follower, &successor).await;
+    cluster.caught_up(&leader, &successor).await;
+    let acked = acked.lock().unwrap().clone();
+    let mut seen = HashSet::new();
+    take_until(&consumer, &mut seen, |seen| acked.is_subset(seen)).await;
+    assert_no_panic(&cluster.dir);
+}
+
 /// Dials agg-1, the group's parent, as node `cert` (its certificate and key from `crest
 /// certs`), says `Hello` as the leader of group `leaf-1` with `claim`, and answers agg-1's
 /// refusal, or `Ok` if
