@@ -12,7 +12,9 @@
 //! when the consumer has the leaves' addresses ([`ConsumerConfig::from_topology`], or
 //! [`ConsumerConfig::leaves`]): the root carries none of them, and they succeed while the root
 //! is down. A leaf the consumer cannot reach is settled with through the root instead, for
-//! `leaf_retry_after`. The lease is the leaf's alone either way.
+//! `leaf_retry_after`; a link to a leaf that went quiet (its host vanished, a replicated
+//! leaf's leader was killed) is given up after `leaf_idle_timeout` (1 s), and what it carried
+//! is tried again. The lease is the leaf's alone either way.
 //!
 //! A consumer rides through failures of the tree by itself. Its connection to the root is
 //! made again when it ended (the root restarted, a network cut). A request whose connection
@@ -66,6 +68,10 @@ pub struct ConsumerConfig {
     /// How long a leaf that could not be reached is settled with through the root before it
     /// is dialed again.
     pub leaf_retry_after: Duration,
+    /// A link to a leaf with no traffic for this long is given up (keep-alives go every fifth
+    /// of it): how long a settlement sent to a leaf whose host vanished (a replicated leaf's
+    /// leader killed) waits before it goes through the root to the leaf's next leader.
+    pub leaf_idle_timeout: Duration,
 }
 
 impl ConsumerConfig {
@@ -80,6 +86,7 @@ impl ConsumerConfig {
             idle_timeout: Duration::from_millis(Settings::default().idle_timeout_ms),
             leaves: Vec::new(),
             leaf_retry_after: Duration::from_secs(5),
+            leaf_idle_timeout: Duration::from_secs(1),
         }
     }
 
@@ -166,7 +173,7 @@ impl Consumer {
         let owners = Owners::new(
             &config.leaves,
             config.tls.clone(),
-            link_settings(&config),
+            leaf_link_settings(&config),
             config.requests_in_flight_max,
             config.leaf_retry_after,
         );
@@ -646,6 +653,17 @@ pub(crate) async fn connect_root(
 fn link_settings(config: &ConsumerConfig) -> Settings {
     Settings {
         idle_timeout_ms: millis(config.idle_timeout).max(1),
+        ..Settings::default()
+    }
+}
+
+/// The settings of a consumer's links to leaves: their idle timeout, and keep-alives a fifth
+/// of it (see [`ConsumerConfig::leaf_idle_timeout`]).
+fn leaf_link_settings(config: &ConsumerConfig) -> Settings {
+    let idle_ms = millis(config.leaf_idle_timeout).max(5);
+    Settings {
+        idle_timeout_ms: idle_ms,
+        keep_alive_ms: idle_ms / 5,
         ..Settings::default()
     }
 }
