@@ -11,7 +11,7 @@ use crest::core::topology::Topology;
 use crest::core::wire::{
     ErrorCode, Hello, PROTOCOL_VERSION, PeerKind, Pop, Push, PushMessage, Role, Secret, Wire,
 };
-use crest::node::{LocalTree, NodeSockets, SocketBook};
+use crest::node::{LocalTree, SocketBook};
 use crest::sdk::{
     ClientError, Consumer, Delivery, LeafId, MessageId, Producer, ProducerConfig, Receipt,
     ReceiptError,
@@ -84,34 +84,12 @@ async fn push_everywhere(
 }
 
 /// `topology/local.toml` on free fixed ports (as `crest local` runs it, not on port 0), and the
-/// nodes' sockets, bound on those ports.
+/// nodes' sockets, bound on those ports: held from the moment they are chosen, so no other
+/// process can take one before its node listens.
 fn local_topology_on_free_ports() -> (Topology, SocketBook) {
-    let mut text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
-            .unwrap();
-    // Bind every node's socket here and hand it to the node: the ports are held from the moment
-    // they are chosen, and no other process can take one before its node listens.
-    let mut sockets = std::collections::HashMap::new();
-    let names = [
-        "root", "agg-1", "agg-2", "leaf-1", "leaf-2", "leaf-3", "leaf-4",
-    ];
-    for (old, name) in ["7400", "7401", "7402", "7411", "7412", "7413", "7414"]
-        .iter()
-        .zip(names)
-    {
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        let port = socket.local_addr().unwrap().port();
-        text = text.replace(&format!("127.0.0.1:{old}"), &format!("127.0.0.1:{port}"));
-        sockets.insert(name.to_string(), NodeSockets::quic(socket));
-    }
-    // No HTTP listeners: they would need free TCP ports too.
-    let text: String = text
-        .lines()
-        .filter(|line| !line.starts_with("http ="))
-        .map(|line| format!("{line}\n"))
-        .collect();
-    let sockets: SocketBook = std::sync::Arc::new(std::sync::Mutex::new(sockets));
-    (Topology::parse(&text).unwrap(), sockets)
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
+    crest::node::on_held_ports(&Topology::parse(&text).unwrap()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
