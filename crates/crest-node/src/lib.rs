@@ -510,7 +510,7 @@ pub(crate) enum Backing {
     /// Its own log in the directory, recovered and ready to start.
     Wal(Box<crest_storage::wal::Wal>, PathBuf),
     /// Its replica group's log; bodies are read from this replica's log in the directory.
-    Replicated(crest_replica::Raft, PathBuf),
+    Replicated(crest_replica::Raft, crest_replica::Stager, PathBuf),
 }
 
 /// Runs `machine` as node `spec`: binds its addresses (or serves on `endpoint`, one already
@@ -529,7 +529,7 @@ pub(crate) async fn serve(
 ) -> Result<NodeHandle, NodeError> {
     let name = spec.name.as_str();
     let log_dir = match &backing {
-        Backing::Wal(_, dir) | Backing::Replicated(_, dir) => Some(dir.clone()),
+        Backing::Wal(_, dir) | Backing::Replicated(_, _, dir) => Some(dir.clone()),
         Backing::Memory => None,
     };
     let endpoint_config = crest_transport::NodeEndpointConfig {
@@ -591,10 +591,11 @@ pub(crate) async fn serve(
             });
             Box::new(storage::WalStore { handle, reads })
         }
-        Backing::Replicated(raft, dir) => {
+        Backing::Replicated(raft, stager, dir) => {
             let slot = actor_slot.clone();
             let store = replica::ReplicatedStore::start(
                 raft,
+                stager,
                 replica::Gathering::of(&spec.settings),
                 replica::Acks::of(&spec.settings),
                 move |outcomes| {

@@ -684,7 +684,7 @@ async fn lead(
         &tls,
         &options,
         Box::new(leaf),
-        Backing::Replicated(s.group.raft().clone(), s.dir.clone()),
+        Backing::Replicated(s.group.raft().clone(), s.group.stager(), s.dir.clone()),
         Some(claim),
         endpoint,
     )

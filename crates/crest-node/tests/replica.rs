@@ -48,9 +48,10 @@ fn store_of(
 ) -> (ReplicatedStore, std::sync::mpsc::Receiver<Outcome>) {
     let (tx, rx) = std::sync::mpsc::channel();
     let raft = cluster.running[&leader].raft().clone();
+    let stager = cluster.running[&leader].stager();
     let acks = Acks::of(&cluster.settings);
     let gathering = Gathering::of(&cluster.settings);
-    let store = ReplicatedStore::start(raft, gathering, acks, move |outcomes| {
+    let store = ReplicatedStore::start(raft, stager, gathering, acks, move |outcomes| {
         for outcome in outcomes {
             let _ = tx.send(outcome);
         }

@@ -3,6 +3,7 @@
 use crate::log_store::LogStore;
 use crate::net::{self, Names, Network};
 use crate::rejoin::Rejoin;
+use crate::stage::{Staged, Stager};
 use crate::state_machine::StateMachine;
 use crate::{Applied, Batch, Journal, Raft, ReplicaId};
 use crest_core::config::Settings;
@@ -84,6 +85,8 @@ pub struct Group {
     raft: Raft,
     endpoint: quinn::Endpoint,
     server: tokio::task::JoinHandle<()>,
+    stager: Stager,
+    staging: Vec<tokio::task::JoinHandle<()>>,
     me: ReplicaId,
 }
 
@@ -156,10 +159,23 @@ impl Group {
                 .collect(),
         );
         let rpc_bytes_max = s.replica_rpc_bytes_max as usize;
+        let others = config.members.iter().filter(|m| m.id != me.id);
+        let stager = Stager::new(others.clone().map(|m| m.id), rpc_bytes_max);
+        let staging = stager.spawn(
+            &endpoint,
+            &others
+                .map(|m| (m.id, (m.name.clone(), m.address)))
+                .collect(),
+            Duration::from_millis(s.replica_heartbeat_ms),
+        );
+        // A named body still in transit is waited for about a heartbeat, then asked for in
+        // full.
+        let staged = Staged::new(rpc_bytes_max, Duration::from_millis(s.replica_heartbeat_ms));
         let network = Network {
             endpoint: endpoint.clone(),
             names: names.clone(),
             rpc_bytes_max,
+            stager: stager.clone(),
         };
         let raft = Raft::new(me.id, Arc::new(raft_config), network, log, state_machine)
             .await
@@ -182,6 +198,7 @@ impl Group {
             names,
             rpc_bytes_max,
             rejoin.clone(),
+            staged,
         ));
         let first = config.members.iter().map(|m| m.id).min() == Some(me.id);
         if pristine && first {
@@ -224,6 +241,8 @@ impl Group {
             raft,
             endpoint,
             server,
+            stager,
+            staging,
             me: me.id,
         })
     }
@@ -235,6 +254,7 @@ impl Group {
     /// [`WriteError::NotLeader`] on a replica that is not the leader (nothing committed);
     /// [`WriteError::Failed`] if it stopped.
     pub async fn write(&self, batch: Batch) -> Result<(LogId<ReplicaId>, Applied), WriteError> {
+        self.stager.stage(&batch);
         match self.raft.client_write(batch).await {
             Ok(response) => Ok((response.log_id, response.data)),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
@@ -244,6 +264,13 @@ impl Group {
             }
             Err(error) => Err(WriteError::Failed(error.to_string())),
         }
+    }
+
+    /// What streams a batch to the followers ahead of its entry ([`Stager::stage`]): call
+    /// it with the very batch before handing it to [`Raft::client_write_ff`]. [`Group::write`]
+    /// does so itself.
+    pub fn stager(&self) -> Stager {
+        self.stager.clone()
     }
 
     /// This replica's number.
@@ -299,6 +326,9 @@ impl Group {
         }
         self.endpoint.close(0u32.into(), b"replica stopped");
         self.server.abort();
+        for task in self.staging {
+            task.abort();
+        }
         // Give close frames a moment to leave, without waiting out peers that are gone.
         let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
     }

@@ -23,10 +23,12 @@ mod group;
 mod log_store;
 mod net;
 mod rejoin;
+mod stage;
 mod state_machine;
 
 pub use group::{Group, GroupConfig, GroupError, Member, WriteError};
 pub use openraft::{CommittedLeaderId, LogId, ServerState, StoredMembership};
+pub use stage::{StageCounts, Stager};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};

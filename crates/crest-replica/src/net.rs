@@ -4,9 +4,11 @@
 //! another by that one's node name, and a listener serves only peers whose certificate names
 //! a member of its group. Each RPC is one bidirectional stream: the request, MessagePack,
 //! then the answer; so a slow snapshot chunk never holds up a heartbeat. Requests and
-//! answers are bounded by `rpc_bytes_max`.
+//! answers are bounded by `rpc_bytes_max`. A stream that starts with [`stage::STAGE_TAG`]
+//! carries the leader's staged entry bodies instead ([`crate::stage`]).
 
 use crate::rejoin::Rejoin;
+use crate::stage::{self, Link, Ref, Staged, Stager};
 use crate::{Raft, ReplicaId, TypeConfig};
 use openraft::BasicNode;
 use openraft::error::{
@@ -26,6 +28,13 @@ use std::sync::Arc;
 #[derive(Serialize, Deserialize)]
 enum Request {
     Append(AppendEntriesRequest<TypeConfig>),
+    /// An append whose entries at `refs` (place in `rpc.entries`, body number, CRC-32) have
+    /// empty payloads: their bodies were staged in `session`.
+    AppendStaged {
+        rpc: AppendEntriesRequest<TypeConfig>,
+        session: u64,
+        refs: Vec<Ref>,
+    },
     Vote(VoteRequest<ReplicaId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
 }
@@ -35,7 +44,7 @@ impl Request {
     /// so that a request of a megabyte is encoded into a buffer that does not grow.
     fn bytes_hint(&self) -> usize {
         match self {
-            Request::Append(append) => append
+            Request::Append(append) | Request::AppendStaged { rpc: append, .. } => append
                 .entries
                 .iter()
                 .map(entry_bytes)
@@ -79,6 +88,8 @@ enum Response {
     Snapshot(
         Result<InstallSnapshotResponse<ReplicaId>, RaftError<ReplicaId, InstallSnapshotError>>,
     ),
+    /// A staged body named in an append is not here: send it in full.
+    Missing,
 }
 
 /// The members of a group: number → node name.
@@ -89,6 +100,7 @@ pub(crate) struct Network {
     pub(crate) endpoint: quinn::Endpoint,
     pub(crate) names: Names,
     pub(crate) rpc_bytes_max: usize,
+    pub(crate) stager: Stager,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -102,6 +114,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             name: self.names.get(&target).cloned().unwrap_or_default(),
             connection: None,
             rpc_bytes_max: self.rpc_bytes_max,
+            stage: self.stager.link(target),
         }
     }
 }
@@ -114,6 +127,8 @@ pub(crate) struct Peer {
     name: String,
     connection: Option<quinn::Connection>,
     rpc_bytes_max: usize,
+    /// The bodies staged for this replica.
+    stage: Option<Arc<Link>>,
 }
 
 /// Why an RPC got no answer: the peer could not be reached at all (openraft backs off), or
@@ -195,14 +210,21 @@ impl Peer {
         option: &RPCOption,
         pick: fn(Response) -> Option<Result<T, E>>,
     ) -> Result<T, RPCError<ReplicaId, BasicNode, E>> {
-        match self.call(&request, option).await.map(pick) {
+        let answer = self.call(&request, option).await;
+        Self::picked(self.target, answer, pick)
+    }
+
+    /// What `pick` finds in `answer`, from replica `target`.
+    fn picked<T, E: std::error::Error>(
+        target: ReplicaId,
+        answer: Result<Response, CallError>,
+        pick: fn(Response) -> Option<Result<T, E>>,
+    ) -> Result<T, RPCError<ReplicaId, BasicNode, E>> {
+        match answer.map(pick) {
             Ok(Some(Ok(answer))) => Ok(answer),
-            Ok(Some(Err(error))) => {
-                Err(RPCError::RemoteError(RemoteError::new(self.target, error)))
-            }
+            Ok(Some(Err(error))) => Err(RPCError::RemoteError(RemoteError::new(target, error))),
             Ok(None) => Err(CallError::Network(format!(
-                "replica {} answered another request",
-                self.target
+                "replica {target} answered another request"
             ))
             .into_rpc()),
             Err(error) => Err(error.into_rpc()),
@@ -224,12 +246,46 @@ impl RaftNetwork<TypeConfig> for Peer {
         // partial success as that.
         let cut = fit(&mut rpc.entries, self.rpc_bytes_max);
         let last = rpc.entries.last().map(|entry| entry.log_id);
-        let answer = self
-            .rpc(Request::Append(rpc), &option, |answer| match answer {
-                Response::Append(result) => Some(result),
-                _ => None,
-            })
-            .await?;
+        let pick = |answer| match answer {
+            Response::Append(result) => Some(result),
+            _ => None,
+        };
+        let named = self
+            .stage
+            .as_ref()
+            .and_then(|link| link.name(&mut rpc.entries));
+        let answer = match named {
+            None => self.rpc(Request::Append(rpc), &option, pick).await?,
+            Some(named) => {
+                let request = Request::AppendStaged {
+                    rpc,
+                    session: named.session,
+                    refs: named.refs.clone(),
+                };
+                match self.call(&request, &option).await {
+                    Ok(Response::Missing) => {
+                        if let Some(link) = &self.stage {
+                            link.missed();
+                        }
+                        let Request::AppendStaged { mut rpc, .. } = request else {
+                            return Err(
+                                CallError::Network("a staged append lost".into()).into_rpc()
+                            );
+                        };
+                        named.restore(&mut rpc.entries);
+                        self.rpc(Request::Append(rpc), &option, pick).await?
+                    }
+                    answer => {
+                        if answer.is_err()
+                            && let Some(link) = &self.stage
+                        {
+                            link.failed();
+                        }
+                        Self::picked(self.target, answer, pick)?
+                    }
+                }
+            }
+        };
         Ok(match answer {
             AppendEntriesResponse::Success if cut => AppendEntriesResponse::PartialSuccess(last),
             other => other,
@@ -272,11 +328,13 @@ pub(crate) async fn serve(
     names: Names,
     rpc_bytes_max: usize,
     rejoin: Arc<Rejoin>,
+    staged: Staged,
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let raft = raft.clone();
         let names = names.clone();
         let rejoin = rejoin.clone();
+        let staged = staged.clone();
         tokio::spawn(async move {
             let Ok(connection) = incoming.await else {
                 return;
@@ -295,27 +353,55 @@ pub(crate) async fn serve(
                     recv,
                     rpc_bytes_max,
                     rejoin.clone(),
+                    staged.clone(),
                 ));
             }
         });
     }
 }
 
-/// Answers one RPC; a request that does not decode gets its stream reset, and so does a vote
-/// a replica catching up after an empty start withholds ([`Rejoin`]).
+/// Answers one RPC, or reads a stage stream; a request that does not decode gets its stream
+/// reset, and so does a vote a replica catching up after an empty start withholds
+/// ([`Rejoin`]).
 async fn answer(
     raft: Raft,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     max: usize,
     rejoin: Arc<Rejoin>,
+    staged: Staged,
 ) {
-    let Ok(bytes) = recv.read_to_end(max).await else {
+    let mut first = [0u8; 1];
+    if recv.read_exact(&mut first).await.is_err() {
+        return;
+    }
+    if first[0] == stage::STAGE_TAG {
+        let _ = send.finish();
+        staged.read(recv).await;
+        return;
+    }
+    let Ok(rest) = recv.read_to_end(max.saturating_sub(1)).await else {
         return;
     };
-    let Ok(request) = rmp_serde::from_slice::<Request>(&bytes) else {
+    let Ok(request) =
+        rmp_serde::from_read::<_, Request>(std::io::Read::chain(&first[..], &rest[..]))
+    else {
         let _ = send.reset(2u32.into());
         return;
+    };
+    let request = match request {
+        Request::AppendStaged {
+            mut rpc,
+            session,
+            refs,
+        } => match staged.fill(session, &refs, &mut rpc.entries).await {
+            Ok(()) => Request::Append(rpc),
+            Err(stage::Missing) => {
+                respond(send, &Response::Missing).await;
+                return;
+            }
+        },
+        request => request,
     };
     let response = match request {
         Request::Append(rpc) => {
@@ -332,8 +418,14 @@ async fn answer(
         }
         Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
         Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
+        Request::AppendStaged { .. } => Response::Missing,
     };
-    let Ok(bytes) = rmp_serde::to_vec(&response) else {
+    respond(send, &response).await;
+}
+
+/// Sends `response` on `send`, the stream's last use.
+async fn respond(mut send: quinn::SendStream, response: &Response) {
+    let Ok(bytes) = rmp_serde::to_vec(response) else {
         let _ = send.reset(3u32.into());
         return;
     };
@@ -356,6 +448,32 @@ mod tests {
                 payload: EntryPayload::Normal(crate::Batch(vec![0u8; *size].into())),
             })
             .collect()
+    }
+
+    #[test]
+    fn no_request_starts_like_a_stage_stream() {
+        let append = AppendEntriesRequest {
+            vote: openraft::Vote::new_committed(1, 1),
+            prev_log_id: None,
+            entries: entries(&[10]),
+            leader_commit: None,
+        };
+        let vote = VoteRequest {
+            vote: openraft::Vote::new(1, 1),
+            last_log_id: None,
+        };
+        for request in [
+            Request::Append(append.clone()),
+            Request::AppendStaged {
+                rpc: append,
+                session: 0,
+                refs: vec![(0, 0, 0)],
+            },
+            Request::Vote(vote),
+        ] {
+            let bytes = rmp_serde::to_vec(&request).unwrap();
+            assert_ne!(bytes[0], stage::STAGE_TAG);
+        }
     }
 
     #[test]

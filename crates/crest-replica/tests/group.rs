@@ -166,6 +166,102 @@ async fn when_the_leader_stops_another_takes_over_with_every_committed_write() {
     cluster.shutdown().await;
 }
 
+/// `count` batches of `bytes` bytes each, every one different, from `first` on.
+fn bodies(first: u32, count: u32, bytes: usize) -> Vec<Bytes> {
+    (first..first + count)
+        .map(|i| {
+            let mut body = vec![0u8; bytes];
+            for (at, byte) in body.iter_mut().enumerate() {
+                *byte = (i as usize * 31 + at * 7) as u8;
+            }
+            body[..4].copy_from_slice(&i.to_le_bytes());
+            Bytes::from(body)
+        })
+        .collect()
+}
+
+/// Writes `batches` to the leader eight at a time (so that entries queue behind the
+/// AppendEntries out to each follower); answers them in the order the group applied them.
+async fn write_eight_at_a_time(cluster: &Cluster, leader: ReplicaId, batches: &[Bytes]) {
+    for eight in batches.chunks(8) {
+        let writes = eight
+            .iter()
+            .map(|body| cluster.running[&leader].write(Batch(body.clone())));
+        for answer in futures_util::future::join_all(writes).await {
+            answer.unwrap();
+        }
+    }
+}
+
+/// Waits until replica `id` applied the same batches as `expected`, in any order; answers
+/// them in its order.
+async fn applied_all(cluster: &Cluster, id: ReplicaId, expected: &[Bytes]) -> Vec<Bytes> {
+    let mut want = expected.to_vec();
+    want.sort();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let batches = cluster.journals[&id].batches();
+        let mut sorted = batches.clone();
+        sorted.sort();
+        if sorted == want {
+            return batches;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica {id} applied {} batches, {} of them among the {} expected",
+            batches.len(),
+            batches
+                .iter()
+                .filter(|b| want.binary_search(b).is_ok())
+                .count(),
+            expected.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_sent_ahead_of_their_entries_reach_every_replica_whole_across_a_follower_restart() {
+    // Goal: the leader streams each batch to the followers ahead of the AppendEntries that
+    // names it; every replica applies exactly the leader's bytes in the leader's order, also
+    // after a follower restarts (its staged bodies gone: the leader sends them in full).
+    let mut cluster = recording(Settings::default()).await;
+    let leader = cluster.leader().await;
+    let before = bodies(0, 48, 96 * 1024);
+    write_eight_at_a_time(&cluster, leader, &before).await;
+    let order = applied_all(&cluster, leader, &before).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let other = (1..=3).find(|id| *id != leader && *id != follower).unwrap();
+    for id in [follower, other] {
+        assert_eq!(applied_all(&cluster, id, &before).await, order);
+    }
+    let staged = cluster.running[&leader].stager().counts();
+    assert!(
+        staged.named > 0,
+        "no append named a staged body: {staged:?}"
+    );
+
+    cluster.stop(follower).await;
+    let during = bodies(48, 16, 96 * 1024);
+    write_eight_at_a_time(&cluster, leader, &during).await;
+    cluster.run(follower, None).await;
+    let after = bodies(64, 48, 96 * 1024);
+    write_eight_at_a_time(&cluster, leader, &after).await;
+    let all: Vec<Bytes> = before
+        .iter()
+        .chain(&during)
+        .chain(&after)
+        .cloned()
+        .collect();
+    let order = applied_all(&cluster, leader, &all).await;
+    for id in [follower, other] {
+        assert_eq!(applied_all(&cluster, id, &all).await, order);
+    }
+    let later = cluster.running[&leader].stager().counts();
+    assert!(later.named > staged.named, "{staged:?} then {later:?}");
+    cluster.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_data_was_deleted_catches_up_from_a_snapshot() {
     // Goal: with snapshots every 20 entries the leader lets go of its older log; a follower

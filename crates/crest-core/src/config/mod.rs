@@ -265,7 +265,8 @@ pub struct Settings {
     /// Most bytes of one message between the replicas of a group (a batch of entries, a
     /// snapshot chunk, or their answers). A batch of entries past it is sent in parts; it must
     /// hold the largest entry: at least `replica_entry_bytes_max` + `frame_bytes_max` + 16 ×
-    /// `push_batch_messages_max` + 64 KiB.
+    /// `push_batch_messages_max` + 64 KiB. It also bounds the entry bodies a leader streams
+    /// ahead to each follower and the follower holds until named (the oldest go past it).
     pub replica_rpc_bytes_max: u64,
     /// When a leaf acknowledges pushes (leaves with a data directory).
     pub durability: Durability,

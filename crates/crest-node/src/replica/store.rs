@@ -135,13 +135,15 @@ struct Handed {
 }
 
 impl ReplicatedStore {
-    /// Starts the thread that gathers operations into entries for `raft` and the task that
-    /// reports completions to `on_done`, one call per entry.
+    /// Starts the thread that gathers operations into entries for `raft` (staging each with
+    /// `stager` before handing it over) and the task that reports completions to `on_done`,
+    /// one call per entry.
     ///
     /// # Errors
     /// The thread cannot be spawned.
     pub fn start(
         raft: crest_replica::Raft,
+        stager: crest_replica::Stager,
         gathering: Gathering,
         acks: Acks,
         on_done: impl Fn(Vec<Outcome>) + Send + 'static,
@@ -178,8 +180,10 @@ impl ReplicatedStore {
                     let answer = if entry.is_empty() {
                         Err("nothing to replicate".to_string())
                     } else {
+                        let batch = entry.finish();
+                        stager.stage(&batch);
                         runtime
-                            .block_on(raft.client_write_ff(entry.finish()))
+                            .block_on(raft.client_write_ff(batch))
                             .map_err(|e| e.to_string())
                     };
                     let handed = Handed {
