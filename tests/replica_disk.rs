@@ -1,8 +1,8 @@
-//! A replicated leaf whose one replica's disk refuses writes (its data directory on a small
-//! tmpfs, filled to the last byte while the group serves), as real processes: the group goes on
-//! acknowledging pushes with the other two, the replica says why and exits (for its service
-//! manager to start it again), and once it has room again and is started it catches up;
-//! nothing acknowledged is lost.
+//! A replicated leaf whose one replica's disk refuses writes (its data directory, or only its
+//! crest log's, on a small tmpfs, filled to the last byte while the group serves), as real
+//! processes: the group goes on acknowledging pushes with the other two, the replica says why
+//! and exits (for its service manager to start it again), and once it has room again and is
+//! started it catches up; nothing acknowledged is lost.
 
 use crest::sdk::{Delivery, MessageId, Producer, Receipt};
 use std::collections::HashSet;
@@ -45,9 +45,41 @@ async fn push(producer: &Producer, tag: &str, count: usize) -> Vec<MessageId> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_disk_refuses_writes_leaves_the_group_serving_and_catches_up_with_room() {
-    let mut cluster = Cluster::from_template("replica-disk", TOPOLOGY);
+    // The whole data directory: the Raft log and the crest log both fail.
+    fills_and_recovers("replica-disk", TOPOLOGY, "", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopped_between_its_flush_and_its_apply_applies_the_rest_from_its_raft_log() {
+    // Only the crest log's directory: the replica's Raft log takes and syncs every entry, its
+    // apply of one fails, and it stops with entries in its Raft log it never applied. Started
+    // again with room, it applies them from there; then it leads, or the leader is killed and
+    // the group serves from the other two, this one among them.
+    // Segments not preallocated: every write of the apply needs room (a preallocated segment
+    // takes writes until it is full, and only the checkpoints' new segments would fail).
+    let topology = TOPOLOGY.replacen("[settings]", "[settings]\nwal_preallocate = false", 1);
+    fills_and_recovers(
+        "replica-apply",
+        &topology,
+        crest::node::REPLICA_LOG_DIR,
+        true,
+    )
+    .await;
+}
+
+/// Fills the disk under `under` (a directory below `FULL`'s data directory, or all of it)
+/// while the group serves; once `FULL` stopped, makes room, starts it again and, with
+/// `kill_leader`, kills the group's leader (SIGKILL) once `FULL` caught up, unless `FULL`
+/// leads already. Every
+/// acknowledged message is then delivered exactly once.
+async fn fills_and_recovers(name: &str, topology: &str, under: &str, kill_leader: bool) {
+    let mut cluster = Cluster::from_template(name, topology);
     // Room for the logs' first segments and checkpoints, then filled.
-    let disk = Tmpfs::mount_on(&cluster.dir.join("data").join(FULL), "192m");
+    let mut at = cluster.dir.join("data").join(FULL);
+    if !under.is_empty() {
+        at = at.join(under);
+    }
+    let disk = Tmpfs::mount_on(&at, "192m");
     for node in ["root", "agg-1", "leaf-1a", "leaf-1b", "leaf-1c"] {
         cluster.launch(node);
     }
@@ -91,6 +123,10 @@ async fn a_replica_whose_disk_refuses_writes_leaves_the_group_serving_and_catche
     let leader = cluster.leader_among(&REPLICAS).await;
     if leader != FULL {
         cluster.caught_up(FULL, &leader).await;
+    }
+    if kill_leader && leader != FULL {
+        cluster.kill(&leader);
+        acked.extend(push(&producer, "leader killed", 100).await);
     }
 
     let mut seen = HashSet::new();
