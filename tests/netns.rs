@@ -313,6 +313,54 @@ replication = "SUBNET.4:7421"
 parent = "root"
 "#;
 
+/// Which host each replica of `REPLICATED` runs on.
+const HOST_OF: [(&str, &str); 3] = [("leaf-1a", "a"), ("leaf-1b", "b"), ("leaf-1c", "c")];
+
+/// `REPLICATED` running on its hosts, with a producer and a consumer on the client host, 100
+/// pushes acknowledged, and its group's status once a replica leads.
+struct Replicated {
+    hosts: Hosts,
+    topology_path: PathBuf,
+    topology: Topology,
+    producer: Producer,
+    consumer: Consumer,
+    acked: HashSet<crest::sdk::MessageId>,
+    group: serde_json::Value,
+    /// The replica that leads, and its term.
+    leader: String,
+    term: u64,
+}
+
+async fn replicated() -> Replicated {
+    let mut hosts = Hosts::new(&["r", "a", "b", "c"]);
+    let text = REPLICATED.replace("SUBNET", &hosts.subnet);
+    let topology_path = hosts.dir.join("replicated.toml");
+    std::fs::write(&topology_path, &text).unwrap();
+    let topology = Topology::parse(&text).unwrap();
+    cluster::certs(&topology_path);
+    hosts.launch("r", "root", &topology_path);
+    for (node, host) in HOST_OF {
+        hosts.launch(host, node, &topology_path);
+    }
+    let (producer, consumer) = hosts.clients(&topology).await;
+    let acked = push(&producer, "before", 100).await;
+    let serving = |g: &serde_json::Value| g["leader"].is_string();
+    let group = group_status(&topology_path, "no replica leads", serving).await;
+    let leader = group["leader"].as_str().unwrap().to_string();
+    let term = group["term"].as_u64().unwrap();
+    Replicated {
+        hosts,
+        topology_path,
+        topology,
+        producer,
+        consumer,
+        acked,
+        group,
+        leader,
+        term,
+    }
+}
+
 /// `crest status --json`'s entry for group leaf-1 once `done` holds of it (within `WAIT`).
 async fn group_status(
     topology: &std::path::Path,
@@ -350,26 +398,19 @@ async fn a_leader_cut_off_from_its_group_stops_serving_and_a_follower_takes_its_
     // the other two replicas while producers, consumers and the root still reach it: it stops
     // serving (fenced: it cannot commit), a follower is elected and takes the pushes, nothing
     // acknowledged is lost or delivered twice, and once healed the old leader follows.
-    let mut hosts = Hosts::new(&["r", "a", "b", "c"]);
-    let text = REPLICATED.replace("SUBNET", &hosts.subnet);
-    let topology_path = hosts.dir.join("replicated.toml");
-    std::fs::write(&topology_path, &text).unwrap();
-    let topology = Topology::parse(&text).unwrap();
-    cluster::certs(&topology_path);
-    let host_of = [("leaf-1a", "a"), ("leaf-1b", "b"), ("leaf-1c", "c")];
-    hosts.launch("r", "root", &topology_path);
-    for (node, host) in host_of {
-        hosts.launch(host, node, &topology_path);
-    }
-    let (producer, consumer) = hosts.clients(&topology).await;
-    let mut acked = push(&producer, "before", 100).await;
-
-    let serving = |g: &serde_json::Value| g["leader"].is_string();
-    let group = group_status(&topology_path, "no replica leads", serving).await;
-    let leader = group["leader"].as_str().unwrap().to_string();
-    let term = group["term"].as_u64().unwrap();
-    let (_, host) = host_of.iter().find(|(node, _)| *node == leader).unwrap();
-    let others: Vec<String> = host_of
+    let Replicated {
+        hosts,
+        topology_path,
+        topology,
+        producer,
+        consumer,
+        mut acked,
+        leader,
+        term,
+        ..
+    } = replicated().await;
+    let (_, host) = HOST_OF.iter().find(|(node, _)| *node == leader).unwrap();
+    let others: Vec<String> = HOST_OF
         .iter()
         .filter(|(node, _)| *node != leader)
         .map(|(node, _)| topology.node(node).unwrap().listen.ip().to_string())
@@ -405,6 +446,57 @@ async fn a_leader_cut_off_from_its_group_stops_serving_and_a_follower_takes_its_
     acked.extend(push(&producer, "after", 50).await);
     // Every acknowledged push is delivered (`drain` fails after `WAIT` otherwise).
     drain(&consumer, |ids| acked.is_subset(ids)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cut_off_from_its_group_does_not_depose_the_leader_when_it_returns() {
+    // Goal: a follower whose host is cut off for 10 s hears no leader and asks, round after
+    // round, whether the others would elect it; no answer comes, so it never raises its term.
+    // Healed, it follows the leader it left: the group keeps its leader and term throughout,
+    // and nothing acknowledged is lost.
+    let setup = replicated().await;
+    let (hosts, topology_path) = (&setup.hosts, &setup.topology_path);
+    let (leader, term, mut acked) = (setup.leader.clone(), setup.term, setup.acked.clone());
+    let (follower, host) = *HOST_OF.iter().find(|(node, _)| *node != leader).unwrap();
+    let asked_before = replica(&setup.group, follower)["pre_votes"]
+        .as_u64()
+        .unwrap();
+    hosts.cut(host);
+    let cut = tokio::time::Instant::now();
+    // For the 10 s of the cut, every look finds the same leader serving in the same term.
+    acked.extend(push(&setup.producer, "during", 100).await);
+    let mut looks = 0;
+    while cut.elapsed() < Duration::from_secs(10) {
+        let status = cluster::crest_status(topology_path).await;
+        let group = &status["groups"][0];
+        assert_eq!(group["leader"], leader.as_str(), "{status:#}");
+        assert_eq!(group["term"], term, "{status:#}");
+        looks += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(looks >= 3, "{looks} looks at the group in 10 s");
+    hosts.heal(host);
+    let rejoined = |g: &serde_json::Value| {
+        let back = replica(g, follower);
+        back["state"] == "follower" && back["lag_entries"] == 0 && back["applied"].is_u64()
+    };
+    let group = group_status(topology_path, "the follower does not follow", rejoined).await;
+    assert_eq!(
+        group["leader"],
+        leader.as_str(),
+        "the leader was deposed: {group:#}"
+    );
+    assert_eq!(group["term"], term, "an election was held: {group:#}");
+    // It did ask while cut off (no leader heard for 1.2 to 2.2 election timeouts each time),
+    // without ever raising its term.
+    let back = replica(&group, follower);
+    assert!(
+        back["pre_votes"].as_u64().unwrap() >= asked_before + 3,
+        "{group:#}"
+    );
+    assert_eq!(back["term"], term, "{group:#}");
+    acked.extend(push(&setup.producer, "after", 50).await);
+    drain(&setup.consumer, |ids| acked.is_subset(ids)).await;
 }
 
 /// Pushes `count` messages, all of which must be acknowledged; answers their ids.

@@ -267,6 +267,7 @@ fn summarize(topology: &Topology, seen: &[Seen]) -> Value {
                     "serving": status["serving"],
                     "term": status["term"],
                     "applied": status["applied"],
+                    "pre_votes": status["pre_votes"],
                     "lag_entries": lag["lag_entries"],
                     "lag_bytes": lag["lag_bytes"],
                     "error": error(m),

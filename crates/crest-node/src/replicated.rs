@@ -55,6 +55,18 @@ struct Shared {
     actor: Mutex<Option<ractor::ActorRef<crate::actor::NodeMsg>>>,
     /// Why its Raft stopped on its own (a log it cannot write), once it did.
     stopped: tokio::sync::watch::Sender<Option<String>>,
+    /// Its group member's pre-vote rounds, read when the status is.
+    pre_votes: Arc<crest_replica::PreVoteRounds>,
+}
+
+impl Shared {
+    /// Where the replica stands, as last seen, with its pre-vote rounds as they are now.
+    fn status(&self) -> ReplicaStatus {
+        let mut status = lock(&self.status).clone();
+        status.pre_votes = self.pre_votes.asked();
+        status.pre_votes_granted = self.pre_votes.granted();
+        status
+    }
 }
 
 /// Where a replica stands in its group (its `/healthz` and `/metrics` say it, and `crest
@@ -81,6 +93,13 @@ pub struct ReplicaStatus {
     pub last_log: Option<u64>,
     /// On the leader: how far behind each follower is.
     pub followers: Vec<FollowerLag>,
+    /// Pre-vote rounds it ran since it started: times it heard no leader for an election
+    /// timeout and asked the others whether they would elect it.
+    #[serde(default)]
+    pub pre_votes: u64,
+    /// Of those, the rounds a majority granted (it then stood for election).
+    #[serde(default)]
+    pub pre_votes_granted: u64,
 }
 
 /// How far behind its leader a follower is, as the leader sees it.
@@ -121,7 +140,7 @@ impl ReplicaHandle {
 
     /// Where the replica stands in its group.
     pub fn status(&self) -> ReplicaStatus {
-        lock(&self.shared.status).clone()
+        self.shared.status()
     }
 
     /// Waits until the replica serves the leaf, or `timeout` passes; answers the term.
@@ -332,6 +351,7 @@ pub async fn start_replica(
         }),
         actor: Mutex::new(None),
         stopped: tokio::sync::watch::Sender::new(None),
+        pre_votes: group.pre_votes(),
     });
     let shutdown = CancellationToken::new();
     let http_addr = http_listener.as_ref().and_then(|l| l.local_addr().ok());
@@ -341,7 +361,7 @@ pub async fn start_replica(
             name: name.to_string(),
             role: spec.role.to_string(),
             actor: Box::new(move || lock(&actor_of.actor).clone()),
-            replica: Some(Box::new(move || lock(&status_of.status).clone())),
+            replica: Some(Box::new(move || status_of.status())),
             data_dir: Some(dir.clone()),
             hosts: crate::http::hosts_of(&spec),
         };

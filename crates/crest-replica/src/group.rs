@@ -1,7 +1,8 @@
 //! One replica of a group: its Raft, its log, its journal and its listener, tied together.
 
 use crate::log_store::LogStore;
-use crate::net::{self, Names, Network};
+use crate::net::{self, Names, Network, Serving};
+use crate::prevote::{Heard, PreVote, PreVoteRounds};
 use crate::rejoin::Rejoin;
 use crate::stage::{Staged, Stager};
 use crate::state_machine::StateMachine;
@@ -86,7 +87,9 @@ pub struct Group {
     endpoint: quinn::Endpoint,
     server: tokio::task::JoinHandle<()>,
     stager: Stager,
-    staging: Vec<tokio::task::JoinHandle<()>>,
+    /// The stage tasks and the pre-vote task.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    rounds: Arc<PreVoteRounds>,
     me: ReplicaId,
 }
 
@@ -114,14 +117,19 @@ impl Group {
             return Err(GroupError::Config("two members share a number".into()));
         }
         let s = &config.settings;
+        let election_timeout = Duration::from_millis(s.replica_election_timeout_ms);
+        let (election_timeout_min, election_timeout_max) =
+            crate::prevote::openraft_timeouts(election_timeout);
         let raft_config = openraft::Config {
             cluster_name: "crest".into(),
             heartbeat_interval: s.replica_heartbeat_ms,
-            election_timeout_min: s.replica_election_timeout_ms,
-            election_timeout_max: s.replica_election_timeout_ms * 2,
+            election_timeout_min,
+            election_timeout_max,
             max_payload_entries: s.replica_append_entries_max,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(s.replica_snapshot_after_entries),
             max_in_snapshot_log_to_keep: s.replica_snapshot_after_entries,
+            // Elections are timed by the pre-vote task (crate::prevote), not openraft.
+            enable_elect: false,
             ..Default::default()
         }
         .validate()
@@ -159,13 +167,16 @@ impl Group {
                 .collect(),
         );
         let rpc_bytes_max = s.replica_rpc_bytes_max as usize;
-        let others = config.members.iter().filter(|m| m.id != me.id);
-        let stager = Stager::new(others.clone().map(|m| m.id), rpc_bytes_max);
-        let staging = stager.spawn(
+        let peers: BTreeMap<ReplicaId, (String, SocketAddr)> = config
+            .members
+            .iter()
+            .filter(|m| m.id != me.id)
+            .map(|m| (m.id, (m.name.clone(), m.address)))
+            .collect();
+        let stager = Stager::new(peers.keys().copied(), rpc_bytes_max);
+        let mut tasks = stager.spawn(
             &endpoint,
-            &others
-                .map(|m| (m.id, (m.name.clone(), m.address)))
-                .collect(),
+            &peers,
             Duration::from_millis(s.replica_heartbeat_ms),
         );
         // A named body still in transit is waited for about a heartbeat, then asked for in
@@ -177,9 +188,15 @@ impl Group {
             rpc_bytes_max,
             stager: stager.clone(),
         };
-        let raft = Raft::new(me.id, Arc::new(raft_config), network, log, state_machine)
-            .await
-            .map_err(|e| GroupError::Raft(e.to_string()))?;
+        let raft = Raft::new(
+            me.id,
+            Arc::new(raft_config),
+            network,
+            log.clone(),
+            state_machine,
+        )
+        .await
+        .map_err(|e| GroupError::Raft(e.to_string()))?;
         let members: BTreeMap<ReplicaId, BasicNode> = config
             .members
             .iter()
@@ -192,13 +209,31 @@ impl Group {
             && raft.metrics().borrow().last_log_index.is_none();
         let rejoin = Rejoin::new(pristine);
         rejoin.watch(&raft);
-        let server = tokio::spawn(net::serve(
-            endpoint.clone(),
-            raft.clone(),
-            names,
+        let heard = Arc::new(Heard::default());
+        let serving = Arc::new(Serving {
+            raft: raft.clone(),
+            log: log.clone(),
             rpc_bytes_max,
-            rejoin.clone(),
+            rejoin: rejoin.clone(),
             staged,
+            heard: heard.clone(),
+            lease: crate::prevote::lease(election_timeout),
+        });
+        let server = tokio::spawn(net::serve(endpoint.clone(), names, serving));
+        let rounds = Arc::new(PreVoteRounds::default());
+        tasks.push(tokio::spawn(
+            PreVote {
+                raft: raft.clone(),
+                log,
+                heard,
+                rejoin: rejoin.clone(),
+                me: me.id,
+                peers,
+                endpoint: endpoint.clone(),
+                timeout: election_timeout,
+                rounds: rounds.clone(),
+            }
+            .run(),
         ));
         let first = config.members.iter().map(|m| m.id).min() == Some(me.id);
         if pristine && first {
@@ -206,7 +241,7 @@ impl Group {
             // the group again (it would vote a second time in a term it forgot), so only the
             // first member forms it, and only once no leader reached it for two election
             // timeouts: the leader of a group that exists replicates to every member.
-            let raft = raft.clone();
+            let (raft, rejoin) = (raft.clone(), rejoin.clone());
             let wait = Duration::from_millis(2 * s.replica_election_timeout_ms);
             tokio::spawn(async move {
                 let mut metrics = raft.metrics();
@@ -230,7 +265,7 @@ impl Group {
                     // only, so no voter that ever held more elects it. It still withholds its
                     // own vote from candidates with history until a leader caught it up: it
                     // cannot tell being new from being wiped.
-                    raft.runtime_config().elect(true);
+                    rejoin.form();
                     if let Err(error) = raft.initialize(members).await {
                         tracing::debug!(%error, "group already formed");
                     }
@@ -242,7 +277,8 @@ impl Group {
             endpoint,
             server,
             stager,
-            staging,
+            tasks,
+            rounds,
             me: me.id,
         })
     }
@@ -271,6 +307,11 @@ impl Group {
     /// does so itself.
     pub fn stager(&self) -> Stager {
         self.stager.clone()
+    }
+
+    /// Its pre-vote rounds so far (see [`PreVoteRounds`]).
+    pub fn pre_votes(&self) -> Arc<PreVoteRounds> {
+        self.rounds.clone()
     }
 
     /// This replica's number.
@@ -326,7 +367,7 @@ impl Group {
         }
         self.endpoint.close(0u32.into(), b"replica stopped");
         self.server.abort();
-        for task in self.staging {
+        for task in self.tasks {
             task.abort();
         }
         // Give close frames a moment to leave, without waiting out peers that are gone.

@@ -22,12 +22,14 @@
 mod group;
 mod log_store;
 mod net;
+mod prevote;
 mod rejoin;
 mod stage;
 mod state_machine;
 
 pub use group::{Group, GroupConfig, GroupError, Member, WriteError};
 pub use openraft::{CommittedLeaderId, LogId, ServerState, StoredMembership};
+pub use prevote::PreVoteRounds;
 pub use stage::{StageCounts, Stager};
 
 use bytes::Bytes;

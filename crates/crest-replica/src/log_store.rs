@@ -137,6 +137,11 @@ impl LogStore {
         })
     }
 
+    /// The id of the last entry in the log.
+    pub(crate) fn last_log_id(&self) -> Option<LogId<ReplicaId>> {
+        self.lock().log_state().last().map(|id| id.0)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, RaftLog<LogTypes>> {
         // A panic while holding the lock leaves the log as raft-log left it: still usable.
         self.log

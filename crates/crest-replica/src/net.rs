@@ -7,6 +7,8 @@
 //! answers are bounded by `rpc_bytes_max`. A stream that starts with [`stage::STAGE_TAG`]
 //! carries the leader's staged entry bodies instead ([`crate::stage`]).
 
+use crate::log_store::LogStore;
+use crate::prevote::{Heard, PreVote};
 use crate::rejoin::Rejoin;
 use crate::stage::{self, Link, Ref, Staged, Stager};
 use crate::{Raft, ReplicaId, TypeConfig};
@@ -37,6 +39,12 @@ enum Request {
     },
     Vote(VoteRequest<ReplicaId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// Would the receiver vote for `candidate`, whose log ends at `last_log_id`
+    /// ([`crate::prevote`])?
+    PreVote {
+        candidate: ReplicaId,
+        last_log_id: Option<openraft::LogId<ReplicaId>>,
+    },
 }
 
 impl Request {
@@ -50,7 +58,7 @@ impl Request {
                 .map(entry_bytes)
                 .sum::<usize>()
                 .saturating_add(256),
-            Request::Vote(_) => 256,
+            Request::Vote(_) | Request::PreVote { .. } => 256,
             Request::Snapshot(chunk) => chunk.data.len() + 256,
         }
     }
@@ -90,6 +98,8 @@ enum Response {
     ),
     /// A staged body named in an append is not here: send it in full.
     Missing,
+    /// Whether it would vote for the candidate.
+    PreVote(bool),
 }
 
 /// The members of a group: number → node name.
@@ -232,6 +242,44 @@ impl Peer {
     }
 }
 
+/// One pre-vote question to another replica, on a connection of its own.
+pub(crate) struct PreVoteAsk {
+    pub(crate) endpoint: quinn::Endpoint,
+    pub(crate) name: String,
+    pub(crate) address: SocketAddr,
+}
+
+impl PreVoteAsk {
+    /// Whether the replica grants `candidate`, whose log ends at `last_log_id`, its pre-vote
+    /// (no answer: no).
+    pub(crate) async fn ask(
+        self,
+        candidate: ReplicaId,
+        last_log_id: Option<openraft::LogId<ReplicaId>>,
+    ) -> bool {
+        let exchange = async {
+            let connection = crest_transport::connect(&self.endpoint, self.address, &self.name)
+                .await
+                .ok()?;
+            let (mut send, mut recv) = connection.open_bi().await.ok()?;
+            let request = Request::PreVote {
+                candidate,
+                last_log_id,
+            };
+            let bytes = rmp_serde::to_vec(&request).ok()?;
+            send.write_all(&bytes).await.ok()?;
+            send.finish().ok()?;
+            let answer = recv.read_to_end(1024).await.ok()?;
+            connection.close(0u32.into(), b"asked");
+            match rmp_serde::from_slice(&answer).ok()? {
+                Response::PreVote(granted) => Some(granted),
+                _ => None,
+            }
+        };
+        exchange.await.unwrap_or(false)
+    }
+}
+
 impl RaftNetwork<TypeConfig> for Peer {
     async fn append_entries(
         &mut self,
@@ -322,19 +370,10 @@ impl RaftNetwork<TypeConfig> for Peer {
 
 /// Serves the RPCs of the group's other replicas on `endpoint` until it is closed. A peer
 /// whose certificate names no member of `names` is closed at once.
-pub(crate) async fn serve(
-    endpoint: quinn::Endpoint,
-    raft: Raft,
-    names: Names,
-    rpc_bytes_max: usize,
-    rejoin: Arc<Rejoin>,
-    staged: Staged,
-) {
+pub(crate) async fn serve(endpoint: quinn::Endpoint, names: Names, serving: Arc<Serving>) {
     while let Some(incoming) = endpoint.accept().await {
-        let raft = raft.clone();
         let names = names.clone();
-        let rejoin = rejoin.clone();
-        let staged = staged.clone();
+        let serving = serving.clone();
         tokio::spawn(async move {
             let Ok(connection) = incoming.await else {
                 return;
@@ -347,30 +386,39 @@ pub(crate) async fn serve(
                 return;
             }
             while let Ok((send, recv)) = connection.accept_bi().await {
-                tokio::spawn(answer(
-                    raft.clone(),
-                    send,
-                    recv,
-                    rpc_bytes_max,
-                    rejoin.clone(),
-                    staged.clone(),
-                ));
+                tokio::spawn(answer(serving.clone(), send, recv));
             }
         });
     }
 }
 
+/// What a replica's listener answers with.
+pub(crate) struct Serving {
+    pub(crate) raft: Raft,
+    pub(crate) log: LogStore,
+    /// Most bytes of a request (`rpc_bytes_max`).
+    pub(crate) rpc_bytes_max: usize,
+    pub(crate) rejoin: Arc<Rejoin>,
+    pub(crate) staged: Staged,
+    pub(crate) heard: Arc<Heard>,
+    /// Within this of hearing a leader, no pre-vote is granted (`replica_election_timeout_ms`).
+    pub(crate) lease: std::time::Duration,
+}
+
 /// Answers one RPC, or reads a stage stream; a request that does not decode gets its stream
 /// reset, and so does a vote a replica catching up after an empty start withholds
 /// ([`Rejoin`]).
-async fn answer(
-    raft: Raft,
-    mut send: quinn::SendStream,
-    mut recv: quinn::RecvStream,
-    max: usize,
-    rejoin: Arc<Rejoin>,
-    staged: Staged,
-) {
+async fn answer(serving: Arc<Serving>, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+    let Serving {
+        raft,
+        log,
+        rpc_bytes_max: max,
+        rejoin,
+        staged,
+        heard,
+        lease,
+    } = &*serving;
+    let max = *max;
     let mut first = [0u8; 1];
     if recv.read_exact(&mut first).await.is_err() {
         return;
@@ -409,6 +457,7 @@ async fn answer(
             let answer = raft.append_entries(rpc).await;
             if answer.as_ref().is_ok_and(AppendEntriesResponse::is_success) {
                 rejoin.reached(commit);
+                heard.leader();
             }
             Response::Append(answer)
         }
@@ -419,6 +468,14 @@ async fn answer(
         Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
         Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
         Request::AppendStaged { .. } => Response::Missing,
+        Request::PreVote { last_log_id, .. } => Response::PreVote(PreVote::grants(
+            raft,
+            log,
+            heard,
+            rejoin,
+            *lease,
+            last_log_id,
+        )),
     };
     respond(send, &response).await;
 }

@@ -21,6 +21,8 @@ use tokio::sync::watch;
 /// See the module doc: shared by the replica's RPC listener and its catching-up watcher.
 pub(crate) struct Rejoin {
     recovering: AtomicBool,
+    /// It formed the group itself: it stands for election while still recovering.
+    formed: AtomicBool,
     /// The highest commit index of an append accepted while recovering (outer `None`: no
     /// leader reached it yet).
     target: watch::Sender<Option<Option<u64>>>,
@@ -31,6 +33,7 @@ impl Rejoin {
     pub(crate) fn new(pristine: bool) -> Arc<Rejoin> {
         Arc::new(Rejoin {
             recovering: AtomicBool::new(pristine),
+            formed: AtomicBool::new(false),
             target: watch::Sender::new(None),
         })
     }
@@ -58,19 +61,27 @@ impl Rejoin {
         self.recovering() && last_index.is_some_and(|index| index > 0)
     }
 
-    /// Stops holding back: it caught up.
-    fn done(&self, raft: &Raft) {
-        self.recovering.store(false, Ordering::Release);
-        raft.runtime_config().elect(true);
+    /// It forms the group: it stands for election with its formation-only log.
+    pub(crate) fn form(&self) {
+        self.formed.store(true, Ordering::Release);
     }
 
-    /// Holds `raft` back from elections until it applied every entry the leaders that
-    /// reached it had committed; then lets it take part again.
+    /// Whether it may stand for election ([`crate::prevote`] asks).
+    pub(crate) fn stands(&self) -> bool {
+        !self.recovering() || self.formed.load(Ordering::Acquire)
+    }
+
+    /// Stops holding back: it caught up.
+    fn done(&self) {
+        self.recovering.store(false, Ordering::Release);
+    }
+
+    /// Holds the replica back from elections until it applied every entry the leaders that
+    /// reached `raft` had committed; then lets it take part again.
     pub(crate) fn watch(self: &Arc<Rejoin>, raft: &Raft) {
         if !self.recovering() {
             return;
         }
-        raft.runtime_config().elect(false);
         let (rejoin, raft) = (self.clone(), raft.clone());
         tokio::spawn(async move {
             let mut metrics = raft.metrics();
@@ -88,7 +99,7 @@ impl Rejoin {
                         ?applied,
                         "caught up after starting empty: takes part in elections again"
                     );
-                    rejoin.done(&raft);
+                    rejoin.done();
                     return;
                 }
                 tokio::select! {

@@ -370,9 +370,9 @@ async fn a_wiped_replica_does_not_vote_a_stale_one_into_leading_without_committe
     // and one follower W while the third replica S is down; then the leader stops and W's
     // disk is wiped. W and S are up, a majority: were W to vote as before, S would lead
     // without those writes and the group would lose them. W, back empty, withholds its vote
-    // from a candidate with history until a leader caught it up: S stands for election again
-    // and again and never leads; once the old leader is back, the group leads on with every
-    // write, and all three apply them.
+    // (and its pre-vote) from a candidate with history until a leader caught it up: S asks
+    // again and again and never leads; once the old leader is back, the group leads on with
+    // every write, and all three apply them.
     let mut cluster = recording(Settings::default()).await;
     let leader = cluster.leader().await;
     let others: Vec<ReplicaId> = (1..=3).filter(|id| *id != leader).collect();
@@ -391,23 +391,32 @@ async fn a_wiped_replica_does_not_vote_a_stale_one_into_leading_without_committe
     cluster.run(wiped, None).await;
     cluster.run(stale, None).await;
 
-    // The stale replica campaigns twice over, in vain.
+    // The stale replica asks twice over whether it would be elected, in vain: the wiped one
+    // withholds its pre-vote as it would its vote, so the stale one never even raises its term.
     let term = cluster.running[&stale].term();
     let deadline = Instant::now() + WAIT;
-    while cluster.running[&stale].term() < term + 2 {
+    while cluster.running[&stale].pre_votes().asked() < 2 {
         assert!(
             Instant::now() < deadline,
-            "the stale replica stopped campaigning (leader {:?}, term {})",
+            "the stale replica stopped asking (leader {:?}, term {})",
             cluster.running[&stale].leader(),
             cluster.running[&stale].term()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert_eq!(cluster.running[&stale].pre_votes().granted(), 0);
+    assert_eq!(cluster.running[&stale].term(), term);
+    // Neither leads (each may still name the stopped leader its log last heard of).
     for id in [wiped, stale] {
-        assert_eq!(
+        assert_ne!(
+            cluster.running[&id].state(),
+            crest_replica::ServerState::Leader,
+            "replica {id} leads"
+        );
+        assert_ne!(
             cluster.running[&id].leader(),
-            None,
-            "replica {id} knows a leader"
+            Some(id),
+            "replica {id} leads"
         );
     }
 

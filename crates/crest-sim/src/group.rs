@@ -430,8 +430,11 @@ impl Sim {
         for r in 0..count {
             self.catch_up(node, r);
         }
+        // As a replica stands: 1.2 to 2.2 election timeouts after it last heard the leader
+        // (crest-replica's pre-vote timing).
         let timeout = self.election_timeout.as_micros() as u64;
-        let elected = now + Duration::from_micros(timeout + self.rng.below(timeout + 1));
+        let wait = timeout + timeout / 5 + self.rng.below(timeout + 1);
+        let elected = now + Duration::from_micros(wait);
         self.schedule(elected, Event::Elected { node, election });
     }
 

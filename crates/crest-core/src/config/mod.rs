@@ -221,9 +221,11 @@ pub struct Settings {
     /// How often the leader of a replica group tells its followers it is alive, in
     /// milliseconds.
     pub replica_heartbeat_ms: u64,
-    /// A follower that hears nothing from its leader for this long (up to twice as long,
-    /// drawn at random so that followers do not all stand at once) stands for election, in
-    /// milliseconds: with the heartbeat, what bounds the time a group is without a leader.
+    /// The election timeout T, in milliseconds: with the heartbeat, what bounds the time a
+    /// group is without a leader. A follower that hears no leader for 1.2 T to 2.2 T (drawn
+    /// at random, so that followers do not all stand at once) asks the others whether they
+    /// would elect it, and stands for election only if a majority would; a replica grants
+    /// that (and its vote) only after 1.1 T without hearing a leader itself.
     pub replica_election_timeout_ms: u64,
     /// Most log entries (each one leader write, a batch of records) sent to a follower in one
     /// message.

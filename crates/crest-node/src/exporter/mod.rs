@@ -697,6 +697,21 @@ fn encode_replica(f: &mut Families, status: &ReplicaStatus) -> fmt::Result {
     for (name, help, value) in values {
         f.gauges(name, help, value.map(|v| (own.clone(), v)))?;
     }
+    let rounds: [(&str, &str, u64); 2] = [
+        (
+            "crest_replica_pre_votes",
+            "pre-vote rounds the replica ran: it heard no leader for an election timeout",
+            status.pre_votes,
+        ),
+        (
+            "crest_replica_pre_votes_granted",
+            "pre-vote rounds a majority granted, after which the replica stood for election",
+            status.pre_votes_granted,
+        ),
+    ];
+    for (name, help, value) in rounds {
+        f.counters(name, help, Some((own.clone(), value)))?;
+    }
     type Lag = fn(&crate::replicated::FollowerLag) -> Option<u64>;
     let lags: [(&str, &str, Lag); 2] = [
         (
