@@ -254,6 +254,7 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
         Target::Remote { nodes, .. } => nodes.clone(),
         Target::Local { .. } => Vec::new(),
     };
+    let processes = probe::processes(&nodes).await;
     let nodes_start = probe::cpu_seconds(&nodes).await;
     let cpu_start = process_cpu();
     let shared = Arc::new(Shared {
@@ -362,6 +363,7 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
     report.noise = noise;
     report.nodes_cpu = probe::usage(
         &nodes,
+        &processes,
         [&nodes_start, &nodes_done, &nodes_end],
         config.phase,
         report.pushed,

@@ -139,6 +139,9 @@ pub struct BenchReport {
 pub struct NodeCpu {
     /// The node's name in the topology.
     pub name: String,
+    /// The process it runs in: its id and start time (ms since the Unix epoch), when the node
+    /// says; nodes of one `crest local` share it, and their figures are that process's.
+    pub process: Option<(u64, u64)>,
     /// Seconds over the whole run.
     pub seconds: f64,
     /// Microseconds per message pushed, over the whole run.
@@ -150,8 +153,30 @@ pub struct NodeCpu {
 }
 
 impl NodeCpu {
-    /// The table's line for the node.
-    fn line(&self) -> String {
+    /// The table's lines: one per process, naming the nodes that share it.
+    pub(crate) fn lines(nodes: &[NodeCpu]) -> String {
+        let mut out = String::new();
+        for (at, node) in nodes.iter().enumerate() {
+            let shares = |other: &NodeCpu| node.process.is_some() && other.process == node.process;
+            if nodes[..at].iter().any(shares) {
+                continue;
+            }
+            let names: Vec<&str> = nodes[at..]
+                .iter()
+                .filter(|other| shares(other))
+                .map(|other| other.name.as_str())
+                .collect();
+            if names.len() > 1 {
+                out.push_str(&node.line(&format!("{} (one process)", names.join(", "))));
+            } else {
+                out.push_str(&node.line(&node.name));
+            }
+        }
+        out
+    }
+
+    /// The table's line for the node (or the nodes of its process), named `name`.
+    fn line(&self, name: &str) -> String {
         let ceiling = |us: f64| {
             if us > 0.0 {
                 format!(" (one core: {:.0} k msgs/s)", 1e3 / us)
@@ -160,8 +185,8 @@ impl NodeCpu {
             }
         };
         let mut line = format!(
-            "  CPU of {}: {:.2} s = {:.2} us/msg",
-            self.name, self.seconds, self.us_per_message
+            "  CPU of {name}: {:.2} s = {:.2} us/msg",
+            self.seconds, self.us_per_message
         );
         if let (Some(fill), Some(drain)) = (self.fill_us_per_message, self.drain_us_per_message) {
             line.push_str(&format!(
@@ -801,9 +826,7 @@ impl BenchReport {
             ));
         }
         out.push_str(&self.cpu.line());
-        for node in &self.nodes_cpu {
-            out.push_str(&node.line());
-        }
+        out.push_str(&NodeCpu::lines(&self.nodes_cpu));
         out
     }
 }

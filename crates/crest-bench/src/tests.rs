@@ -198,3 +198,34 @@ fn seen_counts_distinct_and_duplicate_sequence_numbers() {
     assert!(seen.mark(64));
     assert_eq!((seen.distinct, seen.duplicates), (4, 1));
 }
+
+#[test]
+fn nodes_of_one_process_share_one_cpu_line() {
+    // In `crest local` every node is one process: its figure is printed once, naming them.
+    let node = |name: &str, process: Option<(u64, u64)>, seconds: f64| crate::NodeCpu {
+        name: name.into(),
+        process,
+        seconds,
+        us_per_message: seconds,
+        fill_us_per_message: None,
+        drain_us_per_message: None,
+    };
+    let text = crate::NodeCpu::lines(&[
+        node("root", Some((7, 100)), 1.0),
+        node("leaf-1a", Some((7, 100)), 1.0),
+        node("leaf-1b", Some((8, 100)), 2.0),
+        node("leaf-1c", Some((7, 100)), 1.0),
+        node("old", None, 3.0),
+        node("older", None, 4.0),
+    ]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    assert!(
+        lines[0].starts_with("  CPU of root, leaf-1a, leaf-1c (one process): 1.00 s"),
+        "{text}"
+    );
+    assert!(lines[1].starts_with("  CPU of leaf-1b: 2.00 s"), "{text}");
+    // Nodes that do not say which process they run in keep a line each.
+    assert!(lines[2].starts_with("  CPU of old: 3.00 s"), "{text}");
+    assert!(lines[3].starts_with("  CPU of older: 4.00 s"), "{text}");
+}

@@ -201,9 +201,10 @@ pub(crate) type Target = (String, Address);
 /// of the root, the root and then the roots standing by), or a leaf the root links to
 /// directly ([`Link::Leaf`]): connect, serve until the connection ends, reconnect; until
 /// shutdown. A session that lasted reconnects at once to the same node (it may be back
-/// already: a restarted node resets its predecessor's connections at their first packet); a
-/// failed attempt moves on to the next target, and once every target failed in turn, the
-/// next round waits, doubling within the settings.
+/// already: a restarted node resets its predecessor's connections at their first packet),
+/// except a replicated leaf's, which starts with the next replica; a failed attempt moves on
+/// to the next target, and once every target failed in turn, the next round waits, doubling
+/// within the settings.
 pub(crate) async fn link_loop(
     ctx: NetContext,
     endpoint: quinn::Endpoint,
@@ -266,6 +267,12 @@ pub(crate) async fn link_loop(
                         backoff = initial;
                         continue;
                     }
+                }
+                // A replicated leaf's session ends when its leader is lost: the next leader
+                // is another replica, and the lost one may not answer at all (a dial to it
+                // waits out `connect_timeout_ms`), so it is tried last.
+                if matches!(link, Link::Leaf(_)) && targets.len() > 1 {
+                    current = (current + 1) % targets.len();
                 }
                 if connected_at.elapsed() >= max {
                     backoff = initial;

@@ -107,12 +107,16 @@ fn files_bytes(dir: &Path, depth: usize) -> u64 {
 
 /// What the process this node runs in uses: its processor time (user and system, every thread,
 /// those ended included, from the process's CPU clock) and its resident memory (from Linux's
-/// `/proc/self/status`; `None` where that is not available). In `crest local` every node
-/// shares one process and reports the same figures.
+/// `/proc/self/status`; `None` where that is not available), and which process it is (its id
+/// and start time: in `crest local` every node shares one process and reports the same
+/// figures, which a reader tells by these).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct ProcessUse {
     pub(crate) cpu_seconds: Option<f64>,
     pub(crate) resident_bytes: Option<u64>,
+    pub(crate) id: u32,
+    /// Seconds since the Unix epoch.
+    pub(crate) start_seconds: Option<f64>,
 }
 
 impl ProcessUse {
@@ -123,8 +127,37 @@ impl ProcessUse {
             resident_bytes: std::fs::read_to_string("/proc/self/status")
                 .ok()
                 .and_then(|status| resident_bytes(&status)),
+            id: std::process::id(),
+            start_seconds: *START_SECONDS.get_or_init(start_seconds),
         }
     }
+}
+
+/// The process's start time, read once.
+static START_SECONDS: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+
+/// When this process started, in seconds since the Unix epoch: the boot time (`btime` in
+/// `/proc/stat`) plus the process's start in clock ticks after boot (`/proc/self/stat`).
+fn start_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let boot = std::fs::read_to_string("/proc/stat").ok()?;
+    started_at(&stat, &boot, rustix::param::clock_ticks_per_second())
+}
+
+/// `started_at` of a `/proc/PID/stat` and a `/proc/stat` text, with `ticks` clock ticks a
+/// second.
+pub(crate) fn started_at(stat: &str, boot: &str, ticks: u64) -> Option<f64> {
+    // Fields after the command (which may hold spaces, within parentheses): the start time is
+    // field 22 of the line, the 20th after the command.
+    let after = &stat[stat.rfind(')')? + 1..];
+    let ticks_after_boot: u64 = after.split_whitespace().nth(19)?.parse().ok()?;
+    let btime: u64 = boot
+        .lines()
+        .find_map(|line| line.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(btime as f64 + ticks_after_boot as f64 / ticks.max(1) as f64)
 }
 
 /// `VmRSS` in a `/proc/PID/status` text, in bytes.
@@ -407,6 +440,16 @@ impl Collector for Scrape {
         if let Some(seconds) = self.process.cpu_seconds {
             let help = "user and system processor time of the process";
             f.counters("process_cpu_seconds", help, [(Labels::new(), seconds)])?;
+        }
+        let id = "the id of the process the node runs in (nodes of one `crest local` share it)";
+        f.gauges(
+            "crest_process_id",
+            id,
+            [(Labels::new(), u64::from(self.process.id))],
+        )?;
+        if let Some(start) = self.process.start_seconds {
+            let help = "when the process started, in seconds since the Unix epoch";
+            f.gauges("process_start_time_seconds", help, [(Labels::new(), start)])?;
         }
         if let Some(bytes) = self.process.resident_bytes {
             let help = "resident memory of the process";

@@ -123,6 +123,8 @@ fn root_scrape() -> Scrape {
         process: ProcessUse {
             cpu_seconds: Some(3.25),
             resident_bytes: Some(8 << 20),
+            id: 4242,
+            start_seconds: Some(1_700_000_000.5),
         },
         ..Scrape::default()
     }
@@ -246,6 +248,20 @@ fn the_process_use_is_read_from_proc() {
     let own = ProcessUse::read();
     assert!(own.cpu_seconds.is_some_and(|s| s > 0.0), "{own:?}");
     assert!(own.resident_bytes.is_some_and(|b| b > 0), "{own:?}");
+    assert_eq!(own.id, std::process::id());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        own.start_seconds
+            .is_some_and(|s| s <= now + 1.0 && s > now - 3600.0),
+        "{own:?} at {now}"
+    );
+    // A command with spaces and parentheses in it; field 22 is the start, in ticks.
+    let stat = "42 (a (b) c) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 250 20";
+    assert_eq!(started_at(stat, "cpu 1 2\nbtime 1000\n", 100), Some(1002.5));
+    assert_eq!(started_at(stat, "cpu 1 2\n", 100), None);
 }
 
 #[test]
