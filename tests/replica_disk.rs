@@ -4,7 +4,7 @@
 //! and exits (for its service manager to start it again), and once it has room again and is
 //! started it catches up; nothing acknowledged is lost.
 
-use crest::sdk::{Delivery, MessageId, Producer, Receipt};
+use crest::sdk::{MessageId, Producer};
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ mod acks;
 #[path = "common/tmpfs.rs"]
 mod tmpfs;
 
-use acks::ack_until_applied;
+use acks::pop_and_ack_until;
 use cluster::Cluster;
 use tmpfs::{Tmpfs, fill};
 
@@ -130,24 +130,7 @@ async fn fills_and_recovers(name: &str, topology: &str, under: &str, kill_leader
     }
 
     let mut seen = HashSet::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !acked.is_subset(&seen) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} of {} acknowledged messages delivered within 60 s",
-            acked.intersection(&seen).count(),
-            acked.len()
-        );
-        let batch = consumer
-            .pop("jobs", 64, Duration::from_millis(500))
-            .await
-            .unwrap();
-        let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
-        ack_until_applied(&consumer, receipts).await;
-        for delivery in batch {
-            assert!(seen.insert(delivery.id), "{} delivered twice", delivery.id);
-        }
-    }
+    pop_and_ack_until(&consumer, &mut seen, 64, |seen| acked.is_subset(seen)).await;
     for replica in REPLICAS {
         assert!(
             !cluster.plain_log(replica).contains("panicked"),

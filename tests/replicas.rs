@@ -2,7 +2,7 @@
 //! aggregator and a root, each replica with its own data directory, QUIC between them;
 //! leaders killed with SIGKILL.
 
-use crest::sdk::{Consumer, Delivery, MessageId, Producer, Receipt};
+use crest::sdk::{Consumer, Delivery, MessageId, Producer};
 use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
@@ -16,7 +16,7 @@ mod browser;
 #[path = "common/acks.rs"]
 mod acks;
 
-use acks::ack_until_applied;
+use acks::{ack_until_applied, pop_and_ack_until};
 
 use cluster::Cluster;
 
@@ -68,27 +68,7 @@ async fn take_until(
     seen: &mut HashSet<MessageId>,
     done: impl Fn(&HashSet<MessageId>) -> bool,
 ) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !done(seen) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} messages delivered, and not all that were expected within 60 s",
-            seen.len()
-        );
-        let batch = consumer
-            .pop("jobs", 32, Duration::from_millis(500))
-            .await
-            .unwrap();
-        let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
-        ack_until_applied(consumer, receipts).await;
-        for delivery in batch {
-            assert!(
-                seen.insert(delivery.id),
-                "{} delivered again after its ack",
-                delivery.id
-            );
-        }
-    }
+    pop_and_ack_until(consumer, seen, 32, done).await
 }
 
 async fn current_leader(cluster: &Cluster) -> String {

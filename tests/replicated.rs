@@ -15,7 +15,7 @@ mod common;
 #[path = "common/acks.rs"]
 mod acks;
 
-use acks::ack_until_applied;
+use acks::pop_and_ack_until;
 
 const REPLICAS: [&str; 3] = ["leaf-1a", "leaf-1b", "leaf-1c"];
 
@@ -56,25 +56,9 @@ async fn push(producer: &Producer, tag: &str, count: usize) -> HashSet<MessageId
         .collect()
 }
 
-/// Pops and acks until every message of `want` came (within 30 s); none may come twice.
+/// Pops and acks until every message of `want` came; none may come twice.
 async fn drain(consumer: &Consumer, want: &HashSet<MessageId>, seen: &mut HashSet<MessageId>) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !want.is_subset(seen) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} of {} delivered",
-            want.intersection(seen).count(),
-            want.len()
-        );
-        let batch = consumer
-            .pop("jobs", 64, Duration::from_millis(200))
-            .await
-            .unwrap();
-        ack_until_applied(consumer, batch.iter().map(|d| d.receipt()).collect()).await;
-        for delivery in batch {
-            assert!(seen.insert(delivery.id), "{} delivered twice", delivery.id);
-        }
-    }
+    pop_and_ack_until(consumer, seen, 64, |seen| want.is_subset(seen)).await
 }
 
 fn leader(tree: &LocalTree) -> Option<String> {

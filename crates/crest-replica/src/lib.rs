@@ -68,6 +68,19 @@ pub type Position = (
     StoredMembership<ReplicaId, openraft::BasicNode>,
 );
 
+/// A number drawn afresh (the standard library's per-process random hash keys over the
+/// clock): for stage sessions and election jitter, which need spread, not secrecy.
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
+}
+
 /// One write of the leader: opaque bytes to this crate (the leaf's encoded log records).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Batch(pub Bytes);

@@ -96,11 +96,6 @@ pub(crate) struct PreVote {
 }
 
 impl PreVote {
-    /// The last entry of this replica's log.
-    pub(crate) fn last_log_id(log: &LogStore) -> Option<LogId<ReplicaId>> {
-        log.last_log_id()
-    }
-
     /// Whether this replica would vote for a candidate whose log ends at `candidate`: it has
     /// not heard a leader within the lease, does not lead itself, and the candidate's log is
     /// at least as up-to-date as its own (and a replica catching up after an empty start
@@ -116,7 +111,7 @@ impl PreVote {
         let leads = raft.metrics().borrow().state == ServerState::Leader;
         !leads
             && !heard.within(lease)
-            && candidate >= Self::last_log_id(log)
+            && candidate >= log.last_log_id()
             && !rejoin.abstains(candidate.map(|id| id.index))
     }
 
@@ -140,15 +135,11 @@ impl PreVote {
                 continue;
             }
             let state = metrics.borrow().state;
-            if state == ServerState::Leader || state == ServerState::Shutdown {
-                if state == ServerState::Shutdown {
-                    return;
-                }
-                attempted = Some(Instant::now());
-                continue;
+            if state == ServerState::Shutdown {
+                return;
             }
             attempted = Some(Instant::now());
-            if !self.rejoin.stands() {
+            if state == ServerState::Leader || !self.rejoin.stands() {
                 continue;
             }
             use std::sync::atomic::Ordering::Relaxed;
@@ -167,7 +158,7 @@ impl PreVote {
     /// as soon as a majority (itself included) said yes, or can no longer say it.
     async fn majority_would_vote(&self) -> bool {
         use futures_util::StreamExt;
-        let last = Self::last_log_id(&self.log);
+        let last = self.log.last_log_id();
         let members = self.peers.len() + 1;
         let needed = members / 2 + 1;
         let deadline = self.timeout / 2;
@@ -211,13 +202,6 @@ pub(crate) fn lease(timeout: Duration) -> Duration {
 
 /// From nothing to `timeout`, drawn anew each time.
 fn jittered(timeout: Duration) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    let fraction = (hasher.finish() % 1_000) as u32;
+    let fraction = (crate::random_u64() % 1_000) as u32;
     timeout * fraction / 1_000
 }

@@ -48,7 +48,9 @@ pub struct Stager {
 impl Stager {
     /// A stager for `followers` (every other member), each holding at most `bytes_max` bytes.
     pub(crate) fn new(followers: impl IntoIterator<Item = ReplicaId>, bytes_max: usize) -> Stager {
-        let session = rand_session();
+        // A session no earlier leader of the group drew (with overwhelming likelihood): a
+        // follower keeps the bodies of one session only.
+        let session = crate::random_u64();
         let links = followers
             .into_iter()
             .map(|id| (id, Arc::new(Link::new(session, bytes_max))))
@@ -111,19 +113,6 @@ pub struct StageCounts {
     pub named: u64,
     /// Of those, appends the follower answered lacking a body: sent again in full.
     pub missing: u64,
-}
-
-/// A session number no earlier leader of the group drew (with overwhelming likelihood):
-/// a follower keeps the bodies of one session only.
-fn rand_session() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    hasher.finish()
 }
 
 /// The stage towards one follower.
