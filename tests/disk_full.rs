@@ -89,11 +89,15 @@ async fn pop_all(consumer: &Consumer, count: usize) -> Vec<Receipt> {
     receipts
 }
 
+/// A producer that gives up on a refused push at once: with one leaf there is no other to
+/// route it to, and the refusal is what these tests look at.
 async fn producer(tree: &LocalTree) -> Producer {
     let tls = ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone());
-    Producer::connect(ProducerConfig::from_topology(&tree.topology, tls))
-        .await
-        .unwrap()
+    let config = ProducerConfig {
+        leaf_wait_max: Duration::ZERO,
+        ..ProducerConfig::from_topology(&tree.topology, tls)
+    };
+    Producer::connect(config).await.unwrap()
 }
 
 /// Pushes one message of `bytes`; `None` if the leaf refused it for want of storage.
@@ -237,5 +241,73 @@ async fn a_full_disk_refuses_pushes_and_they_are_accepted_again_once_space_is_ba
         consumer.ack_many(&receipts).await.unwrap();
     }
     assert_eq!(delivered, accepted, "every acknowledged push, once");
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_a_leaf_with_a_full_disk_refuses_go_to_the_other_leaves() {
+    // Goal: of four leaves, one has its data directory on a disk that is full. A producer of
+    // the SDK's defaults sees no error: each batch that leaf refuses `StorageFailed` goes to
+    // the others, as a batch to a leaf that cannot be reached does; every push is delivered.
+    let text = include_str!("../topology/four-leaves.toml");
+    let mut topology = Topology::parse(text).unwrap().with_ephemeral_ports();
+    for setting in ["wal_preallocate=false", "leaf_body_cache_bytes=0"] {
+        topology.set_setting(setting).unwrap();
+    }
+    let data = tempfile::tempdir().unwrap();
+    let disk = Tmpfs::mount_on(&data.path().join("leaf-2"), "4m");
+    let tree = LocalTree::start_on(&topology, Some(data.path()), None)
+        .await
+        .unwrap();
+    assert!(tree.wait_connected(WAIT).await);
+    let tls = ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone());
+    let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls))
+        .await
+        .unwrap();
+    // Every leaf takes its turn of pushes while there is room.
+    let mut accepted = HashSet::new();
+    let mut leaves = HashSet::new();
+    let deadline = Instant::now() + WAIT;
+    while leaves.len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "leaves taking pushes: {leaves:?}"
+        );
+        let handle = producer.send(Message::new("jobs", "room")).await.unwrap();
+        let id = handle.acked().await.unwrap();
+        leaves.insert(id.leaf());
+        accepted.insert(id);
+    }
+    let _ballast = fill(disk.path());
+    let mut handles = Vec::new();
+    for n in 0..400 {
+        let message = Message::new("jobs", format!("{n:08}").repeat(512));
+        handles.push(producer.send(message).await.unwrap());
+    }
+    for (n, handle) in handles.into_iter().enumerate() {
+        let id = handle.acked().await.unwrap_or_else(|error| {
+            panic!("push {n} failed although three leaves have room: {error}")
+        });
+        assert_ne!(id.leaf(), crest::sdk::LeafId(2), "leaf-2 has no room");
+        accepted.insert(id);
+    }
+    let consumer = connect_consumer(&tree).await;
+    let mut delivered = HashSet::new();
+    let deadline = Instant::now() + WAIT;
+    while !accepted.is_subset(&delivered) {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} delivered",
+            delivered.len(),
+            accepted.len()
+        );
+        let batch = consumer
+            .pop("jobs", 64, Duration::from_millis(200))
+            .await
+            .unwrap();
+        let receipts: Vec<_> = batch.iter().map(|d| d.receipt()).collect();
+        delivered.extend(batch.iter().map(|d| d.id));
+        consumer.ack_many(&receipts).await.unwrap();
+    }
     tree.shutdown().await;
 }

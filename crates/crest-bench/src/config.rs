@@ -104,8 +104,8 @@ pub enum Target {
     Remote {
         /// Leaf addresses producers push to.
         leaves: Vec<String>,
-        /// Root address consumers pop from.
-        root: String,
+        /// Root address consumers pop from, then those of roots standing by.
+        roots: Vec<String>,
         /// Trust.
         tls: ClientTls,
         /// Nodes whose processor time the bench reads from their `/metrics` as it runs

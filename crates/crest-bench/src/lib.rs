@@ -83,7 +83,8 @@ struct Running {
     leaves: Vec<String>,
     /// Where consumers settle (see [`Target::Remote`]'s `owners`).
     owners: Vec<crest_sdk::LeafAddresses>,
-    root: String,
+    /// The root, then those standing by.
+    roots: Vec<String>,
     tls: ClientTls,
     local: Option<LocalTree>,
     durable: Option<bool>,
@@ -94,14 +95,14 @@ async fn start(target: &Target) -> Result<Running> {
     match target {
         Target::Remote {
             leaves,
-            root,
+            roots,
             tls,
             owners,
             ..
         } => Ok(Running {
             leaves: leaves.clone(),
             owners: owners.clone(),
-            root: root.clone(),
+            roots: roots.clone(),
             tls: tls.clone(),
             local: None,
             durable: None,
@@ -133,7 +134,7 @@ async fn start(target: &Target) -> Result<Running> {
             Ok(Running {
                 leaves: tree.topology.leaves().map(|l| l.address.clone()).collect(),
                 owners: ConsumerConfig::from_topology(&tree.topology, tls).leaves,
-                root: tree.topology.root().address.clone(),
+                roots: tree.topology.roots().map(|r| r.address.clone()).collect(),
                 tls: ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone()),
                 durable: Some(data_dir.is_some()),
                 syncing_leaves: data_dir.is_some().then(|| {
@@ -232,10 +233,10 @@ async fn set_limits(
     scope: &str,
     limits: crest_core::quota::Limits,
 ) -> Result<()> {
-    let admin = crest_sdk::Admin::connect(ConsumerConfig::new(
-        running.root.clone(),
-        running.tls.clone(),
-    ))
+    let admin = crest_sdk::Admin::connect(ConsumerConfig {
+        roots: running.roots.clone(),
+        ..ConsumerConfig::new(String::new(), running.tls.clone())
+    })
     .await?;
     let config = crest_sdk::TopicConfig {
         limits,
@@ -280,7 +281,8 @@ async fn drive(config: &BenchConfig, running: &Running) -> Result<BenchReport> {
             } else {
                 running.owners.clone()
             },
-            ..ConsumerConfig::new(running.root.clone(), running.tls.clone())
+            roots: running.roots.clone(),
+            ..ConsumerConfig::new(String::new(), running.tls.clone())
         };
         consumers.push(
             Consumer::connect(consumer_config)

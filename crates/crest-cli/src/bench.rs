@@ -18,9 +18,10 @@ pub(crate) struct BenchArgs {
     /// With --connect: the client's credential.
     #[command(flatten)]
     pub(crate) credentials: CredentialArgs,
-    /// With --connect: root address (default: the topology's).
+    /// With --connect: root address, then those of roots standing by (default: the
+    /// topology's roots).
     #[arg(long)]
-    pub(crate) root: Option<String>,
+    pub(crate) root: Vec<String>,
     /// With --connect: leaf addresses (default: the topology's).
     #[arg(long)]
     pub(crate) leaf: Vec<String>,
@@ -158,16 +159,17 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
         } else {
             args.leaf.clone()
         };
-        let root = args
-            .root
-            .clone()
-            .unwrap_or_else(|| topology.root().address.clone());
+        let roots = if args.root.is_empty() {
+            topology.roots().map(|r| r.address.clone()).collect()
+        } else {
+            args.root.clone()
+        };
         let tls = ClientTls::from_file(&args.ca)
             .with_context(|| format!("no CA certificate at {}: pass --ca", args.ca.display()))?
             .with_credential(args.credentials.credential(&args.ca)?);
         // Every node that serves HTTP reports its process's processor time on /metrics; read
         // when the tree is the topology's (addresses given by hand may be another tree's).
-        let from_topology = args.root.is_none() && args.leaf.is_empty();
+        let from_topology = args.root.is_empty() && args.leaf.is_empty();
         let nodes = topology
             .nodes
             .iter()
@@ -182,7 +184,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
         };
         Target::Remote {
             leaves,
-            root,
+            roots,
             tls,
             nodes,
             owners,

@@ -411,6 +411,46 @@ impl Aggregator {
     }
 }
 
+impl Aggregator {
+    /// Connection `conn` ended; a child's leaves are waited for from `since` (see
+    /// [`Machine::handle_went_silent`]).
+    fn connection_gone(&mut self, now: Time, conn: ConnId, since: Time) {
+        if self.upstream.disconnected(conn) {
+            self.unreported = false;
+            for offers in self.offers.values_mut() {
+                offers.reset();
+            }
+            // The root that asked is gone: nobody waits for the answers any more.
+            self.forwarded.clear();
+            self.restore_noticed(now);
+            return;
+        }
+        self.reporter.child_gone(conn);
+        // The child offers everything again on its next session.
+        self.noticed.retain(|_, (_, slot)| slot.child != conn);
+        let removed = self.children.disconnect(conn, since);
+        if removed.is_some() {
+            // The parent learns that the leaves below are waited for before it learns that
+            // requests to them failed, so it holds pops rather than serve what comes next.
+            self.report_tick(now);
+        }
+        self.answer_forwarded(conn);
+        if let Some(removed) = removed {
+            for (topic, keys) in removed {
+                if let Some(offers) = self.offers.get_mut(&topic) {
+                    for key in &keys {
+                        offers.remove(key);
+                    }
+                }
+                self.dirty.insert(topic);
+            }
+            // The child's frontiers left with it.
+            self.dirty.extend(self.offers.keys().cloned());
+            self.flush_offers(now, true);
+        }
+    }
+}
+
 impl Machine for Aggregator {
     fn check_invariants(&self) {
         // What the aggregator holds from each child is bounded by the credits it granted.
@@ -439,39 +479,12 @@ impl Machine for Aggregator {
     }
 
     fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
-        if self.upstream.disconnected(conn) {
-            self.unreported = false;
-            for offers in self.offers.values_mut() {
-                offers.reset();
-            }
-            // The root that asked is gone: nobody waits for the answers any more.
-            self.forwarded.clear();
-            self.restore_noticed(now);
-            return;
-        }
-        self.reporter.child_gone(conn);
-        // The child offers everything again on its next session.
-        self.noticed.retain(|_, (_, slot)| slot.child != conn);
-        let removed = self.children.disconnect(conn, now);
-        if removed.is_some() {
-            // The parent learns that the leaves below are waited for before it learns that
-            // requests to them failed, so it holds pops rather than serve what comes next.
-            self.report_tick(now);
-        }
-        self.answer_forwarded(conn);
-        if let Some(removed) = removed {
-            for (topic, keys) in removed {
-                if let Some(offers) = self.offers.get_mut(&topic) {
-                    for key in &keys {
-                        offers.remove(key);
-                    }
-                }
-                self.dirty.insert(topic);
-            }
-            // The child's frontiers left with it.
-            self.dirty.extend(self.offers.keys().cloned());
-            self.flush_offers(now, true);
-        }
+        self.connection_gone(now, conn, now);
+    }
+
+    fn handle_went_silent(&mut self, now: Time, conn: ConnId) {
+        let since = self.children.last_heard_of_silent(now);
+        self.connection_gone(now, conn, since);
     }
 
     fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire) {

@@ -211,10 +211,18 @@ impl Downstream {
 
     /// Forgets a connection. For a child, drops its routes and window entries and returns the
     /// removed keys per topic.
+    /// When a child that went silent was last heard: `link_idle_timeout_ms` before `now`.
+    pub(crate) fn last_heard_of_silent(&self, now: Time) -> Time {
+        now - Duration::from_millis(self.settings.link_idle_timeout_ms)
+    }
+
+    /// Forgets child `conn`; the leaves it led to are unknown from `since` (when it was last
+    /// heard: now, or before for a child that went silent), waited for until
+    /// `absent_child_wait_ms` after that.
     pub(crate) fn disconnect(
         &mut self,
         conn: ConnId,
-        now: Time,
+        since: Time,
     ) -> Option<Vec<(Topic, Vec<crate::key::Key>)>> {
         let Peer::Child { name, leaves } = self.peers.remove(&conn)? else {
             return None;
@@ -226,7 +234,7 @@ impl Downstream {
         for leaf in leaves {
             if self.routes.get(&leaf) == Some(&conn) {
                 self.routes.remove(&leaf);
-                self.unknown.entry(leaf).or_insert(Some(now));
+                self.unknown.entry(leaf).or_insert(Some(since));
             }
         }
         let mut removed = Vec::new();

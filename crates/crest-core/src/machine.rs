@@ -195,6 +195,15 @@ pub trait Machine: Send {
     fn handle_connected(&mut self, now: Time, conn: ConnId, link: Link);
     /// A connection is gone.
     fn handle_disconnected(&mut self, now: Time, conn: ConnId);
+    /// A connection is gone because its peer went silent: nothing was heard from it for
+    /// `link_idle_timeout_ms` (its host vanished or was cut off; a restarted peer resets its
+    /// connections at their next packet instead, and ends as
+    /// [`Machine::handle_disconnected`]). A parent waits for the leaves behind a child lost
+    /// so from when the child was last heard, not from now: a host gone for good stalls no
+    /// pop beyond the time it took to notice, while a restart keeps its full wait.
+    fn handle_went_silent(&mut self, now: Time, conn: ConnId) {
+        self.handle_disconnected(now, conn);
+    }
     /// A message arrived on a connection.
     fn handle_message(&mut self, now: Time, conn: ConnId, msg: Wire);
     /// The host authenticated the client on `conn` as `principal` (before handing over its

@@ -162,8 +162,8 @@ pub(crate) enum NodeMsg {
         link: Link,
         handle: ConnHandle,
     },
-    /// A connection is gone.
-    Disconnected { conn: ConnId },
+    /// A connection is gone; `silent`: because its peer went silent (its idle timeout).
+    Disconnected { conn: ConnId, silent: bool },
     /// `hello_timeout_ms` passed since an incoming connection opened: closed if it has not
     /// said `Hello` yet.
     HelloDeadline { conn: ConnId },
@@ -481,11 +481,15 @@ impl Actor for NodeActor {
                     state.close(conn, "no Hello within hello_timeout_ms");
                 }
             }
-            NodeMsg::Disconnected { conn } => {
+            NodeMsg::Disconnected { conn, silent } => {
                 state.unintroduced.remove(&conn);
                 state.forget_client(conn);
                 if state.conns.remove(&conn).is_some() {
-                    state.machine.handle_disconnected(now, conn);
+                    if silent {
+                        state.machine.handle_went_silent(now, conn);
+                    } else {
+                        state.machine.handle_disconnected(now, conn);
+                    }
                 }
             }
             NodeMsg::Frame { conn, msg, permit } => {

@@ -274,6 +274,18 @@ impl NodeTls {
     }
 }
 
+/// See [`NodeHandle::report`].
+pub(crate) async fn report_of(
+    actor: &ActorRef<NodeMsg>,
+) -> Result<crest_core::metrics::Report, NodeError> {
+    ractor::call_t!(actor, NodeMsg::Report, 5_000).map_err(|e| NodeError::Actor(e.to_string()))
+}
+
+/// See [`NodeHandle::stats`].
+pub(crate) async fn stats_of(actor: &ActorRef<NodeMsg>) -> Result<NodeStats, NodeError> {
+    ractor::call_t!(actor, NodeMsg::Stats, 5_000).map_err(|e| NodeError::Actor(e.to_string()))
+}
+
 /// A running node.
 pub struct NodeHandle {
     name: String,
@@ -345,8 +357,13 @@ impl NodeHandle {
     /// # Errors
     /// [`NodeError::Actor`] if the actor does not answer within 5 seconds.
     pub async fn report(&self) -> Result<crest_core::metrics::Report, NodeError> {
-        ractor::call_t!(self.actor, NodeMsg::Report, 5_000)
-            .map_err(|e| NodeError::Actor(e.to_string()))
+        report_of(&self.actor).await
+    }
+
+    /// The node's actor, to ask it with [`report_of`] and [`stats_of`] without holding
+    /// whatever holds the handle.
+    pub(crate) fn actor(&self) -> ActorRef<NodeMsg> {
+        self.actor.clone()
     }
 
     /// The node's counters.
@@ -354,8 +371,7 @@ impl NodeHandle {
     /// # Errors
     /// [`NodeError::Actor`] if the actor does not answer within 5 seconds.
     pub async fn stats(&self) -> Result<NodeStats, NodeError> {
-        ractor::call_t!(self.actor, NodeMsg::Stats, 5_000)
-            .map_err(|e| NodeError::Actor(e.to_string()))
+        stats_of(&self.actor).await
     }
 
     /// Applies a new access file: new clients are checked against it, open client

@@ -74,7 +74,8 @@ impl NetContext {
         tokio::spawn(async move {
             let reason = connection.closed().await;
             tracing::debug!(conn, %reason, "connection closed");
-            let _ = actor.send_message(NodeMsg::Disconnected { conn });
+            let silent = matches!(reason, quinn::ConnectionError::TimedOut);
+            let _ = actor.send_message(NodeMsg::Disconnected { conn, silent });
         });
         conn
     }
@@ -113,7 +114,11 @@ async fn read_frames(
             Ok(None) => return,
             Err(error) => {
                 tracing::debug!(conn, %error, "stream ended");
-                connection.close(2u32.into(), b"stream error");
+                // Closing a connection that already ended would replace why it ended (a
+                // silent peer's time-out, which the link's loop acts on) with our close.
+                if connection.close_reason().is_none() {
+                    connection.close(2u32.into(), b"stream error");
+                }
                 return;
             }
         }
@@ -202,7 +207,8 @@ pub(crate) type Target = (String, Address);
 /// directly ([`Link::Leaf`]): connect, serve until the connection ends, reconnect; until
 /// shutdown. A session that lasted reconnects at once to the same node (it may be back
 /// already: a restarted node resets its predecessor's connections at their first packet),
-/// except a replicated leaf's, which starts with the next replica; a failed attempt moves on
+/// except one that went silent or a replicated leaf's, which start with the next target; a
+/// failed attempt moves on
 /// to the next target, and once every target failed in turn, the next round waits, doubling
 /// within the settings.
 pub(crate) async fn link_loop(
@@ -259,6 +265,14 @@ pub(crate) async fn link_loop(
                             return;
                         }
                         tracing::warn!(peer, %address, %reason, "connection lost");
+                        // A peer that went silent (its host gone or cut off, not restarted:
+                        // a restart resets the connection at once) would only be dialed in
+                        // vain until `connect_timeout_ms`: the next target goes first.
+                        if matches!(reason, quinn::ConnectionError::TimedOut) && targets.len() > 1 {
+                            current = (current + 1) % targets.len();
+                            backoff = initial;
+                            continue;
+                        }
                     }
                     () = fail_back(&ctx, &endpoint, &targets[0], current) => {
                         tracing::info!(peer, from = %name, to = %targets[0].0, "going back");

@@ -163,8 +163,15 @@ impl ReplicaHandle {
     /// [`NodeError::Replica`] on a replica that does not serve; [`NodeError::Actor`] as for
     /// [`NodeHandle::report`].
     pub async fn report(&self) -> Result<crest_core::metrics::Report, NodeError> {
+        crate::report_of(&self.serving_actor().await?).await
+    }
+
+    /// The actor of the leaf it serves, taken out of the `serving` lock: an answer that is
+    /// slow to come must not hold up the supervisor's heartbeat and step-down, which take
+    /// that lock.
+    async fn serving_actor(&self) -> Result<ractor::ActorRef<crate::actor::NodeMsg>, NodeError> {
         match &*self.shared.serving.lock().await {
-            Some((_, node)) => node.report().await,
+            Some((_, node)) => Ok(node.actor()),
             None => Err(self.not_serving()),
         }
     }
@@ -174,10 +181,7 @@ impl ReplicaHandle {
     /// # Errors
     /// As [`ReplicaHandle::report`].
     pub async fn stats(&self) -> Result<crest_core::machine::NodeStats, NodeError> {
-        match &*self.shared.serving.lock().await {
-            Some((_, node)) => node.stats().await,
-            None => Err(self.not_serving()),
-        }
+        crate::stats_of(&self.serving_actor().await?).await
     }
 
     fn not_serving(&self) -> NodeError {

@@ -44,7 +44,7 @@ impl Admin {
     /// [`ClientError`] if the root cannot be reached or refuses us.
     pub async fn connect(config: ConsumerConfig) -> Result<Admin, ClientError> {
         Ok(Admin {
-            link: connect_root(&config, 0).await?.0,
+            link: connect_root(&config, &[0]).await?.0,
         })
     }
 

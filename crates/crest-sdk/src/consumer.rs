@@ -58,9 +58,13 @@ pub struct ConsumerConfig {
     /// Pause before the second try; doubled for each further one, up to 1 s.
     pub retry_initial: Duration,
     /// A connection to a root that stays silent this long is given up (keep-alives go every
-    /// second): what bounds the time a consumer takes to notice a root that vanished, and
-    /// move on to one standing by. Default: the settings' `idle_timeout_ms` (10 s).
+    /// fifth of it): what bounds the time a consumer takes to notice a root whose host
+    /// vanished, and move on to one standing by. Default: 1 s, as the tree's own links.
     pub idle_timeout: Duration,
+    /// A root whose connection went silent is dialed after the others for this long: the
+    /// next connection goes to a root standing by rather than waiting out
+    /// `connect_timeout_ms` on a host that is gone.
+    pub root_retry_after: Duration,
     /// The leaves' addresses: acks, nacks and extends of a delivery go to the leaf that owns
     /// it directly, not through the root (see the module doc). Empty (the default of
     /// [`ConsumerConfig::new`]): all go through the root.
@@ -83,7 +87,8 @@ impl ConsumerConfig {
             requests_in_flight_max: 64,
             tries_max: 4,
             retry_initial: Duration::from_millis(50),
-            idle_timeout: Duration::from_millis(Settings::default().idle_timeout_ms),
+            idle_timeout: Duration::from_secs(1),
+            root_retry_after: Duration::from_secs(5),
             leaves: Vec::new(),
             leaf_retry_after: Duration::from_secs(5),
             leaf_idle_timeout: Duration::from_secs(1),
@@ -157,6 +162,9 @@ struct Inner {
     /// The current connection and which of the roots it is to, replaced by the first request
     /// after it ended.
     link: tokio::sync::Mutex<(Arc<Link>, usize)>,
+    /// When each root's connection last went silent (see
+    /// [`ConsumerConfig::root_retry_after`]).
+    silent: std::sync::Mutex<Vec<Option<tokio::time::Instant>>>,
     /// Set by [`Consumer::close`]: no reconnection after it.
     closed: std::sync::atomic::AtomicBool,
     /// Links to the leaves, for settlements.
@@ -169,7 +177,8 @@ impl Consumer {
     /// # Errors
     /// [`ClientError`] if the root cannot be reached or refuses us.
     pub async fn connect(config: ConsumerConfig) -> Result<Consumer, ClientError> {
-        let (link, root) = connect_root(&config, 0).await?;
+        let (link, root) = connect_root(&config, &[0]).await?;
+        let silent = std::sync::Mutex::new(vec![None; config.roots.len()]);
         let owners = Owners::new(
             &config.leaves,
             config.tls.clone(),
@@ -181,17 +190,20 @@ impl Consumer {
             inner: Arc::new(Inner {
                 config,
                 link: tokio::sync::Mutex::new((Arc::new(link), root)),
+                silent,
                 closed: std::sync::atomic::AtomicBool::new(false),
                 owners,
             }),
         })
     }
 
-    /// Leaves the root in use for the next one: the next request connects there first.
+    /// Leaves the root in use for the next one: the next request connects there first,
+    /// unless it went silent lately and another did not.
     async fn move_on(&self) {
         let mut link = self.inner.link.lock().await;
         link.0.close();
-        link.1 = (link.1 + 1) % self.inner.config.roots.len();
+        let next = (link.1 + 1) % self.inner.config.roots.len();
+        link.1 = self.dial_order(next)[0];
     }
 
     /// The connection to the root, made again if the last one ended.
@@ -201,11 +213,37 @@ impl Consumer {
             if self.inner.closed.load(std::sync::atomic::Ordering::Relaxed) {
                 return Err(ClientError::Closed);
             }
-            // The root it was using first: it may be back already (a restart).
-            let (made, root) = connect_root(&self.inner.config, link.1).await?;
+            if link.0.went_silent() {
+                self.silent()[link.1] = Some(tokio::time::Instant::now());
+            }
+            // The root it was using first: it may be back already (a restart). Roots that
+            // went silent lately come last.
+            let order = self.dial_order(link.1);
+            let (made, root) = connect_root(&self.inner.config, &order).await?;
             *link = (Arc::new(made), root);
         }
         Ok(link.0.clone())
+    }
+
+    fn silent(&self) -> std::sync::MutexGuard<'_, Vec<Option<tokio::time::Instant>>> {
+        self.inner
+            .silent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Every root, from `first` on in turn, those that went silent within
+    /// `root_retry_after` after the others.
+    fn dial_order(&self, first: usize) -> Vec<usize> {
+        let count = self.inner.config.roots.len();
+        let silent = self.silent();
+        let lately = |index: usize| {
+            silent[index].is_some_and(|at| at.elapsed() < self.inner.config.root_retry_after)
+        };
+        let turn = (0..count).map(|turn| (first + turn) % count);
+        let mut order: Vec<usize> = turn.clone().filter(|&i| !lately(i)).collect();
+        order.extend(turn.filter(|&i| lately(i)));
+        order
     }
 
     /// Pops up to `max` deliveries of `topic`, most urgent first, waiting up to `wait` for
@@ -615,21 +653,21 @@ impl Drop for Heartbeat {
     }
 }
 
-/// Connects to the first of the roots that answers, from the `first`-th on (in turn); says
-/// which. A root that refuses us (a credential, a protocol version) is not passed over: the
-/// others would say the same.
+/// Connects to the first of the roots that answers, trying them in `order` and then any
+/// not in it; says which. A root that refuses us (a credential, a protocol version) is not
+/// passed over: the others would say the same.
 pub(crate) async fn connect_root(
     config: &ConsumerConfig,
-    first: usize,
+    order: &[usize],
 ) -> Result<(Link, usize), ClientError> {
     let settings = link_settings(config);
     let count = config.roots.len();
     if count == 0 {
         return Err(ClientError::InvalidArgument("no root address".into()));
     }
+    let rest = (0..count).filter(|index| !order.contains(index));
     let mut failure = None;
-    for turn in 0..count {
-        let index = (first + turn) % count;
+    for index in order.iter().copied().filter(|&i| i < count).chain(rest) {
         let made = Link::connect(
             &config.roots[index],
             PeerKind::Consumer,
@@ -649,10 +687,13 @@ pub(crate) async fn connect_root(
     Err(failure.expect("at least one root was tried"))
 }
 
-/// The settings of a consumer's connections (its idle timeout).
+/// The settings of a consumer's connections to roots: their idle timeout, and keep-alives a
+/// fifth of it (see [`ConsumerConfig::idle_timeout`]).
 fn link_settings(config: &ConsumerConfig) -> Settings {
+    let idle_ms = millis(config.idle_timeout).max(5);
     Settings {
-        idle_timeout_ms: millis(config.idle_timeout).max(1),
+        idle_timeout_ms: idle_ms,
+        keep_alive_ms: idle_ms / 5,
         ..Settings::default()
     }
 }

@@ -190,6 +190,16 @@ impl Link {
         self.connection.close_reason().is_some()
     }
 
+    /// Whether the connection ended because the node went silent (its idle timeout): its host
+    /// is gone or cut off, unlike a node that restarted (its reset ends the connection at
+    /// once) or refused us.
+    pub(crate) fn went_silent(&self) -> bool {
+        matches!(
+            self.connection.close_reason(),
+            Some(quinn::ConnectionError::TimedOut)
+        )
+    }
+
     /// Sends the request built for a fresh request number and waits for its answer.
     /// An `Error` answer becomes [`ClientError::Rejected`].
     pub(crate) async fn request(
@@ -340,7 +350,11 @@ async fn route_answers(mut reader: FrameReader, waiters: Waiters, connection: qu
             Ok(None) | Err(_) => break,
         }
     }
-    connection.close(0u32.into(), b"data stream ended");
+    // Closing a connection that already ended would replace why it ended (see
+    // `Link::went_silent`) with our close.
+    if connection.close_reason().is_none() {
+        connection.close(0u32.into(), b"data stream ended");
+    }
     // Dropping every waiter wakes its request with "disconnected".
     waiters.lock().expect("waiters lock").take();
 }

@@ -16,9 +16,10 @@
 //! and new messages avoid the lane for a
 //! while (`leaf_retry_initial`, doubling up to `leaf_retry_max`); after that the next batch
 //! tries the leaf again. A batch already sent when its connection breaks (or that is not
-//! acknowledged within `ack_timeout`) goes to the other leaves the same way, and the lane is
-//! avoided: a leaf whose host vanished costs its in-flight batches about `leaf_idle_timeout`
-//! (1 s) of latency, not an error. A batch that no leaf takes (none answers, or each is
+//! acknowledged within `ack_timeout`, or refused `StorageFailed` by a leaf whose disk is full
+//! or failing) goes to the other leaves the same way, and the lane is avoided: a leaf whose
+//! host vanished costs its in-flight batches about `leaf_idle_timeout` (1 s) of latency, and
+//! a leaf out of disk space a round trip, not an error. A batch that no leaf takes (none answers, or each is
 //! avoided) tries the leaves in turn every `leaf_retry_initial`, up to `leaf_wait_max` (10 s),
 //! before its pushes fail: a replicated leaf electing its next leader, or a lone leaf
 //! restarting, delays pushes (and [`Producer::connect`] to replicated leaves waits for a
@@ -38,7 +39,7 @@ use crest_core::config::Settings;
 use crest_core::id::MessageId;
 use crest_core::time::Time;
 use crest_core::topology::Topology;
-use crest_core::wire::{PeerKind, Push, PushMessage, Wire};
+use crest_core::wire::{ErrorCode, PeerKind, Push, PushMessage, Wire};
 use std::ops::Range;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Weak};
@@ -862,7 +863,16 @@ async fn run_lane(lane: LaneTask, link: Option<Arc<Link>>, mut rx: mpsc::Unbound
                             lane.health(Health::answered);
                             answer(answers, Ok(ids));
                         }
-                        Err(error @ (ClientError::Disconnected(_) | ClientError::Timeout(_))) => {
+                        // A leaf that cannot store the batch (its disk is full or failing)
+                        // is routed around as one that cannot be reached.
+                        Err(
+                            error @ (ClientError::Disconnected(_)
+                            | ClientError::Timeout(_)
+                            | ClientError::Rejected {
+                                code: ErrorCode::StorageFailed,
+                                ..
+                            }),
+                        ) => {
                             lane.health(|health| health.failed(config));
                             let stuck = if kept.is_empty() {
                                 answers

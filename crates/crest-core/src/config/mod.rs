@@ -148,8 +148,10 @@ pub struct Settings {
     /// open its session with its parent, so that a restarted root or aggregator serves the
     /// most urgent message of the whole tree first, not the most urgent of the children that
     /// came back first. A child that comes back is reported within milliseconds: it sends
-    /// its offers and a report as soon as it is welcomed. 0: never wait (availability first:
-    /// serve what the children present hold).
+    /// its offers and a report as soon as it is welcomed, and a restarted node's peers
+    /// notice it at their next packet (keep-alives every `link_keep_alive_ms`). The price is
+    /// paid when a node is lost for good: every pop of the tree waits this long once. 0:
+    /// never wait (availability first: serve what the children present hold).
     pub absent_child_wait_ms: u64,
     /// Frames read from one connection but not yet handled by the node (bounds the mailbox).
     pub connection_inflight_frames_max: u32,

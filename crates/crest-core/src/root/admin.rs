@@ -233,7 +233,17 @@ impl Root {
         self.finish_admin(admin_id);
     }
 
-    pub(super) fn handle_leaf_admin_reply(&mut self, reply: LeafAdminReply) {
+    /// A leaf's answer to a `LeafAdmin`, taken only from the connection the request went on
+    /// (as [`Root::handle_confirmed`]).
+    pub(super) fn handle_leaf_admin_reply(&mut self, conn: ConnId, reply: LeafAdminReply) {
+        match self.requests.leaf_admins.get(&reply.tag) {
+            Some(pending) if pending.conn != conn => {
+                self.violations += 1;
+                return;
+            }
+            Some(_) => {}
+            None => return,
+        }
         let Some(pending) = self.requests.leaf_admins.remove(&reply.tag) else {
             return;
         };

@@ -91,9 +91,9 @@ impl Root {
                 let reason = format!("leaf {leaf}'s address answers as a {}", welcome.role);
                 self.outbox.close(conn, reason);
             }
-            Wire::Reserved(reserved) => self.handle_reserved(now, reserved),
-            Wire::Confirmed(confirmed) => self.handle_confirmed(confirmed),
-            Wire::LeafAdminReply(reply) => self.handle_leaf_admin_reply(reply),
+            Wire::Reserved(reserved) => self.handle_reserved(now, conn, reserved),
+            Wire::Confirmed(confirmed) => self.handle_confirmed(conn, confirmed),
+            Wire::LeafAdminReply(reply) => self.handle_leaf_admin_reply(conn, reply),
             // A refused handshake (say, a leaf of another protocol version): the pop path
             // stays on the aggregators.
             Wire::Error(_) => self.violations += 1,

@@ -171,16 +171,16 @@ impl Machine for Root {
                 }
             }
             (Some(crate::downstream::Peer::Child { .. }), Wire::Reserved(reserved)) => {
-                self.handle_reserved(now, reserved)
+                self.handle_reserved(now, conn, reserved)
             }
             (Some(crate::downstream::Peer::Child { .. }), Wire::Confirmed(confirmed)) => {
-                self.handle_confirmed(confirmed)
+                self.handle_confirmed(conn, confirmed)
             }
             (Some(crate::downstream::Peer::Consumer), Wire::Pop(pop)) => {
                 self.handle_pop(now, conn, pop)
             }
             (Some(crate::downstream::Peer::Child { .. }), Wire::LeafAdminReply(reply)) => {
-                self.handle_leaf_admin_reply(reply)
+                self.handle_leaf_admin_reply(conn, reply)
             }
             (Some(crate::downstream::Peer::Consumer), Wire::Ack(ack)) => {
                 self.handle_ack(now, conn, ack)

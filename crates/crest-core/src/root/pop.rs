@@ -439,10 +439,21 @@ impl Root {
         );
     }
 
-    pub(super) fn handle_reserved(&mut self, now: Time, reserved: Reserved) {
+    /// A leaf's answers to reserves. Each is taken only from the connection its reserve went
+    /// on: another node answering for a subtree not its own is a violation, and its answer
+    /// changes nothing (not even the lease it names, which is not its to end).
+    pub(super) fn handle_reserved(&mut self, now: Time, conn: ConnId, reserved: Reserved) {
         let mut orphans: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
         let mut extends: Vec<(Receipt, u64)> = Vec::new();
         for outcome in reserved.items {
+            if self
+                .reservations
+                .get(&outcome.reservation)
+                .is_some_and(|r| r.key == outcome.key && r.conn != conn)
+            {
+                self.violations += 1;
+                continue;
+            }
             if outcome.result.is_err() {
                 self.counters.reserves_denied += 1;
             }

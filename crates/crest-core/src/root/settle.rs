@@ -75,7 +75,17 @@ impl Root {
         self.finish_ack(ack_id);
     }
 
-    pub(super) fn handle_confirmed(&mut self, confirmed: Confirmed) {
+    /// A leaf's answer to a `Confirm`, taken only from the connection the `Confirm` went
+    /// on: another node answering for a subtree not its own is a violation.
+    pub(super) fn handle_confirmed(&mut self, conn: ConnId, confirmed: Confirmed) {
+        match self.requests.confirms.get(&confirmed.tag) {
+            Some(confirm) if confirm.conn != conn => {
+                self.violations += 1;
+                return;
+            }
+            Some(_) => {}
+            None => return,
+        }
         let Some(confirm) = self.requests.confirms.remove(&confirmed.tag) else {
             return;
         };

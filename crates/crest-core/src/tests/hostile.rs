@@ -156,3 +156,101 @@ fn a_child_cannot_make_its_parent_hold_more_topics_than_the_leaves_below_may() {
     let end = t.h.nodes[node].stats();
     assert_eq!(end.violations, last.violations + 1);
 }
+
+#[test]
+fn a_child_cannot_answer_for_a_request_that_went_to_another() {
+    // Goal: the root takes a leaf's answer (`Confirmed`, `LeafAdminReply`, `Reserved`) only
+    // from the connection its request went on, so a compromised node cannot settle or list
+    // for a subtree not its own. Method: a root over two node children, one leading to leaf
+    // 1 and one to leaf 2; a consumer acks a receipt of leaf 1's and asks for leaf 1's dead
+    // letters; the child of leaf 2 answers both requests first (each a violation that
+    // changes nothing), then the child of leaf 1 does, and its answers are the ones the
+    // consumer gets.
+    let mut h = Harness::new();
+    let root = h.add(root_node(settings(4), vec![LeafId(1), LeafId(2)]));
+    let child = |h: &mut Harness, name: &str, leaf: u16| {
+        let peer = PeerKind::Node {
+            name: name.into(),
+            role: Role::Leaf,
+            leaves: vec![LeafId(leaf)],
+            replica: None,
+        };
+        let conn = h.client(root, peer);
+        while h.try_recv(conn).is_some() {}
+        conn
+    };
+    let owner = child(&mut h, "leaf-1", 1);
+    let rogue = child(&mut h, "leaf-2", 2);
+    let consumer = h.client(root, PeerKind::Consumer);
+    let receipt = Receipt {
+        id: MessageId::new(LeafId(1), 7),
+        token: 1,
+    };
+    let request = h.request();
+    h.send(
+        consumer,
+        Wire::Ack(Ack {
+            request,
+            op: Settle::Ack,
+            receipts: vec![receipt],
+        }),
+    );
+    let Wire::Confirm(confirm) = h.recv(owner) else {
+        panic!("a confirm to leaf 1's child")
+    };
+    let before = h.nodes[root].stats();
+    let forged = Confirmed {
+        tag: confirm.tag,
+        results: vec![Ok(())],
+    };
+    h.send(rogue, Wire::Confirmed(forged));
+    assert!(h.try_recv(consumer).is_none(), "no answer from the rogue");
+    assert_eq!(h.nodes[root].stats().violations, before.violations + 1);
+    let stale = Confirmed {
+        tag: confirm.tag,
+        results: vec![Err(ReceiptError::Stale)],
+    };
+    h.send(owner, Wire::Confirmed(stale));
+    let Wire::AckReply(reply) = h.recv(consumer) else {
+        panic!("an ack reply")
+    };
+    assert_eq!(reply.results, vec![Err(ReceiptError::Stale)]);
+
+    // The same for an admin request's leaf answers.
+    let request = h.request();
+    h.send(
+        consumer,
+        Wire::Admin(crate::wire::Admin {
+            request,
+            op: AdminOp::DeadLetters {
+                topic: "jobs".into(),
+                after: None,
+                limit: 10,
+            },
+        }),
+    );
+    let Wire::LeafAdmin(asked) = h.recv(owner) else {
+        panic!("a leaf admin request to leaf 1's child")
+    };
+    let before = h.nodes[root].stats();
+    let listing = |tag| {
+        Wire::LeafAdminReply(crate::wire::LeafAdminReply {
+            tag,
+            result: Some(AdminResult::DeadLetters(Vec::new())),
+            more: false,
+        })
+    };
+    // The listing goes to every leaf: the rogue answers its own part, and leaf 1's.
+    let Wire::LeafAdmin(own) = h.recv(rogue) else {
+        panic!("a leaf admin request to leaf 2's child")
+    };
+    h.send(rogue, listing(own.tag));
+    h.send(rogue, listing(asked.tag));
+    assert!(
+        h.try_recv(consumer).is_none(),
+        "no answer: leaf 1's part is missing"
+    );
+    assert_eq!(h.nodes[root].stats().violations, before.violations + 1);
+    h.send(owner, listing(asked.tag));
+    assert!(matches!(h.recv(consumer), Wire::AdminReply(_)));
+}

@@ -232,6 +232,16 @@ impl Harness {
 
     /// Tears down a connection: both ends see it go.
     fn disconnect(&mut self, end: ConnId) {
+        self.end_connection(end, false);
+    }
+
+    /// Ends a connection as its idle timeout does when its peer went silent: both sides are
+    /// told [`Machine::handle_went_silent`].
+    fn went_silent(&mut self, end: ConnId) {
+        self.end_connection(end, true);
+    }
+
+    fn end_connection(&mut self, end: ConnId, silent: bool) {
         let Some((owner, other)) = self.ends.remove(&end) else {
             return;
         };
@@ -239,7 +249,11 @@ impl Harness {
         self.queue.retain(|(to, _)| *to != end && *to != other);
         for (owner, conn) in [(owner, end), (other_owner, other)] {
             if let Owner::Node(index) = owner {
-                self.nodes[index].handle_disconnected(self.now, conn);
+                if silent {
+                    self.nodes[index].handle_went_silent(self.now, conn);
+                } else {
+                    self.nodes[index].handle_disconnected(self.now, conn);
+                }
             }
         }
         self.run();

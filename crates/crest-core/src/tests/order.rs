@@ -389,6 +389,46 @@ fn a_leaf_lost_below_an_aggregator_makes_the_root_wait_for_it() {
     assert_eq!(reply.deliveries[0].priority, 5);
 }
 
+#[test]
+fn a_leaf_that_went_silent_is_not_waited_for_beyond_the_time_it_took_to_notice() {
+    // Goal: a session that ended because its peer went silent (its host cut off or gone:
+    // nothing heard for `link_idle_timeout_ms`) costs the rest of the tree no further wait:
+    // the leaves behind it were unknown since it was last heard, and the wait counts from
+    // then; a session that ended otherwise (a restart resets its connections) keeps the
+    // whole wait. Method: as above, an aggregator over leaf-1 (urgent) and leaf-2; leaf-1's
+    // link goes silent, then a long poll at the root is answered at once with leaf-2's
+    // message; leaf-1 linked again and then reset, and the next long poll is held.
+    let mut h = Harness::new();
+    let leaves_below = vec![LeafId(1), LeafId(2)];
+    let root = h.add(root_node(settings(4), leaves_below.clone()));
+    let agg = h.add(Box::new(Aggregator::new(AggregatorConfig {
+        name: "agg-0".into(),
+        settings: settings(4),
+        subtree: leaves_below,
+    })));
+    let leaves = [leaf(1, 4), leaf(2, 4)].map(|machine| h.add(machine));
+    h.link(agg, root);
+    let lost = h.link(leaves[0], agg);
+    h.link(leaves[1], agg);
+    let producers = leaves.map(|node| h.client(node, PeerKind::Producer));
+    h.push(producers[0], "jobs", &[0]);
+    h.push(producers[1], "jobs", &[5, 5]);
+    let consumer = h.client(root, PeerKind::Consumer);
+    h.went_silent(lost);
+    h.send(consumer, long_poll(1));
+    let Wire::PopReply(reply) = h.recv(consumer) else {
+        panic!("answered at once: leaf-1 went silent a link idle timeout ago")
+    };
+    assert_eq!(reply.deliveries[0].priority, 5);
+
+    // Back, then reset: a restart, maybe, which the parent waits for.
+    let back = h.link(leaves[0], agg);
+    h.disconnect(back);
+    h.send(consumer, long_poll(2));
+    let reply = answered_after_the_absent_wait(&mut h, consumer);
+    assert_eq!(reply.deliveries[0].priority, 5);
+}
+
 /// A pop of one that may wait 5 s.
 fn long_poll(request: u64) -> Wire {
     Wire::Pop(Pop {

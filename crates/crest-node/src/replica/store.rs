@@ -146,8 +146,12 @@ impl ReplicatedStore {
         stager: crest_replica::Stager,
         gathering: Gathering,
         acks: Acks,
-        on_done: impl Fn(Vec<Outcome>) + Send + 'static,
+        on_done: impl Fn(Vec<Outcome>) + Send + Sync + 'static,
     ) -> std::io::Result<ReplicatedStore> {
+        // Shared with the gathering thread, which answers what it can no longer hand on if
+        // the answering task ended (it panicked): no write is left waiting for ever.
+        let on_done = Arc::new(on_done);
+        let refuse = on_done.clone();
         let mut in_sync = InSync::new(&raft, acks);
         let (ops, rx) = mpsc::sync_channel::<Operation>(gathering.queue);
         let runtime = tokio::runtime::Handle::current();
@@ -192,13 +196,24 @@ impl ReplicatedStore {
                         answer,
                         permit,
                     };
-                    if pending_tx.send(handed).is_err() {
+                    if let Err(lost) = pending_tx.send(handed) {
+                        let reason =
+                            "the replicated write pipeline stopped: its answering task ended";
+                        tracing::error!("{reason}; every write from now on is refused");
+                        let mut refused = lost.0.refused;
+                        refused.extend(outcomes(lost.0.sent, Err(reason.to_string())));
+                        refused.extend(
+                            rx.try_iter()
+                                .filter_map(|op| op.token())
+                                .map(|token| Err((token, reason.to_string()))),
+                        );
+                        refuse(refused);
                         return;
                     }
                 }
             })?;
         // Raft answers writes in log order; this task passes the answers on in that order.
-        tokio::spawn(async move {
+        let answering = tokio::spawn(async move {
             while let Some(handed) = pending.recv().await {
                 let Handed {
                     sent,
@@ -228,6 +243,13 @@ impl ReplicatedStore {
                 }
                 refused.extend(outcomes(sent, answer));
                 on_done(refused);
+            }
+        });
+        tokio::spawn(async move {
+            if let Err(error) = answering.await
+                && error.is_panic()
+            {
+                tracing::error!(%error, "the replicated write pipeline's answering task panicked");
             }
         });
         Ok(ReplicatedStore { ops })
