@@ -474,6 +474,23 @@ async fn a_batch_send_answers_each_message_id_in_order_across_parts_leaves_and_d
     tree.shutdown().await;
 }
 
+/// Waits until the root holds exactly `count` pops waiting for messages (within `WAIT`).
+async fn pops_waiting_at_the_root(tree: &LocalTree, count: u64) {
+    let root = tree.node("root").expect("the tree has a root");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let waiting = root.stats().await.unwrap().pending_pops;
+        if waiting == count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{waiting} pops wait at the root, not {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_returns_when_a_message_arrives_and_each_message_wakes_one_consumer() {
     let tree = start_tree(None).await;
@@ -498,7 +515,8 @@ async fn a_long_poll_returns_when_a_message_arrives_and_each_message_wakes_one_c
                 .push((index, got.len(), Instant::now()));
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // All three wait: the root holds three pops.
+    pops_waiting_at_the_root(&tree, 3).await;
     assert!(results.lock().unwrap().is_empty(), "all three wait");
     let pushed_at = Instant::now();
     push(&producer, Message::new("wake", "one")).await;
@@ -507,7 +525,8 @@ async fn a_long_poll_returns_when_a_message_arrives_and_each_message_wakes_one_c
     while results.lock().unwrap().is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The other two still wait at the root.
+    pops_waiting_at_the_root(&tree, 2).await;
     {
         let results = results.lock().unwrap();
         assert_eq!(results.len(), 1, "one message wakes one consumer");

@@ -354,19 +354,14 @@ fn a_leaf_lost_below_an_aggregator_makes_the_root_wait_for_it() {
     // a more urgent message, is coming back; and it waits only `absent_child_wait_ms`.
     // Method: an aggregator over leaf-1 (urgent) and leaf-2; leaf-1's link cut; a long-poll
     // pop asked in between; leaf-1 linked again.
-    let mut h = Harness::new();
-    let leaves_below = vec![LeafId(1), LeafId(2)];
-    let root = h.add(root_node(settings(4), leaves_below.clone()));
-    let agg = h.add(Box::new(Aggregator::new(AggregatorConfig {
-        name: "agg-0".into(),
-        settings: settings(4),
-        subtree: leaves_below,
-    })));
-    let leaves = [leaf(1, 4), leaf(2, 4)].map(|machine| h.add(machine));
-    h.link(agg, root);
-    let lost = h.link(leaves[0], agg);
-    h.link(leaves[1], agg);
-    let producers = leaves.map(|node| h.client(node, PeerKind::Producer));
+    let TwoBelow {
+        mut h,
+        root,
+        agg,
+        leaves,
+        lost,
+        producers,
+    } = two_leaves_below_an_aggregator();
     let urgent = h.push(producers[0], "jobs", &[0])[0];
     h.push(producers[1], "jobs", &[5]);
     let consumer = h.client(root, PeerKind::Consumer);
@@ -398,19 +393,14 @@ fn a_leaf_that_went_silent_is_not_waited_for_beyond_the_time_it_took_to_notice()
     // whole wait. Method: as above, an aggregator over leaf-1 (urgent) and leaf-2; leaf-1's
     // link goes silent, then a long poll at the root is answered at once with leaf-2's
     // message; leaf-1 linked again and then reset, and the next long poll is held.
-    let mut h = Harness::new();
-    let leaves_below = vec![LeafId(1), LeafId(2)];
-    let root = h.add(root_node(settings(4), leaves_below.clone()));
-    let agg = h.add(Box::new(Aggregator::new(AggregatorConfig {
-        name: "agg-0".into(),
-        settings: settings(4),
-        subtree: leaves_below,
-    })));
-    let leaves = [leaf(1, 4), leaf(2, 4)].map(|machine| h.add(machine));
-    h.link(agg, root);
-    let lost = h.link(leaves[0], agg);
-    h.link(leaves[1], agg);
-    let producers = leaves.map(|node| h.client(node, PeerKind::Producer));
+    let TwoBelow {
+        mut h,
+        root,
+        agg,
+        leaves,
+        lost,
+        producers,
+    } = two_leaves_below_an_aggregator();
     h.push(producers[0], "jobs", &[0]);
     h.push(producers[1], "jobs", &[5, 5]);
     let consumer = h.client(root, PeerKind::Consumer);
@@ -427,6 +417,42 @@ fn a_leaf_that_went_silent_is_not_waited_for_beyond_the_time_it_took_to_notice()
     h.send(consumer, long_poll(2));
     let reply = answered_after_the_absent_wait(&mut h, consumer);
     assert_eq!(reply.deliveries[0].priority, 5);
+}
+
+/// A root over an aggregator over leaf-1 and leaf-2.
+struct TwoBelow {
+    h: Harness,
+    root: usize,
+    agg: usize,
+    leaves: [usize; 2],
+    /// Leaf-1's end of its link to the aggregator.
+    lost: ConnId,
+    /// A producer at each leaf.
+    producers: [ConnId; 2],
+}
+
+fn two_leaves_below_an_aggregator() -> TwoBelow {
+    let mut h = Harness::new();
+    let leaves_below = vec![LeafId(1), LeafId(2)];
+    let root = h.add(root_node(settings(4), leaves_below.clone()));
+    let agg = h.add(Box::new(Aggregator::new(AggregatorConfig {
+        name: "agg-0".into(),
+        settings: settings(4),
+        subtree: leaves_below,
+    })));
+    let leaves = [leaf(1, 4), leaf(2, 4)].map(|machine| h.add(machine));
+    h.link(agg, root);
+    let lost = h.link(leaves[0], agg);
+    h.link(leaves[1], agg);
+    let producers = leaves.map(|node| h.client(node, PeerKind::Producer));
+    TwoBelow {
+        h,
+        root,
+        agg,
+        leaves,
+        lost,
+        producers,
+    }
 }
 
 /// A pop of one that may wait 5 s.
