@@ -56,7 +56,7 @@ impl Sim {
         self.exposed.extend(self.unconfirmed.iter().copied());
         for end in across {
             self.partition_disconnects += 1;
-            self.close_conn(end, None);
+            self.time_out_conn(end);
         }
         self.exposed.extend(self.unconfirmed.iter().copied());
     }

@@ -338,6 +338,16 @@ impl Sim {
     /// Ends the connection with the end `end`: both ends vanish with what is in flight on them,
     /// and the owners that are up (but `skip`) are told.
     pub(super) fn close_conn(&mut self, end: ConnId, skip: Option<usize>) {
+        self.end_conn(end, skip, false);
+    }
+
+    /// [`Sim::close_conn`] for a connection whose peer went silent for the idle timeout (a
+    /// partition): the nodes are told [`crest_core::machine::Machine::handle_went_silent`].
+    pub(super) fn time_out_conn(&mut self, end: ConnId) {
+        self.end_conn(end, None, true);
+    }
+
+    fn end_conn(&mut self, end: ConnId, skip: Option<usize>, silent: bool) {
         let Some((owner, peer)) = self.ends.remove(&end) else {
             return;
         };
@@ -351,7 +361,11 @@ impl Sim {
             match owner {
                 Owner::Node(node) => {
                     if Some(node) != skip && self.up[node] {
-                        self.nodes[node].handle_disconnected(now, end);
+                        if silent {
+                            self.nodes[node].handle_went_silent(now, end);
+                        } else {
+                            self.nodes[node].handle_disconnected(now, end);
+                        }
                         self.drain(node);
                     }
                 }
