@@ -32,15 +32,8 @@ struct Round {
 }
 
 fn main() {
-    let rounds: usize = std::env::args()
-        .skip(1)
-        .find_map(|arg| arg.parse().ok())
-        .unwrap_or(10);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rounds: usize = cluster::count_argument(10);
+    let runtime = cluster::bench_runtime();
     runtime.block_on(async {
         let mut cluster = Cluster::start_exactly("failover", "");
         println!("node killed   rounds   relaunch to urgent pop (ms): p50   p90   max   passed over while down (p50 / max)   after the restart (p50 / max)   pop errors");

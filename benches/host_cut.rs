@@ -26,15 +26,8 @@ mod tmpfs;
 use std::time::Duration;
 
 fn main() {
-    let runs: usize = std::env::args()
-        .skip(1)
-        .find_map(|arg| arg.parse().ok())
-        .unwrap_or(10);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runs: usize = cluster::count_argument(10);
+    let runtime = cluster::bench_runtime();
     let (mut root_gaps, mut acks, mut other_gaps) = (Vec::new(), Vec::new(), Vec::new());
     let mut errors = 0;
     for run in 0..runs {

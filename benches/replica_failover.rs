@@ -21,15 +21,8 @@ const MESSAGES_PER_ROUND: usize = 20;
 const BUCKET_MS: u128 = 250;
 
 fn main() {
-    let kills: usize = std::env::args()
-        .skip(1)
-        .find_map(|arg| arg.parse().ok())
-        .unwrap_or(20);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let kills: usize = cluster::count_argument(20);
+    let runtime = cluster::bench_runtime();
     runtime.block_on(async {
         let mut cluster = cluster::Cluster::from_template(
             "replica-failover",

@@ -22,15 +22,8 @@ use std::time::{Duration, Instant};
 const REPLICAS: [&str; 3] = ["leaf-1a", "leaf-1b", "leaf-1c"];
 
 fn main() {
-    let seconds: u64 = std::env::args()
-        .skip(1)
-        .find_map(|arg| arg.parse().ok())
-        .unwrap_or(600);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let seconds: u64 = cluster::count_argument(600);
+    let runtime = cluster::bench_runtime();
     let template = include_str!("../tests/common/replicated.toml")
         .replace("checkpoint_log_bytes = 65536\n", "")
         .replace("checkpoint_interval_ms = 500\n", "");

@@ -595,3 +595,21 @@ where
         }
     }
 }
+
+/// For the benchmarks of processes: the first argument that reads as a number (rounds,
+/// runs, seconds), else `default`.
+pub(crate) fn count_argument<T: std::str::FromStr>(default: T) -> T {
+    std::env::args()
+        .skip(1)
+        .find_map(|arg| arg.parse().ok())
+        .unwrap_or(default)
+}
+
+/// For the benchmarks of processes: a runtime of two workers, as the tests use.
+pub(crate) fn bench_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}

@@ -409,9 +409,7 @@ impl Aggregator {
         let text = format!("aggregator does not accept {} messages here", msg.name());
         self.send(conn, Wire::error(None, ErrorCode::UnexpectedMessage, text));
     }
-}
 
-impl Aggregator {
     /// Connection `conn` ended; a child's leaves are waited for from `since` (see
     /// [`Machine::handle_went_silent`]).
     fn connection_gone(&mut self, now: Time, conn: ConnId, since: Time) {

@@ -29,7 +29,6 @@
 use crate::link::Link;
 use crate::owners::{LeafAddresses, Owners};
 use crate::{ClientError, ClientTls};
-use crest_core::config::Settings;
 use crest_core::id::{LeafId, Receipt};
 use crest_core::topology::Topology;
 use crest_core::wire::{Ack, Delivery, ErrorCode, PeerKind, Pop, ReceiptError, Settle, Wire};
@@ -182,7 +181,7 @@ impl Consumer {
         let owners = Owners::new(
             &config.leaves,
             config.tls.clone(),
-            leaf_link_settings(&config),
+            crate::link::settings_idle_after(config.leaf_idle_timeout),
             config.requests_in_flight_max,
             config.leaf_retry_after,
         );
@@ -660,7 +659,7 @@ pub(crate) async fn connect_root(
     config: &ConsumerConfig,
     order: &[usize],
 ) -> Result<(Link, usize), ClientError> {
-    let settings = link_settings(config);
+    let settings = crate::link::settings_idle_after(config.idle_timeout);
     let count = config.roots.len();
     if count == 0 {
         return Err(ClientError::InvalidArgument("no root address".into()));
@@ -685,28 +684,6 @@ pub(crate) async fn connect_root(
         }
     }
     Err(failure.expect("at least one root was tried"))
-}
-
-/// The settings of a consumer's connections to roots: their idle timeout, and keep-alives a
-/// fifth of it (see [`ConsumerConfig::idle_timeout`]).
-fn link_settings(config: &ConsumerConfig) -> Settings {
-    let idle_ms = millis(config.idle_timeout).max(5);
-    Settings {
-        idle_timeout_ms: idle_ms,
-        keep_alive_ms: idle_ms / 5,
-        ..Settings::default()
-    }
-}
-
-/// The settings of a consumer's links to leaves: their idle timeout, and keep-alives a fifth
-/// of it (see [`ConsumerConfig::leaf_idle_timeout`]).
-fn leaf_link_settings(config: &ConsumerConfig) -> Settings {
-    let idle_ms = millis(config.leaf_idle_timeout).max(5);
-    Settings {
-        idle_timeout_ms: idle_ms,
-        keep_alive_ms: idle_ms / 5,
-        ..Settings::default()
-    }
 }
 
 pub(crate) fn unexpected(expected: &str, got: &Wire) -> ClientError {

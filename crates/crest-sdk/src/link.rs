@@ -79,6 +79,18 @@ fn refused(error: ErrorReply) -> ClientError {
     }
 }
 
+/// The settings of a client's connection that is given up after `idle` without traffic,
+/// with keep-alives every fifth of it (as the tree's own links), so a peer whose host
+/// vanished is noticed within `idle`.
+pub(crate) fn settings_idle_after(idle: Duration) -> crest_core::config::Settings {
+    let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX).max(5);
+    crest_core::config::Settings {
+        idle_timeout_ms: idle_ms,
+        keep_alive_ms: idle_ms / 5,
+        ..crest_core::config::Settings::default()
+    }
+}
+
 impl Link {
     /// Connects to `address`, says who we are, and waits for the node's `Welcome`.
     pub(crate) async fn connect(

@@ -35,7 +35,6 @@
 use crate::link::Link;
 use crate::{ClientError, ClientTls};
 use bytes::Bytes;
-use crest_core::config::Settings;
 use crest_core::id::MessageId;
 use crest_core::time::Time;
 use crest_core::topology::Topology;
@@ -619,14 +618,7 @@ async fn dial_leaves(
 }
 
 async fn connect_leaf(address: &str, config: &ProducerConfig) -> Result<Link, ClientError> {
-    let idle_ms = u64::try_from(config.leaf_idle_timeout.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(5);
-    let settings = Settings {
-        idle_timeout_ms: idle_ms,
-        keep_alive_ms: idle_ms / 5,
-        ..Settings::default()
-    };
+    let settings = crate::link::settings_idle_after(config.leaf_idle_timeout);
     Link::connect(
         address,
         PeerKind::Producer,
