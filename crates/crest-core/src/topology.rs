@@ -206,6 +206,14 @@ impl Topology {
         let mut next_leaf = 1u16;
         // Each group's id (given by a member or the next free one) and member count so far.
         let mut groups: HashMap<String, (Option<u16>, u64)> = HashMap::new();
+        // Settings whose default differs in a tree with replicated leaves, unless it sets them.
+        let mut tree_defaults = toml::Table::new();
+        if raw.node.iter().any(|node| node.group.is_some()) {
+            tree_defaults.insert(
+                "reserve_ahead_max".into(),
+                i64::from(crate::config::RESERVED_AHEAD_REPLICATED).into(),
+            );
+        }
         for node in raw.node {
             let fail = |problem: String| TopologyError::Node {
                 node: node.name.clone(),
@@ -215,7 +223,8 @@ impl Topology {
                 .listen
                 .parse()
                 .map_err(|e| fail(format!("listen {:?}: {e}", node.listen)))?;
-            let mut table = raw.settings.clone();
+            let mut table = tree_defaults.clone();
+            table.extend(raw.settings.clone());
             table.extend(node.settings.clone());
             let settings: Settings = table
                 .try_into()
@@ -695,6 +704,28 @@ mod tests {
             vec!["a1", "b"],
             "one direct link per leaf of the tree"
         );
+    }
+
+    #[test]
+    fn a_tree_with_replicated_leaves_reserves_ahead_unless_it_says_otherwise() {
+        let ahead = |text: &str| {
+            Topology::parse(text)
+                .unwrap()
+                .root()
+                .settings
+                .reserve_ahead_max
+        };
+        assert_eq!(ahead(SMALL), 0, "no replicated leaf: off");
+        assert_eq!(ahead(GROUPS), crate::config::RESERVED_AHEAD_REPLICATED);
+        let set = |value: &str| format!("[settings]\nreserve_ahead_max = {value}\n{GROUPS}");
+        assert_eq!(ahead(&set("0")), 0, "the tree's own setting wins");
+        assert_eq!(ahead(&set("16")), 16);
+        let on_root = GROUPS.replacen(
+            "listen = \"127.0.0.1:7400\"",
+            "listen = \"127.0.0.1:7400\"\n        settings = { reserve_ahead_max = 0 }",
+            1,
+        );
+        assert_eq!(ahead(&on_root), 0, "and so does the root's");
     }
 
     #[test]

@@ -201,6 +201,15 @@ impl Sim {
                 // As the product's replicated leaves: a lease is granted once logged.
                 settings.lease_grants_wait_for_log = true;
             }
+            if spec.role == Role::Root
+                && replication.replicas > 1
+                && settings.reserve_ahead_max == 0
+            {
+                // As the product's trees with replicated leaves (crest_core::topology), which
+                // reserve ahead unless the topology sets otherwise; a simulated topology has no
+                // groups to tell, so here it cannot turn it off.
+                settings.reserve_ahead_max = crest_core::config::RESERVED_AHEAD_REPLICATED;
+            }
             self.groups.push(replicated.then(|| {
                 group::Group::new(
                     replication.replicas,

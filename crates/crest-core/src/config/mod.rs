@@ -83,6 +83,11 @@ pub enum ReplicaAcks {
 /// Most names `http_hosts` may list.
 pub const HTTP_HOSTS_MAX: usize = 64;
 
+/// `reserve_ahead_max` where the topology does not set it and has a replicated leaf: enough
+/// entries for two reserve round trips of pops at a few hundred thousand a second, each round
+/// trip a group commit of a few milliseconds (docs/performance.md, "Replicated leaves").
+pub const RESERVED_AHEAD_REPLICATED: u32 = 4096;
+
 /// All tunable bounds and timings of a node. Field names carry their unit.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -463,10 +468,12 @@ pub struct Settings {
     /// way) instead of through the aggregators, which then carry offers only and learn of
     /// taken entries from the leaf's retracts. Off: the whole pop path goes through the tree.
     pub direct_pop_path: bool,
-    /// Most entries per topic the root keeps reserved ahead of pops (0, the default:
-    /// reserve-ahead off; measured, it pays where a reserve crosses real network latency and
-    /// cost pop throughput on a loopback tree). The buffer follows recent pop demand below
-    /// this bound.
+    /// Most entries per topic the root keeps reserved ahead of pops. The buffer follows
+    /// recent pop demand below this bound. 0, the default, turns reserve-ahead off: where a
+    /// reserve is a quick round trip it costs more than it saves (measured on a loopback tree).
+    /// In a tree with replicated leaves the default is 4,096 ([`RESERVED_AHEAD_REPLICATED`]):
+    /// there every reserve waits for its leases to be committed by the group, and a pop that
+    /// finds its entries reserved ahead does not wait for that.
     pub reserve_ahead_max: u32,
     /// Most payload bytes all of the root's reserve-ahead buffers hold together.
     pub reserve_ahead_bytes_max: u64,
