@@ -191,6 +191,20 @@ def redrive_sends_a_message_out_of_receives_to_its_dead_letter_queue_and_back():
     delete_all(url, [back])
     code = error_code(lambda: sqs.start_message_move_task(SourceArn=dlq_arn.replace("dlq", "redriven")))
     assert code == "InvalidParameterValue", code
+    # Deleting the dead-letter queue takes the source's redrive policy with it: no policy is
+    # left naming a queue that is gone.
+    sqs.delete_queue(QueueUrl=dlq)
+    left = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert "RedrivePolicy" not in left, left
+    sqs.send_message(QueueUrl=url, MessageBody="kept", MessageAttributes=priority(4))
+    for receive in [1, 2, 3]:
+        [m] = receive_all(url, 1, AttributeNames=["ApproximateReceiveCount"])
+        assert m["Body"] == "kept" and m["Attributes"]["ApproximateReceiveCount"] == str(receive), m
+        sqs.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+        )
+    [m] = receive_all(url, 1)
+    delete_all(url, [m])
 
 
 def queues_are_the_tree_s_and_every_gateway_sees_them():

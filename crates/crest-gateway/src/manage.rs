@@ -163,6 +163,14 @@ pub(crate) async fn delete_queue(
     if clients.fetch(&state.config, &name).await?.is_none() {
         return Err(SqsError::no_queue());
     }
+    // The queues that name it as their dead-letter queue lose their redrive policy first: a
+    // policy naming a deleted queue would send their dead letters to a topic nobody reads.
+    // They keep their messages, as a queue without a dead-letter queue does.
+    for (source, mut queue) in sources_of(&clients, &name).await? {
+        queue.attributes.redrive = None;
+        queue.modified = crate::queues::seconds_now();
+        keep(state, &clients, &source, queue).await?;
+    }
     let admin = clients.admin().await?;
     let topic = name.topic();
     admin.unconfigure(&topic).await.map_err(tree_error)?;
@@ -259,7 +267,10 @@ pub(crate) async fn purge_queue(
 }
 
 /// The queues of the namespace whose redrive policy names `target`.
-async fn sources_of(clients: &Clients, target: &QueueName) -> Result<Vec<QueueName>, SqsError> {
+async fn sources_of(
+    clients: &Clients,
+    target: &QueueName,
+) -> Result<Vec<(QueueName, Queue)>, SqsError> {
     Ok(queues_of(clients, &target.namespace, "")
         .await?
         .into_iter()
@@ -267,7 +278,6 @@ async fn sources_of(clients: &Clients, target: &QueueName) -> Result<Vec<QueueNa
             let redrive = queue.attributes.redrive.as_ref();
             redrive.is_some_and(|r| r.dead_letter == *target)
         })
-        .map(|(name, _)| name)
         .collect())
 }
 
@@ -284,7 +294,7 @@ pub(crate) async fn dead_letter_sources(
         .await?
         .into_iter()
         .take(max)
-        .map(|q| q.url(&caller.host))
+        .map(|(source, _)| source.url(&caller.host))
         .collect();
     Ok(json!({ "queueUrls": urls }))
 }
@@ -321,7 +331,7 @@ pub(crate) async fn start_move_task(
     }
     let destination = match input.get("DestinationArn") {
         None | Some(Value::Null) => match &sources[..] {
-            [only] => only.clone(),
+            [(only, _)] => only.clone(),
             _ => {
                 return Err(SqsError::invalid(
                     "The dead-letter queue has several source queues: name DestinationArn \

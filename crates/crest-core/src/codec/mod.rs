@@ -364,6 +364,38 @@ fn denied_name(denied: ReserveDenied) -> &'static str {
     }
 }
 
+/// MessagePack's fixarray markers (the length in the marker's low bits).
+const ARRAY_FIX: std::ops::RangeInclusive<u8> = 0x90..=0x9f;
+
+/// The length a MessagePack length header at the start of `buf` gives (a fix marker, or a
+/// marker `l8`, `l16` or `l32` followed by a big-endian length of that width) and the
+/// header's size in bytes; `None` for any other marker or a header cut short.
+fn length_header(
+    buf: &[u8],
+    fix: std::ops::RangeInclusive<u8>,
+    l8: Option<u8>,
+    l16: u8,
+    l32: u8,
+) -> Option<(usize, usize)> {
+    let marker = *buf.first()?;
+    let width = if fix.contains(&marker) {
+        return Some((usize::from(marker - fix.start()), 1));
+    } else if Some(marker) == l8 {
+        1
+    } else if marker == l16 {
+        2
+    } else if marker == l32 {
+        4
+    } else {
+        return None;
+    };
+    let len = buf
+        .get(1..=width)?
+        .iter()
+        .fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
+    Some((usize::try_from(len).ok()?, 1 + width))
+}
+
 /// A cursor over a body being decoded; every method answers `None` on anything but the
 /// canonical form, or on a list over the receiver's limits (noted in `refused`).
 struct Reader<'a> {
@@ -473,24 +505,14 @@ impl<'a> Reader<'a> {
         l16: u8,
         l32: u8,
     ) -> Option<usize> {
-        let marker = self.byte()?;
-        let len = if fix.contains(&marker) {
-            u64::from(marker - fix.start())
-        } else if Some(marker) == l8 {
-            self.be(1)?
-        } else if marker == l16 {
-            self.be(2)?
-        } else if marker == l32 {
-            self.be(4)?
-        } else {
-            return None;
-        };
-        usize::try_from(len).ok()
+        let (len, header) = length_header(self.buf, fix, l8, l16, l32)?;
+        self.buf = &self.buf[header..];
+        Some(len)
     }
 
     fn array(&mut self) -> Option<usize> {
         // MessagePack has no array8 or map8.
-        self.len(0x90..=0x9f, None, 0xdc, 0xdd)
+        self.len(ARRAY_FIX, None, 0xdc, 0xdd)
     }
 
     fn map(&mut self) -> Option<usize> {
@@ -521,8 +543,8 @@ impl<'a> Reader<'a> {
 
     fn metadata(&mut self) -> Option<Vec<(String, String)>> {
         let max = self.limits.metadata_entries_max;
-        if self.peek_count()? > max as usize {
-            let count = self.peek_count()?;
+        let count = self.peek_count()?;
+        if count > max as usize {
             return self.refuse(
                 ErrorCode::InvalidArgument,
                 format!("{count} metadata entries exceed metadata_entries_max {max}"),
@@ -573,13 +595,7 @@ impl Reader<'_> {
 
     /// The length of the array that starts here, without moving past it.
     fn peek_count(&self) -> Option<usize> {
-        Reader {
-            buf: self.buf,
-            limits: self.limits,
-            request: None,
-            refused: None,
-        }
-        .array()
+        length_header(self.buf, ARRAY_FIX, None, 0xdc, 0xdd).map(|(count, _)| count)
     }
 
     /// A count of elements of at least `min_bytes` each that the rest of the body can hold.
@@ -622,8 +638,8 @@ impl Reader<'_> {
         let request = self.uint()?;
         self.request = Some(request);
         let max = self.limits.batch_messages_max;
-        if self.peek_count()? > max as usize {
-            let count = self.peek_count()?;
+        let count = self.peek_count()?;
+        if count > max as usize {
             return self.refuse(
                 ErrorCode::BatchTooLarge,
                 format!("batch of {count} messages exceeds push_batch_messages_max {max}"),

@@ -535,10 +535,17 @@ impl Ledger {
             let Some(rate) = self.limits.get(scope).and_then(|(_, l)| l.pop_rate) else {
                 continue;
             };
+            // A bucket holds at most what it gathered since the root heard its first report:
+            // a restarted root (or a standby taking over) gives no burst the one before it
+            // may have given already, and one started long ago starts a new scope's full.
+            let since = self
+                .started
+                .map_or(0.0, |t| now.saturating_since(t).as_secs_f64());
+            let gathered = (rate.per_second as f64 * since).min(rate.burst as f64);
             let bucket = self
                 .pop_buckets
                 .entry(scope.clone())
-                .or_insert((rate.burst as f64, now));
+                .or_insert((gathered, now));
             let seconds = now.saturating_since(bucket.1).as_secs_f64();
             bucket.0 = (bucket.0 + rate.per_second as f64 * seconds).min(rate.burst as f64);
             bucket.1 = bucket.1.max(now);

@@ -362,3 +362,60 @@ fn an_in_flight_quota_holds_over_every_leaf_and_frees_as_deliveries_settle_or_ex
         .sum();
     assert_eq!(held, 90);
 }
+
+#[test]
+fn a_restarted_root_gives_no_second_burst_of_a_pop_rate() {
+    // Goal: a pop bucket holds at most what it gathered since its root heard the leaves, so
+    // replacing the root does not hand consumers the burst again. Method: a namespace at 10
+    // pops/s with a burst of 100; a root up for 20 s gives the burst at once; a fresh root in
+    // its place, 500 ms after the leaves report to it, gives what 500 ms gathered.
+    let mut t = tree(16);
+    let producer = t.producers[0];
+    for _ in 0..16 {
+        t.h.push(producer, "orders/eu", &[1; 16]);
+    }
+    set_limits(
+        &mut t,
+        "orders/",
+        Limits {
+            pop_rate: rate(10, 100),
+            ..Limits::default()
+        },
+    );
+    t.h.advance(Duration::from_secs(20));
+    let until_refused = |t: &mut Tree, consumer: ConnId| {
+        let mut popped = 0;
+        while let Ok(n) = pop_once(t, consumer, "orders/eu") {
+            assert!(n > 0, "the topic holds more than any bucket here");
+            popped += n;
+        }
+        popped
+    };
+    let consumer = t.consumer;
+    let first = until_refused(&mut t, consumer);
+    assert_eq!(first, 100, "a root up for 20 s gives the whole burst");
+
+    let agg_ends: Vec<ConnId> =
+        t.h.ends
+            .iter()
+            .filter(|(_, (owner, _))| t.aggs.iter().any(|a| *owner == Owner::Node(*a)))
+            .filter(|(_, (_, other))| t.h.ends[other].0 == Owner::Node(t.root))
+            .map(|(end, _)| *end)
+            .collect();
+    for end in agg_ends {
+        t.h.disconnect(end);
+    }
+    t.h.disconnect(t.consumer);
+    let all: Vec<LeafId> = (1..=4).map(LeafId).collect();
+    let root = t.h.add(root_node(settings(16), all));
+    for agg in t.aggs {
+        t.h.link(agg, root);
+    }
+    settle_limits(&mut t);
+    let consumer = t.h.client(root, PeerKind::Consumer);
+    let second = until_refused(&mut t, consumer);
+    assert!(
+        (4..=6).contains(&second),
+        "a fresh root gives what 500 ms gathered at 10/s, not the burst: {second}"
+    );
+}
