@@ -156,22 +156,7 @@ fn a_restarted_root_gets_everything_offered_again() {
     let first = t.h.pop(t.consumer, "jobs", 2);
     t.h.ack(t.consumer, first.iter().map(Delivery::receipt).collect());
 
-    let agg_ends: Vec<ConnId> =
-        t.h.ends
-            .iter()
-            .filter(|(_, (owner, _))| t.aggs.iter().any(|a| *owner == Owner::Node(*a)))
-            .filter(|(_, (_, other))| t.h.ends[other].0 == Owner::Node(t.root))
-            .map(|(end, _)| *end)
-            .collect();
-    for end in agg_ends {
-        t.h.disconnect(end);
-    }
-    t.h.disconnect(t.consumer);
-    let all: Vec<LeafId> = (1..=4).map(LeafId).collect();
-    let root = t.h.add(root_node(settings(3), all));
-    for agg in t.aggs {
-        t.h.link(agg, root);
-    }
+    let root = replace_root(&mut t, settings(3));
     let consumer = t.h.client(root, PeerKind::Consumer);
     let mut rest = Vec::new();
     loop {

@@ -395,22 +395,7 @@ fn a_restarted_root_gives_no_second_burst_of_a_pop_rate() {
     let first = until_refused(&mut t, consumer);
     assert_eq!(first, 100, "a root up for 20 s gives the whole burst");
 
-    let agg_ends: Vec<ConnId> =
-        t.h.ends
-            .iter()
-            .filter(|(_, (owner, _))| t.aggs.iter().any(|a| *owner == Owner::Node(*a)))
-            .filter(|(_, (_, other))| t.h.ends[other].0 == Owner::Node(t.root))
-            .map(|(end, _)| *end)
-            .collect();
-    for end in agg_ends {
-        t.h.disconnect(end);
-    }
-    t.h.disconnect(t.consumer);
-    let all: Vec<LeafId> = (1..=4).map(LeafId).collect();
-    let root = t.h.add(root_node(settings(16), all));
-    for agg in t.aggs {
-        t.h.link(agg, root);
-    }
+    let root = replace_root(&mut t, settings(16));
     settle_limits(&mut t);
     let consumer = t.h.client(root, PeerKind::Consumer);
     let second = until_refused(&mut t, consumer);
