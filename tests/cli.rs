@@ -356,6 +356,16 @@ async fn the_rough_edges_a_new_user_meets_are_explained() {
         !ok && text.contains("--file"),
         "a payload or a file: {text}"
     );
+    // Only the commands that run nodes export spans, so only they take a collector.
+    let (ok, text) = bare(&["status", "--otlp-endpoint", "http://127.0.0.1:4318"]).await;
+    assert!(
+        !ok && text.contains("unexpected argument '--otlp-endpoint'"),
+        "{text}"
+    );
+    for command in ["local", "launch"] {
+        let (ok, text) = bare(&[command, "--help"]).await;
+        assert!(ok && text.contains("--otlp-endpoint"), "{command}: {text}");
+    }
     let local = concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml");
     let (ok, text) = bare(&["launch", "--node", "nosuch", "--topology", local]).await;
     assert!(

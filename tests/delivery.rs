@@ -906,3 +906,48 @@ async fn a_consumer_connects_again_by_itself_after_the_root_restarts() {
     ));
     tree.shutdown().await;
 }
+
+/// A consumer dialing a leaf that does not answer holds up none of its other settlements
+/// with that leaf: while one ack waits for the dial (up to `connect_timeout_ms` per
+/// address), the next goes through the root and is answered first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_does_not_wait_for_another_ack_s_dial_to_a_silent_leaf() {
+    let tree = start_tree(None).await;
+    let producer = producer(&tree).await;
+    // Takes datagrams and never answers: a leaf whose host went quiet.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut config = root_config(&tree);
+    for leaf in &mut config.leaves {
+        leaf.addresses = vec![silent.local_addr().unwrap().to_string()];
+    }
+    let consumer = Consumer::connect(config).await.unwrap();
+    for n in 0..8 {
+        push(&producer, Message::new("dial", format!("m{n}"))).await;
+    }
+    let mut by_leaf: HashMap<_, Vec<Delivery>> = HashMap::new();
+    for _ in 0..8 {
+        let delivery = pop_one(&consumer, "dial", None).await;
+        by_leaf
+            .entry(delivery.id.leaf())
+            .or_default()
+            .push(delivery);
+    }
+    // Eight messages over four leaves: some leaf holds two.
+    let pair = by_leaf
+        .values()
+        .find(|d| d.len() >= 2)
+        .expect("a leaf with two");
+    let (first, second) = (pair[0].receipt(), pair[1].receipt());
+    let dialing = consumer.ack(&first);
+    let through_root = consumer.ack(&second);
+    tokio::pin!(dialing, through_root);
+    tokio::select! {
+        biased;
+        done = &mut dialing => panic!("the ack that dials answered first: {done:?}"),
+        done = &mut through_root => done.expect("the second ack, through the root"),
+    }
+    dialing
+        .await
+        .expect("the first ack, through the root once the dial failed");
+    tree.shutdown().await;
+}

@@ -63,10 +63,15 @@ struct Cli {
         env = "CREST_LOG_FORMAT"
     )]
     log_format: LogFormat,
+}
+
+/// Where the nodes a command runs export their spans.
+#[derive(clap::Args, Debug)]
+struct Export {
     /// Export each message's spans (push, offer, reserve, delivery, ack) to this OpenTelemetry
     /// collector over OTLP/HTTP (its base URL, e.g. `http://127.0.0.1:4318`; spans go to its
     /// `/v1/traces`). A message whose metadata holds a W3C `traceparent` joins that trace.
-    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
 }
 
@@ -102,6 +107,8 @@ enum Command {
         /// Run without the SQS-compatible API.
         #[arg(long)]
         no_sqs: bool,
+        #[command(flatten)]
+        export: Export,
     },
     /// Serve the Amazon SQS-compatible API in front of a running tree (docs/sqs.md).
     Gateway(GatewayArgs),
@@ -130,6 +137,8 @@ enum Command {
         /// do anything.
         #[arg(long, env = "CREST_ACCESS")]
         access: Option<PathBuf>,
+        #[command(flatten)]
+        export: Export,
     },
     /// Make a cluster CA (or reuse the one found) and a certificate for every node of a topology.
     Certs {
@@ -332,7 +341,11 @@ fn main() -> std::process::ExitCode {
     // reaches what the libraries crest runs create too (the Raft log's files).
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let cli = Cli::parse();
-    if let Some(endpoint) = &cli.otlp_endpoint
+    let export = match &cli.command {
+        Command::Local { export, .. } | Command::Launch { export, .. } => Some(export),
+        _ => None,
+    };
+    if let Some(endpoint) = export.and_then(|e| e.otlp_endpoint.as_ref())
         && let Err(error) = otlp::start(endpoint)
     {
         eprintln!("error: cannot export traces to {endpoint}: {error:#}");
@@ -372,6 +385,7 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
             memory,
             sqs,
             no_sqs,
+            export: _,
         } => {
             init_tracing("info");
             let data_dir = (!memory).then_some(data_dir);
@@ -384,6 +398,7 @@ async fn run(cli: Cli, listen_fds: listenfd::ListenFd) -> Result<()> {
             data_dir,
             recovery,
             access,
+            export: _,
         } => {
             init_tracing("info");
             let how = Launch {

@@ -426,7 +426,7 @@ impl Consumer {
                     }
                     failed => {
                         if let Some((leaf, link)) = &route {
-                            self.inner.owners.failed(*leaf, link).await;
+                            self.inner.owners.failed(*leaf, link);
                         }
                         // Sent, perhaps applied: its answer was lost.
                         if matches!(failed, Err(ClientError::Disconnected(_))) {
@@ -506,7 +506,7 @@ impl Consumer {
                 op: op.clone(),
                 receipts: indexes.iter().map(|&i| receipts[i]).collect(),
             };
-            sends.spawn(async move {
+            let send = async move {
                 let answer = match link {
                     Ok(link) => {
                         let build = |request| Wire::Ack(Ack { request, ..ack });
@@ -515,7 +515,14 @@ impl Consumer {
                     Err(error) => Err(error),
                 };
                 (position, answer)
-            });
+            };
+            // Every receipt one way (the usual case): awaited here, no task to spawn.
+            if routes.len() == 1 {
+                let (_, answer) = send.await;
+                let (route, indexes) = routes.into_iter().next().expect("one route");
+                return vec![(route, indexes, answer)];
+            }
+            sends.spawn(send);
         }
         let mut answers: Vec<Option<Result<Wire, ClientError>>> =
             routes.iter().map(|_| None).collect();

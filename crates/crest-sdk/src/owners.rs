@@ -30,12 +30,17 @@ enum Owner {
     /// Could not be reached: settled through the root until `until`; the next connection
     /// starts with the address after `tried`.
     Avoided { until: Instant, tried: usize },
+    /// Being dialed: settlements meanwhile go through the root rather than wait for the
+    /// dial.
+    Dialing,
 }
 
 /// The consumer's leaves (see the module doc).
 pub(crate) struct Owners {
-    /// Each leaf's addresses and its link: one leaf being dialed holds up no other's.
-    leaves: HashMap<LeafId, (Vec<String>, tokio::sync::Mutex<Option<Owner>>)>,
+    /// Each leaf's addresses and its link. The lock is never held across a dial: a leaf
+    /// being dialed holds up neither another leaf's settlements nor its own (they go through
+    /// the root meanwhile).
+    leaves: HashMap<LeafId, (Vec<String>, std::sync::Mutex<Option<Owner>>)>,
     tls: ClientTls,
     settings: Settings,
     requests_in_flight_max: usize,
@@ -55,7 +60,7 @@ impl Owners {
                 .iter()
                 .filter(|leaf| !leaf.addresses.is_empty())
                 .map(|leaf| {
-                    let link = tokio::sync::Mutex::new(None);
+                    let link = std::sync::Mutex::new(None);
                     (leaf.leaf, (leaf.addresses.clone(), link))
                 })
                 .collect(),
@@ -70,15 +75,43 @@ impl Owners {
     /// it, or it could not be reached lately (settle through the root then).
     pub(crate) async fn link(&self, leaf: LeafId) -> Option<Arc<Link>> {
         let (addresses, owner) = self.leaves.get(&leaf)?;
-        let mut owner = owner.lock().await;
-        let first = match &*owner {
-            Some(Owner::Up(link, _)) if !link.is_closed() => return Some(link.clone()),
-            // A replica that led may have been deposed: the next one is tried first.
-            Some(Owner::Up(_, index)) => index + 1,
-            Some(Owner::Avoided { until, .. }) if Instant::now() < *until => return None,
-            Some(Owner::Avoided { tried, .. }) => tried + 1,
-            None => 0,
+        let first = {
+            let mut owner = lock(owner);
+            let first = match &*owner {
+                Some(Owner::Up(link, _)) if !link.is_closed() => return Some(link.clone()),
+                // A replica that led may have been deposed: the next one is tried first.
+                Some(Owner::Up(_, index)) => index + 1,
+                Some(Owner::Avoided { until, .. }) if Instant::now() < *until => return None,
+                Some(Owner::Avoided { tried, .. }) => tried + 1,
+                Some(Owner::Dialing) => return None,
+                None => 0,
+            };
+            *owner = Some(Owner::Dialing);
+            first
         };
+        // A dial whose caller gives up (its future dropped) must not leave the leaf marked
+        // as being dialed for ever.
+        let mut unfinished = Unfinished(Some(owner));
+        let made = self.dial(addresses, first).await;
+        unfinished.0 = None;
+        let mut owner = lock(owner);
+        match made {
+            Some((link, index)) => {
+                *owner = Some(Owner::Up(link.clone(), index));
+                Some(link)
+            }
+            None => {
+                *owner = Some(Owner::Avoided {
+                    until: Instant::now() + self.avoid,
+                    tried: first + addresses.len() - 1,
+                });
+                None
+            }
+        }
+    }
+
+    /// A link to the first of `addresses`, from `first` on, that answers, and its index.
+    async fn dial(&self, addresses: &[String], first: usize) -> Option<(Arc<Link>, usize)> {
         for turn in 0..addresses.len() {
             let index = (first + turn) % addresses.len();
             let made = Link::connect(
@@ -90,25 +123,19 @@ impl Owners {
             )
             .await;
             if let Ok(made) = made {
-                let made = Arc::new(made);
-                *owner = Some(Owner::Up(made.clone(), index));
-                return Some(made);
+                return Some((Arc::new(made), index));
             }
         }
-        *owner = Some(Owner::Avoided {
-            until: Instant::now() + self.avoid,
-            tried: first + addresses.len() - 1,
-        });
         None
     }
 
     /// A request to `leaf` failed on `link`: its settlements go through the root until it
     /// is reached again.
-    pub(crate) async fn failed(&self, leaf: LeafId, link: &Arc<Link>) {
+    pub(crate) fn failed(&self, leaf: LeafId, link: &Arc<Link>) {
         let Some((_, owner)) = self.leaves.get(&leaf) else {
             return;
         };
-        let mut owner = owner.lock().await;
+        let mut owner = lock(owner);
         if let Some(Owner::Up(current, index)) = &*owner
             && Arc::ptr_eq(current, link)
         {
@@ -124,11 +151,31 @@ impl Owners {
     /// Closes every link.
     pub(crate) fn close(&self) {
         for (_, owner) in self.leaves.values() {
-            if let Ok(owner) = owner.try_lock()
-                && let Some(Owner::Up(link, _)) = &*owner
-            {
+            if let Some(Owner::Up(link, _)) = &*lock(owner) {
                 link.close();
             }
         }
     }
+}
+
+/// A dial in progress: if dropped before it ends, its leaf is no longer marked as dialed.
+struct Unfinished<'a>(Option<&'a std::sync::Mutex<Option<Owner>>>);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(owner) = self.0 {
+            let mut owner = lock(owner);
+            if matches!(*owner, Some(Owner::Dialing)) {
+                *owner = None;
+            }
+        }
+    }
+}
+
+/// A leaf's state, even if a thread panicked holding it: every state is whole between two
+/// statements, so the value is as good as any.
+fn lock(owner: &std::sync::Mutex<Option<Owner>>) -> std::sync::MutexGuard<'_, Option<Owner>> {
+    owner
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

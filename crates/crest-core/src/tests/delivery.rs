@@ -739,3 +739,26 @@ fn stats_give_each_priority_s_longest_waiting_ready_message_over_the_leaves() {
     let (stats, _) = stats_of(&mut t.h, t.consumer, "aged");
     assert_eq!(stats.oldest_ready, vec![(5, start)]);
 }
+
+/// Replaces the tree's root with a fresh one with `settings` (the aggregators' links and the
+/// consumer's connection to the old one end; the aggregators link to the new one): a root's
+/// restart. Answers the new root.
+pub(super) fn replace_root(t: &mut Tree, settings: Settings) -> usize {
+    let agg_ends: Vec<ConnId> =
+        t.h.ends
+            .iter()
+            .filter(|(_, (owner, _))| t.aggs.iter().any(|a| *owner == Owner::Node(*a)))
+            .filter(|(_, (_, other))| t.h.ends[other].0 == Owner::Node(t.root))
+            .map(|(end, _)| *end)
+            .collect();
+    for end in agg_ends {
+        t.h.disconnect(end);
+    }
+    t.h.disconnect(t.consumer);
+    let all: Vec<LeafId> = (1..=4).map(LeafId).collect();
+    let root = t.h.add(root_node(settings, all));
+    for agg in t.aggs {
+        t.h.link(agg, root);
+    }
+    root
+}

@@ -507,29 +507,6 @@ fn tree(credits: u32) -> Tree {
     tree_with(settings(credits))
 }
 
-/// Replaces the tree's root with a fresh one with `settings` (the aggregators' links and the
-/// consumer's connection to the old one end; the aggregators link to the new one): a root's
-/// restart. Answers the new root.
-fn replace_root(t: &mut Tree, settings: Settings) -> usize {
-    let agg_ends: Vec<ConnId> =
-        t.h.ends
-            .iter()
-            .filter(|(_, (owner, _))| t.aggs.iter().any(|a| *owner == Owner::Node(*a)))
-            .filter(|(_, (_, other))| t.h.ends[other].0 == Owner::Node(t.root))
-            .map(|(end, _)| *end)
-            .collect();
-    for end in agg_ends {
-        t.h.disconnect(end);
-    }
-    t.h.disconnect(t.consumer);
-    let all: Vec<LeafId> = (1..=4).map(LeafId).collect();
-    let root = t.h.add(root_node(settings, all));
-    for agg in t.aggs {
-        t.h.link(agg, root);
-    }
-    root
-}
-
 fn in_key_order(mut t: Tree) -> Tree {
     let mut rng = SplitMix64::new(7);
     let mut pushed = Vec::new();

@@ -3,6 +3,7 @@
 //! pop, and each refusal is typed (with a time to retry for a rate).
 
 use super::access::principal;
+use super::delivery::replace_root;
 use super::quotas::{configure, one_batch as batch, set_limits};
 use super::*;
 use crate::quota::{Limits, Quota, Rate};
