@@ -91,6 +91,7 @@ pub struct Group {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     rounds: Arc<PreVoteRounds>,
     me: ReplicaId,
+    snapshot_parts_refused: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Group {
@@ -210,6 +211,7 @@ impl Group {
         let rejoin = Rejoin::new(pristine);
         rejoin.watch(&raft);
         let heard = Arc::new(Heard::default());
+        let snapshot_parts_refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let serving = Arc::new(Serving {
             raft: raft.clone(),
             log: log.clone(),
@@ -218,6 +220,8 @@ impl Group {
             staged,
             heard: heard.clone(),
             lease: crate::prevote::lease(election_timeout),
+            snapshot_bytes_max: s.replica_snapshot_bytes_max,
+            snapshot_parts_refused: snapshot_parts_refused.clone(),
         });
         let server = tokio::spawn(net::serve(endpoint.clone(), names, serving));
         let rounds = Arc::new(PreVoteRounds::default());
@@ -280,6 +284,7 @@ impl Group {
             tasks,
             rounds,
             me: me.id,
+            snapshot_parts_refused,
         })
     }
 
@@ -307,6 +312,12 @@ impl Group {
     /// does so itself.
     pub fn stager(&self) -> Stager {
         self.stager.clone()
+    }
+
+    /// Parts of snapshots this replica refused for going past `replica_snapshot_bytes_max`.
+    pub fn snapshot_parts_refused(&self) -> u64 {
+        self.snapshot_parts_refused
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Its pre-vote rounds so far (see [`PreVoteRounds`]).

@@ -403,6 +403,10 @@ pub(crate) struct Serving {
     pub(crate) heard: Arc<Heard>,
     /// Within this of hearing a leader, no pre-vote is granted (`replica_election_timeout_ms`).
     pub(crate) lease: std::time::Duration,
+    /// Most bytes of a snapshot taken (`replica_snapshot_bytes_max`), and the parts refused
+    /// for going past it.
+    pub(crate) snapshot_bytes_max: u64,
+    pub(crate) snapshot_parts_refused: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Answers one RPC, or reads a stage stream; a request that does not decode gets its stream
@@ -417,6 +421,8 @@ async fn answer(serving: Arc<Serving>, mut send: quinn::SendStream, mut recv: qu
         staged,
         heard,
         lease,
+        snapshot_bytes_max,
+        snapshot_parts_refused,
     } = &*serving;
     let max = *max;
     let mut first = [0u8; 1];
@@ -466,6 +472,18 @@ async fn answer(serving: Arc<Serving>, mut send: quinn::SendStream, mut recv: qu
             return;
         }
         Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
+        Request::Snapshot(rpc)
+            if rpc.offset.saturating_add(rpc.data.len() as u64) > *snapshot_bytes_max =>
+        {
+            snapshot_parts_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(
+                offset = rpc.offset,
+                bytes = rpc.data.len(),
+                "refused a snapshot past replica_snapshot_bytes_max {snapshot_bytes_max}"
+            );
+            let _ = send.reset(5u32.into());
+            return;
+        }
         Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
         Request::AppendStaged { .. } => Response::Missing,
         Request::PreVote { last_log_id, .. } => Response::PreVote(PreVote::grants(

@@ -266,7 +266,8 @@ async fn bodies_sent_ahead_of_their_entries_reach_every_replica_whole_across_a_f
 async fn a_replica_whose_data_was_deleted_catches_up_from_a_snapshot() {
     // Goal: with snapshots every 20 entries the leader lets go of its older log; a follower
     // whose directory was deleted comes back empty and is sent the snapshot, then the log
-    // after it, and ends with every batch.
+    // after it, and ends with every batch. Started first with `replica_snapshot_bytes_max`
+    // below the snapshot's size, it refuses the snapshot and applies nothing.
     let settings = Settings {
         replica_snapshot_after_entries: 20,
         ..Settings::default()
@@ -295,6 +296,20 @@ async fn a_replica_whose_data_was_deleted_catches_up_from_a_snapshot() {
         .snapshot
         .map(|id| id.index);
     assert!(snapshot.is_some_and(|index| index >= 20), "{snapshot:?}");
+    let bound = cluster.settings.replica_snapshot_bytes_max;
+    cluster.settings.replica_snapshot_bytes_max = 16;
+    cluster.run(follower, None).await;
+    let deadline = Instant::now() + WAIT;
+    while cluster.running[&follower].snapshot_parts_refused() == 0 {
+        assert!(Instant::now() < deadline, "the leader sends its snapshot");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        cluster.journals[&follower].batches().is_empty(),
+        "nothing applied without the snapshot"
+    );
+    cluster.stop(follower).await;
+    cluster.settings.replica_snapshot_bytes_max = bound;
     cluster.run(follower, None).await;
     applied(&cluster, follower, &expected).await;
     cluster.shutdown().await;

@@ -277,6 +277,11 @@ pub struct Settings {
     /// `push_batch_messages_max` + 64 KiB. It also bounds the entry bodies a leader streams
     /// ahead to each follower and the follower holds until named (the oldest go past it).
     pub replica_rpc_bytes_max: u64,
+    /// Largest snapshot a replica takes from its group's leader, in bytes (a replica too far
+    /// behind for the log is sent the leaf's whole state): a part past it is refused and
+    /// counted, so no member can fill another's disk with one. Raise it for leaves that hold
+    /// more.
+    pub replica_snapshot_bytes_max: u64,
     /// When a leaf acknowledges pushes (leaves with a data directory).
     pub durability: Durability,
     /// A log segment is sealed and a new one started past this size, in bytes.
@@ -538,6 +543,7 @@ impl Default for Settings {
             replica_entries_in_flight_max: 2,
             replica_acks: ReplicaAcks::Majority,
             replica_rpc_bytes_max: 64 * 1024 * 1024,
+            replica_snapshot_bytes_max: 256 * 1024 * 1024 * 1024,
             durability: Durability::Fsync,
             wal_segment_bytes_max: 64 * 1024 * 1024,
             wal_preallocate: true,
