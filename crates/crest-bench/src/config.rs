@@ -11,6 +11,9 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// A node whose processor time the bench reads: its name and HTTP address.
+pub type NodeHttp = (String, std::net::SocketAddr);
+
 /// How priorities are drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -110,7 +113,7 @@ pub enum Target {
         tls: ClientTls,
         /// Nodes whose processor time the bench reads from their `/metrics` as it runs
         /// (name, HTTP address): reported per message, per node.
-        nodes: Vec<crate::probe::NodeHttp>,
+        nodes: Vec<NodeHttp>,
         /// The leaves' addresses by id, where consumers settle what they were delivered
         /// (empty: through the root).
         owners: Vec<crest_sdk::LeafAddresses>,

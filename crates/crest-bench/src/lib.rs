@@ -26,11 +26,11 @@ pub mod redis;
 mod report;
 pub mod wal;
 
+pub use config::NodeHttp;
 pub use config::{BenchConfig, Phase, PriorityMix, Target};
 pub use crest_core::metrics::Percentiles;
 pub use ledger::LEASE_RANK_MESSAGES_MAX;
 pub use noise::{Noise, NoiseReport};
-pub use probe::NodeHttp;
 pub use report::{
     BenchComparison, BenchReport, BenchSummary, CpuUse, Latencies, NodeCpu, Spread, Versus,
 };

@@ -4,7 +4,7 @@
 //! so how many messages one of its cores could carry. Only with `--connect` to nodes that run
 //! as processes of their own (in a tree the bench starts, every node shares its process).
 
-use crate::config::Phase;
+use crate::config::{NodeHttp, Phase};
 use crate::report::{CpuMarks, NodeCpu};
 use http_body_util::BodyExt;
 use std::net::SocketAddr;
@@ -16,9 +16,6 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most bytes of a `/metrics` answer read (one of a tree at its report limits is far less); a
 /// longer one is left out.
 const METRICS_BYTES_MAX: usize = 64 << 20;
-
-/// A node whose processor time the bench reads: its name and HTTP address.
-pub type NodeHttp = (String, SocketAddr);
 
 /// Each node's processor seconds now, in the order given (`None`: no answer, or no figure).
 pub(crate) async fn cpu_seconds(nodes: &[NodeHttp]) -> Vec<Option<f64>> {

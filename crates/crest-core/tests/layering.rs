@@ -1,10 +1,11 @@
-//! The shape of crest-core's source, checked so it stays readable:
-//! - its modules depend on each other without a circle (a reader can learn them bottom up,
-//!   and a change low down cannot be caught in a loop of files that all need each other);
+//! The shape of the workspace's source, checked so it stays readable:
+//! - in every crate, the modules depend on each other without a circle (a reader can learn
+//!   them bottom up, and a change low down cannot be caught in a loop of files that all need
+//!   each other);
 //! - no source file of the workspace grows past `FILE_LINES_MAX` lines.
 //!
-//! A module is a file or folder directly under `src/`; it depends on another when its code (not
-//! its comments) names `crate::other`.
+//! A module is a file or folder directly under a crate's `src/`; it depends on another when its
+//! code (not its comments) names `crate::other` (or `crate::{other, ...}`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -45,25 +46,55 @@ fn crate_references(code: &str) -> BTreeSet<String> {
             .next_back()
             .is_some_and(|c| c.is_alphanumeric() || c == '_');
         rest = &rest[at + "crate::".len()..];
-        let name: String = rest
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect();
-        if !preceded_by_ident && !name.is_empty() {
-            found.insert(name);
+        if preceded_by_ident {
+            continue;
+        }
+        // `crate::{a, b::c}`: the first name of each path in the group.
+        let group = rest
+            .strip_prefix('{')
+            .and_then(|inner| inner.find('}').map(|end| &inner[..end]));
+        let heads: Vec<&str> = match group {
+            Some(inner) => inner.split(',').collect(),
+            None => vec![rest],
+        };
+        for head in heads {
+            let name: String = head
+                .trim_start()
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() && name != "self" {
+                found.insert(name);
+            }
         }
     }
     found
 }
 
-/// The module graph of crest-core: module → the modules it names.
-fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+/// The workspace's root directory.
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every crate's `src/` directory: the workspace's and each of `crates/`.
+fn crate_sources() -> Vec<PathBuf> {
+    let root = workspace();
+    let mut sources = vec![root.join("src")];
+    for entry in std::fs::read_dir(root.join("crates")).expect("read crates/") {
+        sources.push(entry.expect("directory entry").path().join("src"));
+    }
+    sources.retain(|src| src.is_dir());
+    sources.sort();
+    sources
+}
+
+/// The module graph of the crate whose source is `src`: module → the modules it names.
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    rust_files(src, &mut files);
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
-        let relative = file.strip_prefix(&src).expect("under src");
+        let relative = file.strip_prefix(src).expect("under src");
         let module = relative
             .components()
             .next()
@@ -72,7 +103,8 @@ fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
             .to_string_lossy()
             .trim_end_matches(".rs")
             .to_string();
-        if module == "lib" {
+        // The crate root (a library's or a binary's) is not a module of its own.
+        if module == "lib" || module == "main" {
             continue;
         }
         let source = std::fs::read_to_string(&file).expect("read source file");
@@ -135,16 +167,23 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
 }
 
 #[test]
-fn crest_core_modules_have_no_import_circle() {
-    let graph = module_graph();
-    assert!(graph.contains_key("leaf") && graph.contains_key("wire"));
-    if let Some(cycle) = find_cycle(&graph) {
-        panic!(
-            "crest-core has an import circle: {} (move the shared types down into a module \
-             both can use)",
-            cycle.join(" -> ")
-        );
-    }
+fn no_crate_has_an_import_circle() {
+    let sources = crate_sources();
+    assert!(sources.len() >= 10, "every crate found: {sources:?}");
+    let core = module_graph(&workspace().join("crates/crest-core/src"));
+    assert!(core.contains_key("leaf") && core.contains_key("wire"));
+    let circles: Vec<String> = sources
+        .iter()
+        .filter_map(|src| {
+            let cycle = find_cycle(&module_graph(src))?;
+            Some(format!("{}: {}", src.display(), cycle.join(" -> ")))
+        })
+        .collect();
+    assert!(
+        circles.is_empty(),
+        "import circles (move what both sides need down into a module both can use):\n{}",
+        circles.join("\n")
+    );
 }
 
 #[test]
@@ -155,6 +194,11 @@ fn the_checker_finds_a_circle_and_ignores_comments() {
     assert_eq!(
         refs,
         BTreeSet::from(["key".to_string(), "wire".to_string()])
+    );
+    let grouped = crate_references("use crate::{api, params::text, self};\nuse crate::{Caller};");
+    assert_eq!(
+        grouped,
+        BTreeSet::from(["api".into(), "params".into(), "Caller".into()])
     );
     let graph = BTreeMap::from([
         ("a".to_string(), BTreeSet::from(["b".to_string()])),

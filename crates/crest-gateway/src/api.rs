@@ -2,14 +2,14 @@
 //! [`SqsError`].
 
 use crate::digest::{Attribute, AttributeValue, md5_of_attributes, md5_of_body};
-use crate::error::SqsError;
+use crate::error::{SqsError, receipt_error, tree_error};
+use crate::params::{names, number, text};
 use crate::queues::{QueueAttributes, QueueName};
 use crate::{Caller, State, manage};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use crest_core::id::Receipt;
-use crest_core::wire::{ErrorCode, ReceiptError, Settle};
-use crest_sdk::ClientError;
+use crest_core::wire::Settle;
 use crest_sdk::Message;
 use crest_sdk::PopOptions;
 use serde_json::{Map, Value, json};
@@ -96,31 +96,6 @@ pub(crate) async fn dispatch(
     }
 }
 
-pub(crate) fn text<'a>(input: &'a Value, name: &str) -> Result<&'a str, SqsError> {
-    match input.get(name) {
-        Some(Value::String(s)) => Ok(s),
-        None | Some(Value::Null) => Err(SqsError::missing(name)),
-        Some(_) => Err(SqsError::invalid(format!("{name} must be a string"))),
-    }
-}
-
-/// A whole number parameter in `0..=max`, or `default` when absent.
-pub(crate) fn number(input: &Value, name: &str, default: u64, max: u64) -> Result<u64, SqsError> {
-    match input.get(name) {
-        None | Some(Value::Null) => Ok(default),
-        Some(value) => value
-            .as_u64()
-            .or_else(|| value.as_str().and_then(|s| s.parse().ok()))
-            .filter(|v| *v <= max)
-            .ok_or_else(|| {
-                SqsError::invalid(format!(
-                    "Value {value} for parameter {name} is invalid. Reason: must be between 0 \
-                     and {max}."
-                ))
-            }),
-    }
-}
-
 /// The queue a request's `QueueUrl` names, as the tree keeps it (cached).
 async fn queue_of(
     state: &State,
@@ -131,35 +106,6 @@ async fn queue_of(
     let clients = state.clients(caller)?;
     let queue = clients.queue(&state.config, &name).await?;
     Ok((name, queue.attributes))
-}
-
-pub(crate) fn string_map(input: &Value, name: &str) -> Result<Vec<(String, String)>, SqsError> {
-    match input.get(name) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Object(map)) => map
-            .iter()
-            .map(|(k, v)| match v {
-                Value::String(s) => Ok((k.clone(), s.clone())),
-                other => Ok((k.clone(), other.to_string())),
-            })
-            .collect(),
-        Some(_) => Err(SqsError::invalid(format!("{name} must be a map"))),
-    }
-}
-
-pub(crate) fn names(input: &Value, field: &str) -> Result<Vec<String>, SqsError> {
-    match input.get(field) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| {
-                v.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| SqsError::invalid(format!("{field} must list strings")))
-            })
-            .collect(),
-        Some(_) => Err(SqsError::invalid(format!("{field} must be a list"))),
-    }
 }
 
 /// Characters SQS allows in a message body: XML's.
@@ -624,15 +570,6 @@ pub(crate) fn receipt(entry: &Value) -> Result<Receipt, SqsError> {
     })
 }
 
-fn receipt_error(error: ReceiptError) -> SqsError {
-    match error {
-        ReceiptError::Unavailable | ReceiptError::TimedOut => {
-            SqsError::unavailable(error.to_string())
-        }
-        other => SqsError::bad_receipt(format!("The receipt handle is not valid: {other}")),
-    }
-}
-
 /// Applies `settle` to `receipts` as `caller`'s principal: one result per receipt.
 async fn settle_receipts(
     state: &State,
@@ -699,23 +636,6 @@ async fn settle(
         }
     }
     Ok(json!({ "Successful": successful, "Failed": bad }))
-}
-
-/// The SQS error for a failed call to the tree.
-pub(crate) fn tree_error(error: ClientError) -> SqsError {
-    match error {
-        ClientError::Rejected { code, message } => match code {
-            ErrorCode::Forbidden | ErrorCode::Unauthenticated => SqsError::denied(message),
-            ErrorCode::InvalidArgument | ErrorCode::BatchTooLarge => SqsError::invalid(message),
-            ErrorCode::Overloaded => SqsError::throttled(message),
-            _ => SqsError::unavailable(format!("{code}: {message}")),
-        },
-        ClientError::Receipt(error) => receipt_error(error),
-        ClientError::InvalidArgument(message) => SqsError::invalid(message),
-        ClientError::QuotaExceeded(quota) => SqsError::over_limit(quota.to_string()),
-        ClientError::RetryLater { message, .. } => SqsError::throttled(message),
-        other => SqsError::unavailable(other.to_string()),
-    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use crest_core::wire::{ErrorCode, ReceiptError};
+use crest_sdk::ClientError;
 
 /// An error answered to an SQS request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,5 +244,32 @@ impl IntoResponse for SqsError {
             self.json().to_string(),
         )
             .into_response()
+    }
+}
+
+/// The SQS error for a failed call to the tree.
+pub(crate) fn tree_error(error: ClientError) -> SqsError {
+    match error {
+        ClientError::Rejected { code, message } => match code {
+            ErrorCode::Forbidden | ErrorCode::Unauthenticated => SqsError::denied(message),
+            ErrorCode::InvalidArgument | ErrorCode::BatchTooLarge => SqsError::invalid(message),
+            ErrorCode::Overloaded => SqsError::throttled(message),
+            _ => SqsError::unavailable(format!("{code}: {message}")),
+        },
+        ClientError::Receipt(error) => receipt_error(error),
+        ClientError::InvalidArgument(message) => SqsError::invalid(message),
+        ClientError::QuotaExceeded(quota) => SqsError::over_limit(quota.to_string()),
+        ClientError::RetryLater { message, .. } => SqsError::throttled(message),
+        other => SqsError::unavailable(other.to_string()),
+    }
+}
+
+/// The SQS error for a receipt the tree refused.
+pub(crate) fn receipt_error(error: ReceiptError) -> SqsError {
+    match error {
+        ReceiptError::Unavailable | ReceiptError::TimedOut => {
+            SqsError::unavailable(error.to_string())
+        }
+        other => SqsError::bad_receipt(format!("The receipt handle is not valid: {other}")),
     }
 }

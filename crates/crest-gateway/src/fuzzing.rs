@@ -2,10 +2,10 @@
 //! reaches, fed what a fuzzer makes. Each must answer a typed error for any input, never
 //! panic, and stay within the stack whatever the input's shape.
 
-use crate::api;
 use crate::query;
 use crate::queues::{QueueAttributes, QueueName};
 use crate::{Caller, sigv4};
+use crate::{api, params};
 use serde_json::Value;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -39,12 +39,12 @@ fn json_value(input: &Value) {
     };
     let name = QueueName::checked("fuzz", "queue").expect("a valid name");
     let queue = QueueAttributes::default();
-    let _ = api::text(input, "QueueUrl").map(QueueName::from_url);
-    let _ = api::text(input, "QueueName").map(|n| QueueName::checked("fuzz", n));
-    let _ = api::names(input, "AttributeNames");
-    let _ = api::names(input, "MessageAttributeNames");
-    let _ = api::number(input, "WaitTimeSeconds", 0, 20);
-    if let Ok(attributes) = api::string_map(input, "Attributes") {
+    let _ = params::text(input, "QueueUrl").map(QueueName::from_url);
+    let _ = params::text(input, "QueueName").map(|n| QueueName::checked("fuzz", n));
+    let _ = params::names(input, "AttributeNames");
+    let _ = params::names(input, "MessageAttributeNames");
+    let _ = params::number(input, "WaitTimeSeconds", 0, 20);
+    if let Ok(attributes) = params::string_map(input, "Attributes") {
         let mut queue = QueueAttributes::default();
         for (name, value) in attributes {
             let _ = queue.set("fuzz", &name, &value);

@@ -18,6 +18,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod keys;
 mod manage;
+mod params;
 mod query;
 pub mod queues;
 pub mod sigv4;
@@ -182,7 +183,9 @@ async fn connected<T, F>(cell: &OnceCell<T>, connect: impl FnOnce() -> F) -> Res
 where
     F: Future<Output = Result<T, crest_sdk::ClientError>>,
 {
-    cell.get_or_try_init(connect).await.map_err(api::tree_error)
+    cell.get_or_try_init(connect)
+        .await
+        .map_err(error::tree_error)
 }
 
 impl Clients {
@@ -219,7 +222,10 @@ impl Clients {
         name: &QueueName,
     ) -> Result<Option<Queue>, SqsError> {
         let admin = self.admin().await?;
-        let answer = admin.config(&name.topic()).await.map_err(api::tree_error)?;
+        let answer = admin
+            .config(&name.topic())
+            .await
+            .map_err(error::tree_error)?;
         let found = answer.value.as_ref().and_then(Queue::from_config);
         self.remember(config, name, found.clone())?;
         Ok(found)

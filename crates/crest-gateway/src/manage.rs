@@ -3,8 +3,8 @@
 //! topic's configuration in the tree (see [`crate::queues`]), read and written with the
 //! caller's own permissions: changing a queue needs `admin` in its namespace.
 
-use crate::api::{names, number, string_map, text, tree_error};
-use crate::error::SqsError;
+use crate::error::{SqsError, tree_error};
+use crate::params::{names, number, string_map, text};
 use crate::queues::{Queue, QueueAttributes, QueueName};
 use crate::{Caller, Clients, MoveTask, State};
 use serde_json::{Map, Value, json};

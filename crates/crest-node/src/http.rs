@@ -17,7 +17,7 @@
 
 use crate::actor::{Links, NodeMsg};
 use crate::exporter::{self, DiskUse, ProcessUse, Scrape};
-use crate::replicated::ReplicaStatus;
+use crate::replica::ReplicaStatus;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};

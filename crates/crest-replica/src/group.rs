@@ -1,8 +1,9 @@
 //! One replica of a group: its Raft, its log, its journal and its listener, tied together.
 
+use crate::heard::Heard;
 use crate::log_store::LogStore;
 use crate::net::{self, Names, Network, Serving};
-use crate::prevote::{Heard, PreVote, PreVoteRounds};
+use crate::prevote::{PreVote, PreVoteRounds};
 use crate::rejoin::Rejoin;
 use crate::stage::{Staged, Stager};
 use crate::state_machine::StateMachine;
@@ -219,7 +220,7 @@ impl Group {
             rejoin: rejoin.clone(),
             staged,
             heard: heard.clone(),
-            lease: crate::prevote::lease(election_timeout),
+            lease: crate::heard::lease(election_timeout),
             snapshot_bytes_max: s.replica_snapshot_bytes_max,
             snapshot_parts_refused: snapshot_parts_refused.clone(),
         });

@@ -20,6 +20,7 @@
 #![allow(clippy::result_large_err)]
 
 mod group;
+mod heard;
 mod log_store;
 mod net;
 mod prevote;

@@ -7,8 +7,8 @@
 //! answers are bounded by `rpc_bytes_max`. A stream that starts with [`stage::STAGE_TAG`]
 //! carries the leader's staged entry bodies instead ([`crate::stage`]).
 
+use crate::heard::{self, Heard};
 use crate::log_store::LogStore;
-use crate::prevote::{Heard, PreVote};
 use crate::rejoin::Rejoin;
 use crate::stage::{self, Link, Ref, Staged, Stager};
 use crate::{Raft, ReplicaId, TypeConfig};
@@ -486,14 +486,9 @@ async fn answer(serving: Arc<Serving>, mut send: quinn::SendStream, mut recv: qu
         }
         Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
         Request::AppendStaged { .. } => Response::Missing,
-        Request::PreVote { last_log_id, .. } => Response::PreVote(PreVote::grants(
-            raft,
-            log,
-            heard,
-            rejoin,
-            *lease,
-            last_log_id,
-        )),
+        Request::PreVote { last_log_id, .. } => {
+            Response::PreVote(heard::grants(raft, log, heard, rejoin, *lease, last_log_id))
+        }
     };
     respond(send, &response).await;
 }

@@ -21,44 +21,22 @@
 //!   be the longest election timeout; crest gives it T + 1 ms ([`openraft_timeouts`]). (With
 //!   openraft's own timer a follower also waited that lease on top of its election timeout
 //!   before campaigning: 1.5 to 2 T after the last heartbeat.)
-//! - A replica grants a pre-vote only after [`lease`] (1.1 T) without hearing a leader, so
+//! - A replica grants a pre-vote only after [`lease`](crate::heard::lease) (1.1 T) without hearing a leader, so
 //!   that a granted pre-vote is one openraft's vote will not refuse for its lease.
 //! - A replica asks after 1.2 T to 2.2 T without hearing a leader, drawn anew each time (so
 //!   that replicas do not all ask at once), and again as long after its last attempt.
 
+use crate::heard::{Heard, lease};
 use crate::log_store::LogStore;
 use crate::net::PreVoteAsk;
 use crate::rejoin::Rejoin;
 use crate::{Raft, ReplicaId};
-use openraft::{LogId, ServerState};
+use openraft::ServerState;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// When this replica last heard a leader (an append it accepted), shared by the RPC listener
-/// that records it and the pre-vote task and answers that read it.
-#[derive(Default)]
-pub(crate) struct Heard {
-    at: Mutex<Option<Instant>>,
-}
-
-impl Heard {
-    /// A leader's append was accepted now.
-    pub(crate) fn leader(&self) {
-        *self.at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-    }
-
-    fn at(&self) -> Option<Instant> {
-        *self.at.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whether a leader was heard within `lease`.
-    pub(crate) fn within(&self, lease: Duration) -> bool {
-        self.at().is_some_and(|at| at.elapsed() < lease)
-    }
-}
 
 /// Pre-vote rounds a replica ran since it started (it heard no leader for an election
 /// timeout), and how many of them a majority granted, so that it stood for election.
@@ -96,25 +74,6 @@ pub(crate) struct PreVote {
 }
 
 impl PreVote {
-    /// Whether this replica would vote for a candidate whose log ends at `candidate`: it has
-    /// not heard a leader within the lease, does not lead itself, and the candidate's log is
-    /// at least as up-to-date as its own (and a replica catching up after an empty start
-    /// would give it its vote).
-    pub(crate) fn grants(
-        raft: &Raft,
-        log: &LogStore,
-        heard: &Heard,
-        rejoin: &Rejoin,
-        lease: Duration,
-        candidate: Option<LogId<ReplicaId>>,
-    ) -> bool {
-        let leads = raft.metrics().borrow().state == ServerState::Leader;
-        !leads
-            && !heard.within(lease)
-            && candidate >= log.last_log_id()
-            && !rejoin.abstains(candidate.map(|id| id.index))
-    }
-
     /// Runs until the replica stops: times elections, and starts one after a granted
     /// pre-vote.
     pub(crate) async fn run(self) {
@@ -193,11 +152,6 @@ impl PreVote {
 pub(crate) fn openraft_timeouts(timeout: Duration) -> (u64, u64) {
     let min = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
     (min, min.saturating_add(1))
-}
-
-/// How long after hearing a leader a replica grants no pre-vote: 1.1 T.
-pub(crate) fn lease(timeout: Duration) -> Duration {
-    timeout + timeout / 10
 }
 
 /// From nothing to `timeout`, drawn anew each time.

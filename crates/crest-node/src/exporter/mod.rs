@@ -13,7 +13,7 @@
 //! `curl` and `promtool check metrics` read).
 
 use crate::actor::Links;
-use crate::replicated::ReplicaStatus;
+use crate::replica::ReplicaStatus;
 use crest_core::metrics::{Hist, LAG_BOUNDS_MS, LagSeries, Metric, Report};
 use crest_core::quota::ScopeStats;
 use prometheus_client::collector::Collector;
@@ -755,7 +755,7 @@ fn encode_replica(f: &mut Families, status: &ReplicaStatus) -> fmt::Result {
     for (name, help, value) in rounds {
         f.counters(name, help, Some((own.clone(), value)))?;
     }
-    type Lag = fn(&crate::replicated::FollowerLag) -> Option<u64>;
+    type Lag = fn(&crate::replica::FollowerLag) -> Option<u64>;
     let lags: [(&str, &str, Lag); 2] = [
         (
             "crest_replica_follower_lag_entries",

@@ -16,9 +16,11 @@
 
 mod journal;
 mod snapshot;
+mod status;
 mod store;
 
 pub use journal::{JournalLimits, LeafJournal};
+pub use status::{FollowerLag, ReplicaStatus};
 pub use store::{Acks, Gathering, Outcome, ReplicatedStore};
 
 use crest_core::machine::StorageOp;
