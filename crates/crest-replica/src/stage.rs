@@ -63,8 +63,13 @@ impl Stager {
     /// Streams `batch` to every follower ahead of the entry that will carry it. Call it with
     /// the very buffer handed to Raft, before handing it.
     pub fn stage(&self, batch: &Batch) {
+        if batch.0.len() < STAGE_BYTES_MIN || self.links.is_empty() {
+            return;
+        }
+        // Once for every follower: the name of the body in each AppendEntries.
+        let crc = crc32fast::hash(&batch.0);
         for link in self.links.values() {
-            link.stage(&batch.0);
+            link.stage(&batch.0, crc);
         }
     }
 
@@ -130,14 +135,17 @@ struct LinkState {
     /// The number of the next body staged.
     next: u64,
     /// Staged, not yet written to the stream.
-    queued: VecDeque<(u64, Bytes)>,
+    queued: VecDeque<StagedBody>,
     /// Written to the stream, not yet named by an AppendEntries.
-    written: VecDeque<(u64, Bytes)>,
+    written: VecDeque<StagedBody>,
     /// Bytes of both.
     bytes: usize,
     /// The next AppendEntries goes in full (the last staged one failed on the way).
     full_next: bool,
 }
+
+/// A body staged towards a follower: its number in the session, its bytes and their CRC-32.
+type StagedBody = (u64, Bytes, u32);
 
 /// A body named in an AppendEntries: the entry's place in it, the body's number in the
 /// session, and the CRC-32 of the entry's payload.
@@ -182,7 +190,7 @@ impl Link {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn stage(&self, body: &Bytes) {
+    fn stage(&self, body: &Bytes, crc: u32) {
         if body.len() < STAGE_BYTES_MIN || body.len() > self.bytes_max {
             return;
         }
@@ -191,10 +199,10 @@ impl Link {
             let seq = state.next;
             state.next += 1;
             state.bytes += body.len();
-            state.queued.push_back((seq, body.clone()));
+            state.queued.push_back((seq, body.clone(), crc));
             // Past the bound, the oldest go: their entries will be sent in full.
             while state.bytes > self.bytes_max {
-                let Some((_, old)) = state
+                let Some((_, old, _)) = state
                     .written
                     .pop_front()
                     .or_else(|| state.queued.pop_front())
@@ -225,20 +233,25 @@ impl Link {
             let openraft::EntryPayload::Normal(batch) = &mut entry.payload else {
                 continue;
             };
-            let same = |staged: &&(u64, Bytes)| {
+            let same = |staged: &&StagedBody| {
                 staged.1.as_ptr() == batch.0.as_ptr() && staged.1.len() == batch.0.len()
             };
-            let (Some(&(seq, _)), Ok(place)) = (state.written.iter().find(same), u32::try_from(at))
+            let (Some(&(seq, _, crc)), Ok(place)) =
+                (state.written.iter().find(same), u32::try_from(at))
             else {
                 continue;
             };
-            named.refs.push((place, seq, crc32fast::hash(&batch.0)));
+            named.refs.push((place, seq, crc));
             named.originals.push((at, std::mem::take(&mut batch.0)));
             last = Some(seq);
         }
         let last = last?;
-        while state.written.front().is_some_and(|(seq, _)| *seq <= last) {
-            if let Some((_, body)) = state.written.pop_front() {
+        while state
+            .written
+            .front()
+            .is_some_and(|(seq, _, _)| *seq <= last)
+        {
+            if let Some((_, body, _)) = state.written.pop_front() {
                 state.bytes -= body.len();
             }
         }
@@ -269,7 +282,7 @@ impl Link {
             self.wake.notified().await;
             loop {
                 let next = self.lock().queued.pop_front();
-                let Some((seq, body)) = next else { break };
+                let Some((seq, body, crc)) = next else { break };
                 if stream.is_none() {
                     stream = open(&endpoint, &name, address, self.session).await;
                 }
@@ -277,7 +290,7 @@ impl Link {
                     // Unreachable: what is staged meanwhile goes in full with its entry.
                     {
                         let mut state = self.lock();
-                        let dropped: usize = state.queued.drain(..).map(|(_, b)| b.len()).sum();
+                        let dropped: usize = state.queued.drain(..).map(|(_, b, _)| b.len()).sum();
                         state.bytes -= dropped + body.len();
                     }
                     tokio::time::sleep(backoff).await;
@@ -293,7 +306,7 @@ impl Link {
                 .await;
                 let mut state = self.lock();
                 if sent.is_ok() {
-                    state.written.push_back((seq, body));
+                    state.written.push_back((seq, body, crc));
                 } else {
                     state.bytes -= body.len();
                     stream = None;
@@ -319,6 +332,20 @@ async fn open(
     head[1..].copy_from_slice(&session.to_le_bytes());
     send.write_all(&head).await.ok()?;
     Some(send)
+}
+
+/// Reads a body of `len` bytes and its CRC-32, each piece hashed as it is copied in (while it
+/// is in the cache) and nothing written twice: a zero-filled buffer read into cost a pass over
+/// every staged byte. `None`: the stream ended or broke first.
+async fn read_body(recv: &mut quinn::RecvStream, len: usize) -> Option<(bytes::Bytes, u32)> {
+    let mut body = bytes::BytesMut::with_capacity(len);
+    let mut crc = crc32fast::Hasher::new();
+    while body.len() < len {
+        let chunk = recv.read_chunk(len - body.len(), true).await.ok()??;
+        crc.update(&chunk.bytes);
+        body.extend_from_slice(&chunk.bytes);
+    }
+    Some((body.freeze(), crc.finalize()))
 }
 
 /// The follower's side: the bodies of the current leader's session. Clones share.
@@ -394,17 +421,15 @@ impl Staged {
                 let _ = recv.stop(5u32.into());
                 break;
             }
-            let mut body = vec![0u8; len];
-            if recv.read_exact(&mut body).await.is_err() {
+            let Some((body, crc)) = read_body(&mut recv, len).await else {
                 break;
-            }
-            let crc = crc32fast::hash(&body);
+            };
             let mut state = self.lock();
             if state.session != session {
                 break;
             }
             state.bytes += len;
-            state.bodies.insert(seq, (body.into(), crc));
+            state.bodies.insert(seq, (body, crc));
             state.highest = state.highest.max(Some(seq));
             while state.bytes > self.inner.bytes_max {
                 let Some((_, (old, _))) = state.bodies.pop_first() else {
@@ -486,6 +511,10 @@ mod tests {
     use super::*;
     use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 
+    fn stage(link: &Link, body: &Bytes) {
+        link.stage(body, crc32fast::hash(body));
+    }
+
     fn entry(index: u64, body: &Bytes) -> Entry<TypeConfig> {
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
@@ -499,9 +528,9 @@ mod tests {
         let staged = Bytes::from(vec![1u8; STAGE_BYTES_MIN]);
         let twin = Bytes::from(vec![1u8; STAGE_BYTES_MIN]);
         // Too small to stage.
-        link.stage(&Bytes::from(vec![1u8; STAGE_BYTES_MIN - 1]));
+        stage(&link, &Bytes::from(vec![1u8; STAGE_BYTES_MIN - 1]));
         assert_eq!(link.lock().bytes, 0);
-        link.stage(&staged);
+        stage(&link, &staged);
         // Staged but not yet written to the stream: sent in full.
         let mut entries = vec![entry(1, &staged)];
         assert!(link.name(&mut entries).is_none());
@@ -525,11 +554,11 @@ mod tests {
     fn a_stage_past_its_bound_drops_its_oldest_bodies() {
         let link = Link::new(1, 5 * STAGE_BYTES_MIN / 2);
         for fill in 0..4u8 {
-            link.stage(&Bytes::from(vec![fill; STAGE_BYTES_MIN]));
+            stage(&link, &Bytes::from(vec![fill; STAGE_BYTES_MIN]));
         }
         let state = link.lock();
         assert_eq!(state.bytes, 2 * STAGE_BYTES_MIN);
-        let kept: Vec<u64> = state.queued.iter().map(|(seq, _)| *seq).collect();
+        let kept: Vec<u64> = state.queued.iter().map(|(seq, _, _)| *seq).collect();
         assert_eq!(kept, vec![2, 3]);
     }
 
@@ -537,7 +566,7 @@ mod tests {
     fn a_failed_staged_append_sends_the_next_in_full() {
         let link = Link::new(1, 1 << 20);
         let body = Bytes::from(vec![3u8; STAGE_BYTES_MIN]);
-        link.stage(&body);
+        stage(&link, &body);
         let written = link.lock().queued.pop_front().unwrap();
         link.lock().written.push_back(written);
         link.failed();
