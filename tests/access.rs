@@ -227,6 +227,56 @@ async fn receipts_settle_only_for_the_principal_they_were_delivered_to() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_held_when_consume_is_revoked_settle_nothing() {
+    // Goal: once the access file no longer grants a principal `consume` in a namespace, the
+    // receipts it still holds there extend, nack and ack nothing (`Forbidden`), however its
+    // consumer routes them; granted again, its ack holds.
+    let mut tree = start_tree().await;
+    let mut file = tree.access_file().clone();
+    let token = add(&mut file, "alice", &["jobs:consume"]);
+    tree.reload_access(file.clone());
+    producer(&tree, admin_token(&tree))
+        .await
+        .unwrap()
+        .push("jobs/a", 1, "leased")
+        .await
+        .unwrap();
+    let alice = consumer(&tree, Credential::Token(token)).await.unwrap();
+    let receipt = alice.pop("jobs/a", 1, WAIT).await.unwrap()[0].receipt();
+    let set = |file: &mut AccessFile, grant: &str| {
+        let (namespace, permissions) = Grants::parse_one(grant).unwrap();
+        let mut grants = Grants::default();
+        grants.add(&namespace, &permissions);
+        file.principals.get_mut("alice").unwrap().grants = grants;
+    };
+    set(&mut file, "jobs:produce");
+    tree.reload_access(file.clone());
+    let forbidden = |result: Result<(), ClientError>| {
+        matches!(result, Err(ClientError::Receipt(ReceiptError::Forbidden)))
+    };
+    // The nodes take the file as it reaches them: an extend goes through until then.
+    let deadline = std::time::Instant::now() + WAIT;
+    while !forbidden(alice.extend(&receipt, Duration::from_secs(12 * 3600)).await) {
+        assert!(std::time::Instant::now() < deadline, "still extended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let nacked = alice.nack(&receipt, Duration::ZERO, None).await;
+    assert!(forbidden(nacked.clone()), "{nacked:?}");
+    let acked = alice.ack(&receipt).await;
+    assert!(forbidden(acked.clone()), "{acked:?}");
+    assert_eq!(depth(&tree, "jobs/a").await, 1);
+    set(&mut file, "jobs:consume");
+    tree.reload_access(file);
+    let deadline = std::time::Instant::now() + WAIT;
+    while forbidden(alice.ack(&receipt).await) {
+        assert!(std::time::Instant::now() < deadline, "still forbidden");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(depth(&tree, "jobs/a").await, 0);
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_settles_a_lease_whoever_holds_it_and_a_consumer_may_not() {
     // Goal: a principal with `admin` in the namespace releases, then acks, leases delivered
     // to another principal, by message id; a consumer without `admin` is refused and changes
@@ -422,5 +472,66 @@ async fn one_principal_cannot_take_more_than_its_share_of_a_node_s_connections()
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    tree.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_takes_only_the_certificate_of_the_node_it_names() {
+    // Goal: a node holding another node's key (an impostor with leaf-1's certificate) cannot
+    // stand in for the root to a client that names the root, as clients configured from a
+    // topology do: the handshake fails before the client's Hello, and its token, go out.
+    // Named leaf-1 there, the same client completes the handshake and sends its Hello: what
+    // a bare address still allows, and what the impostor would have seen.
+    let tree = start_tree().await;
+    let stolen = tree
+        .ca()
+        .issue("leaf-1", &["127.0.0.1".into()], Duration::from_secs(3600))
+        .unwrap();
+    let settings = crest::core::config::Settings::default();
+    let server = crest::transport::server_config(&stolen, &tree.ca_pem, &settings).unwrap();
+    let impostor = quinn::Endpoint::server(server, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let at = impostor.local_addr().unwrap();
+    // Every stream opened to the impostor, with the first bytes read from it.
+    let (heard, mut hellos) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::spawn(async move {
+        while let Some(incoming) = impostor.accept().await {
+            let Ok(connection) = incoming.await else {
+                continue;
+            };
+            let heard = heard.clone();
+            tokio::spawn(async move {
+                while let Ok((_send, mut recv)) = connection.accept_bi().await {
+                    let mut first = [0u8; 16];
+                    if recv.read_exact(&mut first).await.is_ok() {
+                        let _ = heard.send(first);
+                    }
+                }
+            });
+        }
+    });
+    let mut config = ConsumerConfig::new(format!("root@{at}"), tls(&tree, admin_token(&tree)));
+    let error = Consumer::connect(config.clone())
+        .await
+        .err()
+        .expect("refused");
+    let text = error.to_string();
+    assert!(
+        text.contains("certificate") || text.contains("Certificate"),
+        "{text}"
+    );
+    assert!(
+        hellos.try_recv().is_err(),
+        "nothing was sent to the impostor"
+    );
+    config.roots = vec![format!("leaf-1@{at}")];
+    assert!(
+        Consumer::connect(config).await.is_err(),
+        "the impostor sends no Welcome"
+    );
+    assert!(
+        hellos.recv().await.is_some(),
+        "the Hello reached the impostor"
+    );
+    listener.abort();
     tree.shutdown().await;
 }

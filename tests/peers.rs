@@ -284,6 +284,80 @@ async fn idle_clients_cannot_keep_child_nodes_out_and_are_closed_without_a_hello
     tree.shutdown().await;
 }
 
+/// Starts a handshake with `address` that never completes: a client's first packet (its
+/// Initial, with connection ids of its own) reaches the node from a socket that forwards
+/// nothing back. The node holds it as a handshake under way until it times out. The socket
+/// is returned: the node's answers go to it.
+async fn half_open(tree: &LocalTree, address: std::net::SocketAddr) -> tokio::net::UdpSocket {
+    let relay = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let settings = crest::core::config::Settings::default();
+    let client = crest::transport::client_config(&tree.ca_pem, &settings).unwrap();
+    let at = relay.local_addr().unwrap();
+    let endpoint = crest::transport::client_endpoint(at, client, &settings).unwrap();
+    let dial = tokio::spawn(async move {
+        let _ = crest::transport::connect(&endpoint, at, crest::transport::tls::SERVER_NAME).await;
+    });
+    let mut initial = vec![0u8; 65_536];
+    let (len, _) = relay.recv_from(&mut initial).await.unwrap();
+    dial.abort();
+    relay.send_to(&initial[..len], address).await.unwrap();
+    relay
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_open_handshakes_keep_out_neither_a_node_that_comes_back_nor_get_an_untyped_refusal() {
+    // Goal: handshakes that never complete take at most the clients' share of a node's
+    // handshakes (`connections_max`), never the share of addresses nodes dialed from
+    // (`node_connections_max`): a child that restarts reconnects at once, though they
+    // outlast the wait; and a client refused for want of a handshake slot is told
+    // `Overloaded`. Before, both shared one pool, and a restarting leaf was refused until the
+    // handshakes timed out.
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
+    let mut topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
+    for node in &mut topology.nodes {
+        node.settings.connections_max = 3;
+        node.settings.node_connections_max = 4;
+        // A handshake lasts as long as its connection may idle.
+        node.settings.idle_timeout_ms = 60_000;
+    }
+    let mut tree = LocalTree::start(&topology).await.unwrap();
+    assert!(tree.wait_connected(WAIT).await);
+    let root: std::net::SocketAddr = tree.topology.root().address.parse().unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 + 4 {
+        held.push(half_open(&tree, root).await);
+    }
+    // A client now finds no handshake slot: a typed refusal.
+    let config = crest::sdk::ConsumerConfig::new(
+        root.to_string(),
+        crest::sdk::ClientTls::new(tree.ca_pem.clone()),
+    );
+    let refused = crest::sdk::Consumer::connect(config)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(
+            &refused,
+            crest::sdk::ClientError::Rejected {
+                code: ErrorCode::Overloaded,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    // The half-open handshakes outlast this wait (the stream setup's 10 s at least): only
+    // a share of its own lets agg-1 back in within it.
+    tree.restart_node("agg-1").await.unwrap();
+    assert!(
+        tree.wait_connected(Duration::from_secs(5)).await,
+        "agg-1 is back at the root"
+    );
+    drop(held);
+    tree.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_protocol_a_request_before_hello_and_a_replayed_hello_are_refused() {
     // Goal: a `Hello` of another protocol version, a request before any `Hello` and a second

@@ -132,9 +132,9 @@ async fn start(target: &Target) -> Result<Running> {
             }
             let tls = ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone());
             Ok(Running {
-                leaves: tree.topology.leaves().map(|l| l.address.clone()).collect(),
+                leaves: tree.topology.leaves().map(|l| l.dial_address()).collect(),
                 owners: ConsumerConfig::from_topology(&tree.topology, tls).leaves,
-                roots: tree.topology.roots().map(|r| r.address.clone()).collect(),
+                roots: tree.topology.roots().map(|r| r.dial_address()).collect(),
                 tls: ClientTls::new(tree.ca_pem.clone()).with_token(tree.admin_token.clone()),
                 durable: Some(data_dir.is_some()),
                 syncing_leaves: data_dir.is_some().then(|| {

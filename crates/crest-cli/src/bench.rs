@@ -155,12 +155,12 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<()> {
     let topology = load_topology(args.topology.as_deref())?;
     let target = if args.connect {
         let leaves = if args.leaf.is_empty() {
-            topology.leaves().map(|l| l.address.clone()).collect()
+            topology.leaves().map(|l| l.dial_address()).collect()
         } else {
             args.leaf.clone()
         };
         let roots = if args.root.is_empty() {
-            topology.roots().map(|r| r.address.clone()).collect()
+            topology.roots().map(|r| r.dial_address()).collect()
         } else {
             args.root.clone()
         };

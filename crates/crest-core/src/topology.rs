@@ -176,6 +176,12 @@ pub struct NodeSpec {
 }
 
 impl NodeSpec {
+    /// The address a client dials it at, naming it: `NAME@HOST:PORT`. A client takes only
+    /// this node's certificate there, so no other node of the cluster can stand in for it.
+    pub fn dial_address(&self) -> String {
+        format!("{}@{}", self.name, self.address)
+    }
+
     /// The name the tree knows it by: its group's for a replica, else its own.
     pub fn tree_name(&self) -> &str {
         self.replica.as_ref().map_or(&self.name, |r| &r.group)

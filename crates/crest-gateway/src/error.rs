@@ -270,6 +270,7 @@ pub(crate) fn receipt_error(error: ReceiptError) -> SqsError {
         ReceiptError::Unavailable | ReceiptError::TimedOut => {
             SqsError::unavailable(error.to_string())
         }
+        ReceiptError::Forbidden => SqsError::denied(error.to_string()),
         other => SqsError::bad_receipt(format!("The receipt handle is not valid: {other}")),
     }
 }

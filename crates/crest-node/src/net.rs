@@ -13,6 +13,7 @@ use crest_transport::stream::{
     FrameReader, Outgoing, ReadEvent, StreamPair, accept_streams, open_streams, spawn_writer,
 };
 use ractor::ActorRef;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -125,17 +126,54 @@ async fn read_frames(
     }
 }
 
+/// Where nodes of the cluster dialed this one from, as far as it knows: the last
+/// `node_connections_max` addresses a connection presenting a node certificate came from. A
+/// node dials from the socket it listens on, so a node that comes back (a restart) dials from
+/// where it did before.
+struct NodeAddresses {
+    known: std::collections::HashSet<SocketAddr>,
+    order: std::collections::VecDeque<SocketAddr>,
+    max: usize,
+}
+
+impl NodeAddresses {
+    fn contains(&self, address: &SocketAddr) -> bool {
+        self.known.contains(address)
+    }
+
+    fn insert(&mut self, address: SocketAddr) {
+        if self.known.insert(address) {
+            self.order.push_back(address);
+            while self.order.len() > self.max {
+                if let Some(old) = self.order.pop_front() {
+                    self.known.remove(&old);
+                }
+            }
+        }
+    }
+}
+
 /// Accepts connections until shutdown: at most `node_connections_max` at once from peers
 /// that presented a node certificate of the cluster, and `connections_max` from the others
-/// (producers and consumers), so that idle clients cannot keep the tree's own links out. At
-/// most as many handshakes as both budgets together are under way at once. A connection
-/// that has not said `Hello` within `hello_timeout_ms` is closed.
+/// (producers and consumers), so that idle clients cannot keep the tree's own links out.
+/// Handshakes are bounded the same way before anyone is identified: at most
+/// `node_connections_max` under way from addresses nodes dialed from before, and
+/// `connections_max` from any other, so half-open handshakes from elsewhere cannot keep a
+/// node that comes back out. A handshake from a node's address proves the address first (a
+/// QUIC retry), so that it cannot be forged to reach the nodes' share. A refused handshake
+/// is answered `CONNECTION_REFUSED` (the SDK reports `Overloaded`), a refused connection
+/// closed with `Overloaded` naming the budget. A connection that has not said `Hello`
+/// within `hello_timeout_ms` is closed.
 pub(crate) async fn accept_loop(ctx: NetContext, endpoint: quinn::Endpoint) {
     let clients = Arc::new(Semaphore::new(ctx.settings.connections_max as usize));
     let nodes = Arc::new(Semaphore::new(ctx.settings.node_connections_max as usize));
-    let handshakes = Arc::new(Semaphore::new(
-        (ctx.settings.connections_max + ctx.settings.node_connections_max) as usize,
-    ));
+    let client_handshakes = Arc::new(Semaphore::new(ctx.settings.connections_max as usize));
+    let node_handshakes = Arc::new(Semaphore::new(ctx.settings.node_connections_max as usize));
+    let node_addresses = Arc::new(std::sync::Mutex::new(NodeAddresses {
+        known: Default::default(),
+        order: Default::default(),
+        max: ctx.settings.node_connections_max as usize,
+    }));
     let hello_timeout = Duration::from_millis(ctx.settings.hello_timeout_ms);
     loop {
         let incoming = tokio::select! {
@@ -143,29 +181,58 @@ pub(crate) async fn accept_loop(ctx: NetContext, endpoint: quinn::Endpoint) {
             () = ctx.shutdown.cancelled() => return,
         };
         let Some(incoming) = incoming else { return };
+        let from_node = node_addresses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&incoming.remote_address());
+        if from_node && !incoming.remote_address_validated() {
+            if let Err(error) = incoming.retry() {
+                error.into_incoming().refuse();
+            }
+            continue;
+        }
+        let handshakes = if from_node {
+            &node_handshakes
+        } else {
+            &client_handshakes
+        };
         let Ok(handshake) = handshakes.clone().try_acquire_owned() else {
-            tracing::warn!("too many handshakes under way; refusing a connection");
+            tracing::warn!(
+                from_node,
+                "too many handshakes under way; refusing a connection"
+            );
             incoming.refuse();
             continue;
         };
         let (ctx, clients, nodes) = (ctx.clone(), clients.clone(), nodes.clone());
+        let node_addresses = node_addresses.clone();
         tokio::spawn(async move {
             let setup = async {
                 let connection = incoming.await.map_err(|e| e.to_string())?;
                 // A client certificate names a principal, not a node: clients' budget.
                 let node = connection.peer_identity().is_some()
                     && crest_transport::tls::client_name(&connection).is_none();
-                let (budget, name) = if node {
-                    (nodes, "node_connections_max")
+                let (budget, name, max) = if node {
+                    node_addresses
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(connection.remote_address());
+                    (
+                        nodes,
+                        "node_connections_max",
+                        ctx.settings.node_connections_max,
+                    )
                 } else {
-                    (clients, "connections_max")
+                    (clients, "connections_max", ctx.settings.connections_max)
                 };
                 let Ok(permit) = budget.try_acquire_owned() else {
                     tracing::warn!(
                         budget = name,
                         "connection budget used up; refusing a connection"
                     );
-                    connection.close(3u32.into(), format!("{name} reached").as_bytes());
+                    let code = crest_core::wire::ErrorCode::Overloaded;
+                    let reason = format!("{code}: {name} reached ({max} connections); retry");
+                    connection.close(3u32.into(), reason.as_bytes());
                     return Err(format!("{name} reached"));
                 };
                 let streams = accept_streams(&connection)

@@ -195,6 +195,7 @@ impl Admin {
                 prefix: prefix.into(),
                 limit: CONFIGS_PAGE,
                 after: after.take(),
+                within: None,
             };
             let (result, missing, _) = self.call(op).await?;
             let AdminResult::Configs { configs, next } = result else {
@@ -224,6 +225,7 @@ impl Admin {
             prefix: topic.into(),
             limit: 1,
             after: None,
+            within: None,
         };
         let (result, unreachable, _) = self.call(op).await?;
         let AdminResult::Configs { configs, .. } = result else {

@@ -46,7 +46,9 @@ pub(crate) const RETRY_MAX: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug)]
 pub struct ConsumerConfig {
     /// The root's address (`host:port`), then those of the roots standing by for it: a
-    /// consumer that cannot reach the one it uses moves on to the next.
+    /// consumer that cannot reach the one it uses moves on to the next. `NAME@host:port`
+    /// takes only the certificate of node NAME there ([`ConsumerConfig::from_topology`] names
+    /// every node); a bare address takes any node of the cluster.
     pub roots: Vec<String>,
     /// Trust.
     pub tls: ClientTls,
@@ -106,12 +108,12 @@ impl ConsumerConfig {
                 };
                 Some(LeafAddresses {
                     leaf: leaf.leaf_id?,
-                    addresses: addresses.iter().map(|m| m.address.clone()).collect(),
+                    addresses: addresses.iter().map(|m| m.dial_address()).collect(),
                 })
             })
             .collect();
         ConsumerConfig {
-            roots: topology.roots().map(|root| root.address.clone()).collect(),
+            roots: topology.roots().map(|root| root.dial_address()).collect(),
             leaves,
             ..ConsumerConfig::new(String::new(), tls)
         }

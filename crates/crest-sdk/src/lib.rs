@@ -11,9 +11,9 @@
 //! use std::time::Duration;
 //! let tls = ClientTls::new(ca_pem).with_token(token); // `crest token create`, or `crest local`'s
 
-//! let producer = Producer::connect(ProducerConfig::new(vec!["127.0.0.1:7411".into()], tls.clone())).await?;
+//! let producer = Producer::connect(ProducerConfig::new(vec!["leaf-1@127.0.0.1:7411".into()], tls.clone())).await?;
 //! let id = producer.push("jobs", crest_sdk::tier::HIGH, "hello").await?;
-//! let consumer = Consumer::connect(ConsumerConfig::new("127.0.0.1:7400", tls)).await?;
+//! let consumer = Consumer::connect(ConsumerConfig::new("root@127.0.0.1:7400", tls)).await?;
 //! for delivery in consumer.pop("jobs", 10, Duration::from_secs(1)).await? {
 //!     consumer.ack(&delivery.receipt()).await?;
 //! }
@@ -204,6 +204,10 @@ impl From<crest_transport::TransportError> for ClientError {
     fn from(error: crest_transport::TransportError) -> Self {
         match error {
             crest_transport::TransportError::Stream(reason) => ClientError::Disconnected(reason),
+            refused @ crest_transport::TransportError::Refused { .. } => ClientError::Rejected {
+                code: crest_core::wire::ErrorCode::Overloaded,
+                message: refused.to_string(),
+            },
             other => ClientError::Connect(other.to_string()),
         }
     }

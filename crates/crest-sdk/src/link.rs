@@ -11,6 +11,7 @@ use crest_core::config::Settings;
 use crest_core::frame::encode_frame;
 use crest_core::wire::{ErrorReply, Hello, PROTOCOL_VERSION, PeerKind, Secret, Welcome, Wire};
 use crest_transport::stream::{FrameReader, Outgoing, ReadEvent, open_streams, spawn_writer};
+use crest_transport::tls::Verify;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -117,7 +118,8 @@ impl Link {
         settings: &Settings,
         requests_in_flight_max: usize,
     ) -> Result<Link, ClientError> {
-        let addr = resolve(address).await?;
+        let (node, host) = named(address);
+        let addr = resolve(host).await?;
         let (identity, token) = match &tls.credential {
             Credential::None => (None, None),
             Credential::Token(token) => (None, Some(Secret(token.clone()))),
@@ -129,10 +131,20 @@ impl Link {
                 None,
             ),
         };
-        let client = crest_transport::client_config_as(&tls.ca_pem, identity.as_ref(), settings)?;
+        // A named node must prove that name before the Hello (and its token) goes out: any
+        // other node of the cluster could otherwise stand in for it.
+        let (verify, server_name) = match node {
+            Some(name) => (Verify::Named, name),
+            None => (Verify::AnyNode, crest_transport::tls::SERVER_NAME),
+        };
+        let client = crest_transport::client_config_verifying(
+            &tls.ca_pem,
+            identity.as_ref(),
+            settings,
+            verify,
+        )?;
         let endpoint = crest_transport::client_endpoint(addr, client, settings)?;
-        let connection =
-            crest_transport::connect(&endpoint, addr, crest_transport::tls::SERVER_NAME).await?;
+        let connection = crest_transport::connect(&endpoint, addr, server_name).await?;
         let streams = open_streams(&connection)
             .await
             .map_err(|error| refusal(&connection).unwrap_or_else(|| error.into()))?;
@@ -388,6 +400,16 @@ async fn watch_control(
 }
 
 /// Resolves `host:port`.
+/// The node an address names, and where it is: `NAME@HOST:PORT` (as clients configured from a
+/// topology dial, [`crest_core::topology::NodeSpec::dial_address`]) names the node whose
+/// certificate the connection takes; a bare `HOST:PORT` takes any node of the cluster.
+pub(crate) fn named(address: &str) -> (Option<&str>, &str) {
+    match address.split_once('@') {
+        Some((name, host)) if !name.is_empty() => (Some(name), host),
+        _ => (None, address),
+    }
+}
+
 pub(crate) async fn resolve(address: &str) -> Result<SocketAddr, ClientError> {
     if let Ok(addr) = address.parse() {
         return Ok(addr);

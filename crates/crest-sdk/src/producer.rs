@@ -124,7 +124,9 @@ impl Message {
 /// How a producer connects and batches.
 #[derive(Clone, Debug)]
 pub struct ProducerConfig {
-    /// Leaf addresses (`host:port`); messages are spread over them.
+    /// Leaf addresses (`host:port`, or `NAME@host:port` to take only the certificate of node
+    /// NAME there, as [`ProducerConfig::from_topology`] gives them); messages are spread over
+    /// them.
     pub leaves: Vec<String>,
     /// The replicated leaves among `leaves`: each the addresses of one leaf's replicas, in
     /// the topology's order. A message with a dedup key goes to its leaf's replica that
@@ -186,7 +188,7 @@ impl ProducerConfig {
     /// Every leaf of a topology.
     pub fn from_topology(topology: &Topology, tls: ClientTls) -> ProducerConfig {
         let mut config = ProducerConfig::new(
-            topology.leaves().map(|leaf| leaf.address.clone()).collect(),
+            topology.leaves().map(|leaf| leaf.dial_address()).collect(),
             tls,
         );
         for leaf in topology.leaves() {
@@ -194,7 +196,7 @@ impl ProducerConfig {
                 let members = topology.members(leaf.tree_name());
                 config
                     .replicas
-                    .push(members.iter().map(|m| m.address.clone()).collect());
+                    .push(members.iter().map(|m| m.dial_address()).collect());
             }
         }
         config

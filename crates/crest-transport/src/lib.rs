@@ -33,6 +33,15 @@ pub enum TransportError {
     /// A stream broke or misbehaved.
     #[error("stream: {0}")]
     Stream(String),
+    /// The node refused the connection before its handshake: too many handshakes were under
+    /// way there. Retrying later may succeed.
+    #[error(
+        "connect to {addr}: the node refused the connection (too many handshakes under way there); retry"
+    )]
+    Refused {
+        /// The address dialled.
+        addr: String,
+    },
 }
 
 /// QUIC transport parameters derived from the settings, for client connections (and a
@@ -107,7 +116,21 @@ pub fn client_config_as(
     identity: Option<&tls::CertifiedKey>,
     settings: &Settings,
 ) -> Result<quinn::ClientConfig, TransportError> {
-    let crypto = tls::client_crypto(ca_pem, tls::Verify::AnyNode, identity)?;
+    client_config_verifying(ca_pem, identity, settings, tls::Verify::AnyNode)
+}
+
+/// As [`client_config_as`], checking the node at the other end as `verify` says: with
+/// [`tls::Verify::Named`], only the node whose name the connection asks for.
+///
+/// # Errors
+/// [`TransportError::Tls`] if the CA or the certificate does not parse.
+pub fn client_config_verifying(
+    ca_pem: &str,
+    identity: Option<&tls::CertifiedKey>,
+    settings: &Settings,
+    verify: tls::Verify,
+) -> Result<quinn::ClientConfig, TransportError> {
+    let crypto = tls::client_crypto(ca_pem, verify, identity)?;
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     config.transport_config(transport_config(settings));
     Ok(config)
@@ -328,7 +351,16 @@ async fn finish(
     connecting
         .map_err(|e| connect_error(e.to_string()))?
         .await
-        .map_err(|e| connect_error(e.to_string()))
+        .map_err(|e| match e {
+            quinn::ConnectionError::ConnectionClosed(close)
+                if close.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED =>
+            {
+                TransportError::Refused {
+                    addr: addr.to_string(),
+                }
+            }
+            other => connect_error(other.to_string()),
+        })
 }
 
 #[cfg(test)]

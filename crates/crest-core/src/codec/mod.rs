@@ -81,7 +81,7 @@ pub(crate) fn encode(msg: &Wire, out: &mut Vec<u8>) -> bool {
         Wire::PopReply(reply) => encode_pop_reply(reply, out),
         Wire::Offer(offer) => encode_offer(offer, out),
         Wire::Reserve(reserve) => encode_reserve(reserve, out),
-        Wire::Confirm(confirm) if confirm.op == Settle::Ack => {
+        Wire::Confirm(confirm) if confirm.op == Settle::Ack && confirm.grants.is_none() => {
             enum_variant(out, CONFIRM_VARIANT);
             array(out, 4);
             uint(out, confirm.tag);
@@ -353,6 +353,7 @@ fn receipt_error_name(error: ReceiptError) -> &'static str {
         ReceiptError::UnknownLeaf => "UnknownLeaf",
         ReceiptError::Unavailable => "Unavailable",
         ReceiptError::TimedOut => "TimedOut",
+        ReceiptError::Forbidden => "Forbidden",
     }
 }
 
@@ -817,6 +818,7 @@ impl Reader<'_> {
             leaf: self.leaf()?,
             op: Settle::Ack,
             receipts: self.ack_receipts(None)?,
+            grants: None,
         })
     }
 
@@ -853,6 +855,7 @@ impl Reader<'_> {
                 "UnknownLeaf" => ReceiptError::UnknownLeaf,
                 "Unavailable" => ReceiptError::Unavailable,
                 "TimedOut" => ReceiptError::TimedOut,
+                "Forbidden" => ReceiptError::Forbidden,
                 _ => return None,
             }))
         })?;

@@ -205,6 +205,7 @@ fn result() -> impl Strategy<Value = Result<(), ReceiptError>> {
         Just(Err(ReceiptError::TimedOut)),
         Just(Err(ReceiptError::UnknownLeaf)),
         Just(Err(ReceiptError::Unavailable)),
+        Just(Err(ReceiptError::Forbidden)),
     ]
 }
 
@@ -259,14 +260,24 @@ fn pop_path() -> impl Strategy<Value = Wire> {
     prop_oneof![
         offer,
         reserve,
-        (number(), any::<u16>(), settle(), receipts()).prop_map(|(tag, leaf, op, receipts)| {
-            Wire::Confirm(Confirm {
-                tag,
-                leaf: LeafId(leaf),
-                op,
-                receipts,
-            })
-        }),
+        (number(), any::<u16>(), settle(), receipts(), any::<bool>()).prop_map(
+            |(tag, leaf, op, receipts, granted)| {
+                // A principal's grants go with a Confirm only where it may not consume
+                // everywhere: MessagePack's form then, not this module's.
+                let grants = granted.then(|| {
+                    let mut grants = crate::access::Grants::default();
+                    grants.add("orders", &[crate::access::Permission::Consume]);
+                    grants
+                });
+                Wire::Confirm(Confirm {
+                    tag,
+                    leaf: LeafId(leaf),
+                    op,
+                    receipts,
+                    grants,
+                })
+            }
+        ),
         (number(), settle(), receipts()).prop_map(|(request, op, receipts)| {
             Wire::Ack(Ack {
                 request,
@@ -315,7 +326,8 @@ proptest! {
     }
 
     /// The pop path's other messages: what this module writes is rmp-serde's bytes and
-    /// reads back; a settle operation other than an ack is left to rmp-serde both ways.
+    /// reads back; a settle operation other than an ack, and a Confirm carrying grants, are
+    /// left to rmp-serde both ways.
     #[test]
     fn pop_path_bytes_are_rmp_serde_bytes(msg in pop_path()) {
         let theirs = other_encoding(&msg);
@@ -324,7 +336,7 @@ proptest! {
         let other_settle = matches!(
             &msg,
             Wire::Confirm(Confirm { op, .. }) | Wire::Ack(Ack { op, .. }) if *op != Settle::Ack
-        );
+        ) || matches!(&msg, Wire::Confirm(Confirm { grants: Some(_), .. }));
         prop_assert_eq!(handled, !other_settle);
         if handled {
             prop_assert_eq!(&ours, &theirs);

@@ -87,8 +87,10 @@ impl Leaf {
                 prefix,
                 limit,
                 after,
+                within,
             } => {
-                let (configs, cut) = self.configs_page(prefix, *limit as usize, after.as_deref());
+                let (configs, cut) =
+                    self.configs_page(prefix, *limit as usize, after.as_deref(), within.as_ref());
                 more = cut;
                 let next = cut
                     .then(|| configs.last().map(|(name, _)| name.clone()))
@@ -106,7 +108,7 @@ impl Leaf {
             } => AdminResult::MetadataSet(self.set_metadata(topic, *id, metadata, &mut records)),
             AdminOp::Settle { topic, op, ids } => {
                 let receipts = self.live_receipts(topic, ids);
-                let (results, records, outcomes) = self.settle(now, op, &receipts);
+                let (results, records, outcomes) = self.settle(now, op, &receipts, None);
                 let answer = SettleReply::Admin {
                     tag: admin.tag,
                     settled: results.iter().filter(|r| r.is_ok()).count() as u64,
@@ -253,6 +255,7 @@ impl Leaf {
         prefix: &str,
         limit: usize,
         after: Option<&str>,
+        within: Option<&crate::access::Grants>,
     ) -> (Vec<(String, TopicConfig)>, bool) {
         use std::ops::Bound;
         let from = match after {
@@ -267,6 +270,7 @@ impl Leaf {
             .configs
             .range::<str, _>((from, Bound::Unbounded))
             .take_while(|(name, _)| name.starts_with(prefix))
+            .filter(|(name, _)| within.is_none_or(|g| g.any_in(crate::access::namespace(name))))
         {
             bytes += config.frame_bytes(name);
             if out.len() == limit || (!out.is_empty() && bytes > budget) {

@@ -368,6 +368,24 @@ impl Leaf {
         }
     }
 
+    /// `id` if `grants` (none: no check) allow `consume` in its leased message's namespace.
+    fn may_consume(
+        &self,
+        grants: Option<&crate::access::Grants>,
+        id: MessageId,
+    ) -> Result<MessageId, ReceiptError> {
+        let Some(grants) = grants else { return Ok(id) };
+        let topic = &self.leases.by_id[&id].topic;
+        if grants.allow(
+            crate::access::namespace(topic),
+            crate::access::Permission::Consume,
+        ) {
+            Ok(id)
+        } else {
+            Err(ReceiptError::Forbidden)
+        }
+    }
+
     /// Ends the live lease of a message: it is in no index until the caller places it.
     pub(super) fn end_lease(&mut self, id: MessageId) -> Leased {
         let leased = self.leases.by_id.remove(&id).expect("leased");
@@ -577,7 +595,8 @@ impl Leaf {
     /// Settles leases. Acks and nacks are answered, and applied, once their records are
     /// durable: one refused by the log is answered `Unavailable` and changes nothing.
     pub(super) fn handle_confirm(&mut self, now: Time, conn: ConnId, confirm: Confirm) {
-        let (results, records, outcomes) = self.settle(now, &confirm.op, &confirm.receipts);
+        let grants = confirm.grants.as_ref();
+        let (results, records, outcomes) = self.settle(now, &confirm.op, &confirm.receipts, grants);
         let confirmed = Confirmed {
             tag: confirm.tag,
             results,
@@ -643,7 +662,8 @@ impl Leaf {
                 slots.push(slot);
             }
         }
-        let (settled, records, outcomes) = self.settle(now, &ack.op, &mine);
+        let grants = principal.as_ref().map(|p| &p.grants);
+        let (settled, records, outcomes) = self.settle(now, &ack.op, &mine, grants);
         for (slot, result) in slots.into_iter().zip(settled) {
             results[slot] = result;
         }
@@ -711,14 +731,16 @@ impl Leaf {
             .collect()
     }
 
-    /// Checks each receipt and settles its lease as `op` says: the result per receipt, the
-    /// records to log and the outcomes to apply once they are durable.
+    /// Checks each receipt (and, given the settling principal's `grants`, its `consume`
+    /// permission on the message's namespace) and settles its lease as `op` says: the result
+    /// per receipt, the records to log and the outcomes to apply once they are durable.
     #[allow(clippy::type_complexity)]
     pub(super) fn settle(
         &mut self,
         now: Time,
         op: &Settle,
         receipts: &[Receipt],
+        grants: Option<&crate::access::Grants>,
     ) -> (
         Vec<Result<(), ReceiptError>>,
         Vec<LogRecord>,
@@ -730,40 +752,43 @@ impl Leaf {
         let mut results = Vec::with_capacity(receipts.len());
         let mut extended = Vec::new();
         for receipt in receipts {
-            let result = self.check_receipt(now, receipt).map(|id| match op {
-                Settle::Ack => {
-                    let leased = self.settling(id);
-                    let outcome = Outcome::Acked;
-                    records.push(Self::outcome_record(leased, &outcome));
-                    outcomes.push((id, outcome));
-                }
-                Settle::Nack { delay_ms, reason } => {
-                    let reason = reason.clone().unwrap_or_else(|| "nacked".into());
-                    let leased = &self.leases.by_id[&id];
-                    let outcome = self.failure_outcome(now, leased, *delay_ms, reason);
-                    let leased = self.settling(id);
-                    records.push(Self::outcome_record(leased, &outcome));
-                    outcomes.push((id, outcome));
-                }
-                Settle::Extend { lease_ms } => {
-                    self.counters.extended += 1;
-                    let max = self.config.settings.lease_timeout_max_ms;
-                    let deadline = now + Duration::from_millis((*lease_ms).clamp(1, max));
-                    let leased = self.leases.by_id.get_mut(&id).expect("checked");
-                    self.leases.by_deadline.remove(&(leased.deadline, id));
-                    leased.deadline = deadline;
-                    self.leases.by_deadline.insert((deadline, id));
-                    // Logged, so whoever rebuilds the leaf ends the lease at the new deadline;
-                    // answered at once, like the grant (a crash that loses the record ends the
-                    // lease at its former deadline: a delivery again, never a loss).
-                    extended.push(LogRecord::Lease {
-                        id,
-                        attempt: leased.slot.attempt,
-                        deadline,
-                        token: leased.token,
-                    });
-                }
-            });
+            let result = self
+                .check_receipt(now, receipt)
+                .and_then(|id| self.may_consume(grants, id))
+                .map(|id| match op {
+                    Settle::Ack => {
+                        let leased = self.settling(id);
+                        let outcome = Outcome::Acked;
+                        records.push(Self::outcome_record(leased, &outcome));
+                        outcomes.push((id, outcome));
+                    }
+                    Settle::Nack { delay_ms, reason } => {
+                        let reason = reason.clone().unwrap_or_else(|| "nacked".into());
+                        let leased = &self.leases.by_id[&id];
+                        let outcome = self.failure_outcome(now, leased, *delay_ms, reason);
+                        let leased = self.settling(id);
+                        records.push(Self::outcome_record(leased, &outcome));
+                        outcomes.push((id, outcome));
+                    }
+                    Settle::Extend { lease_ms } => {
+                        self.counters.extended += 1;
+                        let max = self.config.settings.lease_timeout_max_ms;
+                        let deadline = now + Duration::from_millis((*lease_ms).clamp(1, max));
+                        let leased = self.leases.by_id.get_mut(&id).expect("checked");
+                        self.leases.by_deadline.remove(&(leased.deadline, id));
+                        leased.deadline = deadline;
+                        self.leases.by_deadline.insert((deadline, id));
+                        // Logged, so whoever rebuilds the leaf ends the lease at the new deadline;
+                        // answered at once, like the grant (a crash that loses the record ends the
+                        // lease at its former deadline: a delivery again, never a loss).
+                        extended.push(LogRecord::Lease {
+                            id,
+                            attempt: leased.slot.attempt,
+                            deadline,
+                            token: leased.token,
+                        });
+                    }
+                });
             results.push(result);
         }
         if !extended.is_empty() {

@@ -115,6 +115,10 @@ impl Root {
             self.refuse(conn, admin.request, ErrorCode::InvalidArgument, text);
             return;
         }
+        // A listing shows only what the principal may see, whatever the request says.
+        if let AdminOp::Configs { within, .. } = &mut admin.op {
+            *within = self.principals.get(&conn).map(|p| p.grants.clone());
+        }
         // Who reprioritizes is the request's principal, whatever the request says.
         if let AdminOp::Reprioritize { by, .. } = &mut admin.op {
             *by = self.principal_of(conn).map(|p| p.to_string());
@@ -377,6 +381,7 @@ impl Root {
             prefix: scope,
             limit: 1,
             after: None,
+            within: None,
         };
         self.handle_admin(now, ROOT_ITSELF, Admin { request: 0, op });
     }

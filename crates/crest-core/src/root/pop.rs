@@ -365,6 +365,7 @@ impl Root {
                 leaf,
                 op: Settle::Extend { lease_ms },
                 receipts,
+                grants: None,
             }),
         );
     }

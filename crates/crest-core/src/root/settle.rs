@@ -1,6 +1,7 @@
 //! Acks, nacks and extends: receipts grouped by leaf into confirms, answers gathered per ack.
 
 use super::*;
+use crate::access::Permission;
 use crate::id::{LeafId, Receipt};
 use crate::machine::ConnId;
 use crate::time::Time;
@@ -26,6 +27,15 @@ impl Root {
         }
         let ack_id = self.requests.next_tag;
         self.requests.next_tag += 1;
+        // The leaf checks `consume` on each message's namespace: the root does not know them.
+        let grants = self
+            .principals
+            .get(&conn)
+            .filter(|p| {
+                !p.grants
+                    .allow(crate::access::ANY_NAMESPACE, Permission::Consume)
+            })
+            .map(|p| p.grants.clone());
         let mut results = vec![None; count];
         let mut groups: BTreeMap<(ConnId, LeafId), (Vec<usize>, Vec<Receipt>)> = BTreeMap::new();
         for (slot, mut receipt) in ack.receipts.into_iter().enumerate() {
@@ -59,6 +69,7 @@ impl Root {
                     leaf,
                     op: ack.op.clone(),
                     receipts,
+                    grants: grants.clone(),
                 }),
             );
         }

@@ -20,6 +20,24 @@ pub(super) fn principal(name: &str, grants: &[&str]) -> Principal {
     }
 }
 
+/// A consumer connected to `node` as `principal`, welcomed: its end and the node's.
+fn consumer_as(t: &mut Tree, node: usize, principal: Principal) -> (ConnId, ConnId) {
+    let (c, n) = t.h.pair(Owner::Client, Owner::Node(node));
+    t.h.inbox.insert(c, VecDeque::new());
+    t.h.nodes[node].handle_connected(t.h.now, n, Link::Incoming);
+    t.h.nodes[node].handle_principal(n, std::sync::Arc::new(principal));
+    t.h.send(
+        c,
+        Wire::Hello(Hello {
+            protocol: PROTOCOL_VERSION,
+            token: None,
+            peer: PeerKind::Consumer,
+        }),
+    );
+    assert!(matches!(t.h.recv(c), Wire::Welcome(_)));
+    (c, n)
+}
+
 fn forbidden(reply: Wire) -> String {
     match reply {
         Wire::Error(error) if error.code == ErrorCode::Forbidden => error.message,
@@ -161,6 +179,7 @@ fn pops_and_admin_requests_need_their_permission_on_the_topic_s_namespace() {
         prefix: String::new(),
         limit: 10,
         after: None,
+        within: None,
     };
     let AdminResult::Configs { configs, .. } = admin(&mut t.h, reader, listing) else {
         panic!("a listing")
@@ -171,6 +190,72 @@ fn pops_and_admin_requests_need_their_permission_on_the_topic_s_namespace() {
     // gets its own namespace's.
     assert_eq!(t.h.pop(t.consumer, "billing/eu", 10).len(), 1);
     assert_eq!(t.h.pop(reader, "orders/eu", 10).len(), 1);
+}
+
+#[test]
+fn a_listing_s_pages_and_cursors_name_only_configurations_the_principal_may_see() {
+    // Goal: paging through topic configurations, neither a page nor its cursor names a topic
+    // of a namespace the principal holds nothing in; one with no grants sees nothing, and
+    // is told there is nothing more.
+    let mut t = tree(16);
+    let topics = [
+        "apps/a",
+        "billing/a",
+        "billing/b",
+        "orders/a",
+        "zeta/a",
+        "zeta/b",
+    ];
+    for topic in topics {
+        let op = AdminOp::Configure {
+            topic: topic.into(),
+            config: Box::new(TopicConfig::default()),
+        };
+        assert_eq!(admin(&mut t.h, t.consumer, op), AdminResult::Count(4));
+    }
+    let page = |h: &mut Harness, who, after| {
+        let op = AdminOp::Configs {
+            prefix: String::new(),
+            limit: 1,
+            after,
+            within: None,
+        };
+        match admin(h, who, op) {
+            AdminResult::Configs { configs, next } => (
+                configs
+                    .into_iter()
+                    .map(|(name, _)| name)
+                    .collect::<Vec<_>>(),
+                next,
+            ),
+            other => panic!("a listing, got {other:?}"),
+        }
+    };
+    let reader = t.h.client_as(
+        t.root,
+        PeerKind::Consumer,
+        Some(principal("reader", &["orders:consume", "apps:produce"])),
+    );
+    let mut seen = Vec::new();
+    let mut after = None;
+    for _ in 0..topics.len() + 1 {
+        let (names, next) = page(&mut t.h, reader, after.take());
+        seen.extend(names);
+        if let Some(cursor) = &next {
+            assert!(
+                cursor.starts_with("apps/") || cursor.starts_with("orders/"),
+                "a cursor names {cursor}"
+            );
+        }
+        match next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["apps/a", "orders/a"]);
+    let nobody =
+        t.h.client_as(t.root, PeerKind::Consumer, Some(principal("nobody", &[])));
+    assert_eq!(page(&mut t.h, nobody, None), (Vec::new(), None));
 }
 
 #[test]
@@ -217,24 +302,10 @@ fn grants_changed_on_a_live_connection_apply_to_its_next_request() {
     // machine checks the next request against the new grants.
     let mut t = tree(16);
     t.h.push(t.producers[0], "orders/eu", &[1]);
-    let (c, n) = t.h.pair(Owner::Client, Owner::Node(t.root));
-    t.h.inbox.insert(c, VecDeque::new());
-    t.h.nodes[t.root].handle_connected(t.h.now, n, Link::Incoming);
-    let grant = |t: &mut Tree, grants: &[&str]| {
-        let principal = std::sync::Arc::new(principal("app", grants));
-        t.h.nodes[t.root].handle_principal(n, principal);
-    };
-    grant(&mut t, &["orders:consume"]);
-    t.h.send(
-        c,
-        Wire::Hello(Hello {
-            protocol: PROTOCOL_VERSION,
-            token: None,
-            peer: PeerKind::Consumer,
-        }),
-    );
-    assert!(matches!(t.h.recv(c), Wire::Welcome(_)));
-    grant(&mut t, &["orders:produce"]);
+    let root = t.root;
+    let (c, n) = consumer_as(&mut t, root, principal("app", &["orders:consume"]));
+    let principal = std::sync::Arc::new(principal("app", &["orders:produce"]));
+    t.h.nodes[t.root].handle_principal(n, principal);
     let request = t.h.request();
     t.h.send(
         c,
@@ -246,6 +317,50 @@ fn grants_changed_on_a_live_connection_apply_to_its_next_request() {
         }),
     );
     assert!(forbidden(t.h.recv(c)).contains("consume"));
+}
+
+#[test]
+fn a_principal_whose_consume_grant_is_revoked_settles_nothing_it_still_holds() {
+    // Goal: once the access file no longer grants `consume` in a namespace, receipts the
+    // principal still holds there extend, nack and ack nothing, through the root or at the
+    // leaf directly (`Forbidden`); granted again, its ack holds.
+    let mut t = tree(16);
+    t.h.push(t.producers[0], "orders/eu", &[1, 2]);
+    let connect =
+        |t: &mut Tree, node: usize| consumer_as(t, node, principal("app", &["orders:consume"]));
+    let root_node = t.root;
+    let root = connect(&mut t, root_node);
+    let delivered = t.h.pop(root.0, "orders/eu", 2);
+    assert_eq!(delivered.len(), 2);
+    let [first, second] = [delivered[0].receipt(), delivered[1].receipt()];
+    // Leaf `i` of the tree is LeafId(i + 1).
+    let owner = t.leaves[usize::from(first.id.leaf().0) - 1];
+    assert_eq!(second.id.leaf(), first.id.leaf());
+    let leaf = connect(&mut t, owner);
+    let grant = |t: &mut Tree, (_, n): (ConnId, ConnId), node: usize, grants: &[&str]| {
+        t.h.nodes[node].handle_principal(n, std::sync::Arc::new(principal("app", grants)));
+    };
+    grant(&mut t, root, root_node, &["orders:produce"]);
+    grant(&mut t, leaf, owner, &["orders:produce"]);
+    for op in [
+        Settle::Extend {
+            lease_ms: 12 * 3_600_000,
+        },
+        Settle::Nack {
+            delay_ms: 0,
+            reason: None,
+        },
+        Settle::Ack,
+    ] {
+        for conn in [root.0, leaf.0] {
+            let results = t.h.settle(conn, op.clone(), vec![first, second]);
+            assert_eq!(results, [Err(ReceiptError::Forbidden); 2], "{op:?}");
+        }
+    }
+    grant(&mut t, root, root_node, &["orders:consume"]);
+    grant(&mut t, leaf, owner, &["orders:consume"]);
+    assert_eq!(t.h.ack(root.0, vec![first]), [Ok(())]);
+    assert_eq!(t.h.settle(leaf.0, Settle::Ack, vec![second]), [Ok(())]);
 }
 
 fn overloaded(reply: Wire) -> String {

@@ -25,6 +25,7 @@ fn configs(h: &mut Harness, client: ConnId, prefix: &str) -> Vec<(String, TopicC
         prefix: prefix.into(),
         limit: 100,
         after: None,
+        within: None,
     };
     match admin(h, client, op) {
         AdminResult::Configs { configs, next } => {
@@ -168,6 +169,7 @@ fn a_leaf_that_missed_a_configuration_gets_the_newest_from_the_next_listing() {
             prefix: "jobs".into(),
             limit: 10,
             after: None,
+            within: None,
         },
     ) else {
         panic!("a listing")

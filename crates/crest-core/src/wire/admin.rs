@@ -66,6 +66,12 @@ pub enum AdminOp {
         /// Only those after this name.
         #[serde(default)]
         after: Option<String>,
+        /// Only topics in namespaces these grants allow something in (`None`: every one).
+        /// The root sets it to the asking principal's grants, whatever the request says, so
+        /// that a page and its cursor are cut among what the principal may see: a cursor cut
+        /// among all names named another namespace's topic.
+        #[serde(default)]
+        within: Option<crate::access::Grants>,
     },
     /// Depths and counters per topic (`topic` `None`: every topic).
     Stats {

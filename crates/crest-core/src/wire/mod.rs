@@ -437,6 +437,10 @@ pub enum ReceiptError {
     /// nack or extend applied already answers `Stale` or succeeds again.
     #[error("owning leaf did not answer in time; the settlement may have been applied: retry")]
     TimedOut,
+    /// The principal settling it holds no `consume` permission in the message's namespace
+    /// (any more: grants are re-read while leases run); nothing was done.
+    #[error("forbidden: no consume permission in the message's namespace")]
+    Forbidden,
 }
 
 /// Root → leaf (through aggregators): settle these leases of one leaf (see [`Settle`]).
@@ -450,6 +454,11 @@ pub struct Confirm {
     pub op: Settle,
     /// The receipts to settle.
     pub receipts: Vec<Receipt>,
+    /// The settling principal's grants, for a leaf to check `consume` on each message's
+    /// namespace (`None`: it may consume in every namespace, or it is the root's own). Left
+    /// out of the encoding when `None`, so an ack's Confirm keeps its short form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grants: Option<crate::access::Grants>,
 }
 
 /// Leaf → root (through aggregators): outcomes of a [`Confirm`], in order.

@@ -197,7 +197,13 @@ impl Leaves {
         topic: &str,
         key: &str,
     ) -> usize {
-        let hashed: Vec<&str> = self.leaves.iter().map(|(key, _)| key.as_str()).collect();
+        // Where each leaf is, not the name an address may give it: producers configured from
+        // a topology (named) and by hand (bare) pick the same leaf.
+        let hashed: Vec<&str> = self
+            .leaves
+            .iter()
+            .map(|(key, _)| crate::link::named(key).1)
+            .collect();
         let members = &self.leaves[dedup_leaf(&hashed, topic, key)].1;
         match members.as_slice() {
             [only] => *only,
