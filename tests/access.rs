@@ -535,3 +535,55 @@ async fn a_client_takes_only_the_certificate_of_the_node_it_names() {
     listener.abort();
     tree.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_namespace_cannot_take_every_topic_or_configuration_a_leaf_may_hold() {
+    // Goal: the topics and topic configurations a leaf may hold are shared out by namespace
+    // (`namespace_topics_max`, `namespace_topic_configs_max`): one that filled its share is
+    // refused more, with `TopicLimit` naming the setting, or a configuration no leaf keeps,
+    // while another namespace still creates and configures its own.
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
+        .unwrap();
+    let mut topology = crest::core::topology::Topology::parse(&text)
+        .unwrap()
+        .with_ephemeral_ports();
+    for node in &mut topology.nodes {
+        node.settings.topics_max = 4;
+        node.settings.namespace_topics_max = 2;
+        node.settings.topic_configs_max = 4;
+        node.settings.namespace_topic_configs_max = 2;
+    }
+    let tree = LocalTree::start(&topology).await.unwrap();
+    assert!(tree.wait_connected(WAIT).await);
+    let producer = producer(&tree, admin_token(&tree)).await.unwrap();
+    for topic in ["noisy/a", "noisy/b"] {
+        producer.push(topic, 1, "x").await.unwrap();
+    }
+    let (code, text) = refused(producer.push("noisy/c", 1, "x").await);
+    assert_eq!(code, ErrorCode::TopicLimit, "{text}");
+    assert!(text.contains("namespace_topics_max"), "{text}");
+    producer.push("quiet/a", 1, "x").await.unwrap();
+
+    let admin = Admin::connect(ConsumerConfig::from_topology(
+        &tree.topology,
+        tls(&tree, admin_token(&tree)),
+    ))
+    .await
+    .unwrap();
+    let leaves = tree.topology.leaves().count() as u64;
+    let configure = |topic: &'static str| {
+        let admin = &admin;
+        async move {
+            admin
+                .configure(topic, crest::sdk::TopicConfig::default())
+                .await
+                .unwrap()
+                .value
+        }
+    };
+    assert_eq!(configure("noisy/a").await, leaves);
+    assert_eq!(configure("noisy/b").await, leaves);
+    assert_eq!(configure("noisy/c").await, 0, "no leaf keeps a third");
+    assert_eq!(configure("quiet/a").await, leaves);
+    tree.shutdown().await;
+}

@@ -108,6 +108,10 @@ pub struct Settings {
     pub metadata_bytes_max: u32,
     /// Most distinct topics a leaf holds at once; pushes to further topics are rejected.
     pub topics_max: u32,
+    /// Most of a leaf's `topics_max` topics one namespace holds: the share that keeps one
+    /// tenant from taking every topic a leaf may hold from the others. A tree of one tenant
+    /// may raise it to `topics_max`.
+    pub namespace_topics_max: u32,
     /// Entries per topic a parent lets each child hold in its window (the credit).
     pub credits_per_topic: u32,
     /// Most messages a leaf holds (all states); pushes beyond it are rejected as full.
@@ -370,6 +374,10 @@ pub struct Settings {
     /// Most topic configurations (set at run time through `Admin::configure`, deleted ones
     /// included until they are set again) a leaf keeps.
     pub topic_configs_max: u32,
+    /// Most of a leaf's `topic_configs_max` configurations whose topics (or scopes) are in one
+    /// namespace: one tenant's admin cannot take every configuration from the others (nor the
+    /// room an operator needs for a quota).
+    pub namespace_topic_configs_max: u32,
     /// Most bytes of attributes (names and values) one topic configuration carries.
     pub topic_attributes_bytes_max: u32,
     /// Most scopes (topics and namespaces) with quotas; a leaf does not keep a configuration
@@ -498,6 +506,7 @@ impl Default for Settings {
             metadata_entries_max: 32,
             metadata_bytes_max: 4096,
             topics_max: 1024,
+            namespace_topics_max: 512,
             credits_per_topic: 256,
             leaf_messages_max: 10_000_000,
             leaf_pending_batches_max: 1024,
@@ -571,6 +580,7 @@ impl Default for Settings {
             credits_per_key: 16,
             purge_batch_messages: 100_000,
             topic_configs_max: 10_000,
+            namespace_topic_configs_max: 5_000,
             topic_attributes_bytes_max: 16 * 1024,
             quota_scopes_max: 1024,
             quota_report_ms: 100,

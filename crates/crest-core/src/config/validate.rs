@@ -10,7 +10,7 @@ impl Settings {
     /// The first setting found out of range, named, with the rule it breaks.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let fail = |name: &'static str, problem: String| Err(SettingsError { name, problem });
-        let positive: [(&'static str, u64); 73] = [
+        let positive: [(&'static str, u64); 75] = [
             ("aging_check_ms", self.aging_check_ms),
             ("fairness_key_bytes_max", self.fairness_key_bytes_max.into()),
             ("fairness_keys_max", self.fairness_keys_max.into()),
@@ -54,6 +54,10 @@ impl Settings {
                 self.gateway_query_params_max.into(),
             ),
             ("topic_configs_max", self.topic_configs_max.into()),
+            (
+                "namespace_topic_configs_max",
+                self.namespace_topic_configs_max.into(),
+            ),
             (
                 "topic_attributes_bytes_max",
                 self.topic_attributes_bytes_max.into(),
@@ -119,6 +123,7 @@ impl Settings {
             ),
             ("topic_bytes_max", self.topic_bytes_max.into()),
             ("topics_max", self.topics_max.into()),
+            ("namespace_topics_max", self.namespace_topics_max.into()),
             ("credits_per_topic", self.credits_per_topic.into()),
             ("leaf_messages_max", self.leaf_messages_max),
             (

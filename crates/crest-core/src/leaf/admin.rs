@@ -193,8 +193,7 @@ impl Leaf {
             return 0;
         };
         let topic = topic.clone();
-        let room = self.topics.contains_key(to)
-            || self.topics.len() < self.config.settings.topics_max as usize;
+        let room = self.topics.contains_key(to) || self.room_for_topics(&[to]).is_ok();
         if !room || *topic == *to {
             return 0;
         }
@@ -208,6 +207,39 @@ impl Leaf {
             self.retopic(now, &topic, to, *key, slot);
         }
         keys.len() as u64
+    }
+
+    /// Makes room for a configuration of `topic` the leaf does not have: within
+    /// `topic_configs_max`, and within its namespace's share (`namespace_topic_configs_max`),
+    /// a deleted configuration (the oldest, of the namespace when its share is full) giving
+    /// way. `false`: no room.
+    fn room_for_config(&mut self, topic: &str) -> bool {
+        let s = &self.config.settings;
+        let namespace = crate::access::namespace(topic);
+        let share = s.namespace_topic_configs_max.min(s.topic_configs_max) as usize;
+        let in_namespace = |name: &String| crate::access::namespace(name) == namespace;
+        let held = self
+            .configs
+            .keys()
+            .filter(|name| in_namespace(name))
+            .count();
+        let full = held >= share;
+        if !full && self.configs.len() < s.topic_configs_max as usize {
+            return true;
+        }
+        let deleted = self
+            .configs
+            .iter()
+            .filter(|(name, c)| c.deleted && (!full || in_namespace(name)))
+            .min_by_key(|(_, c)| c.version)
+            .map(|(name, _)| name.clone());
+        match deleted {
+            Some(deleted) => {
+                self.configs.remove(&deleted);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Keeps `config` for `topic` unless the leaf's is as new; answers 1 if the leaf keeps
@@ -226,19 +258,11 @@ impl Leaf {
             Some(old) if old.version >= config.version => return 1,
             _ if limits_one_more => return 0,
             Some(_) => {}
-            None if self.configs.len() >= self.config.settings.topic_configs_max as usize => {
-                let deleted = self
-                    .configs
-                    .iter()
-                    .filter(|(_, c)| c.deleted)
-                    .min_by_key(|(_, c)| c.version)
-                    .map(|(name, _)| name.clone());
-                let Some(deleted) = deleted else {
+            None => {
+                if !self.room_for_config(topic) {
                     return 0;
-                };
-                self.configs.remove(&deleted);
+                }
             }
-            None => {}
         }
         self.configs.insert(topic.to_string(), config.clone());
         records.push(LogRecord::Configure {

@@ -462,7 +462,7 @@ impl Leaf {
             return match self.dead_letter_topic(&leased.topic) {
                 Some(topic)
                     if self.topics.contains_key(topic.as_str())
-                        || self.topics.len() < self.config.settings.topics_max as usize =>
+                        || self.room_for_topics(&[topic.as_str()]).is_ok() =>
                 {
                     Outcome::Moved { topic }
                 }

@@ -14,6 +14,39 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 impl Leaf {
+    /// Whether the leaf may hold `new` topics (none of which it holds) besides its own: within
+    /// `topics_max`, and each namespace within its share, `namespace_topics_max`. The refusal
+    /// names the bound.
+    pub(super) fn room_for_topics(&self, new: &[&str]) -> Result<(), String> {
+        let s = &self.config.settings;
+        if self.topics.len() + new.len() > s.topics_max as usize {
+            return Err(format!(
+                "leaf holds {} topics; topics_max is {}",
+                self.topics.len(),
+                s.topics_max
+            ));
+        }
+        let share = s.namespace_topics_max.min(s.topics_max) as usize;
+        let mut adding: BTreeMap<&str, usize> = BTreeMap::new();
+        for topic in new {
+            *adding.entry(crate::access::namespace(topic)).or_default() += 1;
+        }
+        for (namespace, more) in adding {
+            let held = self
+                .topics
+                .keys()
+                .filter(|topic| crate::access::namespace(topic) == namespace)
+                .count();
+            if held + more > share {
+                return Err(format!(
+                    "namespace {namespace:?} holds {held} topics at this leaf; \
+                     namespace_topics_max is {share}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The live dedup entry of `key` in `topic`, if its window is open at `now`.
     pub(super) fn find_dedup(&self, topic: &str, key: &str, now: Time) -> Option<DedupEntry> {
         self.dedup
@@ -101,15 +134,10 @@ impl Leaf {
             }
             keyed += usize::from(message.dedup_key.is_some());
         }
-        if self.topics.len() + new_topics.len() > s.topics_max as usize {
-            return Err((
-                ErrorCode::TopicLimit,
-                format!(
-                    "leaf holds {} topics; topics_max is {}",
-                    self.topics.len(),
-                    s.topics_max
-                ),
-            ));
+        if !new_topics.is_empty() {
+            let new_topics: Vec<&str> = new_topics.into_iter().collect();
+            self.room_for_topics(&new_topics)
+                .map_err(|why| (ErrorCode::TopicLimit, why))?;
         }
         let held = self.live.len() + self.writes.messages;
         if held + count as u64 > s.leaf_messages_max {

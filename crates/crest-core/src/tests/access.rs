@@ -259,6 +259,72 @@ fn a_listing_s_pages_and_cursors_name_only_configurations_the_principal_may_see(
 }
 
 #[test]
+fn one_namespace_holds_at_most_its_share_of_a_leaf_s_topics_and_configurations() {
+    // Goal: a namespace at `namespace_topics_max` topics of a leaf is refused another
+    // (`TopicLimit` naming the namespace and the setting) while other namespaces still get
+    // theirs; the same for configurations past `namespace_topic_configs_max`, where a
+    // deleted configuration of the namespace makes room.
+    let mut t = tree_with(Settings {
+        topics_max: 6,
+        namespace_topics_max: 3,
+        topic_configs_max: 6,
+        namespace_topic_configs_max: 3,
+        ..settings(16)
+    });
+    let producer = t.producers[0];
+    for i in 0..3 {
+        t.h.push(producer, &format!("noisy/t{i}"), &[1]);
+    }
+    let request = t.h.request();
+    let one_more = PushMessage {
+        topic: "noisy/t3".into(),
+        priority: 1,
+        payload: Bytes::from_static(b"x"),
+        ..PushMessage::default()
+    };
+    t.h.send(
+        producer,
+        Wire::Push(Push {
+            request,
+            messages: vec![one_more],
+        }),
+    );
+    match t.h.recv(producer) {
+        Wire::Error(error) if error.code == ErrorCode::TopicLimit => assert!(
+            error.message.contains("namespace_topics_max") && error.message.contains("\"noisy\""),
+            "{}",
+            error.message
+        ),
+        other => panic!("expected TopicLimit, got {other:?}"),
+    }
+    for i in 0..3 {
+        assert_eq!(t.h.push(producer, &format!("quiet/t{i}"), &[1]).len(), 1);
+    }
+    let configure = |t: &mut Tree, topic: &str, deleted: bool| {
+        let config = TopicConfig {
+            deleted,
+            ..TopicConfig::default()
+        };
+        let op = AdminOp::Configure {
+            topic: topic.into(),
+            config: Box::new(config),
+        };
+        admin(&mut t.h, t.consumer, op)
+    };
+    for i in 0..3 {
+        let topic = format!("noisy/c{i}");
+        assert_eq!(configure(&mut t, &topic, false), AdminResult::Count(4));
+    }
+    // No leaf keeps a fourth of the namespace; another namespace's goes in.
+    assert_eq!(configure(&mut t, "noisy/c3", false), AdminResult::Count(0));
+    assert_eq!(configure(&mut t, "quiet/c0", false), AdminResult::Count(4));
+    // A deleted one of the namespace gives way (the root's clock orders configurations).
+    t.h.advance(Duration::from_millis(1));
+    assert_eq!(configure(&mut t, "noisy/c0", true), AdminResult::Count(4));
+    assert_eq!(configure(&mut t, "noisy/c3", false), AdminResult::Count(4));
+}
+
+#[test]
 fn a_receipt_can_be_settled_only_by_the_principal_it_was_delivered_to() {
     // Goal: another principal's ack, nack or extend of a receipt fails as `Stale` and changes
     // nothing; the holder's ack then succeeds. Also through the reserve-ahead buffer, whose
