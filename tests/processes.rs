@@ -365,7 +365,12 @@ async fn a_leaf_killed_again_and_again_loses_no_acknowledged_message() {
     // Let the last incarnation take some acknowledged pushes too.
     let before = acked.lock().unwrap().len();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while acked.lock().unwrap().len() < before + 200 && tokio::time::Instant::now() < deadline {
+    while progress(&acked) < before + 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the last incarnation acknowledged {} of 200 pushes",
+            progress(&acked) - before
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -420,8 +420,14 @@ async fn an_in_flight_quota_refuses_pops_until_consumers_settle() {
     }
     let consumer = consumer(&tree).await;
     let mut leased = Vec::new();
+    let deadline = Instant::now() + WAIT;
     let refusal = loop {
         assert!(leased.len() <= 24, "{} in flight", leased.len());
+        assert!(
+            Instant::now() < deadline,
+            "never refused: {} in flight",
+            leased.len()
+        );
         match consumer.pop("orders/eu", 4, Duration::ZERO).await {
             Ok(deliveries) => leased.extend(deliveries),
             Err(ClientError::QuotaExceeded(quota)) => break quota,

@@ -30,7 +30,13 @@ struct Gateway {
 impl Gateway {
     fn start(settings: &str) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
-        let (local, endpoint, id, secret) = start_local_sqs(dir.path(), settings, "");
+        let printing::LocalSqs {
+            process: local,
+            endpoint,
+            id,
+            secret,
+            ..
+        } = start_local_sqs(dir.path(), settings, "");
         let addr = endpoint
             .strip_prefix("http://")
             .and_then(|a| a.trim_end_matches('/').parse().ok())

@@ -22,14 +22,19 @@ pub(crate) fn ephemeral_default_topology() -> String {
     topology
 }
 
+/// What [`start_local_sqs`] started: the process, the API's endpoint, its access key pair and
+/// the root's HTTP address, as the process printed them.
+pub(crate) struct LocalSqs {
+    pub(crate) process: Process,
+    pub(crate) endpoint: String,
+    pub(crate) id: String,
+    pub(crate) secret: String,
+    pub(crate) root_http: String,
+}
+
 /// Starts `crest local --memory` on ephemeral ports with its SQS API, `settings` (TOML
-/// lines) added to the topology's `[settings]` and `tables` after it; answers the process,
-/// the API's endpoint and its access key pair, as the process printed them.
-pub(crate) fn start_local_sqs(
-    dir: &std::path::Path,
-    settings: &str,
-    tables: &str,
-) -> (Process, String, String, String) {
+/// lines) added to the topology's `[settings]` and `tables` after it.
+pub(crate) fn start_local_sqs(dir: &std::path::Path, settings: &str, tables: &str) -> LocalSqs {
     let topology = ephemeral_default_topology().replacen(
         "[settings]\n",
         &format!("[settings]\n{settings}"),
@@ -45,6 +50,12 @@ pub(crate) fn start_local_sqs(
         .arg(dir.join("ca.pem"));
     command.stderr(Stdio::null());
     let (local, lines) = spawn_printing(command);
+    // Printed before the SQS API's lines.
+    let root_http = wait_for(&lines, |line| {
+        let url = line.strip_prefix("dashboard:")?.trim();
+        url.strip_prefix("http://")
+            .map(|rest| rest.trim_end_matches('/').to_string())
+    });
     let endpoint = wait_for(&lines, |line| {
         let rest = line.strip_prefix("SQS API:")?;
         rest.split_whitespace().next().map(str::to_string)
@@ -56,7 +67,13 @@ pub(crate) fn start_local_sqs(
             _ => None,
         }
     });
-    (local, endpoint, id, secret)
+    LocalSqs {
+        process: local,
+        endpoint,
+        id,
+        secret,
+        root_http,
+    }
 }
 
 /// A `crest` process, killed when dropped.

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import boto3
 import botocore.exceptions
@@ -314,20 +315,38 @@ def visibility_timeouts_and_their_changes():
     assert code == "ReceiptHandleIsInvalid", code
 
 
+def pops_waiting_at_the_root():
+    """The root's waiting pops, from its /metrics (ROOT_HTTP: the root's HTTP address)."""
+    with urllib.request.urlopen(f"http://{os.environ['ROOT_HTTP']}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return sum(
+        float(line.split()[-1]) for line in text.splitlines() if line.startswith("crest_pending_pops")
+    )
+
+
 def a_long_poll_wakes_up_when_a_message_arrives():
     url = sqs.create_queue(QueueName="boto-long-poll")["QueueUrl"]
     result = {}
 
     def wait():
-        result["answer"] = client().receive_message(QueueUrl=url, WaitTimeSeconds=15)
+        started = time.time()
+        result["answer"] = client().receive_message(QueueUrl=url, WaitTimeSeconds=20)
+        result["waited"] = time.time() - started
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    time.sleep(0.5)
+    # Sent once the receive waits at the root: woken, not served at once.
+    deadline = time.time() + 10
+    while pops_waiting_at_the_root() < 1:
+        assert time.time() < deadline, "the receive never waited at the root"
+        time.sleep(0.02)
     sqs.send_message(QueueUrl=url, MessageBody="wake up")
-    waiter.join(20)
+    waiter.join(30)
     messages = result["answer"].get("Messages", [])
     assert [m["Body"] for m in messages] == ["wake up"], result
+    # Woken by the message: had nothing woken it, it would have come back when its 20 s ran
+    # out, with whatever had come by then.
+    assert result["waited"] < 19, result
     delete_all(url, messages)
 
 

@@ -14,11 +14,13 @@ mod cluster;
 
 use cluster::WAIT;
 
-/// What a replica applied: the batches in order, and the position after the last.
+/// What a replica applied: the batches in order, the position after the last, and how many
+/// snapshots it restored.
 #[derive(Default)]
 struct Applies {
     batches: Vec<Bytes>,
     position: Option<Position>,
+    restores: usize,
 }
 
 /// A journal that keeps what it applies in memory, shared with the test.
@@ -28,6 +30,10 @@ struct Recorder(Arc<Mutex<Applies>>);
 impl Recorder {
     fn batches(&self) -> Vec<Bytes> {
         self.0.lock().unwrap().batches.clone()
+    }
+
+    fn restores(&self) -> usize {
+        self.0.lock().unwrap().restores
     }
 }
 
@@ -62,6 +68,7 @@ impl Journal for Recorder {
         let mut applies = self.0.lock().unwrap();
         applies.batches = batches;
         applies.position = Some(position.clone());
+        applies.restores += 1;
         Ok(())
     }
 }
@@ -312,6 +319,11 @@ async fn a_replica_whose_data_was_deleted_catches_up_from_a_snapshot() {
     cluster.settings.replica_snapshot_bytes_max = bound;
     cluster.run(follower, None).await;
     applied(&cluster, follower, &expected).await;
+    assert_eq!(
+        cluster.journals[&follower].restores(),
+        1,
+        "it caught up from the snapshot, not from the log alone"
+    );
     cluster.shutdown().await;
 }
 

@@ -307,7 +307,13 @@ impl Machine for Leaf {
     fn handle_disconnected(&mut self, now: Time, conn: ConnId) {
         self.principals.remove(&conn);
         // A held batch was not accepted: its producer sends it again on another connection.
-        self.held_pushes.retain(|held| held.conn != conn);
+        let tally = &mut self.push_tally;
+        self.held_pushes.retain(|held| {
+            if held.conn == conn {
+                tally.give(held.principal.as_ref());
+            }
+            held.conn != conn
+        });
         if self.upstream.disconnected(conn) {
             for topic in self.topics.values_mut() {
                 topic.offers.reset();

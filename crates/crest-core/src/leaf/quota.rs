@@ -15,6 +15,9 @@ pub(super) struct HeldPush {
     since: Time,
     pub(super) conn: ConnId,
     push: Push,
+    /// Whose it is: held, it counts as one of its principal's requests waiting here
+    /// (`principal_requests_max`).
+    pub(super) principal: Option<std::sync::Arc<str>>,
 }
 
 impl Leaf {
@@ -60,6 +63,7 @@ impl Leaf {
         let holds = now.saturating_since(since) < Duration::from_millis(s.quota_hold_ms)
             && self.held_pushes.len() < s.quota_hold_batches_max as usize;
         let principal = self.principals.get(&conn).map(|p| p.name.clone());
+        let requests_max = s.principal_requests_max;
         let topics = &self.topics;
         let known = |topic: &str| topics.contains_key(topic);
         let admitted =
@@ -86,11 +90,31 @@ impl Leaf {
                 Wire::rate_limited(push.request, rate, after)
             }
             Err(Shortfall::RateLimited { wait_ms: None, .. } | Shortfall::Waiting { .. })
-                if holds =>
+                if holds && self.push_tally.take(principal.as_ref(), requests_max) =>
             {
                 self.counters.pushes_held += u64::from(held.is_none());
-                self.held_pushes.push_back(HeldPush { since, conn, push });
+                self.held_pushes.push_back(HeldPush {
+                    since,
+                    conn,
+                    push,
+                    principal,
+                });
                 return None;
+            }
+            // Its principal has `principal_requests_max` batches held or written here already:
+            // one producer cannot take every place `quota_hold_batches_max` gives.
+            Err(Shortfall::RateLimited { wait_ms: None, .. } | Shortfall::Waiting { .. })
+                if holds =>
+            {
+                let name = principal.as_deref().unwrap_or_default();
+                let text = crate::access::over_cap(
+                    name,
+                    "push batches",
+                    "principal_requests_max",
+                    requests_max,
+                );
+                let after = self.config.settings.quota_retry_ms;
+                Wire::retry_later(push.request, ErrorCode::Overloaded, text, after)
             }
             Err(Shortfall::RateLimited {
                 rate,
@@ -137,6 +161,7 @@ impl Leaf {
     /// A grant came: the held batches are admitted, or held again until the next one.
     pub(super) fn release_held_pushes(&mut self, now: Time) {
         for held in std::mem::take(&mut self.held_pushes) {
+            self.push_tally.give(held.principal.as_ref());
             self.push_batch(now, held.conn, held.push, Some(held.since));
         }
     }
@@ -151,6 +176,7 @@ impl Leaf {
     pub(super) fn expire_held_pushes(&mut self, now: Time) {
         while self.held_pushes_due().is_some_and(|due| due <= now) {
             let held = self.held_pushes.pop_front().expect("due");
+            self.push_tally.give(held.principal.as_ref());
             self.push_batch(now, held.conn, held.push, Some(held.since));
         }
     }

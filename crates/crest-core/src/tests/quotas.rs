@@ -444,6 +444,19 @@ pub(super) fn one_batch(topic: &str, count: usize) -> Wire {
     })
 }
 
+/// Cuts `leaf`'s link to its `parent`: it can no longer ask the root for grants.
+fn cut_from_parent(t: &mut Tree, leaf: usize, parent: usize) {
+    let uplink =
+        t.h.ends
+            .iter()
+            .find(|(_, (owner, other))| {
+                *owner == Owner::Node(leaf) && t.h.ends[other].0 == Owner::Node(parent)
+            })
+            .map(|(end, _)| *end)
+            .expect("the leaf is linked to its parent");
+    t.h.disconnect(uplink);
+}
+
 /// A tree whose namespace `orders` has a quota of `max` messages.
 fn far_quota(max: u64) -> Tree {
     let mut t = tree(4);
@@ -505,15 +518,7 @@ fn a_held_batch_whose_grant_does_not_come_is_refused_with_a_time_to_retry_and_no
     // is stored once the leaf is linked again and the producer sends it again.
     let mut t = far_quota(20_000);
     let (producer, leaf, parent) = (t.producers[0], t.leaves[0], t.aggs[0]);
-    let uplink =
-        t.h.ends
-            .iter()
-            .find(|(_, (owner, other))| {
-                *owner == Owner::Node(leaf) && t.h.ends[other].0 == Owner::Node(parent)
-            })
-            .map(|(end, _)| *end)
-            .expect("leaf 1 is linked to its aggregator");
-    t.h.disconnect(uplink);
+    cut_from_parent(&mut t, leaf, parent);
     t.h.send(producer, one_batch("orders/eu", 4000));
     assert_eq!(t.h.try_recv(producer), None, "held while the leaf asks");
     let settings = Settings::default();
@@ -589,4 +594,55 @@ fn a_namespace_topic_quota_counts_the_tree_s_topics_whatever_leaf_creates_them()
     t.h.advance(Duration::from_millis(300));
     assert_eq!(push_within(&mut t, 3, "orders/d", 2, 1), Pushed::Stored(2));
     assert_eq!(push_within(&mut t, 2, "orders/c", 1, 1), Pushed::Over(over));
+}
+
+#[test]
+fn a_principal_s_held_batches_count_among_its_waiting_requests() {
+    // Goal: a batch a leaf holds for a grant counts against its principal's
+    // `principal_requests_max` while held: one producer cannot take every place
+    // `quota_hold_batches_max` gives a leaf; past its share it is refused at once
+    // (`Overloaded` naming the setting, with a time to retry) and another principal's batch is
+    // still held; once the held ones are answered, its share is free again.
+    let settings = Settings {
+        principal_requests_max: 2,
+        ..Settings::default()
+    };
+    let mut t = tree_with(settings.clone());
+    let limits = Limits {
+        messages_max: Some(20_000),
+        ..Limits::default()
+    };
+    set_limits(&mut t, "orders/", limits);
+    let (leaf, parent) = (t.leaves[0], t.aggs[0]);
+    cut_from_parent(&mut t, leaf, parent);
+    let [app, other] = ["app", "other"].map(|name| {
+        let principal = super::access::principal(name, &["orders:produce"]);
+        t.h.client_as(leaf, PeerKind::Producer, Some(principal))
+    });
+    for _ in 0..2 {
+        t.h.send(app, one_batch("orders/eu", 4000));
+    }
+    assert_eq!(t.h.try_recv(app), None, "two held");
+    t.h.send(app, one_batch("orders/eu", 4000));
+    match t.h.recv(app) {
+        Wire::Error(error) => {
+            assert_eq!(error.code, ErrorCode::Overloaded);
+            assert!(
+                error.message.contains("principal_requests_max"),
+                "{}",
+                error.message
+            );
+            assert_eq!(error.retry_after_ms, Some(settings.quota_retry_ms));
+        }
+        other => panic!("answered {other:?}"),
+    }
+    t.h.send(other, one_batch("orders/eu", 4000));
+    assert_eq!(t.h.try_recv(other), None, "another principal's is held");
+    // Past `quota_hold_ms` all three held are refused; the share is free again.
+    t.h.advance(Duration::from_millis(settings.quota_hold_ms));
+    for conn in [app, app, other] {
+        assert!(matches!(t.h.recv(conn), Wire::Error(_)));
+    }
+    t.h.send(app, one_batch("orders/eu", 4000));
+    assert_eq!(t.h.try_recv(app), None, "held again");
 }
