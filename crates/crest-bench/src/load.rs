@@ -15,7 +15,7 @@ use rand::rngs::SmallRng;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// State shared by every task of a run.
@@ -327,7 +327,7 @@ pub(super) async fn run_consumer(
         let mut first_sent_ns = u64::MAX;
         let mut priorities = Vec::new();
         {
-            let mut seen = shared.seen.lock().expect("not poisoned");
+            let mut seen = shared.seen.lock().unwrap_or_else(PoisonError::into_inner);
             for delivery in &deliveries {
                 let Some((seq, sent_ns)) = read_stamp(&delivery.payload, shared.nonce) else {
                     result.foreign += 1;

@@ -5,6 +5,7 @@ use super::*;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -641,7 +642,7 @@ pub(super) fn report(
         let inverted = errors.count_between(1, u64::MAX / 4);
         (Percentiles::of(&errors), inverted)
     });
-    let seen = shared.seen.lock().expect("not poisoned");
+    let seen = shared.seen.lock().unwrap_or_else(PoisonError::into_inner);
     let pushed = shared.pushed.load(Ordering::Relaxed);
     let push_seconds = shared.last_push_ack_ns.load(Ordering::Relaxed) as f64 / 1e9;
     let first_pop = shared.first_pop_ns.load(Ordering::Relaxed);

@@ -15,7 +15,7 @@ use crest_transport::tls::Verify;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -239,7 +239,7 @@ impl Link {
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
-            let mut waiters = self.waiters.lock().expect("waiters lock");
+            let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
             let Some(waiters) = waiters.as_mut() else {
                 return Err(self.disconnected());
             };
@@ -273,7 +273,7 @@ impl Link {
         }
         let (tx, rx) = oneshot::channel();
         {
-            let mut waiters = self.waiters.lock().expect("waiters lock");
+            let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
             let Some(waiters) = waiters.as_mut() else {
                 return (Some(msg), Err(self.disconnected()));
             };
@@ -315,7 +315,12 @@ impl Link {
     }
 
     fn forget(&self, request: u64) {
-        if let Some(waiters) = self.waiters.lock().expect("waiters lock").as_mut() {
+        if let Some(waiters) = self
+            .waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
             waiters.remove(&request);
         }
     }
@@ -380,7 +385,10 @@ async fn route_answers(mut reader: FrameReader, waiters: Waiters, connection: qu
         connection.close(0u32.into(), b"data stream ended");
     }
     // Dropping every waiter wakes its request with "disconnected".
-    waiters.lock().expect("waiters lock").take();
+    waiters
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
 }
 
 async fn watch_control(
