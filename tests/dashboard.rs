@@ -510,6 +510,8 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
         .unwrap_or_else(|| panic!("the quota's row:\n{dom}"));
     assert!(limits_row.contains(" / 1000000<"), "{limits_row}");
     assert!(limits_row.contains(" / 100000<"), "{limits_row}");
+    // At 1,400 px the quotas table scrolls within its card rather than running out of it.
+    assert_eq!(attribute(&dom, "quotas", "overflows"), "false");
     let (_, metrics) = get(root, "/metrics").await;
     let namespace = crest::sdk::namespace("jobs");
     for line in [
@@ -640,6 +642,10 @@ async fn a_child_s_strings_are_shown_as_text_on_the_dashboard() {
         dom.contains("<title>crest dashboard</title>"),
         "nothing of it ran:\n{dom}"
     );
+    // A tree with no traffic: the throughput axis still reads five different values.
+    let labels = attribute(&dom, "rates", "labels");
+    let distinct: std::collections::BTreeSet<&str> = labels.split('|').collect();
+    assert_eq!(distinct.len(), 5, "axis labels {labels}");
     drop(connection);
     tree.shutdown().await;
 }
