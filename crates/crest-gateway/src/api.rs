@@ -12,6 +12,7 @@ use crest_core::id::Receipt;
 use crest_core::wire::Settle;
 use crest_sdk::Message;
 use crest_sdk::PopOptions;
+use crest_sdk::ReceiptError;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -579,13 +580,19 @@ async fn settle_receipts(
 ) -> Result<Vec<Result<(), SqsError>>, SqsError> {
     let clients = state.clients(caller)?;
     let consumer = clients.consumer().await?;
+    let delete = settle == Settle::Ack;
     let results = consumer
         .settle(settle, receipts)
         .await
         .map_err(tree_error)?;
     Ok(results
         .into_iter()
-        .map(|result| result.map_err(receipt_error))
+        .map(|result| match result {
+            // As SQS: a delete with an old or already used receipt succeeds and does nothing
+            // (a message is deleted with its latest receipt only).
+            Err(ReceiptError::Stale | ReceiptError::Settled) if delete => Ok(()),
+            other => other.map_err(receipt_error),
+        })
         .collect())
 }
 
