@@ -274,6 +274,12 @@ def attributes_of_every_type_round_trip():
     assert "Priority" not in got, "not asked for"
     assert m["MD5OfMessageAttributes"] == md5_of_attributes(got)
     delete_all(url, [m])
+    # Sent without attributes: none come back, though all are asked for (no Priority).
+    sqs.send_message(QueueUrl=url, MessageBody="plain")
+    [m] = receive_all(url, 1, MessageAttributeNames=["All"])
+    assert "MessageAttributes" not in m, m
+    assert "MD5OfMessageAttributes" not in m, m
+    delete_all(url, [m])
 
 
 def visibility_timeouts_and_their_changes():

@@ -446,10 +446,12 @@ async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Resul
         let body = String::from_utf8_lossy(&delivery.payload).into_owned();
         let mut attributes: Vec<(String, Attribute)> = Vec::new();
         let mut sender = None;
+        let mut through_sqs = false;
         let group = delivery.fairness_key.clone();
         for (key, value) in &delivery.metadata {
             if key == SENDER_KEY {
                 sender = stamped_sender(state, value, &body);
+                through_sqs = true;
             }
             let Some(attribute_name) = key.strip_prefix(ATTRIBUTE_PREFIX) else {
                 continue;
@@ -465,7 +467,9 @@ async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Resul
             let data_type = data_type.to_string();
             attributes.push((attribute_name.to_string(), Attribute { data_type, value }));
         }
-        if !attributes.iter().any(|(n, _)| n == PRIORITY_ATTRIBUTE) {
+        // A native producer's priority shows as the attribute; a message sent through SQS
+        // without one comes back without one, as SQS answers.
+        if !through_sqs && !attributes.iter().any(|(n, _)| n == PRIORITY_ATTRIBUTE) {
             attributes.push((
                 PRIORITY_ATTRIBUTE.to_string(),
                 Attribute {
