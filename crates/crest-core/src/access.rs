@@ -119,6 +119,12 @@ impl Grants {
         })
     }
 
+    /// The grants a settlement is checked against, `None` when they allow `consume` in every
+    /// namespace (nothing to check, and nothing to send with a `Confirm`).
+    pub fn to_check_for_consume(&self) -> Option<&Grants> {
+        (!self.allow(ANY_NAMESPACE, Permission::Consume)).then_some(self)
+    }
+
     /// Whether these grants allow anything at all in `namespace`.
     pub fn any_in(&self, namespace: &str) -> bool {
         Permission::ALL

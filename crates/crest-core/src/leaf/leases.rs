@@ -663,12 +663,9 @@ impl Leaf {
             }
         }
         // As the root sends a `Confirm`'s: no check for a principal that may consume anywhere.
-        let grants = principal.as_ref().map(|p| &p.grants).filter(|grants| {
-            !grants.allow(
-                crate::access::ANY_NAMESPACE,
-                crate::access::Permission::Consume,
-            )
-        });
+        let grants = principal
+            .as_ref()
+            .and_then(|p| p.grants.to_check_for_consume());
         let (settled, records, outcomes) = self.settle(now, &ack.op, &mine, grants);
         for (slot, result) in slots.into_iter().zip(settled) {
             results[slot] = result;

@@ -1,7 +1,6 @@
 //! Acks, nacks and extends: receipts grouped by leaf into confirms, answers gathered per ack.
 
 use super::*;
-use crate::access::Permission;
 use crate::id::{LeafId, Receipt};
 use crate::machine::ConnId;
 use crate::time::Time;
@@ -31,11 +30,8 @@ impl Root {
         let grants = self
             .principals
             .get(&conn)
-            .filter(|p| {
-                !p.grants
-                    .allow(crate::access::ANY_NAMESPACE, Permission::Consume)
-            })
-            .map(|p| p.grants.clone());
+            .and_then(|p| p.grants.to_check_for_consume())
+            .cloned();
         let mut results = vec![None; count];
         let mut groups: BTreeMap<(ConnId, LeafId), (Vec<usize>, Vec<Receipt>)> = BTreeMap::new();
         for (slot, mut receipt) in ack.receipts.into_iter().enumerate() {
