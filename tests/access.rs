@@ -14,6 +14,7 @@ use crest::sdk::{
     ProducerConfig, ReceiptError, Settle,
 };
 use crest::transport::tls::CertificateAuthority;
+use crest_testkit::eventually;
 use std::time::Duration;
 
 mod common;
@@ -255,11 +256,10 @@ async fn receipts_held_when_consume_is_revoked_settle_nothing() {
         matches!(result, Err(ClientError::Receipt(ReceiptError::Forbidden)))
     };
     // The nodes take the file as it reaches them: an extend goes through until then.
-    let deadline = std::time::Instant::now() + WAIT;
-    while !forbidden(alice.extend(&receipt, Duration::from_secs(12 * 3600)).await) {
-        assert!(std::time::Instant::now() < deadline, "still extended");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(WAIT, "an extend forbidden", async || {
+        forbidden(alice.extend(&receipt, Duration::from_secs(12 * 3600)).await)
+    })
+    .await;
     let nacked = alice.nack(&receipt, Duration::ZERO, None).await;
     assert!(forbidden(nacked.clone()), "{nacked:?}");
     let acked = alice.ack(&receipt).await;
@@ -267,11 +267,10 @@ async fn receipts_held_when_consume_is_revoked_settle_nothing() {
     assert_eq!(depth(&tree, "jobs/a").await, 1);
     set(&mut file, "jobs:consume");
     tree.reload_access(file);
-    let deadline = std::time::Instant::now() + WAIT;
-    while forbidden(alice.ack(&receipt).await) {
-        assert!(std::time::Instant::now() < deadline, "still forbidden");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(WAIT, "an ack allowed", async || {
+        !forbidden(alice.ack(&receipt).await)
+    })
+    .await;
     assert_eq!(depth(&tree, "jobs/a").await, 0);
     tree.shutdown().await;
 }
@@ -374,18 +373,17 @@ async fn a_revoked_token_closes_its_connections_and_is_refused_after() {
     assert!(file.revoke(id));
     tree.reload_access(file);
     // Its open connection is closed (the consumer's reconnect is refused in turn).
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
+    eventually(WAIT, "the revoked token refused", async || {
         match temp.pop("jobs", 1, Duration::ZERO).await {
-            Ok(_) => assert!(std::time::Instant::now() < deadline, "still served"),
+            Ok(_) => Err("still served".to_string()),
             Err(ClientError::Rejected { code, message }) => {
                 assert_eq!(code, ErrorCode::Unauthenticated, "{message}");
-                break;
+                Ok(())
             }
-            Err(_) => {}
+            Err(other) => Err(other.to_string()),
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     let (code, text) = refused(consumer(&tree, Credential::Token(token)).await);
     assert_eq!(code, ErrorCode::Unauthenticated);
     assert!(text.contains("unknown or revoked"), "{text}");
@@ -464,14 +462,10 @@ async fn one_principal_cannot_take_more_than_its_share_of_a_node_s_connections()
     assert!(text.contains("principal_connections_max"), "{text}");
     let _other = consumer(&tree, Credential::Token(other)).await.unwrap();
     drop(first);
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        match consumer(&tree, admin_token(&tree)).await {
-            Ok(_) => break,
-            Err(error) => assert!(std::time::Instant::now() < deadline, "{error}"),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(WAIT, "a connection once one closed", async || {
+        consumer(&tree, admin_token(&tree)).await.map(drop)
+    })
+    .await;
     tree.shutdown().await;
 }
 

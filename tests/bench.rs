@@ -7,6 +7,7 @@ mod common;
 
 use crest::core::topology::Topology;
 use crest::node::LocalTree;
+use crest_testkit::eventually;
 use serde_json::Value;
 use std::process::Command;
 use std::time::Duration;
@@ -669,15 +670,11 @@ impl RedisServer {
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server is needed (Debian: apt-get install redis-server); scripts/test installs it");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while tokio::net::UnixStream::connect(&socket).await.is_err() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "redis-server did not listen on {} within 10 s",
-                socket.display()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("redis-server to listen on {}", socket.display());
+        eventually(Duration::from_secs(10), what, async || {
+            tokio::net::UnixStream::connect(&socket).await.map(drop)
+        })
+        .await;
         RedisServer { child, dir }
     }
 

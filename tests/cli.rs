@@ -5,6 +5,7 @@ mod common;
 
 use crest::core::topology::Topology;
 use crest::node::LocalTree;
+use crest_testkit::eventually;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -282,8 +283,8 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
     );
     // `crest stats` shows the scope's usage against its quota and the refused message, once
     // the leaves reported them to the root (every `quota_report_ms`).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    let what = "a limits row for capped/ with 2/2 held and 1 refused over its quota";
+    eventually(Duration::from_secs(10), what, async || {
         let stats = cli.ok(&["stats"]).await;
         let row = stats.lines().find(|l| l.starts_with("capped/ "));
         let fields: Vec<&str> = row.map_or(Vec::new(), |r| r.split_whitespace().collect());
@@ -292,14 +293,12 @@ async fn push_pop_nack_extend_dlq_and_stats_from_the_command_line() {
         // over rate and in flight.
         let refused = fields.len().checked_sub(5).map(|at| &fields[at..at + 2]);
         if fields.get(1) == Some(&"2/2") && refused == Some(&["1,", "0,"][..]) {
-            break;
+            Ok(())
+        } else {
+            Err(stats)
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no limits row for capped/ with 2/2 held and 1 refused over its quota:\n{stats}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     cli.ok(&["policy", "unset", "--namespace", "capped"]).await;
     cli.ok(&["push", "--topic", "capped/a", "three"]).await;
 

@@ -6,11 +6,12 @@
 use crest::core::topology::Topology;
 use crest::node::LocalTree;
 use crest::sdk::{ClientTls, Consumer, ConsumerConfig, Message, Producer, ProducerConfig};
+use crest_testkit::eventually;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod common;
@@ -192,44 +193,46 @@ async fn metrics_stats_and_health_over_http_match_what_was_pushed_and_popped() {
 
     // Reports climb a level per interval (1 s): wait until the root's view is complete.
     let root = http(&tree, "root");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let stats = loop {
-        let (status, body) = get(root, "/stats").await;
-        assert_eq!(status, 200, "{body}");
-        let stats: Value = serde_json::from_str(&body).unwrap();
-        let jobs = stats["stats"]["topics"]
-            .as_array()
-            .and_then(|topics| topics.iter().find(|t| t["topic"] == "jobs").cloned());
-        let ready: u64 = jobs
-            .as_ref()
-            .map(|t| {
-                t["ready"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|r| r[1].as_u64().unwrap())
-                    .sum()
-            })
-            .unwrap_or(0);
-        let in_flight = jobs
-            .as_ref()
-            .map_or(0, |t| t["in_flight"].as_u64().unwrap());
-        let acked: u64 = stats["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|n| n["counters"]["acked"].as_u64())
-            .sum();
-        if stats["nodes"].as_array().unwrap().len() == 7 && (ready, in_flight, acked) == (25, 10, 5)
-        {
-            break stats;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "root never saw the whole tree: {stats}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let stats = eventually(
+        Duration::from_secs(15),
+        "the root to see the whole tree",
+        async || {
+            let (status, body) = get(root, "/stats").await;
+            assert_eq!(status, 200, "{body}");
+            let stats: Value = serde_json::from_str(&body).unwrap();
+            let jobs = stats["stats"]["topics"]
+                .as_array()
+                .and_then(|topics| topics.iter().find(|t| t["topic"] == "jobs").cloned());
+            let ready: u64 = jobs
+                .as_ref()
+                .map(|t| {
+                    t["ready"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|r| r[1].as_u64().unwrap())
+                        .sum()
+                })
+                .unwrap_or(0);
+            let in_flight = jobs
+                .as_ref()
+                .map_or(0, |t| t["in_flight"].as_u64().unwrap());
+            let acked: u64 = stats["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|n| n["counters"]["acked"].as_u64())
+                .sum();
+            if stats["nodes"].as_array().unwrap().len() == 7
+                && (ready, in_flight, acked) == (25, 10, 5)
+            {
+                Ok(stats)
+            } else {
+                Err(stats.to_string())
+            }
+        },
+    )
+    .await;
     let names: HashSet<&str> = stats["nodes"]
         .as_array()
         .unwrap()
@@ -428,8 +431,8 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
     // Reports climb a level per interval: wait until the root holds every node and every
     // level's histograms, which is what the page draws.
     let root = http(&tree, "root");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let what = "the root to hold every level's histograms";
+    eventually(Duration::from_secs(20), what, async || {
         let (status, body) = get(root, "/stats").await;
         assert_eq!(status, 200, "{body}");
         let stats: Value = serde_json::from_str(&body).unwrap();
@@ -453,14 +456,12 @@ async fn the_dashboard_renders_bubble_up_histograms_with_data_in_headless_chromi
             && levels.iter().all(|m| has(m))
             && metered
         {
-            break;
+            Ok(())
+        } else {
+            Err(stats.to_string())
         }
-        assert!(
-            Instant::now() < deadline,
-            "the root never held every level's histograms: {stats}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     let url = format!("http://{root}/");
     let profile = tempfile::tempdir().unwrap();
     let mut dump = headless(&browser, profile.path());
@@ -612,18 +613,19 @@ async fn a_child_s_strings_are_shown_as_text_on_the_dashboard() {
     );
     data.write_all(&frame(&Wire::Report(report))).await.unwrap();
     let root = http(&tree, "root");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, body) = get(root, "/stats").await;
-        if body.contains("onerror") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the report never arrived: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "the report to arrive",
+        async || {
+            let (_, body) = get(root, "/stats").await;
+            if body.contains("onerror") {
+                Ok(())
+            } else {
+                Err(body)
+            }
+        },
+    )
+    .await;
     let profile = tempfile::tempdir().unwrap();
     let mut dump = headless(&browser, profile.path());
     dump.arg("--dump-dom").arg(format!("http://{root}/"));

@@ -13,6 +13,7 @@ use crest::sdk::{
     Admin, ClientError, ClientTls, Consumer, ConsumerConfig, Delivery, Message, MessageId,
     PopOptions, Producer, ProducerConfig, ReceiptError, tier,
 };
+use crest_testkit::eventually;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -241,14 +242,12 @@ async fn a_message_failing_max_attempts_times_is_dead_lettered_and_can_be_redriv
         }
     }
     // The third leases expire: both move to the dead-letter queue.
-    let listed = loop {
+    let listed = eventually(WAIT, "two dead letters", async || {
         let answer = admin.dead_letters("flaky", 10).await.unwrap();
         assert!(answer.unreachable.is_empty());
-        if answer.value.len() == 2 {
-            break answer.value;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        (answer.value.len() == 2).then_some(answer.value)
+    })
+    .await;
     pop_none(&consumer, "flaky").await;
     let poison = listed.iter().find(|d| d.id == keep).expect("listed");
     assert_eq!(poison.attempts, 3);
@@ -338,11 +337,10 @@ async fn an_expired_message_is_never_popped_and_is_counted() {
     )
     .await;
     // The three expire on the leaves' timers: wait until they are counted.
-    let deadline = Instant::now() + WAIT;
-    while admin.stats(None).await.unwrap().value.expired < 3 {
-        assert!(Instant::now() < deadline, "the messages never expired");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(WAIT, "three messages expired", async || {
+        admin.stats(None).await.unwrap().value.expired >= 3
+    })
+    .await;
     pop_none(&consumer, "jobs").await;
     let got = consumer
         .pop_with("ephemeral", options(10, Duration::from_millis(300), None))
@@ -477,18 +475,19 @@ async fn a_batch_send_answers_each_message_id_in_order_across_parts_leaves_and_d
 /// Waits until the root holds exactly `count` pops waiting for messages (within `WAIT`).
 async fn pops_waiting_at_the_root(tree: &LocalTree, count: u64) {
     let root = tree.node("root").expect("the tree has a root");
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let waiting = root.stats().await.unwrap().pending_pops;
-        if waiting == count {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{waiting} pops wait at the root, not {count}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        WAIT,
+        format!("{count} pops waiting at the root"),
+        async || {
+            let waiting = root.stats().await.unwrap().pending_pops;
+            if waiting == count {
+                Ok(())
+            } else {
+                Err(waiting)
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -521,10 +520,10 @@ async fn a_long_poll_returns_when_a_message_arrives_and_each_message_wakes_one_c
     let pushed_at = Instant::now();
     push(&producer, Message::new("wake", "one")).await;
     // Exactly one waiter is answered, long before its wait ends; the others keep waiting.
-    let deadline = Instant::now() + WAIT;
-    while results.lock().unwrap().is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(WAIT, "a waiter answered", async || {
+        !results.lock().unwrap().is_empty()
+    })
+    .await;
     // The other two still wait at the root.
     pops_waiting_at_the_root(&tree, 2).await;
     {
@@ -807,17 +806,10 @@ async fn pushes_go_around_a_leaf_that_stopped_and_back_to_it_once_it_returns() {
     push(&second, Message::new("jobs", "from the second")).await;
 
     tree.restart_node("leaf-2").await.unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let id = push(&producer, Message::new("jobs", "after")).await;
-        if id.leaf() == gone {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the leaf is tried again once back"
-        );
-    }
+    eventually(WAIT, "a push to the leaf once back", async || {
+        push(&producer, Message::new("jobs", "after")).await.leaf() == gone
+    })
+    .await;
     tree.shutdown().await;
 }
 
@@ -884,19 +876,15 @@ async fn a_consumer_connects_again_by_itself_after_the_root_restarts() {
         .await
         .expect("the ack rides through the restart");
     push(&producer, Message::new("jobs", "after")).await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let delivery = loop {
+    let delivery = eventually(WAIT, "the consumer to pop again", async || {
         match consumer.pop("jobs", 1, Duration::from_millis(500)).await {
-            Ok(batch) if !batch.is_empty() => break batch.into_iter().next().unwrap(),
+            Ok(batch) => batch.into_iter().next(),
             // The root is starting, or its leaves have not offered yet.
-            Ok(_) | Err(ClientError::Connect(_) | ClientError::Disconnected(_)) => {}
+            Err(ClientError::Connect(_) | ClientError::Disconnected(_)) => None,
             Err(other) => panic!("pop: {other}"),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the consumer pops again"
-        );
-    };
+    })
+    .await;
     assert_eq!(delivery.payload, "after");
     consumer.ack(&delivery.receipt()).await.unwrap();
     consumer.close();

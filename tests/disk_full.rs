@@ -12,11 +12,12 @@ use crest::sdk::{
     ClientError, ClientTls, Consumer, ConsumerConfig, Message, MessageId, Producer, ProducerConfig,
     Receipt,
 };
+use crest_testkit::eventually;
 use std::collections::HashSet;
 use std::io::Write;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[path = "common/tmpfs.rs"]
 mod tmpfs;
@@ -77,15 +78,19 @@ async fn connect_consumer(tree: &LocalTree) -> Consumer {
 /// Pops `count` messages of topic "leased" (their leases outlast the test).
 async fn pop_all(consumer: &Consumer, count: usize) -> Vec<Receipt> {
     let mut receipts = Vec::new();
-    let deadline = Instant::now() + WAIT;
-    while receipts.len() < count {
-        assert!(Instant::now() < deadline, "popped {}", receipts.len());
+    eventually(WAIT, format!("{count} popped"), async || {
         let batch = consumer
             .pop("leased", 1000, Duration::from_millis(500))
             .await
             .unwrap();
         receipts.extend(batch.iter().map(|d| d.receipt()));
-    }
+        if receipts.len() < count {
+            Err(receipts.len())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     receipts
 }
 
@@ -151,12 +156,7 @@ async fn a_full_disk_refuses_pushes_and_they_are_accepted_again_once_space_is_ba
     // StorageFailed, and no half-made segment is left behind.
     let ballast = fill(disk.path());
     let mut refused = 0;
-    let deadline = Instant::now() + WAIT;
-    while refused < 3 {
-        assert!(
-            Instant::now() < deadline,
-            "pushes still accepted on a full disk"
-        );
+    eventually(WAIT, "three pushes refused on a full disk", async || {
         match push(&producer, n, LARGE).await {
             Some(id) => {
                 accepted.insert(id);
@@ -164,7 +164,9 @@ async fn a_full_disk_refuses_pushes_and_they_are_accepted_again_once_space_is_ba
             None => refused += 1,
         }
         n += 1;
-    }
+        if refused < 3 { Err(refused) } else { Ok(()) }
+    })
+    .await;
     let said = logs.text();
     assert!(
         said.contains("the log cannot be written"),
@@ -228,8 +230,10 @@ async fn a_full_disk_refuses_pushes_and_they_are_accepted_again_once_space_is_ba
         "the acked messages stay acked after a restart"
     );
     let mut delivered = HashSet::new();
-    let deadline = Instant::now() + WAIT;
-    while delivered.len() < accepted.len() && Instant::now() < deadline {
+    eventually(WAIT, "every acknowledged push delivered", async || {
+        if delivered.len() >= accepted.len() {
+            return Ok(());
+        }
         let batch = consumer
             .pop("jobs", 64, Duration::from_millis(500))
             .await
@@ -239,7 +243,9 @@ async fn a_full_disk_refuses_pushes_and_they_are_accepted_again_once_space_is_ba
             assert!(delivered.insert(delivery.id), "{} twice", delivery.id);
         }
         consumer.ack_many(&receipts).await.unwrap();
-    }
+        Err(delivered.len())
+    })
+    .await;
     assert_eq!(delivered, accepted, "every acknowledged push, once");
     tree.shutdown().await;
 }
@@ -267,17 +273,18 @@ async fn pushes_a_leaf_with_a_full_disk_refuses_go_to_the_other_leaves() {
     // Every leaf takes its turn of pushes while there is room.
     let mut accepted = HashSet::new();
     let mut leaves = HashSet::new();
-    let deadline = Instant::now() + WAIT;
-    while leaves.len() < 4 {
-        assert!(
-            Instant::now() < deadline,
-            "leaves taking pushes: {leaves:?}"
-        );
+    eventually(WAIT, "every leaf to take a push", async || {
         let handle = producer.send(Message::new("jobs", "room")).await.unwrap();
         let id = handle.acked().await.unwrap();
         leaves.insert(id.leaf());
         accepted.insert(id);
-    }
+        if leaves.len() < 4 {
+            Err(leaves.clone())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     let _ballast = fill(disk.path());
     let mut handles = Vec::new();
     for n in 0..400 {
@@ -293,14 +300,10 @@ async fn pushes_a_leaf_with_a_full_disk_refuses_go_to_the_other_leaves() {
     }
     let consumer = connect_consumer(&tree).await;
     let mut delivered = HashSet::new();
-    let deadline = Instant::now() + WAIT;
-    while !accepted.is_subset(&delivered) {
-        assert!(
-            Instant::now() < deadline,
-            "{} of {} delivered",
-            delivered.len(),
-            accepted.len()
-        );
+    eventually(WAIT, "every accepted push delivered", async || {
+        if accepted.is_subset(&delivered) {
+            return Ok(());
+        }
         let batch = consumer
             .pop("jobs", 64, Duration::from_millis(200))
             .await
@@ -308,6 +311,12 @@ async fn pushes_a_leaf_with_a_full_disk_refuses_go_to_the_other_leaves() {
         let receipts: Vec<_> = batch.iter().map(|d| d.receipt()).collect();
         delivered.extend(batch.iter().map(|d| d.id));
         consumer.ack_many(&receipts).await.unwrap();
-    }
+        Err(format!(
+            "{} of {} delivered",
+            delivered.len(),
+            accepted.len()
+        ))
+    })
+    .await;
     tree.shutdown().await;
 }

@@ -11,9 +11,10 @@ use crest::node::LocalTree;
 use crest::sdk::{
     ClientTls, Consumer, ConsumerConfig, Delivery, Message, PopOptions, Producer, ProducerConfig,
 };
+use crest_testkit::eventually;
 use std::collections::HashSet;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
 
@@ -93,13 +94,7 @@ fn segments(data: &Path) -> (usize, u64) {
 /// holds the leases of the others for a minute.
 async fn pop(consumer: &Consumer, count: usize, ack: impl Fn(u32) -> bool) -> Vec<Delivery> {
     let mut got = Vec::new();
-    let deadline = Instant::now() + WAIT * 3;
-    while got.len() < count {
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {count} popped",
-            got.len()
-        );
+    eventually(WAIT * 3, format!("{count} popped"), async || {
         let options = PopOptions {
             max: (count - got.len()).min(100) as u32,
             wait: Duration::from_millis(500),
@@ -118,7 +113,13 @@ async fn pop(consumer: &Consumer, count: usize, ack: impl Fn(u32) -> bool) -> Ve
             }
         }
         got.extend(deliveries);
-    }
+        if got.len() < count {
+            Err(got.len())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     got
 }
 
@@ -181,12 +182,22 @@ async fn bodies_come_back_from_the_log_segments_are_compacted_and_a_restart_find
     // segments still mostly live (a checkpoint sealed them early; not worth rewriting).
     let leaves = tree.topology.leaves().count() as u64;
     let bound = 3 * leaves * 65_536;
-    let deadline = Instant::now() + WAIT;
-    while (segments(data.path()).1 > bound || leaf_counter(&tree, "compacted").await == 0)
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        WAIT,
+        "compaction to bring the log within its bound",
+        async || {
+            let (left, left_bytes) = segments(data.path());
+            let compacted = leaf_counter(&tree, "compacted").await;
+            if left_bytes <= bound && compacted > 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{left} segments ({left_bytes} bytes), {compacted} moved"
+                ))
+            }
+        },
+    )
+    .await;
     let (left, left_bytes) = segments(data.path());
     let compacted = leaf_counter(&tree, "compacted").await;
     eprintln!(

@@ -3,6 +3,7 @@
 //! every priority change.
 
 use crest::sdk::{Admin, ConsumerConfig, Message, MessageId, PopOptions, ProducerConfig};
+use crest_testkit::eventually;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -23,18 +24,12 @@ async fn ready(admin: &Admin) -> BTreeMap<u32, u64> {
 /// Waits up to 20 s for the ready counts to be `want`.
 async fn ready_until(admin: &Admin, want: &[(u32, u64)]) {
     let want: BTreeMap<u32, u64> = want.iter().copied().collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    let what = format!("ready by priority {want:?}");
+    eventually(Duration::from_secs(20), what, async || {
         let got = ready(admin).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "ready by priority {got:?}, want {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        if got == want { Ok(()) } else { Err(got) }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,9 +115,7 @@ async fn a_reprioritized_and_an_aged_message_keep_their_priorities_across_a_leaf
 
     let consumer = cluster.consumer().await;
     let mut popped = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while popped.len() < 5 {
-        assert!(tokio::time::Instant::now() < deadline, "popped {popped:?}");
+    eventually(Duration::from_secs(20), "5 popped", async || {
         let options = PopOptions {
             max: 1,
             wait: Duration::from_millis(500),
@@ -130,7 +123,13 @@ async fn a_reprioritized_and_an_aged_message_keep_their_priorities_across_a_leaf
             ..PopOptions::default()
         };
         popped.extend(consumer.pop_with("jobs", options).await.unwrap());
-    }
+        if popped.len() < 5 {
+            Err(popped.len())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     let order: Vec<(MessageId, u32)> = popped.iter().map(|d| (d.id, d.priority)).collect();
     // The aged one goes ahead of the message pushed at 3 before it, after the restart too.
     assert_eq!(

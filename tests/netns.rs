@@ -14,6 +14,7 @@ mod tmpfs;
 
 use crest::core::topology::Topology;
 use crest::sdk::{Consumer, LeafId, Message, Producer};
+use crest_testkit::eventually;
 use netns::{Hosts, REPLICATED, WAIT, drain, push};
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -42,15 +43,19 @@ async fn a_leaf_whose_host_is_cut_off_is_routed_around_and_found_again_once_heal
     // The whole tree answers: pushes land on every leaf, and the root pops them all.
     let mut leaves = HashSet::new();
     let mut warm = 0;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while leaves.len() < 3 {
-        assert!(tokio::time::Instant::now() < deadline, "leaves {leaves:?}");
+    eventually(WAIT, "a push acknowledged by every leaf", async || {
         let handle = producer.send(Message::new("jobs", "warm")).await.unwrap();
         if let Ok(id) = handle.acked().await {
             leaves.insert(id.leaf());
             warm += 1;
         }
-    }
+        if leaves.len() < 3 {
+            Err(leaves.clone())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     drain(&consumer, |ids| ids.len() >= warm).await;
 
     // Host c is cut off: every push is acknowledged, by the leaves of a and b, and none
@@ -80,17 +85,11 @@ async fn a_leaf_whose_host_is_cut_off_is_routed_around_and_found_again_once_heal
 
     // Healed: host c's leaf is tried again and takes pushes once more.
     hosts.heal("c");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "leaf-c1 takes no push after the heal"
-        );
+    eventually(WAIT, "leaf-c1 to take a push after the heal", async || {
         let handle = producer.send(Message::new("jobs", "healed")).await.unwrap();
-        if handle.acked().await.is_ok_and(|id| id.leaf() == LeafId(3)) {
-            break;
-        }
-    }
+        handle.acked().await.is_ok_and(|id| id.leaf() == LeafId(3))
+    })
+    .await;
 }
 
 /// Which host each replica of `REPLICATED` runs on.
@@ -147,19 +146,16 @@ async fn group_status(
     what: &str,
     done: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    eventually(WAIT, what, async || {
         let status = cluster::crest_status(topology).await;
         let group = &status["groups"][0];
         if done(group) {
-            return group.clone();
+            Ok(group.clone())
+        } else {
+            Err(format!("{status:#}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}, not within {WAIT:?}: {status:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// The entry of `node` among a group status's replicas.

@@ -9,6 +9,7 @@
 mod printing;
 
 use crest::sdk::{ClientTls, Consumer, ConsumerConfig, Message, Producer, ProducerConfig};
+use crest_testkit::eventually_blocking;
 use printing::{Node, Process, ephemeral_default_topology, node_table, spawn_printing};
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -16,7 +17,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CREST: &str = env!("CARGO_BIN_EXE_crest");
 const DEFAULT: &str = include_str!("../topology/local.toml");
@@ -126,8 +127,7 @@ impl Prometheus {
         let pid = child.id();
         let process = Process(child);
         // It was given port 0: the port it bound is the one `ss` lists for its PID.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let addr = loop {
+        let addr = eventually_blocking(Duration::from_secs(30), "Prometheus to listen", || {
             let out = Command::new("ss").args(["-Htlnp"]).output().unwrap();
             let listing = String::from_utf8_lossy(&out.stdout);
             let found = listing
@@ -138,16 +138,8 @@ impl Prometheus {
                         .find(|w| w.starts_with("127.0.0.1:"))
                         .map(str::to_string)
                 });
-            if let Some(addr) = found {
-                break addr;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "Prometheus did not listen: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        };
+            found.ok_or_else(|| std::fs::read_to_string(&log).unwrap_or_default())
+        });
         Prometheus {
             _process: process,
             addr,
@@ -169,23 +161,19 @@ impl Prometheus {
 
     /// Waits until `query` evaluates to the single value `want`.
     fn wait_for(&self, query: &str, want: f64) {
-        let deadline = Instant::now() + WAIT;
-        loop {
+        eventually_blocking(WAIT, format!("{query} = {want}"), || {
             let result = self.query(query);
             let value = result
                 .first()
                 .and_then(|r| r["value"][1].as_str())
                 .and_then(|v| v.parse::<f64>().ok());
             if result.len() == 1 && value == Some(want) {
-                return;
+                Ok(())
+            } else {
+                let said = std::fs::read_to_string(&self.log).unwrap_or_default();
+                Err(format!("{result:?}; Prometheus said:\n{said}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "{query} = {result:?}, not {want}, after {WAIT:?}; Prometheus said:\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        })
     }
 }
 

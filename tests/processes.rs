@@ -5,7 +5,7 @@
 //! message the leaves hold must still be delivered exactly once.
 
 use command_fds::{CommandFdExt, FdMapping};
-use crest::sdk::{Consumer, Delivery, MessageId, Producer, ProducerConfig, Receipt, ReceiptError};
+use crest::sdk::{Consumer, Delivery, MessageId, Producer, ProducerConfig, Receipt};
 use std::collections::HashSet;
 use std::net::TcpListener;
 use std::os::fd::OwnedFd;
@@ -13,86 +13,20 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+#[path = "common/acks.rs"]
+mod acks;
 #[path = "common/cluster.rs"]
 mod cluster;
 mod common;
 
+use acks::{ack_until_applied, drain, pop_and_ack_until};
 use cluster::{CREST, Cluster, retry};
+use common::WAIT;
+use crest_testkit::eventually;
 
-/// Pops and acks until at least `count` distinct messages were seen in total, or 30 s pass.
+/// Pops and acks until at least `count` distinct messages were seen in total.
 async fn take(consumer: &Consumer, seen: &mut HashSet<MessageId>, count: usize) {
-    pop_and_ack(consumer, seen, count, false).await
-}
-
-/// Pops and acks until at least `expected` distinct messages were seen in total and a pop
-/// comes back empty, or 30 s pass.
-async fn drain(consumer: &Consumer, seen: &mut HashSet<MessageId>, expected: usize) {
-    pop_and_ack(consumer, seen, expected, true).await
-}
-
-async fn pop_and_ack(
-    consumer: &Consumer,
-    seen: &mut HashSet<MessageId>,
-    expected: usize,
-    until_empty: bool,
-) {
-    // Generous: a passing run stops as soon as everything is in (or the queue is empty); the
-    // deadline only bounds a failing one. A loaded 2-core machine draining 60,000 × 4 KiB
-    // through a debug build under test settings (a checkpoint every 64 KiB of log) can take
-    // more than 30 s.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while tokio::time::Instant::now() < deadline && (until_empty || seen.len() < expected) {
-        let batch = match consumer.pop("jobs", 32, Duration::from_millis(500)).await {
-            Ok(batch) => batch,
-            Err(error) => panic!("pop failed: {error}"),
-        };
-        if batch.is_empty() && seen.len() >= expected {
-            break;
-        }
-        let receipts: Vec<Receipt> = batch.iter().map(Delivery::receipt).collect();
-        if !receipts.is_empty() {
-            ack_until_applied(consumer, receipts).await;
-        }
-        for delivery in batch {
-            assert!(
-                seen.insert(delivery.id),
-                "{} delivered again after its ack",
-                delivery.id
-            );
-        }
-    }
-}
-
-/// Acks `receipts` as a consumer must: an ack refused as `Unavailable` (a node between the root
-/// and the leaf was just killed and has not been replaced yet) did nothing, and the lease is
-/// still live, so it is sent again until it is applied (the consumer tries a few times by
-/// itself; this goes on longer, as an application would; `TimedOut` likewise). On a retry, `Settled` means an
-/// earlier try was applied but its answer was lost with the node. Anything else fails.
-async fn ack_until_applied(consumer: &Consumer, mut receipts: Vec<Receipt>) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    let mut retry = false;
-    loop {
-        let results = consumer.ack_many(&receipts).await.unwrap();
-        let mut pending = Vec::new();
-        for (receipt, result) in receipts.iter().zip(&results) {
-            match result {
-                Ok(()) => {}
-                Err(ReceiptError::Settled) if retry => {}
-                Err(ReceiptError::Unavailable | ReceiptError::TimedOut) => pending.push(*receipt),
-                Err(error) => panic!("ack of {} refused: {error:?}", receipt.id),
-            }
-        }
-        if pending.is_empty() {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "acks still refused as Unavailable after 15 s: {pending:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        receipts = pending;
-        retry = true;
-    }
+    pop_and_ack_until(consumer, seen, 32, |seen| seen.len() >= count).await
 }
 
 async fn push(producer: &Producer, count: usize) -> Vec<MessageId> {
@@ -212,20 +146,24 @@ async fn acks_go_to_the_owning_leaves_and_succeed_while_the_root_is_down() {
     let pushed: HashSet<MessageId> = push(&producer, 40).await.into_iter().collect();
     let consumer = cluster.consumer().await;
     let mut held = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while held.len() < pushed.len() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} popped",
-            held.len()
-        );
-        held.extend(
-            consumer
-                .pop("jobs", 32, Duration::from_millis(500))
-                .await
-                .unwrap(),
-        );
-    }
+    eventually(
+        Duration::from_secs(30),
+        "every message popped",
+        async || {
+            held.extend(
+                consumer
+                    .pop("jobs", 32, Duration::from_millis(500))
+                    .await
+                    .unwrap(),
+            );
+            if held.len() < pushed.len() {
+                Err(held.len())
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
     assert_eq!(leased_at_leaves(&cluster).await, 40);
     // Half acked with the root up: the leaves take them, the root sees none.
     let receipts: Vec<Receipt> = held.iter().map(Delivery::receipt).collect();
@@ -252,19 +190,17 @@ async fn nodes_run_without_transparent_huge_pages() {
     // shows `THP_enabled: 0` in its status), so a cold node does not pay for fresh huge pages.
     let cluster = Cluster::start("no-huge-pages");
     let status = format!("/proc/{}/status", cluster.pid("leaf-1"));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    let what = format!("huge pages off in {status}");
+    eventually(Duration::from_secs(20), what, async || {
         let text = std::fs::read_to_string(&status).unwrap();
         let off = |line: &str| line.split_whitespace().eq(["THP_enabled:", "0"]);
         if text.lines().any(off) {
-            break;
+            Ok(())
+        } else {
+            Err(text)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "huge pages still on in {status}: {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -349,14 +285,11 @@ async fn a_leaf_killed_again_and_again_loses_no_acknowledged_message() {
     let progress = |acked: &std::sync::Mutex<Vec<MessageId>>| acked.lock().unwrap().len();
     for round in 0..5 {
         let base = progress(&acked);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while progress(&acked) < base + 100 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "incarnation {round} took no pushes"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let what = format!("incarnation {round} to take 100 pushes");
+        eventually(Duration::from_secs(20), what, async || {
+            progress(&acked) >= base + 100
+        })
+        .await;
         let pause = rand::Rng::random_range(&mut rng, 0..80);
         tokio::time::sleep(Duration::from_millis(pause)).await;
         cluster.kill("leaf-1");
@@ -364,15 +297,12 @@ async fn a_leaf_killed_again_and_again_loses_no_acknowledged_message() {
     }
     // Let the last incarnation take some acknowledged pushes too.
     let before = acked.lock().unwrap().len();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while progress(&acked) < before + 200 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the last incarnation acknowledged {} of 200 pushes",
-            progress(&acked) - before
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = "the last incarnation to acknowledge 200 pushes";
+    eventually(Duration::from_secs(20), what, async || {
+        let more = progress(&acked) - before;
+        if more < 200 { Err(more) } else { Ok(()) }
+    })
+    .await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let failures = pusher.await.unwrap();
     let acked: HashSet<MessageId> = acked.lock().unwrap().iter().copied().collect();
@@ -725,14 +655,10 @@ async fn the_ca_and_every_certificate_rotated_under_load_on_sighup_lose_nothing_
         }
     }
     hang_up(&cluster);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while certificate_at(&cluster, &leaf).await != Some(der(&new)) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "leaf-1 still presents its old certificate"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(WAIT, "leaf-1 to present its new certificate", async || {
+        certificate_at(&cluster, &leaf).await == Some(der(&new))
+    })
+    .await;
     // 3. The old CA dropped. A node restarted now starts with its new certificate and trusts
     // only the new CA; its parent and children take it.
     std::fs::write(certs.join("ca.pem"), &new_ca).unwrap();
@@ -778,18 +704,15 @@ async fn crest_until(
     env: &[(&str, &Path)],
     done: impl Fn(bool, &str) -> bool,
 ) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let (ok, text) = crest_on(cluster, args, env).await;
-        if done(ok, &text) {
-            return text;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "crest {args:?}: {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        Duration::from_secs(20),
+        format!("crest {args:?}"),
+        async || {
+            let (ok, text) = crest_on(cluster, args, env).await;
+            if done(ok, &text) { Ok(text) } else { Err(text) }
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

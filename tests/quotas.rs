@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{WAIT, consumer, leaf_counter, tls};
+use crest_testkit::eventually;
 
 const QUOTA: u64 = 400;
 const BATCH: usize = 10;
@@ -53,19 +54,23 @@ async fn held(admin: &Admin) -> u64 {
 
 /// Pushes batches of `orders/eu` through `producer` until one is refused for the quota;
 /// returns the messages acknowledged and the refusal.
-async fn fill(producer: &Producer, deadline: Instant) -> (u64, QuotaExceeded) {
+async fn fill(producer: &Producer, within: Duration) -> (u64, QuotaExceeded) {
     let mut acked = 0;
-    loop {
-        assert!(Instant::now() < deadline, "never refused");
+    let refusal = eventually(within, "a refusal for the quota", async || {
         let batch: Vec<Message> = (0..BATCH)
             .map(|n| Message::new("orders/eu", format!("m{n}")))
             .collect();
         match producer.send_batch(batch).await.unwrap().acked().await {
-            Ok(ids) => acked += ids.len() as u64,
-            Err(ClientError::QuotaExceeded(quota)) => return (acked, quota),
+            Ok(ids) => {
+                acked += ids.len() as u64;
+                Err(format!("{acked} acknowledged"))
+            }
+            Err(ClientError::QuotaExceeded(quota)) => Ok(quota),
             Err(other) => panic!("unexpected error {other:?}"),
         }
-    }
+    })
+    .await;
+    (acked, refusal)
 }
 
 /// One producer per leaf, each only to its own leaf.
@@ -105,12 +110,11 @@ async fn a_namespace_quota_holds_over_four_leaves_and_through_restarts() {
 
     // Four producers, one per leaf, push at once until each is refused.
     let producers = producers(&tree).await;
-    let deadline = Instant::now() + WAIT * 3;
     let results = tokio::join!(
-        fill(&producers[0], deadline),
-        fill(&producers[1], deadline),
-        fill(&producers[2], deadline),
-        fill(&producers[3], deadline),
+        fill(&producers[0], WAIT * 3),
+        fill(&producers[1], WAIT * 3),
+        fill(&producers[2], WAIT * 3),
+        fill(&producers[3], WAIT * 3),
     );
     let results = [results.0, results.1, results.2, results.3];
     let expected = expected();
@@ -144,9 +148,7 @@ async fn a_namespace_quota_holds_over_four_leaves_and_through_restarts() {
     // Consumers take 100: producers are admitted again, up to the quota.
     let consumer = consumer(&tree).await;
     let mut taken = 0;
-    let deadline = Instant::now() + WAIT * 2;
-    while taken < 100 {
-        assert!(Instant::now() < deadline, "only {taken} popped");
+    eventually(WAIT * 2, "100 popped", async || {
         let deliveries = consumer
             .pop("orders/eu", 100 - taken, Duration::from_millis(500))
             .await
@@ -156,22 +158,24 @@ async fn a_namespace_quota_holds_over_four_leaves_and_through_restarts() {
             result.unwrap();
         }
         taken += deliveries.len() as u32;
-    }
+        if taken < 100 { Err(taken) } else { Ok(()) }
+    })
+    .await;
     acked -= 100;
     // The leaves learn that room was made from the root's answers to their next reports:
     // until then a push may still be refused.
     let mut more = 0;
-    let deadline = Instant::now() + WAIT * 2;
-    while more < 100 - 4 * BATCH as u64 {
-        assert!(
-            Instant::now() < deadline,
-            "{more} admitted after 100 were taken"
-        );
-        let (admitted, refusal) = fill(&producers[3], deadline).await;
+    eventually(WAIT * 2, "room made by the 100 taken", async || {
+        let (admitted, refusal) = fill(&producers[3], WAIT * 2).await;
         assert_eq!(refusal, expected);
         more += admitted;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        if more < 100 - 4 * BATCH as u64 {
+            Err(more)
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     assert!(acked + more <= QUOTA);
     assert_eq!(held(&admin).await, acked + more);
     tree.shutdown().await;
@@ -180,7 +184,7 @@ async fn a_namespace_quota_holds_over_four_leaves_and_through_restarts() {
 /// Fills through `producer` after `event`, `acked` held already: refused for the quota, never
 /// past it. The new total.
 async fn refill(producer: &Producer, acked: u64, event: &str) -> u64 {
-    let (more, refusal) = fill(producer, Instant::now() + WAIT * 2).await;
+    let (more, refusal) = fill(producer, WAIT * 2).await;
     assert_eq!(refusal, expected());
     assert!(acked + more <= QUOTA, "{} after {event}", acked + more);
     acked + more
@@ -409,31 +413,25 @@ async fn an_in_flight_quota_refuses_pops_until_consumers_settle() {
             .unwrap();
     }
     // The root learns the quota from the leaves' next reports.
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually(WAIT, "the root to show the quota", async || {
         let stats = admin.stats(None).await.unwrap().value;
-        if stats.limits.iter().any(|s| s.scope == "orders/") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the root never showed the quota");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        stats.limits.iter().any(|s| s.scope == "orders/")
+    })
+    .await;
     let consumer = consumer(&tree).await;
     let mut leased = Vec::new();
-    let deadline = Instant::now() + WAIT;
-    let refusal = loop {
+    let refusal = eventually(WAIT, "a refusal for the in-flight quota", async || {
         assert!(leased.len() <= 24, "{} in flight", leased.len());
-        assert!(
-            Instant::now() < deadline,
-            "never refused: {} in flight",
-            leased.len()
-        );
         match consumer.pop("orders/eu", 4, Duration::ZERO).await {
-            Ok(deliveries) => leased.extend(deliveries),
-            Err(ClientError::QuotaExceeded(quota)) => break quota,
+            Ok(deliveries) => {
+                leased.extend(deliveries);
+                Err(format!("{} in flight", leased.len()))
+            }
+            Err(ClientError::QuotaExceeded(quota)) => Ok(quota),
             Err(other) => panic!("unexpected error {other:?}"),
         }
-    };
+    })
+    .await;
     assert!(
         (20..=24).contains(&leased.len()),
         "{} in flight",
@@ -445,21 +443,19 @@ async fn an_in_flight_quota_refuses_pops_until_consumers_settle() {
     );
     common::ack_all(&consumer, &leased).await;
     // Room comes back once the leaves report the acks (every `quota_report_ms`).
-    let deadline = Instant::now() + WAIT;
     let mut popped = leased.len();
-    while popped < 40 {
-        assert!(Instant::now() < deadline, "popped {popped} of 40");
+    eventually(WAIT, "40 popped", async || {
         match consumer.pop("orders/eu", 4, Duration::ZERO).await {
             Ok(deliveries) => {
                 popped += deliveries.len();
                 common::ack_all(&consumer, &deliveries).await;
             }
-            Err(ClientError::QuotaExceeded(_)) => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            Err(ClientError::QuotaExceeded(_)) => {}
             Err(other) => panic!("unexpected error {other:?}"),
         }
-    }
+        if popped < 40 { Err(popped) } else { Ok(()) }
+    })
+    .await;
     assert_eq!(popped, 40);
     assert_eq!(held(&admin).await, 0);
     tree.shutdown().await;

@@ -5,6 +5,7 @@
 //! started it catches up; nothing acknowledged is lost.
 
 use crest::sdk::{MessageId, Producer};
+use crest_testkit::eventually;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -96,18 +97,11 @@ async fn fills_and_recovers(name: &str, topology: &str, under: &str, kill_leader
         acked.extend(push(&producer, &format!("full {round}"), 200).await);
     }
     // It says why, and exits for its service manager to start it again.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = cluster.exited(FULL) {
-            break status;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{FULL} did not exit within 30 s of its disk filling: {}",
-            cluster.plain_log(FULL)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let what = format!("{FULL} to exit once its disk filled");
+    let status = eventually(Duration::from_secs(30), what, async || {
+        cluster.exited(FULL).ok_or_else(|| cluster.plain_log(FULL))
+    })
+    .await;
     assert!(!status.success(), "{FULL} exited with {status}");
     let log = cluster.plain_log(FULL);
     assert!(

@@ -3,6 +3,7 @@
 //! leaders killed with SIGKILL.
 
 use crest::sdk::{Consumer, Delivery, MessageId, Producer};
+use crest_testkit::eventually;
 use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
@@ -78,8 +79,8 @@ async fn current_leader(cluster: &Cluster) -> String {
 /// Waits (up to 30 s) until `crest status` names `leader` as group leaf-1's leader, every
 /// replica of `up` as up with its lag known, and `down` as down; answers the group's entry.
 async fn status_shows(cluster: &Cluster, leader: &str, down: Option<&str>) -> serde_json::Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let what = format!("crest status to show {leader} leading with {down:?} down");
+    eventually(Duration::from_secs(30), what, async || {
         let status = cluster::crest_status(&cluster.topology_path).await;
         let group = status["groups"][0].clone();
         let replica = |name: &str| {
@@ -105,22 +106,20 @@ async fn status_shows(cluster: &Cluster, leader: &str, down: Option<&str>) -> se
                 }
             });
         if fits {
-            return group;
+            Ok(group)
+        } else {
+            Err(format!("{status:#}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "crest status does not show {leader} leading with {down:?} down: {status:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// Waits (up to 30 s) until the root's report shows leaf-1 led by `leader` with both
 /// followers' lag, then renders the root's dashboard in headless Chromium: its tree shows the
 /// group.
 async fn dashboard_shows(cluster: &Cluster, leader: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let term = loop {
+    let what = format!("the root's report to show {leader} leading leaf-1");
+    let term = eventually(Duration::from_secs(30), what, async || {
         let (_, body) = cluster.http_get("root", "/stats").await;
         let stats: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
         let leaf = stats["nodes"]
@@ -133,14 +132,12 @@ async fn dashboard_shows(cluster: &Cluster, leader: &str) {
         let group = &leaf["group"];
         if group["leader"] == leader && group["followers"].as_array().is_some_and(|f| f.len() == 2)
         {
-            break group["term"].as_u64().unwrap();
+            Ok(group["term"].as_u64().unwrap())
+        } else {
+            Err(format!("{leaf:#}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the root's report does not show {leader} leading leaf-1: {leaf:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     let browser = browser::chromium().expect(
         "headless Chromium is needed (Debian: apt-get install chromium); .ci/run installs it",
     );
@@ -306,11 +303,10 @@ async fn replicas_killed_under_a_stream_of_pipelined_pushes_lose_nothing_acknowl
     let wait_for_more = |than: usize| {
         let acked = acked.clone();
         async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-            while acked.lock().unwrap().len() < than + 3000 {
-                assert!(tokio::time::Instant::now() < deadline, "pushes stopped");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            eventually(Duration::from_secs(30), "3,000 more pushes", async || {
+                acked.lock().unwrap().len() >= than + 3000
+            })
+            .await
         }
     };
     wait_for_more(0).await;
@@ -523,20 +519,18 @@ async fn a_producer_started_before_its_replicated_leaf_has_a_leader_waits_for_on
 
 /// The next delivery of `topic`, within 60 s.
 async fn pop_one(consumer: &Consumer, topic: &str) -> Delivery {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let got = consumer
-            .pop(topic, 1, Duration::from_secs(1))
-            .await
-            .unwrap_or_default();
-        if let Some(delivery) = got.into_iter().next() {
-            return delivery;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no delivery of {topic}"
-        );
-    }
+    eventually(
+        Duration::from_secs(60),
+        format!("a delivery of {topic}"),
+        async || {
+            let got = consumer
+                .pop(topic, 1, Duration::from_secs(1))
+                .await
+                .unwrap_or_default();
+            got.into_iter().next()
+        },
+    )
+    .await
 }
 
 /// Nacks the next delivery of `topic`; answers its id. A nack lost while a group elects its

@@ -5,6 +5,7 @@
 use crest::core::topology::Topology;
 use crest::node::{LocalTree, NodeSockets};
 use crest::sdk::{Consumer, Message, MessageId, Producer};
+use crest_testkit::eventually;
 use std::collections::{HashMap, HashSet};
 use std::net::UdpSocket;
 use std::sync::{Arc, Mutex};
@@ -90,18 +91,12 @@ async fn a_local_tree_serves_a_replicated_leaf_through_the_loss_of_its_leader() 
 
     // Started again, the first leader follows and catches up.
     tree.restart_node(&first).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let what = format!("{first} to catch up with {second}");
+    eventually(Duration::from_secs(30), what, async || {
         let applied = |name: &str| tree.replica(name).unwrap().status().applied;
-        if applied(&first).is_some() && applied(&first) == applied(&second) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{first} did not catch up with {second}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        applied(&first).is_some() && applied(&first) == applied(&second)
+    })
+    .await;
     assert_eq!(leader(&tree).as_deref(), Some(second.as_str()));
     acked.extend(push(&producer, "after", 50).await);
     drain(&consumer, &acked, &mut seen).await;

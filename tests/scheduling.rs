@@ -4,6 +4,7 @@
 //! beside them keeps the key order.
 
 use crest::sdk::{Delivery, Message, MessageId, PopOptions, ProducerConfig};
+use crest_testkit::eventually;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -25,18 +26,12 @@ async fn root_window_entries(cluster: &Cluster) -> u64 {
 
 /// Waits up to 20 s until the root holds `want` entries.
 async fn root_holds(cluster: &Cluster, want: u64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    let what = format!("the root to hold {want} entries");
+    eventually(Duration::from_secs(20), what, async || {
         let held = root_window_entries(cluster).await;
-        if held == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the root holds {held} entries, want {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        if held == want { Ok(()) } else { Err(held) }
+    })
+    .await
 }
 
 fn priorities(deliveries: &[Delivery]) -> (usize, usize) {

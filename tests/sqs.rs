@@ -11,6 +11,7 @@ mod common;
 mod printing;
 
 use cluster::Cluster;
+use crest_testkit::eventually;
 use printing::{spawn_printing, start_local_sqs, wait_for};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -255,16 +256,12 @@ async fn call_until_answered(
     action: &str,
     input: &serde_json::Value,
 ) -> serde_json::Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        match client.call(action, input).await {
-            Ok(value) => return value,
-            Err(_) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(error) => panic!("{action}: {error}"),
-        }
-    }
+    eventually(
+        Duration::from_secs(60),
+        format!("{action} answered"),
+        async || client.call(action, input).await,
+    )
+    .await
 }
 
 /// A `role = "gateway"` node of the topology, run by `crest launch` with its HTTP socket by
@@ -307,40 +304,49 @@ async fn a_gateway_node_of_the_topology_serves_sqs_and_loses_nothing_when_killed
     let found = call_until_answered(&client, "GetQueueUrl", &json!({"QueueName": "jobs"})).await;
     assert_eq!(found["QueueUrl"].as_str(), Some(url.as_str()));
     let mut bodies = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while bodies.len() < 10 && tokio::time::Instant::now() < deadline {
-        let received = client
-            .call(
-                "ReceiveMessage",
-                &json!({"QueueUrl": url, "MaxNumberOfMessages": 10, "WaitTimeSeconds": 1}),
-            )
-            .await
-            .unwrap();
-        let messages = received["Messages"].as_array().cloned().unwrap_or_default();
-        let deletes: Vec<serde_json::Value> = messages
-            .iter()
-            .enumerate()
-            .map(|(i, m)| json!({"Id": format!("d{i}"), "ReceiptHandle": m["ReceiptHandle"]}))
-            .collect();
-        bodies.extend(
-            messages
-                .iter()
-                .map(|m| m["Body"].as_str().unwrap().to_string()),
-        );
-        if !deletes.is_empty() {
-            let deleted = client
+    eventually(
+        Duration::from_secs(20),
+        "10 messages received",
+        async || {
+            let received = client
                 .call(
-                    "DeleteMessageBatch",
-                    &json!({"QueueUrl": url, "Entries": deletes}),
+                    "ReceiveMessage",
+                    &json!({"QueueUrl": url, "MaxNumberOfMessages": 10, "WaitTimeSeconds": 1}),
                 )
                 .await
                 .unwrap();
-            assert!(
-                deleted["Failed"].as_array().is_none_or(Vec::is_empty),
-                "{deleted}"
+            let messages = received["Messages"].as_array().cloned().unwrap_or_default();
+            let deletes: Vec<serde_json::Value> = messages
+                .iter()
+                .enumerate()
+                .map(|(i, m)| json!({"Id": format!("d{i}"), "ReceiptHandle": m["ReceiptHandle"]}))
+                .collect();
+            bodies.extend(
+                messages
+                    .iter()
+                    .map(|m| m["Body"].as_str().unwrap().to_string()),
             );
-        }
-    }
+            if !deletes.is_empty() {
+                let deleted = client
+                    .call(
+                        "DeleteMessageBatch",
+                        &json!({"QueueUrl": url, "Entries": deletes}),
+                    )
+                    .await
+                    .unwrap();
+                assert!(
+                    deleted["Failed"].as_array().is_none_or(Vec::is_empty),
+                    "{deleted}"
+                );
+            }
+            if bodies.len() < 10 {
+                Err(bodies.len())
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
     let expected: Vec<String> = (0..10).rev().map(|i| format!("body {i}")).collect();
     assert_eq!(bodies, expected, "every message, the most urgent first");
 
@@ -358,8 +364,7 @@ async fn a_gateway_node_of_the_topology_serves_sqs_and_loses_nothing_when_killed
         "Priority": {"DataType": "Number", "StringValue": "2"}}});
     client.call("SendMessage", &sent).await.unwrap();
     let mut senders = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while senders.len() < 3 && tokio::time::Instant::now() < deadline {
+    eventually(Duration::from_secs(20), "3 messages received", async || {
         let received = client
             .call(
                 "ReceiveMessage",
@@ -376,7 +381,13 @@ async fn a_gateway_node_of_the_topology_serves_sqs_and_loses_nothing_when_killed
             let delete = json!({"QueueUrl": url, "ReceiptHandle": m["ReceiptHandle"]});
             client.call("DeleteMessage", &delete).await.unwrap();
         }
-    }
+        if senders.len() < 3 {
+            Err(senders.len())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     assert_eq!(
         senders,
         [

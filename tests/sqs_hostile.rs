@@ -8,10 +8,11 @@ mod printing;
 
 use crest_gateway::client::SqsClient;
 use crest_gateway::sigv4;
+use crest_testkit::eventually;
 use printing::{Process, start_local_sqs};
 use serde_json::json;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -84,14 +85,12 @@ impl Gateway {
     /// behind the gateway comes up after the gateway).
     async fn ready(&self) {
         let client = self.client();
-        let until = Instant::now() + Duration::from_secs(60);
-        while let Err(error) = client.call("ListQueues", &json!({})).await {
-            assert!(
-                Instant::now() < until,
-                "the gateway never answered: {error}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually(
+            Duration::from_secs(60),
+            "the gateway to answer",
+            async || client.call("ListQueues", &json!({})).await.map(drop),
+        )
+        .await;
     }
 }
 
@@ -385,70 +384,79 @@ async fn unverified_bytes_and_connections_are_bounded() {
     // when it gets to them: a holder read while a request of the loop held its share is
     // refused in turn and waits out its body; so each try opens two holders anew, after the
     // last try was answered (and its share given back).
-    let until = Instant::now() + DEADLINE;
     let mut holders = Vec::new();
-    loop {
-        holders.clear();
-        for _ in 0..2 {
-            let mut holder = TcpStream::connect(gateway.addr).await.unwrap();
-            holder.write_all(head).await.unwrap();
-            holders.push(holder);
-        }
-        let answer = exchange(gateway.addr, &whole).await;
-        if answer.contains("RequestThrottled") {
+    eventually(
+        DEADLINE,
+        "a refusal for unauthenticated bytes",
+        async || {
+            holders.clear();
+            for _ in 0..2 {
+                let mut holder = TcpStream::connect(gateway.addr).await.unwrap();
+                holder.write_all(head).await.unwrap();
+                holders.push(holder);
+            }
+            let answer = exchange(gateway.addr, &whole).await;
+            if !answer.contains("RequestThrottled") {
+                return Err(answer);
+            }
             assert!(
                 answer.contains("gateway_unauthenticated_bytes_max"),
                 "{answer}"
             );
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "never refused; last answer: {answer}"
-        );
-    }
+            Ok(())
+        },
+    )
+    .await;
     // One holder gone: its share comes back and the same request is served.
     drop(holders.pop());
-    let until = Instant::now() + DEADLINE;
-    loop {
+    eventually(DEADLINE, "the request served again", async || {
         let answer = exchange(gateway.addr, &whole).await;
         if status(&answer) == 200 {
-            break;
+            Ok(())
+        } else {
+            Err(answer)
         }
-        assert!(Instant::now() < until, "never served again; last: {answer}");
-    }
+    })
+    .await;
     drop(holders);
 
     // Connections: 8 from one address, each seen served (and kept open), then the ninth
     // from it refused. Connections closed a moment ago may still be counted: a connection
     // refused for them is opened again.
     let served = |answer: &str| status(answer) == 403 && answer.contains("MissingAuthentication");
-    let until = Instant::now() + DEADLINE;
     let mut open = Vec::new();
-    while open.len() < 8 {
-        if let Some(kept) = admitted(&gateway, "127.0.0.1").await {
-            open.push(kept);
-        }
-        assert!(Instant::now() < until, "8 connections never served");
-    }
+    let open_from = async |open: &mut Vec<TcpStream>, from: &str, count: usize| {
+        eventually(
+            DEADLINE,
+            format!("{count} connections served"),
+            async || {
+                if let Some(kept) = admitted(&gateway, from).await {
+                    open.push(kept);
+                }
+                if open.len() < count {
+                    Err(open.len())
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .await
+    };
+    open_from(&mut open, "127.0.0.1", 8).await;
     let unsigned = request(&[("host".into(), gateway.addr.to_string())], b"");
-    loop {
+    eventually(DEADLINE, "the ninth connection refused", async || {
         let mut ninth = connect_from("127.0.0.1", gateway.addr).await;
         let _ = ninth.write_all(&unsigned).await;
         let answer = read_all(&mut ninth).await;
-        if answer.contains("gateway_connections_per_address_max") {
-            assert_eq!(status(&answer), 503, "{answer}");
-            break;
+        if !answer.contains("gateway_connections_per_address_max") {
+            return Err(answer);
         }
-        assert!(Instant::now() < until, "never refused; last: {answer}");
-    }
+        assert_eq!(status(&answer), 503, "{answer}");
+        Ok(())
+    })
+    .await;
     // Another address may open 4 more, 12 in all; past that, refused.
-    while open.len() < 12 {
-        if let Some(kept) = admitted(&gateway, "127.0.0.2").await {
-            open.push(kept);
-        }
-        assert!(Instant::now() < until, "12 connections never served");
-    }
+    open_from(&mut open, "127.0.0.2", 12).await;
     let mut past = connect_from("127.0.0.3", gateway.addr).await;
     let _ = past.write_all(&unsigned).await;
     let answer = read_all(&mut past).await;
@@ -462,14 +470,11 @@ async fn unverified_bytes_and_connections_are_bounded() {
     }
     // All closed: served again.
     drop(open);
-    let until = Instant::now() + DEADLINE;
-    loop {
+    eventually(DEADLINE, "unsigned requests served again", async || {
         let answer = exchange(gateway.addr, &unsigned).await;
-        if served(&answer) {
-            break;
-        }
-        assert!(Instant::now() < until, "never served again; last: {answer}");
-    }
+        if served(&answer) { Ok(()) } else { Err(answer) }
+    })
+    .await;
 }
 
 /// One access key's requests hold at most `gateway_requests_per_key_max` of the gateway's
@@ -496,8 +501,7 @@ async fn one_key_holds_at_most_its_share_of_the_request_slots() {
     // A poll that came while a request of the loop held the key's other slot is refused in
     // turn: it is sent again, until both wait and the loop's request is the one refused.
     let mut polls = vec![poll(), poll()];
-    let until = Instant::now() + DEADLINE;
-    loop {
+    eventually(DEADLINE, "the key's third request refused", async || {
         for slot in polls.iter_mut() {
             if slot.is_finished() {
                 *slot = poll();
@@ -511,17 +515,18 @@ async fn one_key_holds_at_most_its_share_of_the_request_slots() {
                     message.contains("gateway_requests_per_key_max"),
                     "{message}"
                 );
-                break;
+                Ok(())
             }
-            other => assert!(Instant::now() < until, "never refused: {other:?}"),
+            other => Err(format!("{other:?}")),
         }
-    }
+    })
+    .await;
     // The long polls end (within their 10 s wait): the key's slots come back.
     for poll in polls {
         let _ = poll.await;
     }
-    let until = Instant::now() + DEADLINE;
-    while let Err(error) = client.call("ListQueues", &json!({})).await {
-        assert!(Instant::now() < until, "never served again: {error}");
-    }
+    eventually(DEADLINE, "the key served again", async || {
+        client.call("ListQueues", &json!({})).await.map(drop)
+    })
+    .await;
 }

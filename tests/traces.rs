@@ -9,6 +9,7 @@
 mod printing;
 
 use axum::body::Bytes;
+use crest_testkit::{eventually, eventually_blocking};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -18,7 +19,7 @@ use prost::Message as _;
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crest::sdk::{ClientTls, Consumer, ConsumerConfig, Message, Producer, ProducerConfig};
 
@@ -137,8 +138,8 @@ fn start_local(dir: &Path, endpoint: &str) -> (Process, String, String) {
 
 /// Waits until the receiver holds a span of each of `stages` for message `id`; those spans.
 fn spans_of(spans: &Mutex<Vec<Received>>, id: &str, stages: &[&str]) -> Vec<Received> {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let what = format!("spans {stages:?} of message {id}");
+    eventually_blocking(WAIT, what, || {
         let got: Vec<Received> = spans
             .lock()
             .unwrap()
@@ -150,15 +151,11 @@ fn spans_of(spans: &Mutex<Vec<Received>>, id: &str, stages: &[&str]) -> Vec<Rece
             .iter()
             .all(|stage| got.iter().any(|s| s.name == *stage))
         {
-            return got;
+            Ok(got)
+        } else {
+            Err(got.iter().map(|s| s.name.clone()).collect::<Vec<_>>())
         }
-        assert!(
-            Instant::now() < deadline,
-            "message {id}: spans {:?} after {WAIT:?}, want {stages:?}",
-            got.iter().map(|s| &s.name).collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,16 +185,20 @@ async fn a_message_s_spans_join_its_producer_s_trace() {
         .await
         .unwrap();
     let mut popped = Vec::new();
-    let deadline = Instant::now() + WAIT;
-    while popped.len() < 2 {
-        assert!(Instant::now() < deadline, "popped {popped:?}");
+    eventually(WAIT, "both messages popped", async || {
         popped.extend(
             consumer
                 .pop("traced", 2, Duration::from_secs(5))
                 .await
                 .unwrap(),
         );
-    }
+        if popped.len() < 2 {
+            Err(popped.len())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     // The consumer gets the producer's context with the message, to link its own work to.
     let delivered = popped.iter().find(|d| d.id == ids[0]).unwrap();
     assert!(

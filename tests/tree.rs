@@ -23,6 +23,7 @@ use std::time::Duration;
 mod common;
 
 use common::{WAIT, consumer, producers, start_tree, tls};
+use crest_testkit::eventually;
 
 /// Waits until every window above the leaves is full (each child offers its credits, or all
 /// of its subtree's `per_leaf` messages a leaf if fewer) and no offer moved for 300 ms.
@@ -37,9 +38,10 @@ async fn wait_until_quiet(tree: &LocalTree, per_leaf: u64) {
             .map(|child| credits.min(per_leaf * topology.subtree_leaves(&child.name).len() as u64))
             .sum()
     };
-    let deadline = std::time::Instant::now() + WAIT;
+    // Quiet: full windows, and no offer received across one look and the next, QUIET apart.
+    const QUIET: Duration = Duration::from_millis(300);
     let mut last = None;
-    loop {
+    eventually(WAIT, "the tree to settle", async || {
         let mut full = true;
         let mut offers = 0;
         for node in tree.nodes.iter().filter(|n| n.role() != Role::Leaf) {
@@ -49,16 +51,14 @@ async fn wait_until_quiet(tree: &LocalTree, per_leaf: u64) {
             let report = node.report().await.unwrap();
             offers += report.nodes[0].counters["offers_received"];
         }
-        if full && last == Some(offers) {
-            return;
+        let quiet = full && last == Some(offers);
+        if !quiet {
+            last = Some(offers);
+            tokio::time::sleep(QUIET).await;
         }
-        last = Some(offers);
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the tree never settled"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+        quiet
+    })
+    .await
 }
 
 /// Pushes `per_leaf` messages of random priority through every leaf, concurrently.
@@ -646,11 +646,10 @@ async fn a_root_standing_by_serves_once_the_root_is_gone() {
     assert_eq!(standby.stats().await.unwrap().children, 0, "it stands by");
 
     tree.stop_node("root").await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while tree.node("root-b").unwrap().stats().await.unwrap().children < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "children moved");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(WAIT, "the children to move to root-b", async || {
+        tree.node("root-b").unwrap().stats().await.unwrap().children >= 2
+    })
+    .await;
     // Delivered by the old root, acknowledged through the new one.
     let receipts: Vec<Receipt> = early.iter().map(Delivery::receipt).collect();
     let results = consumer.ack_many(&receipts).await.unwrap();
@@ -665,19 +664,14 @@ async fn a_root_standing_by_serves_once_the_root_is_gone() {
     // The root is back: the aggregators go back to it (`root_fail_back_ms`), and the
     // consumer, refused by the standby that no node is with any more, follows.
     tree.restart_node("root").await.unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while tree.node("root").unwrap().stats().await.unwrap().children < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "children went back");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while tree.node("root-b").unwrap().stats().await.unwrap().children > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the standby let them go"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(WAIT, "the children to go back to the root", async || {
+        tree.node("root").unwrap().stats().await.unwrap().children >= 2
+    })
+    .await;
+    eventually(WAIT, "the standby to let them go", async || {
+        tree.node("root-b").unwrap().stats().await.unwrap().children == 0
+    })
+    .await;
     let later = push_everywhere(&producers, 10, 3).await;
     let back = pop_and_ack(&consumer, later.len()).await;
     assert_eq!(back.len(), later.len(), "served by the root again");
@@ -692,11 +686,13 @@ fn distinct(first: &[Delivery], then: &[Delivery]) -> usize {
 }
 
 /// Pops "jobs" and acknowledges each batch (every ack must succeed) until `count` deliveries
-/// came, or `WAIT` passed; returns them.
+/// came (failing after `WAIT`); returns them.
 async fn pop_and_ack(consumer: &Consumer, count: usize) -> Vec<Delivery> {
     let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while got.len() < count && tokio::time::Instant::now() < deadline {
+    eventually(WAIT, format!("{count} deliveries"), async || {
+        if got.len() >= count {
+            return Ok(());
+        }
         let batch = consumer
             .pop("jobs", 50, Duration::from_millis(200))
             .await
@@ -707,7 +703,9 @@ async fn pop_and_ack(consumer: &Consumer, count: usize) -> Vec<Delivery> {
             assert!(results.iter().all(Result::is_ok), "{results:?}");
         }
         got.extend(batch);
-    }
+        Err(got.len())
+    })
+    .await;
     got
 }
 

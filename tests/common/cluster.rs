@@ -5,6 +5,7 @@
 use command_fds::{CommandFdExt, FdMapping};
 use crest::core::topology::Topology;
 use crest::sdk::{ClientTls, Consumer, ConsumerConfig, Producer, ProducerConfig};
+use crest_testkit::{eventually, eventually_blocking};
 use std::collections::HashMap;
 use std::net::{TcpListener, UdpSocket};
 use std::os::fd::OwnedFd;
@@ -347,16 +348,17 @@ impl Cluster {
         let mut child = self.take_child(node);
         let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        let deadline = std::time::Instant::now() + within;
-        while std::time::Instant::now() < deadline {
-            if child.try_wait().unwrap().is_some() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let exited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            eventually_blocking(within, format!("{node} to exit"), || {
+                child.try_wait().unwrap().is_some()
+            })
+        }))
+        .is_ok();
+        if !exited {
+            let _ = child.kill();
+            let _ = child.wait();
         }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+        exited
     }
 
     /// SIGKILL: no chance to close connections or say goodbye.
@@ -449,33 +451,26 @@ impl Cluster {
             )
             .ok()
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while position(node).is_none() || position(node) != position(other) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{node} did not catch up with {other} within 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{node} to catch up with {other}");
+        eventually(Duration::from_secs(30), what, async || {
+            position(node).is_some() && position(node) == position(other)
+        })
+        .await;
     }
 
     /// The running replica of `replicas` that leads in the newest term, once one does (within
     /// 30 s).
     pub(crate) async fn leader_among(&self, replicas: &[&str]) -> String {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
+        eventually(Duration::from_secs(30), "a replica to lead", async || {
             let running = replicas
                 .iter()
                 .filter(|name| self.children.iter().any(|(child, _)| child == *name));
             let newest = running
                 .filter_map(|name| Some((self.led_in(name)?, name.to_string())))
                 .max();
-            if let Some((_, name)) = newest {
-                return name;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "no replica leads");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            newest.map(|(_, name)| name)
+        })
+        .await
     }
 
     /// A node's answer to `GET path` on its HTTP address: the status code and the body.
@@ -525,18 +520,16 @@ impl Cluster {
     /// Runs `crest ARGS` until it succeeds saying `want`, for up to 20 s (e.g. a `crest topic
     /// set` until every leaf keeps it: they connect a moment after they start).
     pub(crate) async fn crest_until(&self, args: &[&str], want: &str) -> String {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
+        let what = format!("crest {args:?} to say {want:?}");
+        eventually(Duration::from_secs(20), what, async || {
             let (ok, text) = self.crest(args).await;
             if ok && text.contains(want) {
-                return text;
+                Ok(text)
+            } else {
+                Err(text)
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "crest {args:?}: {text}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await
     }
 
     pub(crate) async fn consumer(&self) -> Consumer {
@@ -584,16 +577,10 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T, crest::sdk::ClientError>>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        match connect().await {
-            Ok(value) => return value,
-            Err(_) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(error) => panic!("could not connect: {error}"),
-        }
-    }
+    eventually(Duration::from_secs(20), "a connection", async || {
+        connect().await.map_err(|error| error.to_string())
+    })
+    .await
 }
 
 /// For the benchmarks of processes: the first argument that reads as a number (rounds,

@@ -11,6 +11,7 @@ use crate::cluster::{CREST, retry};
 use crate::tmpfs::as_root;
 use crest::core::topology::Topology;
 use crest::sdk::{ClientTls, Consumer, ConsumerConfig, Message, Producer, ProducerConfig};
+use crest_testkit::eventually;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -216,13 +217,10 @@ pub(crate) async fn drain(
     done: impl Fn(&HashSet<crest::sdk::MessageId>) -> bool,
 ) -> HashSet<crest::sdk::MessageId> {
     let mut ids = HashSet::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !done(&ids) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "popped {} and not all expected",
-            ids.len()
-        );
+    eventually(WAIT, "every expected message popped", async || {
+        if done(&ids) {
+            return Ok(());
+        }
         let batch = consumer
             .pop("jobs", 256, Duration::from_millis(200))
             .await
@@ -230,7 +228,9 @@ pub(crate) async fn drain(
         let receipts: Vec<_> = batch.iter().map(|d| d.receipt()).collect();
         ids.extend(batch.iter().map(|d| d.id));
         consumer.ack_many(&receipts).await.unwrap();
-    }
+        Err(format!("{} popped", ids.len()))
+    })
+    .await;
     ids
 }
 
@@ -399,15 +399,19 @@ pub(crate) async fn launch_all(
     let (producer, consumer) = hosts.clients(&topology).await;
     let mut seen = HashSet::new();
     let mut warm = HashSet::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while seen.len() < leaves {
-        assert!(tokio::time::Instant::now() < deadline, "leaves {seen:?}");
+    eventually(WAIT, "a push acknowledged by every leaf", async || {
         let handle = producer.send(Message::new("jobs", "warm")).await.unwrap();
         if let Ok(id) = handle.acked().await {
             seen.insert(id.leaf());
             warm.insert(id);
         }
-    }
+        if seen.len() < leaves {
+            Err(seen.clone())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     drain(&consumer, |ids| warm.is_subset(ids)).await;
     (topology_path, producer, consumer)
 }

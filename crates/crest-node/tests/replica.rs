@@ -12,9 +12,9 @@ use crest_core::time::Time;
 use crest_node::replica::{Acks, Gathering, JournalLimits, LeafJournal, Outcome, ReplicatedStore};
 use crest_replica::ReplicaId;
 use crest_storage::wal::{BodyReader, WalOptions};
+use crest_testkit::eventually;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 #[path = "../../crest-replica/tests/common/cluster.rs"]
 mod cluster;
@@ -122,19 +122,20 @@ fn push(
 
 /// Waits until every running replica applied as far as the leader.
 async fn caught_up(cluster: &Cluster, leader: ReplicaId) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let target = cluster.running[&leader].applied();
-        let applied: Vec<Option<u64>> = cluster.running.values().map(|g| g.applied()).collect();
-        if applied.iter().all(|a| *a == target) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "replicas at {applied:?}, leader at {target:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        WAIT,
+        "every replica to apply as far as the leader",
+        async || {
+            let target = cluster.running[&leader].applied();
+            let applied: Vec<Option<u64>> = cluster.running.values().map(|g| g.applied()).collect();
+            if applied.iter().all(|a| *a == target) {
+                Ok(())
+            } else {
+                Err(format!("replicas at {applied:?}, leader at {target:?}"))
+            }
+        },
+    )
+    .await
 }
 
 /// Every body at the place the leader answered for it, read from replica `id`'s own log.

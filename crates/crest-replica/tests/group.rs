@@ -5,9 +5,10 @@
 use bytes::Bytes;
 use crest_core::config::Settings;
 use crest_replica::{Applied, Batch, Journal, Position, ReplicaId, WriteError};
+use crest_testkit::eventually;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[path = "common/cluster.rs"]
 mod cluster;
@@ -93,20 +94,19 @@ async fn write(cluster: &Cluster, id: ReplicaId, text: &str) -> Result<Applied, 
 
 /// Waits until replica `id` applied exactly `expected`.
 async fn applied(cluster: &Cluster, id: ReplicaId, expected: &[Bytes]) {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let what = format!(
+        "replica {id} to apply the {} batches expected",
+        expected.len()
+    );
+    eventually(WAIT, what, async || {
         let batches = cluster.journals[&id].batches();
         if batches == expected {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{} applied", batches.len()))
         }
-        assert!(
-            Instant::now() < deadline,
-            "replica {id} applied {} batches, not the {} expected",
-            batches.len(),
-            expected.len()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
 }
 
 fn texts(range: std::ops::Range<u32>) -> Vec<Bytes> {
@@ -205,26 +205,27 @@ async fn write_eight_at_a_time(cluster: &Cluster, leader: ReplicaId, batches: &[
 async fn applied_all(cluster: &Cluster, id: ReplicaId, expected: &[Bytes]) -> Vec<Bytes> {
     let mut want = expected.to_vec();
     want.sort();
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let what = format!(
+        "replica {id} to apply the {} batches expected",
+        expected.len()
+    );
+    eventually(WAIT, what, async || {
         let batches = cluster.journals[&id].batches();
         let mut sorted = batches.clone();
         sorted.sort();
         if sorted == want {
-            return batches;
+            return Ok(batches);
         }
-        assert!(
-            Instant::now() < deadline,
-            "replica {id} applied {} batches, {} of them among the {} expected",
-            batches.len(),
-            batches
-                .iter()
-                .filter(|b| want.binary_search(b).is_ok())
-                .count(),
-            expected.len()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        let among = batches
+            .iter()
+            .filter(|b| want.binary_search(b).is_ok())
+            .count();
+        Err(format!(
+            "{} applied, {among} of them expected",
+            batches.len()
+        ))
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,11 +307,10 @@ async fn a_replica_whose_data_was_deleted_catches_up_from_a_snapshot() {
     let bound = cluster.settings.replica_snapshot_bytes_max;
     cluster.settings.replica_snapshot_bytes_max = 16;
     cluster.run(follower, None).await;
-    let deadline = Instant::now() + WAIT;
-    while cluster.running[&follower].snapshot_parts_refused() == 0 {
-        assert!(Instant::now() < deadline, "the leader sends its snapshot");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(WAIT, "the leader to send its snapshot", async || {
+        cluster.running[&follower].snapshot_parts_refused() > 0
+    })
+    .await;
     assert!(
         cluster.journals[&follower].batches().is_empty(),
         "nothing applied without the snapshot"
@@ -421,16 +421,19 @@ async fn a_wiped_replica_does_not_vote_a_stale_one_into_leading_without_committe
     // The stale replica asks twice over whether it would be elected, in vain: the wiped one
     // withholds its pre-vote as it would its vote, so the stale one never even raises its term.
     let term = cluster.running[&stale].term();
-    let deadline = Instant::now() + WAIT;
-    while cluster.running[&stale].pre_votes().asked() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the stale replica stopped asking (leader {:?}, term {})",
-            cluster.running[&stale].leader(),
-            cluster.running[&stale].term()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(WAIT, "the stale replica to ask twice", async || {
+        let replica = &cluster.running[&stale];
+        if replica.pre_votes().asked() >= 2 {
+            Ok(())
+        } else {
+            Err(format!(
+                "leader {:?}, term {}",
+                replica.leader(),
+                replica.term()
+            ))
+        }
+    })
+    .await;
     assert_eq!(cluster.running[&stale].pre_votes().granted(), 0);
     assert_eq!(cluster.running[&stale].term(), term);
     // Neither leads (each may still name the stopped leader its log last heard of).
@@ -452,10 +455,10 @@ async fn a_wiped_replica_does_not_vote_a_stale_one_into_leading_without_committe
     cluster.run(leader, None).await;
     let mut all = committed.clone();
     all.extend(texts(10..11));
-    let deadline = Instant::now() + WAIT;
-    while let Err(error) = write(&cluster, cluster.leader().await, "batch 10").await {
-        assert!(Instant::now() < deadline, "{error}");
-    }
+    eventually(WAIT, "batch 10 written", async || {
+        write(&cluster, cluster.leader().await, "batch 10").await
+    })
+    .await;
     for id in 1..=3 {
         applied(&cluster, id, &all).await;
     }

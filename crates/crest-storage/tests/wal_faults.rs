@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use crest_core::record::LogRecord;
 use crest_storage::wal::{Completion, FileWrapper, SegmentFile, WalOptions, open};
+use crest_testkit::eventually_blocking;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -141,10 +142,9 @@ fn appends_nobody_waits_for_are_synced_with_the_next_waiter_or_after_the_interva
     let (wal, _) = open(wal_options).unwrap();
     let handle = wal.start(|_| {}).unwrap();
     handle.submit(op(1), None).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while syncs(&faults) == 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    eventually_blocking(Duration::from_secs(10), "a sync by the interval", || {
+        syncs(&faults) > 0
+    });
     assert_eq!(syncs(&faults), 1, "synced by the interval");
     handle.close().unwrap();
     let (_, recovered) = open(options(&dir)).unwrap();

@@ -3,11 +3,12 @@
 
 use crest_core::config::Settings;
 use crest_replica::{Group, GroupConfig, Journal, Member, ReplicaId};
+use crest_testkit::{eventually, eventually_blocking};
 use crest_transport::tls::CertificateAuthority;
 use std::collections::BTreeMap;
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long a test waits for a condition before failing.
 pub(crate) const WAIT: Duration = Duration::from_secs(15);
@@ -68,19 +69,9 @@ impl<J: Journal, H> Cluster<J, H> {
     pub(crate) async fn run(&mut self, id: ReplicaId, socket: Option<UdpSocket>) {
         let member = &self.members[id as usize - 1];
         // A replica just stopped may still hold its socket while its last tasks end.
-        let deadline = Instant::now() + WAIT;
         let socket = socket.unwrap_or_else(|| {
-            loop {
-                match UdpSocket::bind(member.address) {
-                    Ok(socket) => break socket,
-                    Err(error) => assert!(
-                        Instant::now() < deadline,
-                        "rebind {}: {error}",
-                        member.address
-                    ),
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            let what = format!("a rebind of {}", member.address);
+            eventually_blocking(WAIT, what, || UdpSocket::bind(member.address))
         });
         let config = GroupConfig {
             dir: self.dirs[&id].clone(),
@@ -107,19 +98,20 @@ impl<J: Journal, H> Cluster<J, H> {
 
     /// Waits until the running replicas agree on a leader among them.
     pub(crate) async fn leader(&self) -> ReplicaId {
-        let deadline = Instant::now() + WAIT;
-        loop {
+        eventually(WAIT, "an agreed leader", async || {
             let leaders: Vec<Option<ReplicaId>> =
                 self.running.values().map(Group::leader).collect();
-            if let Some(Some(leader)) = leaders.first()
-                && leaders.iter().all(|l| *l == Some(*leader))
-                && self.running.contains_key(leader)
-            {
-                return *leader;
+            match leaders.first() {
+                Some(Some(leader))
+                    if leaders.iter().all(|l| *l == Some(*leader))
+                        && self.running.contains_key(leader) =>
+                {
+                    Ok(*leader)
+                }
+                _ => Err(leaders),
             }
-            assert!(Instant::now() < deadline, "no agreed leader: {leaders:?}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        })
+        .await
     }
 
     pub(crate) async fn shutdown(mut self) {
