@@ -11,8 +11,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use crest_core::id::Receipt;
 use crest_core::wire::Settle;
 use crest_sdk::Message;
-use crest_sdk::PopOptions;
 use crest_sdk::ReceiptError;
+use crest_sdk::{Delivery, PopOptions};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -439,101 +439,130 @@ async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Resul
         .pop_with(&name.topic(), options)
         .await
         .map_err(tree_error)?;
-    let system_all = system.iter().any(|s| s == "All");
-    let want_system = |n: &str| system_all || system.iter().any(|s| s == n);
-    let mut messages = Vec::with_capacity(deliveries.len());
-    for delivery in deliveries {
-        let body = String::from_utf8_lossy(&delivery.payload).into_owned();
-        let mut attributes: Vec<(String, Attribute)> = Vec::new();
-        let mut sender = None;
-        let mut through_sqs = false;
-        let group = delivery.fairness_key.clone();
-        for (key, value) in &delivery.metadata {
-            if key == SENDER_KEY {
-                sender = stamped_sender(state, value, &body);
-                through_sqs = true;
-            }
-            let Some(attribute_name) = key.strip_prefix(ATTRIBUTE_PREFIX) else {
-                continue;
-            };
-            let Some((data_type, stored)) = value.split_once('\n') else {
-                continue;
-            };
-            let value = if data_type.starts_with("Binary") {
-                AttributeValue::Binary(BASE64.decode(stored).unwrap_or_default())
-            } else {
-                AttributeValue::Text(stored.to_string())
-            };
-            let data_type = data_type.to_string();
-            attributes.push((attribute_name.to_string(), Attribute { data_type, value }));
-        }
-        // A native producer's priority shows as the attribute; a message sent through SQS
-        // without one comes back without one, as SQS answers.
-        if !through_sqs && !attributes.iter().any(|(n, _)| n == PRIORITY_ATTRIBUTE) {
-            attributes.push((
-                PRIORITY_ATTRIBUTE.to_string(),
-                Attribute {
-                    data_type: "Number".into(),
-                    value: AttributeValue::Text(delivery.priority.to_string()),
-                },
-            ));
-        }
-        attributes.retain(|(n, _)| asked(&wanted_attributes, n));
-        let mut out = json!({
-            "MessageId": delivery.id.to_string(),
-            "ReceiptHandle": delivery.receipt().to_string(),
-            "MD5OfBody": md5_of_body(&body),
-            "Body": body,
-        });
-        let mut system_out = Map::new();
-        if want_system("ApproximateReceiveCount") {
-            system_out.insert(
-                "ApproximateReceiveCount".into(),
-                delivery.attempt.to_string().into(),
-            );
-        }
-        if want_system("SentTimestamp") {
-            system_out.insert(
-                "SentTimestamp".into(),
-                delivery.enqueued_at.as_millis().to_string().into(),
-            );
-        }
-        if want_system("SenderId")
-            && let Some(sender) = sender
-        {
-            system_out.insert("SenderId".into(), sender.into());
-        }
-        if want_system("MessageGroupId")
-            && let Some(group) = group
-        {
-            system_out.insert("MessageGroupId".into(), group.into());
-        }
-        if !system_out.is_empty() {
-            out["Attributes"] = system_out.into();
-        }
-        if let Some(md5) = md5_of_attributes(attributes.iter().map(|(n, a)| (n.as_str(), a))) {
-            out["MD5OfMessageAttributes"] = md5.into();
-            let mut map = Map::new();
-            for (attribute_name, attribute) in &attributes {
-                let value = match &attribute.value {
-                    AttributeValue::Text(t) => {
-                        json!({ "DataType": attribute.data_type, "StringValue": t })
-                    }
-                    AttributeValue::Binary(b) => {
-                        json!({ "DataType": attribute.data_type, "BinaryValue": BASE64.encode(b) })
-                    }
-                };
-                map.insert(attribute_name.clone(), value);
-            }
-            out["MessageAttributes"] = map.into();
-        }
-        messages.push(out);
-    }
+    let asked_for = Asked {
+        system,
+        attributes: wanted_attributes,
+    };
+    let messages: Vec<Value> = deliveries
+        .iter()
+        .map(|delivery| received(state, delivery, &asked_for))
+        .collect();
     // SQS leaves the list out when nothing came.
     if messages.is_empty() {
         return Ok(json!({}));
     }
     Ok(json!({ "Messages": messages }))
+}
+
+/// The attributes a `ReceiveMessage` asked for: system attributes (`AttributeNames` and
+/// `MessageSystemAttributeNames`, `All` for every one) and message attributes.
+struct Asked {
+    system: Vec<String>,
+    attributes: Vec<String>,
+}
+
+impl Asked {
+    fn system(&self, name: &str) -> bool {
+        self.system.iter().any(|s| s == "All" || s == name)
+    }
+}
+
+/// One received message as SQS answers it, with the attributes `asked` names.
+fn received(state: &State, delivery: &Delivery, asked: &Asked) -> Value {
+    let body = String::from_utf8_lossy(&delivery.payload).into_owned();
+    let (mut attributes, sender) = message_attributes(state, delivery, &body);
+    attributes.retain(|(n, _)| self::asked(&asked.attributes, n));
+    let mut out = json!({
+        "MessageId": delivery.id.to_string(),
+        "ReceiptHandle": delivery.receipt().to_string(),
+        "MD5OfBody": md5_of_body(&body),
+        "Body": body,
+    });
+    let mut system = Map::new();
+    if asked.system("ApproximateReceiveCount") {
+        system.insert(
+            "ApproximateReceiveCount".into(),
+            delivery.attempt.to_string().into(),
+        );
+    }
+    if asked.system("SentTimestamp") {
+        system.insert(
+            "SentTimestamp".into(),
+            delivery.enqueued_at.as_millis().to_string().into(),
+        );
+    }
+    if asked.system("SenderId")
+        && let Some(sender) = sender
+    {
+        system.insert("SenderId".into(), sender.into());
+    }
+    if asked.system("MessageGroupId")
+        && let Some(group) = &delivery.fairness_key
+    {
+        system.insert("MessageGroupId".into(), group.clone().into());
+    }
+    if !system.is_empty() {
+        out["Attributes"] = system.into();
+    }
+    if let Some(md5) = md5_of_attributes(attributes.iter().map(|(n, a)| (n.as_str(), a))) {
+        out["MD5OfMessageAttributes"] = md5.into();
+        let mut map = Map::new();
+        for (attribute_name, attribute) in &attributes {
+            let value = match &attribute.value {
+                AttributeValue::Text(t) => {
+                    json!({ "DataType": attribute.data_type, "StringValue": t })
+                }
+                AttributeValue::Binary(b) => {
+                    json!({ "DataType": attribute.data_type, "BinaryValue": BASE64.encode(b) })
+                }
+            };
+            map.insert(attribute_name.clone(), value);
+        }
+        out["MessageAttributes"] = map.into();
+    }
+    out
+}
+
+/// A delivery's message attributes, from its metadata (a native producer's priority shows as
+/// the `Priority` attribute), and its sender if the gateway stamped one.
+fn message_attributes(
+    state: &State,
+    delivery: &Delivery,
+    body: &str,
+) -> (Vec<(String, Attribute)>, Option<String>) {
+    let mut attributes: Vec<(String, Attribute)> = Vec::new();
+    let mut sender = None;
+    let mut through_sqs = false;
+    for (key, value) in &delivery.metadata {
+        if key == SENDER_KEY {
+            sender = stamped_sender(state, value, body);
+            through_sqs = true;
+        }
+        let Some(attribute_name) = key.strip_prefix(ATTRIBUTE_PREFIX) else {
+            continue;
+        };
+        let Some((data_type, stored)) = value.split_once('\n') else {
+            continue;
+        };
+        let value = if data_type.starts_with("Binary") {
+            AttributeValue::Binary(BASE64.decode(stored).unwrap_or_default())
+        } else {
+            AttributeValue::Text(stored.to_string())
+        };
+        let data_type = data_type.to_string();
+        attributes.push((attribute_name.to_string(), Attribute { data_type, value }));
+    }
+    // A message sent through SQS without a priority comes back without one, as SQS answers.
+    if !through_sqs && !attributes.iter().any(|(n, _)| n == PRIORITY_ATTRIBUTE) {
+        attributes.push((
+            PRIORITY_ATTRIBUTE.to_string(),
+            Attribute {
+                data_type: "Number".into(),
+                value: AttributeValue::Text(delivery.priority.to_string()),
+            },
+        ));
+    }
+    (attributes, sender)
 }
 
 #[derive(Clone, Copy)]

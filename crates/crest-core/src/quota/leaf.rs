@@ -254,24 +254,52 @@ impl Allowances {
         if self.scopes.is_empty() {
             return Ok(());
         }
+        let Needs { scopes, new_topics } = self.needs(messages, principal, holds)?;
+        if !new_topics.is_empty() {
+            // The report that asks for the topics asks for what else the batch lacks: one
+            // round trip to the root, not one for the topics and then one for the allowance.
+            for (scope, need) in &scopes {
+                let allowance = self.scopes.get_mut(scope).expect("listed");
+                if allowance.lacks(*need).is_some() {
+                    allowance.short.add(*need);
+                }
+                if allowance.lacks_tokens(*need).is_some() {
+                    allowance.token_short.add(*need);
+                }
+            }
+            return Err(self.ask_for_topics(now, new_topics, again));
+        }
+        if let Some(shortfall) = self.short_of_allowance(now, &scopes, again) {
+            return Err(shortfall);
+        }
+        if let Some(shortfall) = self.short_of_tokens(now, &scopes, again) {
+            return Err(shortfall);
+        }
+        self.take(now, scopes);
+        Ok(())
+    }
+
+    /// What a batch needs of each limited scope (its topic's, its namespace's, its
+    /// principal's), and the topics new to this leaf in namespaces that limit topics.
+    ///
+    /// # Errors
+    /// A message larger than a scope's `message_bytes_max`.
+    fn needs<'a>(
+        &self,
+        messages: impl Iterator<Item = (&'a str, u64)>,
+        principal: Option<&str>,
+        holds: &dyn Fn(&str) -> bool,
+    ) -> Result<Needs, Shortfall> {
         let mut needs: Vec<(&str, Amount)> = Vec::new();
-        // Topics new to this leaf in a namespace with `topics_max`, with that scope.
         let mut new_topics: Vec<(&str, &str)> = Vec::new();
         let mut total = Amount::default();
         // A batch is mostly one topic: its scopes are looked up once per run.
-        let mut run: (&str, [Option<(&String, &Allowance)>; 2]) = ("", [None, None]);
+        let mut run = TopicScopes::default();
         for (topic, size) in messages {
             total.add(Amount::one(size));
-            if run.0 != topic || run.0.is_empty() {
-                let namespace = namespace_scope(crate::access::namespace(topic));
-                run = (
-                    topic,
-                    [
-                        self.scopes.get_key_value(topic),
-                        self.scopes.get_key_value(namespace.as_str()),
-                    ],
-                );
-                if let Some((scope, allowance)) = run.1[1]
+            if run.topic != topic || run.topic.is_empty() {
+                run = TopicScopes::of(&self.scopes, topic);
+                if let Some((scope, allowance)) = run.namespace
                     && allowance.limits.topics_max.is_some()
                     && !allowance.topics_admitted.contains(topic)
                     && !new_topics.contains(&(scope.as_str(), topic))
@@ -280,7 +308,7 @@ impl Allowances {
                     new_topics.push((scope.as_str(), topic));
                 }
             }
-            for (scope, allowance) in run.1.into_iter().flatten() {
+            for (scope, allowance) in [run.own, run.namespace].into_iter().flatten() {
                 if let Some(limit) = allowance.limits.message_bytes_max
                     && size > limit
                 {
@@ -299,11 +327,7 @@ impl Allowances {
                 }
             }
         }
-        let new_topics: Vec<(String, String)> = new_topics
-            .into_iter()
-            .map(|(scope, topic)| (scope.to_string(), topic.to_string()))
-            .collect();
-        let mut needs: Vec<(String, Amount)> = needs
+        let mut scopes: Vec<(String, Amount)> = needs
             .into_iter()
             .map(|(scope, need)| (scope.to_string(), need))
             .collect();
@@ -311,83 +335,97 @@ impl Allowances {
         if let Some(principal) = principal {
             let scope = principal_scope(principal);
             if self.scopes.get(&scope).is_some_and(|a| a.limits.rated()) {
-                needs.push((scope, total));
+                scopes.push((scope, total));
             }
         }
-        if !new_topics.is_empty() {
-            // The report that asks for the topics asks for what else the batch lacks: one
-            // round trip to the root, not one for the topics and then one for the allowance.
-            for (scope, need) in &needs {
-                let allowance = self.scopes.get_mut(scope).expect("listed");
-                if allowance.lacks(*need).is_some() {
-                    allowance.short.add(*need);
-                }
-                if allowance.lacks_tokens(*need).is_some() {
-                    allowance.token_short.add(*need);
-                }
-            }
-            return Err(self.ask_for_topics(now, new_topics, again));
-        }
-        let lacking = needs.iter().find_map(|(scope, need)| {
+        let new_topics = new_topics
+            .into_iter()
+            .map(|(scope, topic)| (scope.to_string(), topic.to_string()))
+            .collect();
+        Ok(Needs { scopes, new_topics })
+    }
+
+    /// The shortfall of the first scope whose allowance in hand does not cover its need:
+    /// every short scope notes it and the leaf asks the root (`again`: as for
+    /// [`Allowances::admit_held`]); past the scope's ceiling the batch is refused outright.
+    fn short_of_allowance(
+        &mut self,
+        now: Time,
+        needs: &[(String, Amount)],
+        again: bool,
+    ) -> Option<Shortfall> {
+        let (scope, which, full) = needs.iter().find_map(|(scope, need)| {
             let allowance = &self.scopes[scope];
             let which = allowance.lacks(*need)?;
             Some((scope.clone(), which, allowance.past_ceiling(*need, which)))
-        });
-        if let Some((scope, which, full)) = lacking {
-            let allowance = self.scopes.get_mut(&scope).expect("listed");
-            let limit = allowance.limits.of(which).expect("pooled");
-            for (name, need) in needs {
-                let allowance = self.scopes.get_mut(&name).expect("listed");
-                if allowance.lacks(need).is_some() {
-                    allowance.short.add(need);
-                }
+        })?;
+        let limit = self.scopes[&scope].limits.of(which).expect("pooled");
+        for (name, need) in needs {
+            let allowance = self.scopes.get_mut(name).expect("listed");
+            if allowance.lacks(*need).is_some() {
+                allowance.short.add(*need);
             }
-            if !again || self.last_report.is_some_and(|at| at < now) {
-                self.due = Some(now.min(self.due.unwrap_or(now)));
-            }
-            if full {
-                return Err(Shortfall::Exceeded(QuotaExceeded {
-                    scope,
-                    which,
-                    limit,
-                }));
-            }
-            let why = format!(
-                "{scope}: this leaf's share of {which} {limit} is used; it asked the root for more"
-            );
-            return Err(Shortfall::Waiting { scope, why });
         }
-        let slow = needs.iter().find_map(|(scope, need)| {
-            let which = self.scopes[scope].lacks_tokens(*need)?;
-            Some((scope.clone(), which))
-        });
-        if let Some((scope, which)) = slow {
-            let allowance = &self.scopes[&scope];
-            let limit = allowance.limits.of(which).expect("rated");
-            let wait_ms = (allowance.token_wait_ms > 0).then_some(allowance.token_wait_ms);
-            for (name, need) in needs {
-                let allowance = self.scopes.get_mut(&name).expect("listed");
-                if allowance.lacks_tokens(need).is_some() {
-                    allowance.token_short.add(need);
-                }
-            }
-            // The root said when the bucket has the tokens: the leaf asks then, not at once
-            // (a producer offering far more than the rate would have it report at every push).
-            let ask_at = match wait_ms {
-                Some(ms) => Some(now + Duration::from_millis(ms)),
-                None if !again || self.last_report.is_some_and(|at| at < now) => Some(now),
-                None => None,
-            };
-            if let Some(at) = ask_at {
-                self.due = Some(at.min(self.due.unwrap_or(at)));
-            }
-            let rate = QuotaExceeded {
+        if !again || self.last_report.is_some_and(|at| at < now) {
+            self.due = Some(now.min(self.due.unwrap_or(now)));
+        }
+        if full {
+            return Some(Shortfall::Exceeded(QuotaExceeded {
                 scope,
                 which,
                 limit,
-            };
-            return Err(Shortfall::RateLimited { rate, wait_ms });
+            }));
         }
+        let why = format!(
+            "{scope}: this leaf's share of {which} {limit} is used; it asked the root for more"
+        );
+        Some(Shortfall::Waiting { scope, why })
+    }
+
+    /// The rate limit of the first scope whose tokens in hand do not cover its need: every
+    /// short scope notes it, and the leaf asks the root when the root said the bucket has
+    /// them (else at once, `again` as for [`Allowances::admit_held`]).
+    fn short_of_tokens(
+        &mut self,
+        now: Time,
+        needs: &[(String, Amount)],
+        again: bool,
+    ) -> Option<Shortfall> {
+        let (scope, which) = needs.iter().find_map(|(scope, need)| {
+            let which = self.scopes[scope].lacks_tokens(*need)?;
+            Some((scope.clone(), which))
+        })?;
+        let allowance = &self.scopes[&scope];
+        let limit = allowance.limits.of(which).expect("rated");
+        let wait_ms = (allowance.token_wait_ms > 0).then_some(allowance.token_wait_ms);
+        for (name, need) in needs {
+            let allowance = self.scopes.get_mut(name).expect("listed");
+            if allowance.lacks_tokens(*need).is_some() {
+                allowance.token_short.add(*need);
+            }
+        }
+        // The root said when the bucket has the tokens: the leaf asks then, not at once (a
+        // producer offering far more than the rate would have it report at every push).
+        let ask_at = match wait_ms {
+            Some(ms) => Some(now + Duration::from_millis(ms)),
+            None if !again || self.last_report.is_some_and(|at| at < now) => Some(now),
+            None => None,
+        };
+        if let Some(at) = ask_at {
+            self.due = Some(at.min(self.due.unwrap_or(at)));
+        }
+        let rate = QuotaExceeded {
+            scope,
+            which,
+            limit,
+        };
+        Some(Shortfall::RateLimited { rate, wait_ms })
+    }
+
+    /// Takes an admitted batch's needs from the allowances in hand; once half of what a
+    /// scope asked for is used, the leaf asks for more before it runs out, so a busy producer
+    /// never waits for a grant.
+    fn take(&mut self, now: Time, needs: Vec<(String, Amount)>) {
         let mut low = false;
         for (scope, need) in needs {
             let allowance = self.scopes.get_mut(&scope).expect("listed");
@@ -399,13 +437,10 @@ impl Allowances {
             }
             low |= allowance.running_low();
         }
-        // Half of what it asked for is used: it asks for more before it runs out, so a busy
-        // producer never waits for a grant.
         if low && !self.asking {
             self.asking = true;
             self.due = Some(now.min(self.due.unwrap_or(now)));
         }
-        Ok(())
     }
 
     /// Topics new to the leaf wait for the root's word: refused if it refused one since the
@@ -653,5 +688,32 @@ impl Allowances {
             }
         }
         grew
+    }
+}
+
+/// What a push batch needs of the limited scopes.
+struct Needs {
+    /// Each limited scope's need, in the order first met.
+    scopes: Vec<(String, Amount)>,
+    /// Topics new to this leaf in namespaces with `topics_max`: (namespace scope, topic).
+    new_topics: Vec<(String, String)>,
+}
+
+/// The limited scopes one topic is counted in: its own, and its namespace's.
+#[derive(Default)]
+struct TopicScopes<'a> {
+    topic: &'a str,
+    own: Option<(&'a String, &'a Allowance)>,
+    namespace: Option<(&'a String, &'a Allowance)>,
+}
+
+impl<'a> TopicScopes<'a> {
+    fn of(scopes: &'a BTreeMap<String, Allowance>, topic: &'a str) -> Self {
+        let namespace = namespace_scope(crate::access::namespace(topic));
+        TopicScopes {
+            topic,
+            own: scopes.get_key_value(topic),
+            namespace: scopes.get_key_value(namespace.as_str()),
+        }
     }
 }

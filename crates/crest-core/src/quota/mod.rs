@@ -323,6 +323,14 @@ impl Amount {
         self == Amount::default()
     }
 
+    /// Each count the larger of the two.
+    fn at_least(self, other: Amount) -> Amount {
+        Amount {
+            messages: self.messages.max(other.messages),
+            bytes: self.bytes.max(other.bytes),
+        }
+    }
+
     /// Adds `other` in place.
     pub fn add(&mut self, other: Amount) {
         *self = self.plus(other);

@@ -206,6 +206,19 @@ impl Account {
     }
 }
 
+/// What every scope of one report is granted under.
+struct Round {
+    now: Time,
+    /// The reporting leaf.
+    leaf: LeafId,
+    /// Every leaf reported since the root started, or the wait for them is over.
+    ready: bool,
+    /// A leaf that asks gets at least one in `shares` of what is free.
+    shares: u64,
+    /// `quota_start_wait_ms`.
+    wait: Duration,
+}
+
 impl Ledger {
     /// Takes a leaf's report at `now`; `subtree` lists every leaf of the tree. Grants wait
     /// until each of them reported, or `wait` after the first report.
@@ -221,6 +234,46 @@ impl Ledger {
             return Answer::default();
         }
         let started = *self.started.get_or_insert(now);
+        let (mut accounts, dropped) = self.take_accounts(now, usage);
+        let heard = |leaf: &LeafId| *leaf == usage.leaf || self.leaves.contains_key(leaf);
+        let round = Round {
+            now,
+            leaf: usage.leaf,
+            ready: now >= started + wait || subtree.iter().all(heard),
+            // A leaf that asks gets at least this part of what is free or in the bucket.
+            shares: 2 * subtree.len().max(1) as u64,
+            wait,
+        };
+        let mut grants = Vec::with_capacity(usage.scopes.len());
+        let mut reclaim = Vec::new();
+        for scope in &usage.scopes {
+            let account = accounts.scopes.get_mut(&scope.scope).expect("taken");
+            grants.push(self.grant(&round, scope, account, &mut reclaim));
+        }
+        self.leaves.insert(usage.leaf, accounts);
+        for scope in dropped {
+            self.drop_if_unreported(&scope);
+        }
+        self.pop_limited = self
+            .limits
+            .values()
+            .any(|(_, l)| l.pop_rate.is_some() || l.in_flight_max.is_some());
+        let grant = (!grants.is_empty()).then_some(Grant {
+            leaf: usage.leaf,
+            epoch: usage.epoch,
+            scopes: grants,
+        });
+        Answer {
+            grant,
+            stale: self.stale(now, usage, wait),
+            reclaim: self.reclaims(reclaim),
+        }
+    }
+
+    /// Takes in a report's accounts: the leaf's accounts, every scope of the report counted
+    /// at what it says (grants never go back within an incarnation), those of a former
+    /// incarnation or no longer reported forgotten; and the scopes the leaf had before.
+    fn take_accounts(&mut self, now: Time, usage: &Usage) -> (LeafAccounts, Vec<String>) {
         let mut accounts = self.leaves.remove(&usage.leaf).unwrap_or_default();
         let mut former = std::mem::take(&mut accounts.scopes);
         let dropped: Vec<String> = former.keys().cloned().collect();
@@ -245,20 +298,11 @@ impl Ledger {
             self.forget(&scope.scope, &old);
             let account = Account {
                 used: scope.used,
-                granted: Amount {
-                    messages: old.granted.messages.max(scope.granted.messages),
-                    bytes: old.granted.bytes.max(scope.granted.bytes),
-                },
+                granted: old.granted.at_least(scope.granted),
                 taken: scope.taken,
                 recent: scope.recent,
                 in_flight: scope.in_flight,
-                tokens_granted: Amount {
-                    messages: old
-                        .tokens_granted
-                        .messages
-                        .max(scope.tokens_granted.messages),
-                    bytes: old.tokens_granted.bytes.max(scope.tokens_granted.bytes),
-                },
+                tokens_granted: old.tokens_granted.at_least(scope.tokens_granted),
             };
             self.count(&scope.scope, &account);
             accounts.scopes.insert(scope.scope.clone(), account);
@@ -273,149 +317,164 @@ impl Ledger {
             self.forget(&scope, &old);
             self.topics.forget(usage.leaf, &scope);
         }
-        let heard = |leaf: &LeafId| *leaf == usage.leaf || self.leaves.contains_key(leaf);
-        let ready = now >= started + wait || subtree.iter().all(heard);
-        // A leaf that asks gets at least this part of what is free or in the bucket.
-        let shares = 2 * subtree.len().max(1) as u64;
-        let mut grants = Vec::with_capacity(usage.scopes.len());
-        let mut reclaim: Vec<(LeafId, u64, String)> = Vec::new();
-        for scope in &usage.scopes {
-            let name = &scope.scope;
-            let limits = self.limits[name].1;
-            // What other leaves hold in hand unused: theirs until they give it back. Those
-            // that admitted nothing in their last interval are asked to; busy ones are not
-            // (they would then run short in turn).
-            let mut holders: Vec<(LeafId, u64)> = Vec::new();
-            let mut elsewhere = Amount::default();
-            for (leaf, other) in &self.leaves {
-                let Some(account) = other.scopes.get(name) else {
-                    continue;
-                };
-                let unused = account.granted.minus(account.taken);
-                elsewhere.add(unused);
-                if !unused.is_zero() && account.recent.is_zero() {
-                    holders.push((*leaf, other.epoch));
-                }
-            }
-            let account = accounts.scopes.get_mut(name).expect("inserted");
-            let bound = self.bounds[name];
-            let in_hand = account.granted.minus(account.taken);
-            let deficit = if ready {
-                scope.want.minus(in_hand)
-            } else {
-                Amount::default()
+        (accounts, dropped)
+    }
+
+    /// What one reported scope is granted: allowances within its limits, rate tokens, and
+    /// topic names. Leaves holding allowance unused are added to `reclaim` when the scope
+    /// asks for more than is free.
+    fn grant(
+        &mut self,
+        round: &Round,
+        scope: &ScopeUsage,
+        account: &mut Account,
+        reclaim: &mut Vec<(LeafId, u64, String)>,
+    ) -> ScopeGrant {
+        let name = &scope.scope;
+        let limits = self.limits[name].1;
+        // What other leaves hold in hand unused: theirs until they give it back. Those that
+        // admitted nothing in their last interval are asked to; busy ones are not (they
+        // would then run short in turn).
+        let mut holders: Vec<(LeafId, u64)> = Vec::new();
+        let mut elsewhere = Amount::default();
+        for (leaf, other) in &self.leaves {
+            let Some(held) = other.scopes.get(name) else {
+                continue;
             };
-            let mut more = Amount::default();
-            let mut unmet = false;
-            let mut ceiling = Amount {
-                messages: u64::MAX,
-                bytes: u64::MAX,
-            };
-            let admitted = scope.admitted;
-            let ahead =
-                scope.recent.is_zero() && scope.short.is_zero() && scope.tokens_short.is_zero();
-            for (limit, bound, deficit, in_hand, elsewhere, admitted, ceiling, more) in [
-                (
-                    limits.messages_max,
-                    bound.messages,
-                    deficit.messages,
-                    in_hand.messages,
-                    elsewhere.messages,
-                    admitted.messages,
-                    &mut ceiling.messages,
-                    &mut more.messages,
-                ),
-                (
-                    limits.bytes_max,
-                    bound.bytes,
-                    deficit.bytes,
-                    in_hand.bytes,
-                    elsewhere.bytes,
-                    admitted.bytes,
-                    &mut ceiling.bytes,
-                    &mut more.bytes,
-                ),
-            ] {
-                let Some(limit) = limit else { continue };
-                let free = limit.saturating_sub(bound);
-                // Far from the limit a leaf that asks gets a share of what is free, so a
-                // producer that speeds up does not wait for its leaf's next grants. What it
-                // asks for ahead of any push is only granted that far (and is not unmet).
-                if !(ahead && deficit.saturating_mul(shares) > free) {
-                    let share = if deficit > 0 { free / shares } else { 0 };
-                    *more = deficit.max(share).min(free);
-                    unmet |= *more < deficit;
-                }
-                // The most this leaf could admit: what it admitted, what it holds, what is
-                // free, and what the other leaves could give back.
-                *ceiling = admitted
-                    .saturating_add(in_hand)
-                    .saturating_add(free)
-                    .saturating_add(elsewhere);
+            let unused = held.granted.minus(held.taken);
+            elsewhere.add(unused);
+            if !unused.is_zero() && held.recent.is_zero() {
+                holders.push((*leaf, other.epoch));
             }
-            if unmet && ready {
-                reclaim.extend(
-                    holders
-                        .into_iter()
-                        .map(|(leaf, epoch)| (leaf, epoch, name.clone())),
-                );
-            }
-            if !more.is_zero() {
-                let before = *account;
-                account.granted.add(more);
-                let after = *account;
-                self.forget(name, &before);
-                self.count(name, &after);
-            }
-            let mut token_wait_ms = 0;
-            if limits.rated() {
-                let bucket = self
-                    .buckets
-                    .entry(name.clone())
-                    .or_insert_with(|| Bucket::full(&limits, now));
-                bucket.fill(&limits, now);
-                let in_hand = account.tokens_granted.minus(scope.tokens_taken);
-                let want = scope.tokens_want.minus(in_hand);
-                let short = scope.tokens_short.minus(in_hand);
-                let (given, wait_ms) = bucket.take(&limits, want, short, shares, ahead);
-                account.tokens_granted.add(given);
-                token_wait_ms = wait_ms;
-            }
-            let (topics_admitted, topics_refused) = match limits.topics_max {
-                Some(limit) => self.topics.report(
-                    now,
-                    usage.leaf,
-                    name,
-                    limit,
-                    &scope.topics,
-                    &scope.topics_wanted,
-                    ready,
-                    wait,
-                ),
-                None => {
-                    self.topics.drop_scope(name);
-                    (Vec::new(), Vec::new())
-                }
-            };
-            grants.push(ScopeGrant {
-                scope: name.clone(),
-                granted: account.granted,
-                ceiling: ready.then_some(ceiling),
-                release: false,
-                tokens_granted: account.tokens_granted,
-                token_wait_ms,
-                topics_admitted,
-                topics_refused,
-            });
         }
-        self.leaves.insert(usage.leaf, accounts);
-        for scope in dropped {
-            self.drop_if_unreported(&scope);
+        let ahead = scope.recent.is_zero() && scope.short.is_zero() && scope.tokens_short.is_zero();
+        let (more, ceiling, unmet) =
+            self.allowance(round, scope, account, &limits, elsewhere, ahead);
+        if unmet && round.ready {
+            reclaim.extend(
+                holders
+                    .into_iter()
+                    .map(|(leaf, epoch)| (leaf, epoch, name.clone())),
+            );
         }
-        self.pop_limited = self
-            .limits
-            .values()
-            .any(|(_, l)| l.pop_rate.is_some() || l.in_flight_max.is_some());
+        if !more.is_zero() {
+            let before = *account;
+            account.granted.add(more);
+            self.forget(name, &before);
+            self.count(name, account);
+        }
+        let mut token_wait_ms = 0;
+        if limits.rated() {
+            let bucket = self
+                .buckets
+                .entry(name.clone())
+                .or_insert_with(|| Bucket::full(&limits, round.now));
+            bucket.fill(&limits, round.now);
+            let in_hand = account.tokens_granted.minus(scope.tokens_taken);
+            let want = scope.tokens_want.minus(in_hand);
+            let short = scope.tokens_short.minus(in_hand);
+            let (given, wait_ms) = bucket.take(&limits, want, short, round.shares, ahead);
+            account.tokens_granted.add(given);
+            token_wait_ms = wait_ms;
+        }
+        let (topics_admitted, topics_refused) = match limits.topics_max {
+            Some(limit) => self.topics.report(
+                round.now,
+                round.leaf,
+                name,
+                limit,
+                &scope.topics,
+                &scope.topics_wanted,
+                round.ready,
+                round.wait,
+            ),
+            None => {
+                self.topics.drop_scope(name);
+                (Vec::new(), Vec::new())
+            }
+        };
+        ScopeGrant {
+            scope: name.clone(),
+            granted: account.granted,
+            ceiling: round.ready.then_some(ceiling),
+            release: false,
+            tokens_granted: account.tokens_granted,
+            token_wait_ms,
+            topics_admitted,
+            topics_refused,
+        }
+    }
+
+    /// The allowance a scope is given more (messages, bytes), the most its leaf could admit
+    /// (the ceiling), and whether it asked for more than is free.
+    fn allowance(
+        &self,
+        round: &Round,
+        scope: &ScopeUsage,
+        account: &Account,
+        limits: &Limits,
+        elsewhere: Amount,
+        ahead: bool,
+    ) -> (Amount, Amount, bool) {
+        let bound = self.bounds[&scope.scope];
+        let in_hand = account.granted.minus(account.taken);
+        let deficit = if round.ready {
+            scope.want.minus(in_hand)
+        } else {
+            Amount::default()
+        };
+        let mut more = Amount::default();
+        let mut unmet = false;
+        let mut ceiling = Amount {
+            messages: u64::MAX,
+            bytes: u64::MAX,
+        };
+        let admitted = scope.admitted;
+        for (limit, bound, deficit, in_hand, elsewhere, admitted, ceiling, more) in [
+            (
+                limits.messages_max,
+                bound.messages,
+                deficit.messages,
+                in_hand.messages,
+                elsewhere.messages,
+                admitted.messages,
+                &mut ceiling.messages,
+                &mut more.messages,
+            ),
+            (
+                limits.bytes_max,
+                bound.bytes,
+                deficit.bytes,
+                in_hand.bytes,
+                elsewhere.bytes,
+                admitted.bytes,
+                &mut ceiling.bytes,
+                &mut more.bytes,
+            ),
+        ] {
+            let Some(limit) = limit else { continue };
+            let free = limit.saturating_sub(bound);
+            // Far from the limit a leaf that asks gets a share of what is free, so a producer
+            // that speeds up does not wait for its leaf's next grants. What it asks for ahead
+            // of any push is only granted that far (and is not unmet).
+            if !(ahead && deficit.saturating_mul(round.shares) > free) {
+                let share = if deficit > 0 { free / round.shares } else { 0 };
+                *more = deficit.max(share).min(free);
+                unmet |= *more < deficit;
+            }
+            // The most this leaf could admit: what it admitted, what it holds, what is free,
+            // and what the other leaves could give back.
+            *ceiling = admitted
+                .saturating_add(in_hand)
+                .saturating_add(free)
+                .saturating_add(elsewhere);
+        }
+        (more, ceiling, unmet)
+    }
+
+    /// Limited scopes the reporting leaf lacks or holds an older configuration of, whose
+    /// repair was not asked for within `wait`.
+    fn stale(&mut self, now: Time, usage: &Usage, wait: Duration) -> Vec<String> {
         let mut stale = Vec::new();
         for (scope, (version, _)) in &self.limits {
             let current = usage
@@ -432,12 +491,12 @@ impl Ledger {
         }
         self.repaired
             .retain(|scope, _| self.limits.contains_key(scope));
-        let grant = (!grants.is_empty()).then_some(Grant {
-            leaf: usage.leaf,
-            epoch: usage.epoch,
-            scopes: grants,
-        });
-        let reclaim = reclaim
+        stale
+    }
+
+    /// Grants asking each of `reclaim` (leaf, epoch, scope) to give back what it holds unused.
+    fn reclaims(&self, reclaim: Vec<(LeafId, u64, String)>) -> Vec<Grant> {
+        reclaim
             .into_iter()
             .map(|(leaf, epoch, scope)| {
                 let account = self.leaves[&leaf].scopes[&scope];
@@ -456,12 +515,7 @@ impl Ledger {
                     }],
                 }
             })
-            .collect();
-        Answer {
-            grant,
-            stale,
-            reclaim,
-        }
+            .collect()
     }
 
     /// The standing of each limited scope `show` accepts, by name.

@@ -154,12 +154,6 @@ impl Root {
             .get(topic)
             .map(|queue| queue.iter().copied().collect())
             .unwrap_or_default();
-        let budget = u64::from(self.settings.frame_bytes_max - FRAME_OVERHEAD_BYTES);
-        let per_delivery =
-            u64::from(self.settings.metadata_bytes_max + self.settings.topic_bytes_max) + 128;
-        // Leaves below not yet known (a restart, a child's session that ended): nothing is
-        // certain, and pops wait for them (bounded by `absent_child_wait_ms`).
-        let awaiting = self.children.awaiting(now);
         let weighted = !self.children.lanes_of(topic).is_empty();
         let lanes: Vec<(Topic, LaneWeights)> = if weighted {
             let lanes = self.children.lanes_of(topic).iter();
@@ -175,158 +169,10 @@ impl Root {
             stride
         });
         for &pop_id in &queue {
-            let pop = self.pops.by_id.get_mut(&pop_id).expect("queued pops exist");
-            // Entries taken from the windows for this pop, grouped by the lane, child and leaf
-            // they go to; buffered deliveries whose lease must be extended to the pop's, by leaf.
-            let mut groups: BTreeMap<(usize, ConnId, LeafId), Vec<ReserveItem>> = BTreeMap::new();
-            let mut extends: BTreeMap<LeafId, Vec<Receipt>> = BTreeMap::new();
-            while !pop.granted && pop.deliveries.len() + pop.outstanding < pop.max {
-                // Per lane, the most urgent of the window, the buffer and the grants on their
-                // way, if the pop may have it now; of those lanes, the stride's pick.
-                let mut pick: Option<(usize, Key, Source)> = None;
-                for (at, (lane, _)) in lanes.iter().enumerate() {
-                    let window = self.children.windows.get(lane);
-                    let buffer = self.ahead.buffers.get(lane);
-                    let in_window = window.and_then(|window| window.first());
-                    let in_buffer = buffer.and_then(|buffer| buffer.first());
-                    let awaited = buffer.and_then(|buffer| buffer.first_awaited());
-                    let mut next = in_window.map(|(key, _)| (key, Source::Window));
-                    for candidate in [
-                        in_buffer.map(|key| (key, Source::Buffer)),
-                        awaited.map(|(key, reservation)| (key, Source::Awaited(reservation))),
-                    ]
-                    .into_iter()
-                    .flatten()
-                    {
-                        if next.is_none_or(|(best, _)| candidate.0 < best) {
-                            next = Some(candidate);
-                        }
-                    }
-                    let Some((key, source)) = next else {
-                        continue;
-                    };
-                    if key.priority() > pop.max_priority {
-                        continue;
-                    }
-                    let certain = !awaiting && window.is_none_or(|window| window.is_certain(&key));
-                    if !certain && (awaiting || now < pop.order_deadline) {
-                        continue;
-                    }
-                    let better = match (&stride, pick) {
-                        (_, None) => true,
-                        (Some(stride), Some((best, _, _))) => {
-                            let (lane, weights) = &lanes[at];
-                            let (best, best_weights) = &lanes[best];
-                            stride.before((lane, *weights), (best, *best_weights))
-                        }
-                        (None, Some(_)) => false,
-                    };
-                    if better {
-                        pick = Some((at, key, source));
-                    }
-                }
-                let Some((at, key, source)) = pick else {
-                    break;
-                };
-                let (lane, weights) = &lanes[at];
-                let taken = pop.deliveries.len() + pop.outstanding;
-                let mut buffer = self.ahead.buffers.get_mut(lane);
-                if let Source::Awaited(reservation) = source {
-                    // Its grant is on its way: the pop claims the reservation and waits for it
-                    // like one of its own reserves (never passing over it).
-                    let ahead = self
-                        .reservations
-                        .get_mut(&reservation)
-                        .expect("outstanding");
-                    let cost = u64::from(ahead.size) + per_delivery;
-                    if taken > 0 && pop.bytes + cost > budget {
-                        break;
-                    }
-                    ahead.purpose = ReservedFor::Pop(pop_id);
-                    self.ahead.bytes -= u64::from(ahead.size);
-                    let buffer = buffer.as_mut().expect("picked from it");
-                    buffer.outstanding.remove(&key);
-                    pop.bytes += cost;
-                    pop.outstanding += 1;
-                    if let Some(stride) = stride.as_mut() {
-                        stride.served(lane, *weights);
-                    }
-                    continue;
-                }
-                let from_buffer = source == Source::Buffer;
-                if from_buffer {
-                    let buffer = buffer.as_mut().expect("picked from it");
-                    let size = buffer.held[&key].delivery.payload.len() as u64;
-                    let cost = size + per_delivery;
-                    if taken > 0 && pop.bytes + cost > budget {
-                        break;
-                    }
-                    let mut held = buffer.held.remove(&key).expect("picked from it");
-                    self.ahead.bytes -= size;
-                    let expiry = held.reserved_at
-                        + Duration::from_millis(self.settings.reserve_ahead_hold_ms);
-                    self.ahead.expiry.remove(&(expiry, key, lane.clone()));
-                    if held.lease_ms != pop.lease_ms {
-                        held.delivery.lease_deadline = now + Duration::from_millis(pop.lease_ms);
-                        extends
-                            .entry(key.id.leaf())
-                            .or_default()
-                            .push(held.delivery.receipt());
-                    }
-                    pop.bytes += cost;
-                    pop.deliveries.push((key, held.delivery));
-                    pop.from_ahead = true;
-                    self.counters.ahead_hits += 1;
-                    if let Some(stride) = stride.as_mut() {
-                        stride.served(lane, *weights);
-                    }
-                    continue;
-                }
-                // Answer with what the buffer gave rather than wait a round trip for more —
-                // everything taken is more urgent than this entry, so the order holds —, once
-                // the buffer filled at least half the pop (a buffer smaller than the demand
-                // must not shrink every batch).
-                if pop.from_ahead && pop.deliveries.len() * 2 >= pop.max {
-                    break;
-                }
-                let window = self.children.windows.get_mut(lane).expect("picked from it");
-                let (_, slot) = window.first().expect("picked from it");
-                let cost = u64::from(slot.size) + per_delivery;
-                if taken > 0 && pop.bytes + cost > budget {
-                    break;
-                }
-                window.take(&key);
-                pop.bytes += cost;
-                pop.outstanding += 1;
-                if let Some(stride) = stride.as_mut() {
-                    stride.served(lane, *weights);
-                }
-                let purpose = ReservedFor::Pop(pop_id);
-                let sent = Sent {
-                    now,
-                    conn: self.direct.or(key.id.leaf(), slot.child),
-                    lease_ms: pop.lease_ms,
-                };
-                let reservation = self.reservations.add(purpose, lane, key, slot, sent);
-                groups
-                    .entry((at, slot.child, key.id.leaf()))
-                    .or_default()
-                    .push(ReserveItem { reservation, key });
-            }
-            let lease_ms = pop.lease_ms;
-            let mut by_lane: BTreeMap<usize, BTreeMap<(ConnId, LeafId), Vec<ReserveItem>>> =
-                BTreeMap::new();
-            for ((at, child, leaf), items) in groups {
-                by_lane.entry(at).or_default().insert((child, leaf), items);
-            }
-            for (at, groups) in by_lane {
-                let (lane, _) = &lanes[at];
-                let window = self.children.windows.get(lane);
-                self.counters.reserves += groups.len() as u64;
-                self.outbox
-                    .extend(reserves(lane, lease_ms, groups, window, &self.direct));
-            }
-            for (leaf, receipts) in extends {
+            let taken = self.fill(now, pop_id, &lanes, stride.as_mut());
+            let lease_ms = self.pops.by_id[&pop_id].lease_ms;
+            self.send_reserves(&lanes, lease_ms, taken.reserves);
+            for (leaf, receipts) in taken.extends {
                 self.extend_unanswered(leaf, receipts, lease_ms);
             }
         }
@@ -341,6 +187,132 @@ impl Root {
         }
         if !weighted {
             self.top_up(now, topic);
+        }
+    }
+
+    /// Gives pop `pop_id` entries of `lanes` until it holds its `max`, its answer's frame is
+    /// full, or no entry may be served to it now; what it took that the leaves must hear of.
+    fn fill(
+        &mut self,
+        now: Time,
+        pop_id: u64,
+        lanes: &[(Topic, LaneWeights)],
+        mut stride: Option<&mut Stride>,
+    ) -> Taken {
+        // Leaves below not yet known (a restart, a child's session that ended): nothing is
+        // certain, and pops wait for them (bounded by `absent_child_wait_ms`).
+        let awaiting = self.children.awaiting(now);
+        let frame = FrameRoom {
+            bytes: u64::from(self.settings.frame_bytes_max - FRAME_OVERHEAD_BYTES),
+            per_delivery: u64::from(
+                self.settings.metadata_bytes_max + self.settings.topic_bytes_max,
+            ) + 128,
+        };
+        let hold = Duration::from_millis(self.settings.reserve_ahead_hold_ms);
+        let pop = self.pops.by_id.get_mut(&pop_id).expect("queued pops exist");
+        let mut taken = Taken::default();
+        while !pop.granted && pop.deliveries.len() + pop.outstanding < pop.max {
+            let windows = &self.children.windows;
+            let Some((at, key, source)) = pick(
+                now,
+                lanes,
+                windows,
+                &self.ahead.buffers,
+                stride.as_deref(),
+                pop,
+                awaiting,
+            ) else {
+                break;
+            };
+            let (lane, weights) = &lanes[at];
+            let took = match source {
+                Source::Awaited(reservation) => {
+                    let ahead = self
+                        .reservations
+                        .get_mut(&reservation)
+                        .expect("outstanding");
+                    // Its grant is on its way: the pop claims the reservation and waits for it
+                    // like one of its own reserves (never passing over it).
+                    let took = frame.admits(pop, u64::from(ahead.size));
+                    if took {
+                        ahead.purpose = ReservedFor::Pop(pop_id);
+                        self.ahead.bytes -= u64::from(ahead.size);
+                        let buffer = self.ahead.buffers.get_mut(lane).expect("picked from it");
+                        buffer.outstanding.remove(&key);
+                        pop.outstanding += 1;
+                    }
+                    took
+                }
+                Source::Buffer => {
+                    let buffer = self.ahead.buffers.get_mut(lane).expect("picked from it");
+                    let size = buffer.held[&key].delivery.payload.len() as u64;
+                    let took = frame.admits(pop, size);
+                    if took {
+                        let held = buffer.held.remove(&key).expect("picked from it");
+                        self.ahead.bytes -= size;
+                        let expiry = held.reserved_at + hold;
+                        self.ahead.expiry.remove(&(expiry, key, lane.clone()));
+                        self.counters.ahead_hits += 1;
+                        deliver_buffered(now, pop, key, held, &mut taken.extends);
+                    }
+                    took
+                }
+                // Answer with what the buffer gave rather than wait a round trip for more —
+                // everything taken is more urgent than this entry, so the order holds —, once
+                // the buffer filled at least half the pop (a buffer smaller than the demand
+                // must not shrink every batch).
+                Source::Window if pop.from_ahead && pop.deliveries.len() * 2 >= pop.max => false,
+                Source::Window => {
+                    let window = self.children.windows.get_mut(lane).expect("picked from it");
+                    let (_, slot) = window.first().expect("picked from it");
+                    let took = frame.admits(pop, u64::from(slot.size));
+                    if took {
+                        window.take(&key);
+                        pop.outstanding += 1;
+                        let sent = Sent {
+                            now,
+                            conn: self.direct.or(key.id.leaf(), slot.child),
+                            lease_ms: pop.lease_ms,
+                        };
+                        let purpose = ReservedFor::Pop(pop_id);
+                        let reservation = self.reservations.add(purpose, lane, key, slot, sent);
+                        taken
+                            .reserves
+                            .entry((at, slot.child, key.id.leaf()))
+                            .or_default()
+                            .push(ReserveItem { reservation, key });
+                    }
+                    took
+                }
+            };
+            if !took {
+                break;
+            }
+            if let Some(stride) = stride.as_deref_mut() {
+                stride.served(lane, *weights);
+            }
+        }
+        taken
+    }
+
+    /// Sends the reserves a pop's entries need: one per lane, child and leaf.
+    fn send_reserves(
+        &mut self,
+        lanes: &[(Topic, LaneWeights)],
+        lease_ms: u64,
+        wanted: BTreeMap<(usize, ConnId, LeafId), Vec<ReserveItem>>,
+    ) {
+        let mut by_lane: BTreeMap<usize, BTreeMap<(ConnId, LeafId), Vec<ReserveItem>>> =
+            BTreeMap::new();
+        for ((at, child, leaf), items) in wanted {
+            by_lane.entry(at).or_default().insert((child, leaf), items);
+        }
+        for (at, groups) in by_lane {
+            let (lane, _) = &lanes[at];
+            let window = self.children.windows.get(lane);
+            self.counters.reserves += groups.len() as u64;
+            self.outbox
+                .extend(reserves(lane, lease_ms, groups, window, &self.direct));
         }
     }
 
@@ -580,4 +552,111 @@ impl Root {
             }
         }
     }
+}
+
+/// What a pop took that its leaves must hear of: entries of the windows to reserve, by lane,
+/// child and leaf; buffered deliveries whose lease must follow the pop's, by leaf.
+#[derive(Default)]
+struct Taken {
+    reserves: BTreeMap<(usize, ConnId, LeafId), Vec<ReserveItem>>,
+    extends: BTreeMap<LeafId, Vec<Receipt>>,
+}
+
+/// The room of a pop's answer: one frame.
+struct FrameRoom {
+    bytes: u64,
+    /// What a delivery costs besides its payload, at most.
+    per_delivery: u64,
+}
+
+impl FrameRoom {
+    /// Whether `pop`'s answer has room for a delivery of `payload` bytes (the first always
+    /// has: a frame holds any one payload); if so, counts it.
+    fn admits(&self, pop: &mut PendingPop, payload: u64) -> bool {
+        let cost = payload + self.per_delivery;
+        let first = pop.deliveries.is_empty() && pop.outstanding == 0;
+        let fits = first || pop.bytes + cost <= self.bytes;
+        if fits {
+            pop.bytes += cost;
+        }
+        fits
+    }
+}
+
+/// The entry `pop` may have next, by lane (the index into `lanes`), and where it is: per lane,
+/// the most urgent of the window, the buffer and the grants on their way, if certain (or the
+/// pop waited its `pop_order_wait_ms`) and within the pop's priorities; of those lanes, the
+/// stride's pick (a strict topic has one lane).
+fn pick(
+    now: Time,
+    lanes: &[(Topic, LaneWeights)],
+    windows: &TopicMap<Window>,
+    buffers: &TopicMap<AheadBuffer>,
+    stride: Option<&Stride>,
+    pop: &PendingPop,
+    awaiting: bool,
+) -> Option<(usize, Key, Source)> {
+    let mut pick: Option<(usize, Key, Source)> = None;
+    for (at, (lane, weights)) in lanes.iter().enumerate() {
+        let window = windows.get(lane);
+        let buffer = buffers.get(lane);
+        let in_window = window.and_then(|window| window.first());
+        let in_buffer = buffer.and_then(|buffer| buffer.first());
+        let awaited = buffer.and_then(|buffer| buffer.first_awaited());
+        let mut next = in_window.map(|(key, _)| (key, Source::Window));
+        for candidate in [
+            in_buffer.map(|key| (key, Source::Buffer)),
+            awaited.map(|(key, reservation)| (key, Source::Awaited(reservation))),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if next.is_none_or(|(best, _)| candidate.0 < best) {
+                next = Some(candidate);
+            }
+        }
+        let Some((key, source)) = next else {
+            continue;
+        };
+        if key.priority() > pop.max_priority {
+            continue;
+        }
+        let certain = !awaiting && window.is_none_or(|window| window.is_certain(&key));
+        if !certain && (awaiting || now < pop.order_deadline) {
+            continue;
+        }
+        let better = match (stride, pick) {
+            (_, None) => true,
+            (Some(stride), Some((best, _, _))) => {
+                let (best, best_weights) = &lanes[best];
+                stride.before((lane, *weights), (best, *best_weights))
+            }
+            (None, Some(_)) => false,
+        };
+        if better {
+            pick = Some((at, key, source));
+        }
+    }
+    pick
+}
+
+/// Hands `pop` a delivery granted ahead, its lease moved to the pop's (noted in `extends`,
+/// by leaf) when that differs from the one it was reserved with.
+fn deliver_buffered(
+    now: Time,
+    pop: &mut PendingPop,
+    key: Key,
+    held: Held,
+    extends: &mut BTreeMap<LeafId, Vec<Receipt>>,
+) {
+    let mut delivery = held.delivery;
+    if held.lease_ms != pop.lease_ms {
+        delivery.lease_deadline = now + Duration::from_millis(pop.lease_ms);
+        extends
+            .entry(key.id.leaf())
+            .or_default()
+            .push(delivery.receipt());
+    }
+    pop.deliveries.push((key, delivery));
+    pop.from_ahead = true;
 }

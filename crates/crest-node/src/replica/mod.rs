@@ -14,14 +14,16 @@
 //! Why nothing acknowledged is lost with one sync per replica per entry: ARCHITECTURE.md,
 //! "Replica groups".
 
+mod acks;
 mod journal;
 mod snapshot;
 mod status;
 mod store;
 
+pub use acks::Acks;
 pub use journal::{JournalLimits, LeafJournal};
 pub use status::{FollowerLag, ReplicaStatus};
-pub use store::{Acks, Gathering, Outcome, ReplicatedStore};
+pub use store::{Gathering, Outcome, ReplicatedStore};
 
 use crest_core::machine::StorageOp;
 use crest_core::record::{Location, LogRecord};
