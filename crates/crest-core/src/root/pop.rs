@@ -208,82 +208,41 @@ impl Root {
                 self.settings.metadata_bytes_max + self.settings.topic_bytes_max,
             ) + 128,
         };
-        let hold = Duration::from_millis(self.settings.reserve_ahead_hold_ms);
-        let pop = self.pops.by_id.get_mut(&pop_id).expect("queued pops exist");
-        let mut taken = Taken::default();
-        while !pop.granted && pop.deliveries.len() + pop.outstanding < pop.max {
-            let windows = &self.children.windows;
+        let mut filling = Filling {
+            now,
+            pop_id,
+            frame,
+            hold: Duration::from_millis(self.settings.reserve_ahead_hold_ms),
+            pop: self.pops.by_id.get_mut(&pop_id).expect("queued pops exist"),
+            windows: &mut self.children.windows,
+            ahead: &mut self.ahead,
+            reservations: &mut self.reservations,
+            ahead_hits: &mut self.counters.ahead_hits,
+            direct: &self.direct,
+            taken: Taken::default(),
+        };
+        while filling.wants_more() {
             let Some((at, key, source)) = pick(
                 now,
                 lanes,
-                windows,
-                &self.ahead.buffers,
+                filling.windows,
+                &filling.ahead.buffers,
                 stride.as_deref(),
-                pop,
+                filling.pop,
                 awaiting,
             ) else {
                 break;
             };
             let (lane, weights) = &lanes[at];
             let took = match source {
-                Source::Awaited(reservation) => {
-                    let ahead = self
-                        .reservations
-                        .get_mut(&reservation)
-                        .expect("outstanding");
-                    // Its grant is on its way: the pop claims the reservation and waits for it
-                    // like one of its own reserves (never passing over it).
-                    let took = frame.admits(pop, u64::from(ahead.size));
-                    if took {
-                        ahead.purpose = ReservedFor::Pop(pop_id);
-                        self.ahead.bytes -= u64::from(ahead.size);
-                        let buffer = self.ahead.buffers.get_mut(lane).expect("picked from it");
-                        buffer.outstanding.remove(&key);
-                        pop.outstanding += 1;
-                    }
-                    took
-                }
-                Source::Buffer => {
-                    let buffer = self.ahead.buffers.get_mut(lane).expect("picked from it");
-                    let size = buffer.held[&key].delivery.payload.len() as u64;
-                    let took = frame.admits(pop, size);
-                    if took {
-                        let held = buffer.held.remove(&key).expect("picked from it");
-                        self.ahead.bytes -= size;
-                        let expiry = held.reserved_at + hold;
-                        self.ahead.expiry.remove(&(expiry, key, lane.clone()));
-                        self.counters.ahead_hits += 1;
-                        deliver_buffered(now, pop, key, held, &mut taken.extends);
-                    }
-                    took
-                }
+                Source::Awaited(reservation) => filling.claim(lane, key, reservation),
+                Source::Buffer => filling.take_buffered(lane, key),
                 // Answer with what the buffer gave rather than wait a round trip for more —
                 // everything taken is more urgent than this entry, so the order holds —, once
                 // the buffer filled at least half the pop (a buffer smaller than the demand
                 // must not shrink every batch).
-                Source::Window if pop.from_ahead && pop.deliveries.len() * 2 >= pop.max => false,
-                Source::Window => {
-                    let window = self.children.windows.get_mut(lane).expect("picked from it");
-                    let (_, slot) = window.first().expect("picked from it");
-                    let took = frame.admits(pop, u64::from(slot.size));
-                    if took {
-                        window.take(&key);
-                        pop.outstanding += 1;
-                        let sent = Sent {
-                            now,
-                            conn: self.direct.or(key.id.leaf(), slot.child),
-                            lease_ms: pop.lease_ms,
-                        };
-                        let purpose = ReservedFor::Pop(pop_id);
-                        let reservation = self.reservations.add(purpose, lane, key, slot, sent);
-                        taken
-                            .reserves
-                            .entry((at, slot.child, key.id.leaf()))
-                            .or_default()
-                            .push(ReserveItem { reservation, key });
-                    }
-                    took
-                }
+                Source::Window if filling.pop.from_ahead && filling.half_full() => false,
+                Source::Window => filling.reserve(at, lane, key),
             };
             if !took {
                 break;
@@ -292,7 +251,7 @@ impl Root {
                 stride.served(lane, *weights);
             }
         }
-        taken
+        filling.taken
     }
 
     /// Sends the reserves a pop's entries need: one per lane, child and leaf.
@@ -551,6 +510,95 @@ impl Root {
                 self.ahead.buffers.remove(&name);
             }
         }
+    }
+}
+
+/// One pop being given entries, with the parts of the root it takes them from (borrowed
+/// apart from the other pops). Each way of taking answers whether the pop's answer had room.
+struct Filling<'a> {
+    now: Time,
+    pop_id: u64,
+    frame: FrameRoom,
+    /// `reserve_ahead_hold_ms`.
+    hold: Duration,
+    pop: &'a mut PendingPop,
+    windows: &'a mut TopicMap<Window>,
+    ahead: &'a mut ReserveAhead,
+    reservations: &'a mut Reservations,
+    ahead_hits: &'a mut u64,
+    direct: &'a DirectLinks,
+    taken: Taken,
+}
+
+impl Filling<'_> {
+    /// Whether the pop may take more: not granted yet, and short of its `max`.
+    fn wants_more(&self) -> bool {
+        let pop = &self.pop;
+        !pop.granted && pop.deliveries.len() + pop.outstanding < pop.max
+    }
+
+    /// Whether the pop holds at least half its `max`.
+    fn half_full(&self) -> bool {
+        self.pop.deliveries.len() * 2 >= self.pop.max
+    }
+
+    /// Claims a reserve-ahead grant on its way: the pop waits for it like one of its own
+    /// reserves (never passing over it).
+    fn claim(&mut self, lane: &Topic, key: Key, reservation: u64) -> bool {
+        let ahead = self
+            .reservations
+            .get_mut(&reservation)
+            .expect("outstanding");
+        let took = self.frame.admits(self.pop, u64::from(ahead.size));
+        if took {
+            ahead.purpose = ReservedFor::Pop(self.pop_id);
+            self.ahead.bytes -= u64::from(ahead.size);
+            let buffer = self.ahead.buffers.get_mut(lane).expect("picked from it");
+            buffer.outstanding.remove(&key);
+            self.pop.outstanding += 1;
+        }
+        took
+    }
+
+    /// Takes a delivery granted ahead from the buffer.
+    fn take_buffered(&mut self, lane: &Topic, key: Key) -> bool {
+        let buffer = self.ahead.buffers.get_mut(lane).expect("picked from it");
+        let size = buffer.held[&key].delivery.payload.len() as u64;
+        let took = self.frame.admits(self.pop, size);
+        if took {
+            let held = buffer.held.remove(&key).expect("picked from it");
+            self.ahead.bytes -= size;
+            let expiry = held.reserved_at + self.hold;
+            self.ahead.expiry.remove(&(expiry, key, lane.clone()));
+            *self.ahead_hits += 1;
+            let extends = &mut self.taken.extends;
+            deliver_buffered(self.now, self.pop, key, held, extends);
+        }
+        took
+    }
+
+    /// Takes the window's first entry of lane `at` for a reserve to its leaf.
+    fn reserve(&mut self, at: usize, lane: &Topic, key: Key) -> bool {
+        let window = self.windows.get_mut(lane).expect("picked from it");
+        let (_, slot) = window.first().expect("picked from it");
+        let took = self.frame.admits(self.pop, u64::from(slot.size));
+        if took {
+            window.take(&key);
+            self.pop.outstanding += 1;
+            let sent = Sent {
+                now: self.now,
+                conn: self.direct.or(key.id.leaf(), slot.child),
+                lease_ms: self.pop.lease_ms,
+            };
+            let purpose = ReservedFor::Pop(self.pop_id);
+            let reservation = self.reservations.add(purpose, lane, key, slot, sent);
+            self.taken
+                .reserves
+                .entry((at, slot.child, key.id.leaf()))
+                .or_default()
+                .push(ReserveItem { reservation, key });
+        }
+        took
     }
 }
 
