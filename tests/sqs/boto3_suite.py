@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 
 import boto3
 import botocore.exceptions
@@ -111,10 +112,23 @@ def queues_are_created_found_listed_and_checked():
         "QueueUrl"
     ] == url
     assert url in sqs.list_queues(QueueNamePrefix="boto-")["QueueUrls"]
-    code = error_code(
-        lambda: sqs.create_queue(QueueName="boto-jobs", Attributes={"VisibilityTimeout": "6"})
-    )
-    assert code == "QueueAlreadyExists", code
+    # As SQS: only the attributes a CreateQueue gives are compared with the queue's.
+    assert sqs.create_queue(QueueName="boto-jobs")["QueueUrl"] == url
+    assert sqs.create_queue(QueueName="boto-jobs", Attributes={"DelaySeconds": "0"})[
+        "QueueUrl"
+    ] == url
+    try:
+        sqs.create_queue(QueueName="boto-jobs", Attributes={"VisibilityTimeout": "6"})
+        raise AssertionError("created a queue over one with other attributes")
+    except botocore.exceptions.ClientError as error:
+        refusal = error.response["Error"]
+        assert refusal["Code"] == "QueueAlreadyExists", refusal
+        assert refusal["Message"].endswith("a different value for attribute VisibilityTimeout"), refusal
+    # SQS also takes a queue's name where its URL goes.
+    sqs.send_message(QueueUrl="boto-jobs", MessageBody="by name")
+    got = sqs.receive_message(QueueUrl="boto-jobs", WaitTimeSeconds=5)["Messages"]
+    assert [m["Body"] for m in got] == ["by name"], got
+    sqs.delete_message(QueueUrl="boto-jobs", ReceiptHandle=got[0]["ReceiptHandle"])
     try:
         sqs.get_queue_url(QueueName="no-such-queue")
         raise AssertionError("found a queue that does not exist")
@@ -253,7 +267,13 @@ def messages_come_out_most_urgent_first_with_their_digests():
         sent_at = int(m["Attributes"]["SentTimestamp"])
         assert abs(sent_at / 1000 - time.time()) < 60, sent_at
         assert m["Attributes"]["SenderId"] == KEY
-    delete_all(url, got)
+        # A UUID, as SQS's ids are: usable as a batch entry's id.
+        assert str(uuid.UUID(m["MessageId"])) == m["MessageId"], m["MessageId"]
+    answer = sqs.delete_message_batch(
+        QueueUrl=url,
+        Entries=[{"Id": m["MessageId"], "ReceiptHandle": m["ReceiptHandle"]} for m in got],
+    )
+    assert sorted(e["Id"] for e in answer["Successful"]) == sorted(sent), answer
 
 
 def attributes_of_every_type_round_trip():

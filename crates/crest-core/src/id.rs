@@ -69,7 +69,48 @@ impl MessageId {
     pub fn seq(self) -> u64 {
         self.0 & MESSAGE_SEQ_MAX
     }
+
+    /// The id as a UUID (RFC 9562 version 8, whose bits are the user's to define), the form
+    /// the SQS API answers with: the id's top 48 bits, the version, its next 12, the variant,
+    /// zeros, its last 4. [`MessageId::from_str`] reads it back.
+    pub fn to_uuid(self) -> String {
+        let (high, low) = self.uuid_halves();
+        format!(
+            "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+            high >> 32,
+            (high >> 16) & 0xffff,
+            high & 0xffff,
+            low >> 48,
+            low & 0xffff_ffff_ffff
+        )
+    }
+
+    fn uuid_halves(self) -> (u64, u64) {
+        let high = (self.0 & !0xffff) | UUID_VERSION | ((self.0 >> 4) & 0xfff);
+        (high, UUID_VARIANT | (self.0 & 0xf))
+    }
+
+    /// The id a UUID of [`MessageId::to_uuid`] stands for.
+    fn from_uuid(text: &str) -> Option<MessageId> {
+        let groups: Vec<&str> = text.split('-').collect();
+        let lengths = groups.iter().map(|g| g.len()).collect::<Vec<_>>();
+        if lengths != [8, 4, 4, 4, 12] || !text.bytes().all(|b| b == b'-' || b.is_ascii_hexdigit())
+        {
+            return None;
+        }
+        let hex: String = groups.concat();
+        let high = u64::from_str_radix(&hex[..16], 16).ok()?;
+        let low = u64::from_str_radix(&hex[16..], 16).ok()?;
+        let id = (high & !0xffff) | ((high & 0xfff) << 4) | (low & 0xf);
+        let id = MessageId(id);
+        (id.uuid_halves() == (high, low)).then_some(id)
+    }
 }
+
+/// RFC 9562's version 8 in a UUID's high half.
+const UUID_VERSION: u64 = 0x8000;
+/// RFC 9562's variant (binary 10) in a UUID's low half.
+const UUID_VARIANT: u64 = 0x8000_0000_0000_0000;
 
 impl fmt::Display for MessageId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -330,8 +371,11 @@ impl FromStr for MessageId {
         let error = || ParseIdError {
             what: "message id",
             text: text.to_string(),
-            expected: "LEAF.SEQ, e.g. 3.1024",
+            expected: "LEAF.SEQ, e.g. 3.1024, or the UUID the SQS API gives",
         };
+        if let Some(id) = MessageId::from_uuid(text) {
+            return (id.leaf().0 != 0).then_some(id).ok_or_else(error);
+        }
         let (leaf, seq) = text.split_once('.').ok_or_else(error)?;
         let leaf: u16 = leaf.parse().map_err(|_| error())?;
         let seq: u64 = seq.parse().map_err(|_| error())?;
@@ -378,6 +422,38 @@ impl FromStr for Receipt {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_id_and_its_uuid_map_both_ways() {
+        for id in [
+            MessageId::new(LeafId(1), 0),
+            MessageId::new(LeafId(3), 1024),
+            MessageId::new(LeafId(u16::MAX), MESSAGE_SEQ_MAX),
+        ] {
+            let uuid = id.to_uuid();
+            assert_eq!(uuid.len(), 36, "{uuid}");
+            assert_eq!(&uuid[14..15], "8", "version 8: {uuid}");
+            assert!(
+                matches!(&uuid[19..20], "8" | "9" | "a" | "b"),
+                "variant: {uuid}"
+            );
+            assert_eq!(uuid.parse::<MessageId>(), Ok(id), "{uuid}");
+            assert_eq!(id.to_string().parse::<MessageId>(), Ok(id));
+        }
+        assert_eq!(
+            MessageId::new(LeafId(3), 1024).to_uuid(),
+            "00030000-0000-8040-8000-000000000000"
+        );
+        for bad in [
+            "00030000-0000-4040-8000-000000000000",
+            "00030000-0000-8040-8000-000000000010",
+            "00000000-0000-8040-8000-000000000000",
+            "0003000000008040-8000-000000000000",
+            "0003000g-0000-8040-8000-000000000000",
+        ] {
+            assert!(bad.parse::<MessageId>().is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn id_round_trips_through_parts_and_text() {

@@ -103,7 +103,7 @@ async fn queue_of(
     caller: &Caller,
     input: &Value,
 ) -> Result<(QueueName, QueueAttributes), SqsError> {
-    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
+    let name = QueueName::addressed(text(input, "QueueUrl")?, &caller.namespace)?;
     let clients = state.clients(caller)?;
     let queue = clients.queue(&state.config, &name).await?;
     Ok((name, queue.attributes))
@@ -313,7 +313,7 @@ async fn send_message(state: &State, caller: &Caller, input: &Value) -> Result<V
         .await
         .map_err(tree_error)?;
     let id = handle.acked().await.map_err(tree_error)?;
-    Ok(sent(&prepared, id.to_string()))
+    Ok(sent(&prepared, id.to_uuid()))
 }
 
 /// A batch's entries, checked as SQS checks them (count, ids).
@@ -380,7 +380,7 @@ async fn send_message_batch(
         let handle = producer.send_batch(messages).await.map_err(tree_error)?;
         let ids = handle.acked().await.map_err(tree_error)?;
         for ((entry_id, prepared), id) in ok.iter().zip(ids) {
-            let mut out = sent(prepared, id.to_string());
+            let mut out = sent(prepared, id.to_uuid());
             out["Id"] = (*entry_id).into();
             successful.push(out);
         }
@@ -473,7 +473,7 @@ fn received(state: &State, delivery: &Delivery, asked: &Asked) -> Value {
     let (mut attributes, sender) = message_attributes(state, delivery, &body);
     attributes.retain(|(n, _)| self::asked(&asked.attributes, n));
     let mut out = json!({
-        "MessageId": delivery.id.to_string(),
+        "MessageId": delivery.id.to_uuid(),
         "ReceiptHandle": delivery.receipt().to_string(),
         "MD5OfBody": md5_of_body(&body),
         "Body": body,

@@ -68,8 +68,13 @@ impl SqsError {
     }
 
     /// A queue of that name exists with other attributes.
-    pub fn queue_exists(name: &str) -> Self {
-        let m = format!("A queue named {name} already exists with different attributes.");
+    /// SQS's refusal of a `CreateQueue` that gives `attribute` another value than the
+    /// existing queue of that name has.
+    pub fn queue_exists(attribute: &str) -> Self {
+        let m = format!(
+            "A queue already exists with the same name and a different value for attribute \
+             {attribute}"
+        );
         Self::new(
             StatusCode::BAD_REQUEST,
             "QueueNameExists",

@@ -50,7 +50,7 @@ fn addressed(
     caller: &Caller,
     input: &Value,
 ) -> Result<(QueueName, Arc<Clients>), SqsError> {
-    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
+    let name = QueueName::addressed(text(input, "QueueUrl")?, &caller.namespace)?;
     Ok((name, state.clients(caller)?))
 }
 
@@ -88,14 +88,42 @@ pub(crate) async fn create_queue(
 ) -> Result<Value, SqsError> {
     let name = QueueName::checked(&caller.namespace, text(input, "QueueName")?)?;
     let clients = state.clients(caller)?;
-    let attributes =
-        asked_attributes(state, &clients, &name, QueueAttributes::default(), input).await?;
     match clients.fetch(&state.config, &name).await? {
-        Some(existing) if existing.attributes == attributes => {}
-        Some(_) => return Err(SqsError::queue_exists(&name.name)),
-        None => keep(state, &clients, &name, Queue::new(attributes)).await?,
+        // As SQS: an existing queue is answered when every attribute the request gives has
+        // the queue's value (those it leaves out are not compared).
+        Some(existing) => {
+            let given = existing.attributes.clone();
+            let asked = asked_attributes(state, &clients, &name, given, input).await?;
+            if let Some(attribute) = changed(&existing.attributes, &asked, &state.config.region) {
+                return Err(SqsError::queue_exists(attribute));
+            }
+        }
+        None => {
+            let attributes =
+                asked_attributes(state, &clients, &name, QueueAttributes::default(), input).await?;
+            keep(state, &clients, &name, Queue::new(attributes)).await?
+        }
     }
     Ok(json!({ "QueueUrl": name.url(&caller.host) }))
+}
+
+/// The first attribute whose value `asked` changes from `now`'s, as SQS names it.
+fn changed(now: &QueueAttributes, asked: &QueueAttributes, region: &str) -> Option<&'static str> {
+    if asked == now {
+        return None;
+    }
+    let (now, asked) = (now.listed(region), asked.listed(region));
+    let value = |list: &[(&'static str, String)], name: &str| {
+        list.iter()
+            .find(|(a, _)| *a == name)
+            .map(|(_, v)| v.clone())
+    };
+    let differs = asked
+        .iter()
+        .chain(&now)
+        .map(|(a, _)| *a)
+        .find(|a| value(&asked, a) != value(&now, a));
+    Some(differs.unwrap_or("Attributes"))
 }
 
 pub(crate) async fn get_queue_url(
@@ -286,7 +314,7 @@ pub(crate) async fn dead_letter_sources(
     caller: &Caller,
     input: &Value,
 ) -> Result<Value, SqsError> {
-    let name = QueueName::from_url(text(input, "QueueUrl")?)?;
+    let name = QueueName::addressed(text(input, "QueueUrl")?, &caller.namespace)?;
     let max = number(input, "MaxResults", 1000, 1000)? as usize;
     let clients = state.clients(caller)?;
     clients.queue(&state.config, &name).await?;

@@ -328,6 +328,16 @@ impl QueueName {
         QueueName::checked(namespace, name).map_err(|_| SqsError::no_queue())
     }
 
+    /// The queue a request's `QueueUrl` names: a URL, or, as SQS also takes, the bare name
+    /// of a queue of the caller's `namespace`.
+    pub fn addressed(url: &str, namespace: &str) -> Result<QueueName, SqsError> {
+        if url.contains('/') {
+            QueueName::from_url(url)
+        } else {
+            QueueName::checked(namespace, url).map_err(|_| SqsError::no_queue())
+        }
+    }
+
     /// The crest topic.
     pub fn topic(&self) -> String {
         if self.namespace == crest_core::access::DEFAULT_NAMESPACE {
@@ -397,6 +407,18 @@ mod tests {
         for bad in ["http://h/", "http://h/jobs", "http://h/ns/a b", "nothing"] {
             assert_eq!(QueueName::from_url(bad), Err(SqsError::no_queue()), "{bad}");
         }
+        let bare = QueueName::addressed("eu-jobs", "orders").unwrap();
+        assert_eq!(bare.topic(), "orders/eu-jobs");
+        assert_eq!(
+            QueueName::addressed("a b", "orders"),
+            Err(SqsError::no_queue())
+        );
+        assert_eq!(
+            QueueName::addressed("http://h/default/jobs", "orders")
+                .unwrap()
+                .topic(),
+            "jobs"
+        );
         assert!(QueueName::checked("default", "x.fifo").is_err());
         assert!(QueueName::checked("default", &"a".repeat(81)).is_err());
     }
