@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -620,6 +621,48 @@ def the_query_protocol_answers_in_xml():
     assert root.find("sqs:Error/sqs:Type", ns).text == "Sender"
     status, root = call("NoSuchAction")
     assert root.find("sqs:Error/sqs:Code", ns).text == "InvalidAction", ET.tostring(root)
+
+    # Presigned: a GET signed in its query string (botocore's SigV4QueryAuth, as SDKs'
+    # presigners sign), to the queue's URL, which names the queue without a QueueUrl.
+    def presigned_get(url, params, expires=300, at=None):
+        import botocore.auth
+        import botocore.awsrequest
+        import botocore.credentials
+
+        request = botocore.awsrequest.AWSRequest(method="GET", url=url, params=params)
+        signer = botocore.auth.SigV4QueryAuth(
+            botocore.credentials.Credentials(KEY, SECRET), "sqs", "us-east-1", expires=expires
+        )
+        if at is None:
+            signer.add_auth(request)
+        else:
+            import unittest.mock
+
+            with unittest.mock.patch("botocore.auth.get_current_datetime", return_value=at):
+                signer.add_auth(request)
+        prepared = request.prepare()
+        try:
+            with urllib.request.urlopen(prepared.url) as answer:
+                return answer.status, ET.fromstring(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, ET.fromstring(error.read())
+
+    status, root = presigned_get(url, {"Action": "GetQueueAttributes", "AttributeName.1": "All"})
+    assert status == 200, ET.tostring(root)
+    value = root.find(
+        "sqs:GetQueueAttributesResult/sqs:Attribute[sqs:Name='VisibilityTimeout']/sqs:Value", ns)
+    assert value.text == "40", ET.tostring(root)
+    status, root = presigned_get(ENDPOINT + "/", {"Action": "ListQueues"})
+    assert status == 200, ET.tostring(root)
+    # Dated two hours ago, valid for one: expired.
+    import datetime
+
+    old = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None) - datetime.timedelta(
+        hours=2
+    )
+    status, root = presigned_get(ENDPOINT + "/", {"Action": "ListQueues"}, expires=3600, at=old)
+    assert status == 400, status
+    assert root.find("sqs:Error/sqs:Code", ns).text == "RequestExpired", ET.tostring(root)
 
 
 def the_aws_cli_sends_receives_and_deletes():

@@ -488,14 +488,21 @@ async fn serve(state: &State, request: Request) -> Result<(String, serde_json::V
                     .starts_with(b"application/x-www-form-urlencoded")
             });
             let body = if form { &body[..] } else { &[] };
-            let params = query::params(signed.query, body, state.config.query_params_max)?;
+            let mut params = query::params(signed.query, body, state.config.query_params_max)?;
+            // A presigned request's signature parameters are not the operation's.
+            params.retain(|(name, _)| !name.starts_with("X-Amz-"));
             let action = params
                 .iter()
                 .find(|(name, _)| name == "Action")
                 .map(|(_, value)| value.clone())
                 .filter(|action| !action.is_empty())
                 .ok_or_else(|| SqsError::missing("Action"))?;
-            (action, query::to_input(&params)?)
+            let mut input = query::to_input(&params)?;
+            // The query protocol may address a queue by the request's path, its URL's.
+            if parts.uri.path().trim_matches('/').contains('/') && input.get("QueueUrl").is_none() {
+                input["QueueUrl"] = parts.uri.path().into();
+            }
+            (action, input)
         }
     };
     if !input.is_object() {
@@ -616,7 +623,7 @@ fn signature_error(error: sigv4::SignatureError) -> SqsError {
         E::Malformed(_) => SqsError::incomplete_signature(message),
         E::UnknownKey(_) => SqsError::unknown_key(),
         E::Mismatch => SqsError::signature_mismatch(message),
-        E::Expired(_) => SqsError::expired(message),
+        E::Expired(_) | E::PresignedExpired(..) => SqsError::expired(message),
         E::ContentHashMismatch => SqsError::content_hash_mismatch(message),
     }
 }

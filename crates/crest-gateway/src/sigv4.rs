@@ -4,7 +4,11 @@
 //! signed headers, the body's SHA-256), the string to sign, and the signing key derived from
 //! the access key's secret for the request's date, region and service, and compares
 //! signatures in constant time. A request more than [`SKEW_MAX`] away from the gateway's
-//! clock is refused, so a captured request cannot be replayed later.
+//! clock is refused, so a captured request cannot be replayed later. A presigned request
+//! (the signature in its query string, `X-Amz-Signature`, as botocore's `SigV4QueryAuth` and
+//! the SDKs' presigners make them) is taken from its `X-Amz-Date` until its `X-Amz-Expires`
+//! (at most [`PRESIGNED_EXPIRES_MAX`]) has passed, and not before its date less
+//! [`SKEW_MAX`].
 //! Reference: <https://docs.aws.amazon.com/IAM/latest/UserGuide/create-signed-request.html>.
 
 use ring::{digest, hmac};
@@ -12,6 +16,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Largest difference between a request's `X-Amz-Date` and the gateway's clock.
 pub const SKEW_MAX: Duration = Duration::from_secs(15 * 60);
+
+/// Longest a presigned request may say it stays valid (`X-Amz-Expires`): seven days, as AWS.
+pub const PRESIGNED_EXPIRES_MAX: u64 = 7 * 24 * 3600;
 
 /// Why a request's signature was not accepted (each maps to an SQS error code).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -34,6 +41,9 @@ pub enum SignatureError {
     /// The request's time is too far from the gateway's.
     #[error("the request's time {0} is more than 15 minutes from the gateway's clock")]
     Expired(String),
+    /// A presigned request whose `X-Amz-Expires` has passed.
+    #[error("the presigned request dated {0} expired {1} seconds after it")]
+    PresignedExpired(String, u64),
     /// An `x-amz-content-sha256` header that is not the SHA-256 of the body that came.
     #[error("the provided 'x-amz-content-sha256' header does not match what was computed")]
     ContentHashMismatch,
@@ -64,6 +74,8 @@ struct Authorization {
     service: String,
     signed_headers: Vec<String>,
     signature: String,
+    /// Presigned: how long it stays valid, in seconds (`None`: an `Authorization` header).
+    expires: Option<u64>,
 }
 
 fn parse_authorization(value: &str) -> Result<Authorization, SignatureError> {
@@ -104,7 +116,55 @@ fn parse_authorization(value: &str) -> Result<Authorization, SignatureError> {
         service: service.to_string(),
         signed_headers: signed.split(';').map(str::to_ascii_lowercase).collect(),
         signature: signature.to_ascii_lowercase(),
+        expires: None,
     })
+}
+
+/// The SigV4 parameters of a presigned request's query string (decoded), if it has
+/// `X-Amz-Algorithm`; with its `X-Amz-Date`.
+fn parse_presigned(query: &str) -> Option<Result<(Authorization, String), SignatureError>> {
+    let params: Vec<(String, String)> = query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(name, _)| name.starts_with("X-Amz-"))
+        .map(|(name, value)| (name.to_string(), decode(value)))
+        .collect();
+    let param = |name: &str| {
+        params
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let algorithm = param("X-Amz-Algorithm")?;
+    Some((|| {
+        if algorithm != "AWS4-HMAC-SHA256" {
+            return Err(SignatureError::Missing(format!(
+                "X-Amz-Algorithm {algorithm:?} is not AWS4-HMAC-SHA256"
+            )));
+        }
+        let missing = |what: &str| SignatureError::Malformed(format!("no {what}"));
+        let credential = param("X-Amz-Credential").ok_or_else(|| missing("X-Amz-Credential"))?;
+        let signed = param("X-Amz-SignedHeaders").ok_or_else(|| missing("X-Amz-SignedHeaders"))?;
+        let signature = param("X-Amz-Signature").ok_or_else(|| missing("X-Amz-Signature"))?;
+        let date = param("X-Amz-Date").ok_or_else(|| missing("X-Amz-Date"))?;
+        let expires = param("X-Amz-Expires").ok_or_else(|| missing("X-Amz-Expires"))?;
+        let expires = expires
+            .parse::<u64>()
+            .ok()
+            .filter(|e| (1..=PRESIGNED_EXPIRES_MAX).contains(e))
+            .ok_or_else(|| {
+                SignatureError::Malformed(format!(
+                    "X-Amz-Expires {expires:?} is not 1 to {PRESIGNED_EXPIRES_MAX} seconds"
+                ))
+            })?;
+        let header = format!(
+            "AWS4-HMAC-SHA256 Credential={credential}, SignedHeaders={signed}, \
+             Signature={signature}"
+        );
+        let mut auth = parse_authorization(&header)?;
+        auth.expires = Some(expires);
+        Ok((auth, date.to_string()))
+    })())
 }
 
 /// The access key id a request claims, once its `Authorization` header is well formed, its
@@ -116,28 +176,41 @@ pub fn claimed_key(request: &Signed<'_>, now: SystemTime) -> Result<String, Sign
 
 /// The request's parsed `Authorization` and its `X-Amz-Date`, checked as [`claimed_key`]
 /// says.
-fn checked_head<'a>(
-    request: &'a Signed<'_>,
+fn checked_head(
+    request: &Signed<'_>,
     now: SystemTime,
-) -> Result<(Authorization, &'a str), SignatureError> {
-    let value = header(request, "authorization")
-        .ok_or_else(|| SignatureError::Missing("no Authorization header".into()))?;
-    let auth = parse_authorization(value)?;
-    let amz_date = header(request, "x-amz-date")
-        .ok_or_else(|| SignatureError::Malformed("no X-Amz-Date header".into()))?;
-    let at = parse_amz_date(amz_date)
+) -> Result<(Authorization, String), SignatureError> {
+    let (auth, amz_date) = match header(request, "authorization") {
+        Some(value) => {
+            let amz_date = header(request, "x-amz-date")
+                .ok_or_else(|| SignatureError::Malformed("no X-Amz-Date header".into()))?;
+            (parse_authorization(value)?, amz_date.to_string())
+        }
+        None => parse_presigned(request.query).unwrap_or_else(|| {
+            Err(SignatureError::Missing(
+                "no Authorization header, nor X-Amz-Signature in the query".into(),
+            ))
+        })?,
+    };
+    let at = parse_amz_date(&amz_date)
         .ok_or_else(|| SignatureError::Malformed(format!("X-Amz-Date {amz_date:?}")))?;
     if !amz_date.starts_with(&auth.date) {
         return Err(SignatureError::Malformed(
             "the credential's date is not the request's".into(),
         ));
     }
-    let skew = match now.duration_since(at) {
-        Ok(behind) => behind,
-        Err(ahead) => ahead.duration(),
-    };
-    if skew > SKEW_MAX {
-        return Err(SignatureError::Expired(amz_date.to_string()));
+    match (now.duration_since(at), auth.expires) {
+        // Dated ahead of the gateway's clock: by no more than the skew, presigned or not.
+        (Err(ahead), _) if ahead.duration() > SKEW_MAX => {
+            return Err(SignatureError::Expired(amz_date));
+        }
+        (Ok(behind), None) if behind > SKEW_MAX => {
+            return Err(SignatureError::Expired(amz_date));
+        }
+        (Ok(behind), Some(expires)) if behind > Duration::from_secs(expires) => {
+            return Err(SignatureError::PresignedExpired(amz_date, expires));
+        }
+        _ => {}
     }
     if !auth.signed_headers.iter().any(|h| h == "host") {
         return Err(SignatureError::Malformed(
@@ -158,7 +231,7 @@ fn header<'a>(request: &'a Signed<'_>, name: &str) -> Option<&'a str> {
 /// Checks `request`'s signature with `secret` at `now`.
 pub fn verify(request: &Signed<'_>, secret: &str, now: SystemTime) -> Result<(), SignatureError> {
     let (auth, amz_date) = checked_head(request, now)?;
-    let canonical = canonical_request(request, &auth.signed_headers)?;
+    let canonical = canonical_request(request, &auth.signed_headers, auth.expires.is_some())?;
     let to_sign = format!(
         "AWS4-HMAC-SHA256\n{amz_date}\n{}\n{}",
         auth.scope,
@@ -190,7 +263,13 @@ fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> hmac::K
     hmac::Key::new(hmac::HMAC_SHA256, k_signing.as_ref())
 }
 
-fn canonical_request(request: &Signed<'_>, signed: &[String]) -> Result<String, SignatureError> {
+/// The canonical request of `request` signing the headers `signed` (`presigned`: its query
+/// holds the signature, which is left out).
+fn canonical_request(
+    request: &Signed<'_>,
+    signed: &[String],
+    presigned: bool,
+) -> Result<String, SignatureError> {
     let mut headers = String::new();
     for name in signed {
         let values: Vec<&str> = request
@@ -226,7 +305,8 @@ fn canonical_request(request: &Signed<'_>, signed: &[String]) -> Result<String, 
         "{}\n{}\n{}\n{}\n{}\n{}",
         request.method,
         canonical_path(request.path),
-        canonical_query(request.query),
+        // A presigned request signs its query without the signature itself.
+        canonical_query(request.query, presigned),
         headers,
         signed.join(";"),
         payload
@@ -242,10 +322,11 @@ fn canonical_path(path: &str) -> String {
     path.split('/').map(encode).collect::<Vec<_>>().join("/")
 }
 
-fn canonical_query(query: &str) -> String {
+fn canonical_query(query: &str, presigned: bool) -> String {
     let mut pairs: Vec<(String, String)> = query
         .split('&')
         .filter(|p| !p.is_empty())
+        .filter(|p| !(presigned && p.starts_with("X-Amz-Signature=")))
         .map(|pair| {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             (encode(&decode(k)), encode(&decode(v)))
@@ -353,7 +434,8 @@ pub fn sign(
         headers: all,
         body,
     };
-    let canonical = canonical_request(&request, &signed).expect("every signed header is given");
+    let canonical =
+        canonical_request(&request, &signed, false).expect("every signed header is given");
     let scope = format!("{date}/{region}/sqs/aws4_request");
     let to_sign = format!(
         "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
@@ -484,6 +566,84 @@ mod tests {
             let error = parse_authorization(value).unwrap_err().to_string();
             assert!(error.contains(expected), "{value}: {error}");
         }
+    }
+
+    /// A GET of `/` presigned as the SigV4 documentation describes (query authentication),
+    /// dated `at`, valid `expires` seconds: its query string.
+    fn presign(action: &str, at: SystemTime, expires: u64) -> String {
+        let date = format_amz_date(at);
+        let scope = format!("{}/us-east-1/sqs/aws4_request", &date[..8]);
+        let unsigned = format!(
+            "Action={action}&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIDEXAMPLE%2F{}\
+             &X-Amz-Date={date}&X-Amz-Expires={expires}&X-Amz-SignedHeaders=host",
+            scope.replace('/', "%2F")
+        );
+        let canonical = format!(
+            "GET\n/\n{}\nhost:example.amazonaws.com\n\nhost\n{}",
+            canonical_query(&unsigned, true),
+            hex(digest::digest(&digest::SHA256, b"").as_ref())
+        );
+        let to_sign = format!(
+            "AWS4-HMAC-SHA256\n{date}\n{scope}\n{}",
+            hex(digest::digest(&digest::SHA256, canonical.as_bytes()).as_ref())
+        );
+        let key = signing_key(SECRET, &date[..8], "us-east-1", "sqs");
+        let signature = hex(hmac::sign(&key, to_sign.as_bytes()).as_ref());
+        format!("{unsigned}&X-Amz-Signature={signature}")
+    }
+
+    fn get(query: &str) -> Signed<'_> {
+        Signed {
+            method: "GET",
+            path: "/",
+            query,
+            headers: vec![("Host".into(), "example.amazonaws.com".into())],
+            body: b"",
+        }
+    }
+
+    #[test]
+    fn a_presigned_request_holds_from_its_date_until_it_expires_and_covers_its_query() {
+        let at = parse_amz_date("20150830T123600Z").unwrap();
+        let query = presign("ListQueues", at, 3600);
+        let request = get(&query);
+        assert_eq!(claimed_key(&request, at), Ok("AKIDEXAMPLE".into()));
+        for later in [0, 3599, 3600] {
+            let now = at + Duration::from_secs(later);
+            assert_eq!(verify(&request, SECRET, now), Ok(()), "{later} s after");
+        }
+        let late = at + Duration::from_secs(3601);
+        assert!(matches!(
+            verify(&request, SECRET, late),
+            Err(SignatureError::PresignedExpired(_, 3600))
+        ));
+        // Dated ahead of the clock by more than the skew allowed.
+        let early = at - SKEW_MAX - Duration::from_secs(1);
+        assert!(matches!(
+            verify(&request, SECRET, early),
+            Err(SignatureError::Expired(_))
+        ));
+        assert_eq!(verify(&request, "other", at), Err(SignatureError::Mismatch));
+        let changed = query.replace("Action=ListQueues", "Action=DeleteQueue");
+        assert_eq!(
+            verify(&get(&changed), SECRET, at),
+            Err(SignatureError::Mismatch)
+        );
+        for bad in [0, PRESIGNED_EXPIRES_MAX + 1] {
+            let query = presign("ListQueues", at, bad);
+            assert!(matches!(
+                verify(&get(&query), SECRET, at),
+                Err(SignatureError::Malformed(_))
+            ));
+        }
+        let query = presign("ListQueues", at, PRESIGNED_EXPIRES_MAX);
+        let week = at + Duration::from_secs(PRESIGNED_EXPIRES_MAX);
+        assert_eq!(verify(&get(&query), SECRET, week), Ok(()));
+        // Neither a header nor a presigned query: unsigned.
+        assert!(matches!(
+            verify(&get("Action=ListQueues"), SECRET, at),
+            Err(SignatureError::Missing(_))
+        ));
     }
 
     #[test]
