@@ -507,6 +507,51 @@ def a_purge_empties_the_queue_but_leaves_received_messages_to_their_receipts():
     assert code == "AWS.SimpleQueueService.NonExistentQueue", code
 
 
+def errors_read_as_aws_writes_them():
+    """Codes, shapes (botocore's QueryErrorCode, from the JSON protocol's __type) and
+    messages as AWS answers them (LocalStack's snapshots recorded on AWS)."""
+    url = sqs.create_queue(QueueName="boto-errors")["QueueUrl"]
+
+    def refusal(call):
+        try:
+            call()
+        except botocore.exceptions.ClientError as error:
+            return error.response["Error"]
+        raise AssertionError("the call succeeded")
+
+    error = refusal(lambda: sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=11))
+    assert error["Code"] == "InvalidParameterValue", error
+    assert error["QueryErrorCode"] == "InvalidParameterValueException", error
+    assert error["Message"] == (
+        "Value 11 for parameter MaxNumberOfMessages is invalid. Reason: Must be between 1 and "
+        "10, if provided."
+    ), error
+    error = refusal(lambda: sqs.receive_message(QueueUrl=url, WaitTimeSeconds=21))
+    assert error["Message"] == (
+        "Value 21 for parameter WaitTimeSeconds is invalid. Reason: Must be >= 0 and <= 20, if "
+        "provided."
+    ), error
+    error = refusal(lambda: sqs.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": "bad id", "MessageBody": "x"}]))
+    assert error["Code"] == "AWS.SimpleQueueService.InvalidBatchEntryId", error
+    assert error["Message"] == (
+        "A batch entry id can only contain alphanumeric characters, hyphens and underscores. It "
+        "can be at most 80 letters long."
+    ), error
+    raw = boto3.client(
+        "sqs",
+        endpoint_url=ENDPOINT,
+        region_name="us-east-1",
+        aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET,
+        config=Config(retries=RETRIES, parameter_validation=False),
+    )
+    error = refusal(lambda: raw.send_message(QueueUrl=url))
+    assert error["Code"] == "MissingParameter", error
+    assert error["QueryErrorCode"] == "MissingRequiredParameterException", error
+    assert error["Message"] == "The request must contain the parameter MessageBody.", error
+
+
 def bad_signatures_and_unknown_keys_are_refused():
     url = sqs.create_queue(QueueName="boto-signed")["QueueUrl"]
     code = error_code(lambda: client(secret="wrong" + SECRET[5:]).list_queues())
@@ -731,6 +776,7 @@ CHECKS = [
     depths_show_in_the_queue_s_attributes,
     redrive_sends_a_message_out_of_receives_to_its_dead_letter_queue_and_back,
     a_purge_empties_the_queue_but_leaves_received_messages_to_their_receipts,
+    errors_read_as_aws_writes_them,
     bad_signatures_and_unknown_keys_are_refused,
     unsigned_and_malformed_requests_get_typed_errors,
     the_query_protocol_answers_in_xml,

@@ -3,7 +3,7 @@
 
 use crate::digest::{Attribute, AttributeValue, md5_of_attributes, md5_of_body};
 use crate::error::{SqsError, receipt_error, tree_error};
-use crate::params::{names, number, text};
+use crate::params::{names, number, number_within, text};
 use crate::queues::{QueueAttributes, QueueName};
 use crate::{Caller, State, manage};
 use base64::Engine;
@@ -338,7 +338,7 @@ pub(crate) fn entries(input: &Value) -> Result<&Vec<Value>, SqsError> {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if !valid {
-            return Err(SqsError::bad_entry_id(id));
+            return Err(SqsError::bad_entry_id());
         }
         if !seen.insert(id) {
             return Err(SqsError::ids_not_distinct(id));
@@ -403,13 +403,7 @@ fn asked(patterns: &[String], name: &str) -> bool {
 
 async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
     let (name, queue) = queue_of(state, caller, input).await?;
-    let max = number(input, "MaxNumberOfMessages", 1, RECEIVE_MAX)?;
-    if max == 0 {
-        return Err(SqsError::invalid(
-            "Value 0 for parameter MaxNumberOfMessages is invalid. Reason: must be between 1 \
-             and 10.",
-        ));
-    }
+    let max = number_within(input, "MaxNumberOfMessages", 1, 1, RECEIVE_MAX)?;
     let wait = number(
         input,
         "WaitTimeSeconds",

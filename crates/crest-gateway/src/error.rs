@@ -51,13 +51,15 @@ impl SqsError {
 
     /// A parameter out of range or of the wrong form.
     pub fn invalid(message: impl Into<String>) -> Self {
-        Self::named(StatusCode::BAD_REQUEST, "InvalidParameterValue", message)
+        let (shape, code) = ("InvalidParameterValueException", "InvalidParameterValue");
+        Self::new(StatusCode::BAD_REQUEST, shape, code, message.into())
     }
 
     /// A required parameter is absent.
     pub fn missing(name: &str) -> Self {
         let m = format!("The request must contain the parameter {name}.");
-        Self::named(StatusCode::BAD_REQUEST, "MissingParameter", m)
+        let (shape, code) = ("MissingRequiredParameterException", "MissingParameter");
+        Self::new(StatusCode::BAD_REQUEST, shape, code, m)
     }
 
     /// No such queue.
@@ -126,10 +128,9 @@ impl SqsError {
     }
 
     /// A batch entry id that is not 1-80 of `[A-Za-z0-9_-]`.
-    pub fn bad_entry_id(id: &str) -> Self {
-        let m = format!(
-            "A batch entry id can only contain alphanumeric characters, hyphens and underscores. It can be at most 80 letters long: {id:?}."
-        );
+    pub fn bad_entry_id() -> Self {
+        let m = "A batch entry id can only contain alphanumeric characters, hyphens and \
+                 underscores. It can be at most 80 letters long.";
         Self::sqs("InvalidBatchEntryId", m)
     }
 

@@ -14,16 +14,36 @@ pub(crate) fn text<'a>(input: &'a Value, name: &str) -> Result<&'a str, SqsError
 
 /// A whole number parameter in `0..=max`, or `default` when absent.
 pub(crate) fn number(input: &Value, name: &str, default: u64, max: u64) -> Result<u64, SqsError> {
+    number_within(input, name, default, 0, max)
+}
+
+/// A whole number parameter from `low` to `high`, `default` when absent; refused as SQS
+/// words it.
+pub(crate) fn number_within(
+    input: &Value,
+    name: &str,
+    default: u64,
+    low: u64,
+    high: u64,
+) -> Result<u64, SqsError> {
     match input.get(name) {
         None | Some(Value::Null) => Ok(default),
         Some(value) => value
             .as_u64()
             .or_else(|| value.as_str().and_then(|s| s.parse().ok()))
-            .filter(|v| *v <= max)
+            .filter(|v| (low..=high).contains(v))
             .ok_or_else(|| {
+                let given = value
+                    .as_str()
+                    .map_or_else(|| value.to_string(), str::to_string);
+                let range = if low == 0 {
+                    format!(">= 0 and <= {high}")
+                } else {
+                    format!("between {low} and {high}")
+                };
                 SqsError::invalid(format!(
-                    "Value {value} for parameter {name} is invalid. Reason: must be between 0 \
-                     and {max}."
+                    "Value {given} for parameter {name} is invalid. Reason: Must be {range}, if \
+                     provided."
                 ))
             }),
     }
