@@ -141,6 +141,18 @@ def queues_are_created_found_listed_and_checked():
     assert code == "InvalidParameterValue", code
     code = error_code(lambda: sqs.create_queue(QueueName="bad name"))
     assert code == "InvalidParameterValue", code
+    # Listings page as SQS's: NextToken only when MaxResults is given and more remain; no
+    # QueueUrls member when nothing is listed.
+    pages = [sqs.create_queue(QueueName=f"boto-page-{i}")["QueueUrl"] for i in range(3)]
+    first = sqs.list_queues(QueueNamePrefix="boto-page-", MaxResults=2)
+    assert first["QueueUrls"] == pages[:2] and "NextToken" in first, first
+    rest = sqs.list_queues(QueueNamePrefix="boto-page-", MaxResults=2, NextToken=first["NextToken"])
+    assert rest["QueueUrls"] == pages[2:] and "NextToken" not in rest, rest
+    assert "NextToken" not in sqs.list_queues(QueueNamePrefix="boto-page-"), "no MaxResults"
+    assert "QueueUrls" not in sqs.list_queues(QueueNamePrefix="no-such-prefix")
+    # A standard queue cannot take a FIFO queue's name.
+    code = error_code(lambda: sqs.create_queue(QueueName="boto-standard.fifo"))
+    assert code == "InvalidParameterValue", code
     attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     assert attributes["VisibilityTimeout"] == "5", attributes
     assert attributes["ApproximateNumberOfMessages"] == "0", attributes
@@ -173,6 +185,13 @@ def redrive_sends_a_message_out_of_receives_to_its_dead_letter_queue_and_back():
     assert redrive == {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 2}, redrive
     sources = sqs.list_dead_letter_source_queues(QueueUrl=dlq)["queueUrls"]
     assert sources == [url], sources
+    # In the query protocol's XML, each is a <QueueUrl>, as SDKs read it.
+    import urllib.parse
+
+    form = {"Action": "ListDeadLetterSourceQueues", "Version": "2012-11-05", "QueueUrl": dlq}
+    headers = {"Content-Type": "application/x-www-form-urlencoded; charset=utf-8"}
+    status, _, answer = signed_post(urllib.parse.urlencode(form).encode(), headers)
+    assert status == 200 and f"<QueueUrl>{url}</QueueUrl>".encode() in answer, answer
     missing = json.dumps(
         {"deadLetterTargetArn": dlq_arn.replace("boto-dlq", "nope"), "maxReceiveCount": 2}
     )

@@ -4,9 +4,11 @@
 //! caller's own permissions: changing a queue needs `admin` in its namespace.
 
 use crate::error::{SqsError, tree_error};
-use crate::params::{names, number, string_map, text};
+use crate::params::{names, number, number_within, string_map, text};
 use crate::queues::{Queue, QueueAttributes, QueueName};
 use crate::{Caller, Clients, MoveTask, State};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -86,7 +88,17 @@ pub(crate) async fn create_queue(
     caller: &Caller,
     input: &Value,
 ) -> Result<Value, SqsError> {
-    let name = QueueName::checked(&caller.namespace, text(input, "QueueName")?)?;
+    let asked = text(input, "QueueName")?;
+    // A `.fifo` name is a FIFO queue's: for a standard queue it is an invalid name, as SQS
+    // answers (FIFO queues themselves are not offered yet).
+    let fifo = input["Attributes"]["FifoQueue"].as_str() == Some("true");
+    if asked.ends_with(".fifo") && !fifo {
+        return Err(SqsError::invalid(
+            "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in \
+             length",
+        ));
+    }
+    let name = QueueName::checked(&caller.namespace, asked)?;
     let clients = state.clients(caller)?;
     match clients.fetch(&state.config, &name).await? {
         // As SQS: an existing queue is answered when every attribute the request gives has
@@ -169,15 +181,10 @@ pub(crate) async fn list_queues(
         Some(Value::String(s)) => s.as_str(),
         _ => "",
     };
-    let max = number(input, "MaxResults", 1000, 1000)? as usize;
     let clients = state.clients(caller)?;
-    let urls: Vec<String> = queues_of(&clients, &caller.namespace, prefix)
-        .await?
-        .into_iter()
-        .take(max)
-        .map(|(name, _)| name.url(&caller.host))
-        .collect();
-    Ok(json!({ "QueueUrls": urls }))
+    let queues = queues_of(&clients, &caller.namespace, prefix).await?;
+    let (names, next) = page(input, queues.into_iter().map(|(name, _)| name).collect())?;
+    Ok(listing("QueueUrls", &names, next, &caller.host))
 }
 
 /// Forgets the queue's attributes and deletes its waiting messages (received ones stay with
@@ -309,22 +316,64 @@ async fn sources_of(
         .collect())
 }
 
+/// A page of `names` (in name order): those after `NextToken` (the last name of the page
+/// before), at most `MaxResults` (1–1,000); with the next page's token when `MaxResults` was
+/// given and more remain, as SQS pages.
+fn page(
+    input: &Value,
+    names: Vec<QueueName>,
+) -> Result<(Vec<QueueName>, Option<String>), SqsError> {
+    let max = number_within(input, "MaxResults", 1000, 1, 1000)? as usize;
+    let limited = input.get("MaxResults").is_some_and(|v| !v.is_null());
+    let after = match input.get("NextToken") {
+        None | Some(Value::Null) => None,
+        Some(token) => Some(
+            token
+                .as_str()
+                .and_then(|t| BASE64.decode(t).ok())
+                .and_then(|name| String::from_utf8(name).ok())
+                .ok_or_else(|| SqsError::invalid("Invalid NextToken value."))?,
+        ),
+    };
+    let mut rest: Vec<QueueName> = names
+        .into_iter()
+        .filter(|name| after.as_ref().is_none_or(|after| name.name > *after))
+        .collect();
+    let more = rest.len() > max;
+    rest.truncate(max);
+    let next = rest
+        .last()
+        .filter(|_| limited && more)
+        .map(|last| BASE64.encode(&last.name));
+    Ok((rest, next))
+}
+
+/// A listing of queue URLs under `member`, left out when empty (as SQS answers), and its
+/// `NextToken`.
+fn listing(member: &str, names: &[QueueName], next: Option<String>, host: &str) -> Value {
+    let mut out = Map::new();
+    if !names.is_empty() {
+        let urls: Vec<Value> = names.iter().map(|name| name.url(host).into()).collect();
+        out.insert(member.into(), urls.into());
+    }
+    if let Some(token) = next {
+        out.insert("NextToken".into(), token.into());
+    }
+    out.into()
+}
+
 pub(crate) async fn dead_letter_sources(
     state: &State,
     caller: &Caller,
     input: &Value,
 ) -> Result<Value, SqsError> {
     let name = QueueName::addressed(text(input, "QueueUrl")?, &caller.namespace)?;
-    let max = number(input, "MaxResults", 1000, 1000)? as usize;
     let clients = state.clients(caller)?;
     clients.queue(&state.config, &name).await?;
-    let urls: Vec<String> = sources_of(&clients, &name)
-        .await?
-        .into_iter()
-        .take(max)
-        .map(|(source, _)| source.url(&caller.host))
-        .collect();
-    Ok(json!({ "queueUrls": urls }))
+    let sources = sources_of(&clients, &name).await?;
+    let (names, next) = page(input, sources.into_iter().map(|(name, _)| name).collect())?;
+    // This operation's JSON member is `queueUrls`, as AWS's model names it.
+    Ok(listing("queueUrls", &names, next, &caller.host))
 }
 
 /// A queue named by an ARN parameter, as the tree keeps it.

@@ -190,7 +190,7 @@ fn elements(action: &str, name: &str, value: &Value, out: &mut String) {
         }
         (_, Value::Array(items)) => {
             let item = match name {
-                "QueueUrls" => "QueueUrl".to_string(),
+                "QueueUrls" | "queueUrls" => "QueueUrl".to_string(),
                 "Messages" => "Message".to_string(),
                 "Failed" => "BatchResultErrorEntry".to_string(),
                 "Successful" => format!("{action}ResultEntry"),
