@@ -303,17 +303,40 @@ def attributes_of_every_type_round_trip():
         "count": {"DataType": "Number.int", "StringValue": "42"},
         "blob": {"DataType": "Binary", "BinaryValue": b"\x00\x01\xff"},
         "trace.id": {"DataType": "String", "StringValue": "abc"},
+        "attr.1øßä": {"DataType": "String", "StringValue": "letters of any script"},
     }
     answer = sqs.send_message(QueueUrl=url, MessageBody="x", MessageAttributes=attributes)
     assert answer["MD5OfMessageAttributes"] == md5_of_attributes(attributes)
-    [m] = receive_all(url, 1, MessageAttributeNames=["trace.*", "blob", "count", "text"])
+    [m] = receive_all(
+        url, 1, MessageAttributeNames=["trace.*", "blob", "count", "text", "attr.1øßä"]
+    )
     got = m["MessageAttributes"]
+    assert got["attr.1øßä"]["StringValue"] == "letters of any script", got
     assert got["blob"]["BinaryValue"] == b"\x00\x01\xff", got
     assert got["count"] == {"DataType": "Number.int", "StringValue": "42"}, got
     assert got["trace.id"]["StringValue"] == "abc"
     assert "Priority" not in got, "not asked for"
     assert m["MD5OfMessageAttributes"] == md5_of_attributes(got)
     delete_all(url, [m])
+    # Empty values, names outside letters, digits and _-., and values with control
+    # characters are refused, as SQS refuses them.
+    empty = {"ErrorDetails": {"DataType": "String", "StringValue": ""}}
+    try:
+        sqs.send_message(QueueUrl=url, MessageBody="x", MessageAttributes=empty)
+        raise AssertionError("an empty attribute was taken")
+    except botocore.exceptions.ClientError as error:
+        assert error.response["Error"]["Message"] == (
+            "Message (user) attribute 'ErrorDetails' must contain a non-empty value of type "
+            "'String'."
+        ), error.response
+    for bad in [
+        {"Invalid-§-attr": {"DataType": "String", "StringValue": "v"}},
+        {"attr1": {"DataType": "String", "StringValue": f"Invalid-{chr(8)},{chr(11)}"}},
+    ]:
+        code = error_code(
+            lambda: sqs.send_message(QueueUrl=url, MessageBody="x", MessageAttributes=bad)
+        )
+        assert code == "InvalidParameterValue", (bad, code)
     # Sent without attributes: none come back, though all are asked for (no Priority).
     sqs.send_message(QueueUrl=url, MessageBody="plain")
     [m] = receive_all(url, 1, MessageAttributeNames=["All"])

@@ -120,17 +120,19 @@ fn check_body(body: &str, max: u32) -> Result<(), SqsError> {
              bytes."
         )));
     }
-    let allowed = |c: char| {
-        matches!(c, '\u{9}' | '\u{A}' | '\u{D}' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}')
-            || c >= '\u{10000}'
-    };
-    if let Some(c) = body.chars().find(|c| !allowed(*c)) {
+    if let Some(c) = body.chars().find(|c| !xml_char(*c)) {
         return Err(SqsError::bad_contents(format!(
             "Invalid characters found in the message body: U+{:04X}.",
             c as u32
         )));
     }
     Ok(())
+}
+
+/// Whether SQS takes `c` in a body or a string attribute: XML's characters.
+fn xml_char(c: char) -> bool {
+    matches!(c, '\u{9}' | '\u{A}' | '\u{D}' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}')
+        || c >= '\u{10000}'
 }
 
 /// A message's attributes from a request's `MessageAttributes`.
@@ -149,11 +151,12 @@ fn parse_attributes(input: &Value) -> Result<Vec<(String, Attribute)>, SqsError>
     }
     let mut out = Vec::with_capacity(map.len());
     for (name, value) in map {
+        // Letters and digits of any script, as SQS takes them (`attr.1øßä`), and `_-.`.
         let valid_name = !name.is_empty()
-            && name.len() <= 256
+            && name.chars().count() <= 256
             && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+                .chars()
+                .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.'))
             && !name.starts_with('.')
             && !name.ends_with('.')
             && !name.to_ascii_lowercase().starts_with("aws.")
@@ -175,9 +178,24 @@ fn parse_attributes(input: &Value) -> Result<Vec<(String, Attribute)>, SqsError>
                 SqsError::invalid(format!("The message attribute {name} has no {field}."))
             })
         };
+        let empty = || {
+            SqsError::invalid(format!(
+                "Message (user) attribute '{name}' must contain a non-empty value of type \
+                 '{base}'."
+            ))
+        };
         let value = match base {
             "String" | "Number" => {
                 let text = field("StringValue")?;
+                if text.is_empty() {
+                    return Err(empty());
+                }
+                if let Some(c) = text.chars().find(|c| !xml_char(*c)) {
+                    return Err(SqsError::invalid(format!(
+                        "Message (user) attribute '{name}' has an invalid character: U+{:04X}.",
+                        c as u32
+                    )));
+                }
                 if base == "Number" && text.parse::<f64>().is_err() {
                     return Err(SqsError::invalid(format!(
                         "Can't cast the value of message attribute {name} to a number."
@@ -189,6 +207,9 @@ fn parse_attributes(input: &Value) -> Result<Vec<(String, Attribute)>, SqsError>
                 let bytes = BASE64.decode(field("BinaryValue")?).map_err(|_| {
                     SqsError::invalid(format!("The message attribute {name} is not base64."))
                 })?;
+                if bytes.is_empty() {
+                    return Err(empty());
+                }
                 AttributeValue::Binary(bytes)
             }
             _ => {
