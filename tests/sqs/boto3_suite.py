@@ -528,6 +528,9 @@ def a_purge_empties_the_queue_but_leaves_received_messages_to_their_receipts():
     sqs.send_message(QueueUrl=url, MessageBody="delayed", DelaySeconds=30)
     sqs.send_message(QueueUrl=other, MessageBody="elsewhere")
     sqs.purge_queue(QueueUrl=url)
+    # One purge a minute, as SQS allows.
+    code = error_code(lambda: sqs.purge_queue(QueueUrl=url))
+    assert code == "AWS.SimpleQueueService.PurgeQueueInProgress", code
     attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     depths = [
         attributes[name]

@@ -115,6 +115,12 @@ impl SqsError {
         )
     }
 
+    /// A second purge of queue `name` within a minute.
+    pub fn purge_in_progress(name: &str) -> Self {
+        let m = format!("Only one PurgeQueue operation on {name} is allowed every 60 seconds.");
+        Self::sqs("PurgeQueueInProgress", m)
+    }
+
     /// A batch with no entries.
     pub fn empty_batch() -> Self {
         let m = "There should be at least one entry in the request.".to_string();

@@ -289,13 +289,27 @@ pub(crate) async fn get_queue_attributes(
 
 /// Deletes the queue's ready and delayed messages; messages received and not yet deleted stay
 /// with their receipts (SQS may or may not delete those).
+/// How often a queue may be purged, as SQS allows: once a minute.
+const PURGE_INTERVAL_SECONDS: u64 = 60;
+
 pub(crate) async fn purge_queue(
     state: &State,
     caller: &Caller,
     input: &Value,
 ) -> Result<Value, SqsError> {
     let (name, clients) = addressed(state, caller, input)?;
-    clients.queue(&state.config, &name).await?;
+    let mut queue = clients.queue(&state.config, &name).await?;
+    // One purge a minute, as SQS allows: its time is kept with the queue in the tree, so every
+    // gateway sees it.
+    let now = crate::queues::seconds_now();
+    if queue
+        .purged
+        .is_some_and(|at| now < at + PURGE_INTERVAL_SECONDS)
+    {
+        return Err(SqsError::purge_in_progress(&name.name));
+    }
+    queue.purged = Some(now);
+    keep(state, &clients, &name, queue).await?;
     let admin = clients.admin().await?;
     admin.purge_topic(&name.topic()).await.map_err(tree_error)?;
     Ok(json!({}))

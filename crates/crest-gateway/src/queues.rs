@@ -97,6 +97,7 @@ const NUMBERS: [(&str, NumberField, u32, u32); 5] = [
 const KEY_PREFIX: &str = "sqs.";
 const CREATED: &str = "sqs.created";
 const MODIFIED: &str = "sqs.modified";
+const PURGED: &str = "sqs.purged";
 
 impl QueueAttributes {
     /// Sets the attribute `name` from its text, checking its range; a queue in `namespace`.
@@ -215,6 +216,8 @@ pub struct Queue {
     pub created: u64,
     /// When its attributes last changed.
     pub modified: u64,
+    /// When it was last purged (`PurgeQueueInProgress` for 60 s after), if ever.
+    pub purged: Option<u64>,
     /// Its topic's quotas, set with `crest topic set` (kept as they are when SQS calls
     /// change the queue's attributes).
     pub limits: crest_sdk::Limits,
@@ -228,6 +231,7 @@ impl Queue {
             attributes,
             created: now,
             modified: now,
+            purged: None,
             limits: Default::default(),
         }
     }
@@ -244,6 +248,9 @@ impl Queue {
             .collect();
         attributes.insert(CREATED.into(), self.created.to_string());
         attributes.insert(MODIFIED.into(), self.modified.to_string());
+        if let Some(purged) = self.purged {
+            attributes.insert(PURGED.into(), purged.to_string());
+        }
         let redrive = self.attributes.redrive.as_ref();
         TopicConfig {
             settings: TopicSettings {
@@ -279,6 +286,7 @@ impl Queue {
             attributes,
             created,
             modified,
+            purged: number(PURGED),
             limits: config.limits,
         })
     }
