@@ -324,7 +324,7 @@ async fn bad_receipts_and_invalid_arguments_get_typed_errors() {
         );
     }
 
-    let huge = vec![0u8; 256 * 1024 + 1];
+    let huge = vec![0u8; crest::core::config::PAYLOAD_BYTES_MAX_DEFAULT as usize + 1];
     let error = producers[0].push("jobs", 1, huge).await.unwrap_err();
     assert!(
         matches!(&error, ClientError::InvalidArgument(m) if m.contains("payload_bytes_max")),
@@ -505,7 +505,7 @@ async fn malformed_and_oversized_frames_are_answered_and_the_connection_survives
         topic: "jobs".into(),
         priority: 1,
         metadata: vec![],
-        payload: Bytes::from(vec![1u8; 256 * 1024 + 1]),
+        payload: Bytes::from(vec![1u8; crest::core::config::PAYLOAD_BYTES_MAX_DEFAULT as usize + 1]),
         ..PushMessage::default()
     };
     let mut frame = Vec::new();

@@ -597,6 +597,41 @@ def errors_read_as_aws_writes_them():
     assert error["Message"] == "The request must contain the parameter MessageBody.", error
 
 
+def messages_up_to_a_mebibyte_counting_their_attributes():
+    """SQS's sizes since 2025: a message (body and attributes) up to 1 MiB, a batch too."""
+    url = sqs.create_queue(QueueName="boto-sizes")["QueueUrl"]
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["MaximumMessageSize"])
+    assert attributes["Attributes"]["MaximumMessageSize"] == "1048576", attributes
+    mib = 1_048_576
+    sqs.send_message(QueueUrl=url, MessageBody="m" * mib)
+    [m] = receive_all(url, 1)
+    assert len(m["Body"]) == mib, len(m["Body"])
+    delete_all(url, [m])
+    # The attributes count: a full body with one more attribute is too long.
+    extra = {"k": {"DataType": "String", "StringValue": "v"}}
+    try:
+        sqs.send_message(QueueUrl=url, MessageBody="m" * (mib - 7), MessageAttributes=extra)
+        raise AssertionError("a message over 1 MiB was taken")
+    except botocore.exceptions.ClientError as error:
+        assert error.response["Error"]["Message"] == (
+            "One or more parameters are invalid. Reason: Message must be shorter than 1048576 "
+            "bytes."
+        ), error.response
+    entries = [
+        {"Id": "a", "MessageBody": "a" * (mib // 2)},
+        {"Id": "b", "MessageBody": "b" * (mib // 2 + 1)},
+    ]
+    try:
+        sqs.send_message_batch(QueueUrl=url, Entries=entries)
+        raise AssertionError("a batch over 1 MiB was taken")
+    except botocore.exceptions.ClientError as error:
+        refusal = error.response["Error"]
+        assert refusal["Code"] == "AWS.SimpleQueueService.BatchRequestTooLong", refusal
+        assert refusal["Message"] == (
+            "Batch requests cannot be longer than 1048576 bytes. You have sent 1048577 bytes."
+        ), refusal
+
+
 def bad_signatures_and_unknown_keys_are_refused():
     url = sqs.create_queue(QueueName="boto-signed")["QueueUrl"]
     code = error_code(lambda: client(secret="wrong" + SECRET[5:]).list_queues())
@@ -822,6 +857,7 @@ CHECKS = [
     redrive_sends_a_message_out_of_receives_to_its_dead_letter_queue_and_back,
     a_purge_empties_the_queue_but_leaves_received_messages_to_their_receipts,
     errors_read_as_aws_writes_them,
+    messages_up_to_a_mebibyte_counting_their_attributes,
     bad_signatures_and_unknown_keys_are_refused,
     unsigned_and_malformed_requests_get_typed_errors,
     the_query_protocol_answers_in_xml,

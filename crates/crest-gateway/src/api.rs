@@ -19,6 +19,8 @@ use std::time::Duration;
 
 /// Most entries in one batch request.
 const BATCH_ENTRIES_MAX: usize = 10;
+/// Most bytes of the messages of one batch request (bodies and attributes), as SQS's 1 MiB.
+const BATCH_BYTES_MAX: usize = 1_048_576;
 /// Most messages one receive returns.
 const RECEIVE_MAX: u64 = 10;
 /// Longest long poll.
@@ -109,16 +111,10 @@ async fn queue_of(
     Ok((name, queue.attributes))
 }
 
-/// Characters SQS allows in a message body: XML's.
-fn check_body(body: &str, max: u32) -> Result<(), SqsError> {
+/// A body SQS takes: present, and of XML's characters.
+fn check_body(body: &str) -> Result<(), SqsError> {
     if body.is_empty() {
         return Err(SqsError::missing("MessageBody"));
-    }
-    if body.len() > max as usize {
-        return Err(SqsError::invalid(format!(
-            "One or more parameters are invalid. Reason: Message must be shorter than {max} \
-             bytes."
-        )));
     }
     if let Some(c) = body.chars().find(|c| !xml_char(*c)) {
         return Err(SqsError::bad_contents(format!(
@@ -127,6 +123,20 @@ fn check_body(body: &str, max: u32) -> Result<(), SqsError> {
         )));
     }
     Ok(())
+}
+
+/// The size SQS gives a message of a send request (an entry of a batch): its body's bytes and
+/// each attribute's name, type and value (a binary value's bytes).
+fn message_bytes(entry: &Value) -> usize {
+    let body = entry["MessageBody"].as_str().map_or(0, str::len);
+    let attributes = entry["MessageAttributes"].as_object().into_iter().flatten();
+    let attribute = |(name, value): (&String, &Value)| {
+        let text = |field: &str| value[field].as_str().unwrap_or_default();
+        let binary = text("BinaryValue");
+        let binary = BASE64.decode(binary).map_or(binary.len(), |b| b.len());
+        name.len() + text("DataType").len() + text("StringValue").len() + binary
+    };
+    body + attributes.map(attribute).sum::<usize>()
 }
 
 /// Whether SQS takes `c` in a body or a string attribute: XML's characters.
@@ -243,8 +253,16 @@ pub(crate) fn prepare(
     entry: &Value,
 ) -> Result<Prepared, SqsError> {
     let body = text(entry, "MessageBody")?;
-    check_body(body, queue.maximum_message_size)?;
+    check_body(body)?;
     let attributes = parse_attributes(entry)?;
+    // As SQS counts a message: its body and its attributes' names, types and values.
+    let max = queue.maximum_message_size;
+    if message_bytes(entry) > max as usize {
+        return Err(SqsError::invalid(format!(
+            "One or more parameters are invalid. Reason: Message must be shorter than {max} \
+             bytes."
+        )));
+    }
     let delay = number(
         entry,
         "DelaySeconds",
@@ -384,6 +402,10 @@ async fn send_message_batch(
 ) -> Result<Value, SqsError> {
     let (name, queue) = queue_of(state, caller, input).await?;
     let entries = entries(input)?;
+    let bytes: usize = entries.iter().map(message_bytes).sum();
+    if bytes > BATCH_BYTES_MAX {
+        return Err(SqsError::batch_too_long(BATCH_BYTES_MAX, bytes));
+    }
     let mut ok = Vec::new();
     let mut bad = Vec::new();
     for entry in entries {
@@ -710,16 +732,26 @@ mod tests {
 
     #[test]
     fn bodies_with_characters_outside_xml_s_are_refused() {
-        assert!(check_body("hello\tworld\n", 100).is_ok());
+        assert!(check_body("hello\tworld\n").is_ok());
         assert_eq!(
-            check_body("a\u{1}b", 100).unwrap_err().code,
+            check_body("a\u{1}b").unwrap_err().code,
             "InvalidMessageContents"
         );
-        assert_eq!(check_body("", 100).unwrap_err().code, "MissingParameter");
-        assert_eq!(
-            check_body("abc", 2).unwrap_err().code,
-            "InvalidParameterValue"
-        );
+        assert_eq!(check_body("").unwrap_err().code, "MissingParameter");
+    }
+
+    #[test]
+    fn a_message_s_size_is_its_body_and_its_attributes() {
+        let entry = json!({
+            "MessageBody": "abcd",
+            "MessageAttributes": {
+                "k": { "DataType": "String", "StringValue": "vv" },
+                "b": { "DataType": "Binary", "BinaryValue": "AAEC" },
+            },
+        });
+        // 4 + (1 + 6 + 2) + (1 + 6 + 3 bytes decoded)
+        assert_eq!(message_bytes(&entry), 23);
+        assert_eq!(message_bytes(&json!({ "MessageBody": "é" })), 2);
     }
 
     #[test]

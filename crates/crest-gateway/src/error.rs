@@ -121,6 +121,14 @@ impl SqsError {
         Self::sqs("PurgeQueueInProgress", m)
     }
 
+    /// A batch whose messages come to `bytes`, past SQS's `max`.
+    pub fn batch_too_long(max: usize, bytes: usize) -> Self {
+        let m = format!(
+            "Batch requests cannot be longer than {max} bytes. You have sent {bytes} bytes."
+        );
+        Self::sqs("BatchRequestTooLong", m)
+    }
+
     /// A batch with no entries.
     pub fn empty_batch() -> Self {
         let m = "There should be at least one entry in the request.".to_string();

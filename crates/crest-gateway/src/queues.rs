@@ -41,7 +41,8 @@ pub struct QueueAttributes {
     pub retention_seconds: u32,
     /// `ReceiveMessageWaitTimeSeconds`: a receive's long poll, 0–20 s (default 0).
     pub receive_wait_seconds: u32,
-    /// `MaximumMessageSize`: 1,024–262,144 bytes (default 262,144).
+    /// `MaximumMessageSize`: 1,024–1,048,576 bytes (default 1,048,576, as SQS's since 2025),
+    /// counting the body and the message attributes.
     pub maximum_message_size: u32,
     /// `RedrivePolicy`, if set.
     pub redrive: Option<Redrive>,
@@ -54,11 +55,14 @@ impl Default for QueueAttributes {
             delay_seconds: 0,
             retention_seconds: 345_600,
             receive_wait_seconds: 0,
-            maximum_message_size: 262_144,
+            maximum_message_size: MESSAGE_BYTES_MAX,
             redrive: None,
         }
     }
 }
+
+/// SQS's largest message (body and attributes), in bytes: 1 MiB.
+pub const MESSAGE_BYTES_MAX: u32 = 1_048_576;
 
 /// The attributes kept as numbers, by SQS name: where each is in [`QueueAttributes`] and
 /// its range.
@@ -87,7 +91,7 @@ const NUMBERS: [(&str, NumberField, u32, u32); 5] = [
         "MaximumMessageSize",
         |a| &mut a.maximum_message_size,
         1_024,
-        262_144,
+        MESSAGE_BYTES_MAX,
     ),
 ];
 

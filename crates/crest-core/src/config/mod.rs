@@ -16,8 +16,8 @@ pub use topic::{
     TopicPolicy, TopicSettings, WEIGHT_MAX, Weights,
 };
 
-/// Largest payload of one message, in bytes (256 KiB).
-pub const PAYLOAD_BYTES_MAX_DEFAULT: u32 = 256 * 1024;
+/// Largest payload of one message, in bytes (1 MiB, SQS's largest message).
+pub const PAYLOAD_BYTES_MAX_DEFAULT: u32 = 1024 * 1024;
 /// Largest frame on any stream, in bytes (16 MiB).
 pub const FRAME_BYTES_MAX_DEFAULT: u32 = 16 * 1024 * 1024;
 /// What a replica group's RPC carries beside one entry's operations, at most: the request's
@@ -408,8 +408,8 @@ pub struct Settings {
     /// Also how often at most the root sends a limited scope's configuration again to a leaf
     /// that lacks it.
     pub quota_start_wait_ms: u64,
-    /// Largest HTTP request body an SQS gateway reads, in bytes (a batch of ten 256 KiB
-    /// messages fits in the default).
+    /// Largest HTTP request body an SQS gateway reads, in bytes (SQS's largest request, a
+    /// message or batch of 1 MiB, fits in the default with room for JSON's escapes).
     pub gateway_body_bytes_max: u64,
     /// Most requests an SQS gateway serves at once; beyond, `RequestThrottled` (SDKs back off
     /// and retry).
