@@ -505,7 +505,11 @@ async fn malformed_and_oversized_frames_are_answered_and_the_connection_survives
         topic: "jobs".into(),
         priority: 1,
         metadata: vec![],
-        payload: Bytes::from(vec![1u8; crest::core::config::PAYLOAD_BYTES_MAX_DEFAULT as usize + 1]),
+        payload: Bytes::from(vec![
+            1u8;
+            crest::core::config::PAYLOAD_BYTES_MAX_DEFAULT as usize
+                + 1
+        ]),
         ..PushMessage::default()
     };
     let mut frame = Vec::new();

@@ -318,6 +318,34 @@ def attributes_of_every_type_round_trip():
     assert "Priority" not in got, "not asked for"
     assert m["MD5OfMessageAttributes"] == md5_of_attributes(got)
     delete_all(url, [m])
+    # The system attribute AWSTraceHeader: kept apart from the message attributes (their MD5
+    # unchanged; its own MD5 as AWS gives it), given back when asked for; or taken from the
+    # request's X-Amzn-Trace-Id.
+    trace = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+    stamp = {"timestamp": {"StringValue": "1493147359900", "DataType": "Number"}}
+    plain = sqs.send_message(QueueUrl=url, MessageBody="t", MessageAttributes=stamp)
+    traced = sqs.send_message(
+        QueueUrl=url,
+        MessageBody="t",
+        MessageAttributes=stamp,
+        MessageSystemAttributes={"AWSTraceHeader": {"DataType": "String", "StringValue": trace}},
+    )
+    assert traced["MD5OfMessageAttributes"] == plain["MD5OfMessageAttributes"], traced
+    assert "MD5OfMessageSystemAttributes" not in plain, plain
+    assert traced["MD5OfMessageSystemAttributes"] == "5ae4d5d7636402d80f4eb6d213245a88", traced
+    got = receive_all(url, 2, AttributeNames=["AWSTraceHeader"])
+    assert sorted(m.get("Attributes", {}).get("AWSTraceHeader", "") for m in got) == ["", trace]
+    delete_all(url, got)
+    header = "Root=1-3152b799-8954dae64eda91bc9a23a7e8;Parent=7fa8c0f79203be72;Sampled=1"
+    xray = client()
+    xray.meta.events.register(
+        "before-send.sqs.SendMessage",
+        lambda request, **_: request.headers.__setitem__("X-Amzn-Trace-Id", header),
+    )
+    xray.send_message(QueueUrl=url, MessageBody="x-ray")
+    [m] = receive_all(url, 1, AttributeNames=["All"])
+    assert m["Attributes"]["AWSTraceHeader"] == header, m
+    delete_all(url, [m])
     # Empty values, names outside letters, digits and _-., and values with control
     # characters are refused, as SQS refuses them.
     empty = {"ErrorDetails": {"DataType": "String", "StringValue": ""}}

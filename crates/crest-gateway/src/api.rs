@@ -38,6 +38,10 @@ const ATTRIBUTE_PREFIX: &str = "sqs.a.";
 /// Metadata key of the access key that sent a message (`SenderId`), stamped (see
 /// [`sender_stamp`]).
 const SENDER_KEY: &str = "sqs.sender";
+/// Metadata key of a message's `AWSTraceHeader` system attribute.
+const TRACE_KEY: &str = "sqs.trace";
+/// The one system attribute a sender may set.
+const TRACE_ATTRIBUTE: &str = "AWSTraceHeader";
 
 /// The `sqs.sender` value of a message with `body` sent with the key `key_id`: the id and an
 /// HMAC-SHA256 of it and the body under the key's secret. A native producer may set any
@@ -244,6 +248,7 @@ pub(crate) struct Prepared {
     message: Message,
     md5_body: String,
     md5_attributes: Option<String>,
+    md5_system: Option<String>,
 }
 
 pub(crate) fn prepare(
@@ -307,10 +312,22 @@ pub(crate) fn prepare(
     if let Some(group) = token(entry, "MessageGroupId")? {
         message = message.fairness_key(group);
     }
+    let trace = trace_header(caller, entry)?;
+    let md5_system = trace.as_ref().and_then(|trace| {
+        let attribute = Attribute {
+            data_type: "String".into(),
+            value: AttributeValue::Text(trace.clone()),
+        };
+        md5_of_attributes([(TRACE_ATTRIBUTE, &attribute)])
+    });
+    if let Some(trace) = trace {
+        message = message.metadata(TRACE_KEY, trace);
+    }
     Ok(Prepared {
         message,
         md5_body: md5_of_body(body),
         md5_attributes: md5_of_attributes(attributes.iter().map(|(n, a)| (n.as_str(), a))),
+        md5_system,
     })
 }
 
@@ -339,7 +356,41 @@ fn sent(prepared: &Prepared, id: String) -> Value {
     if let Some(md5) = &prepared.md5_attributes {
         out["MD5OfMessageAttributes"] = md5.clone().into();
     }
+    if let Some(md5) = &prepared.md5_system {
+        out["MD5OfMessageSystemAttributes"] = md5.clone().into();
+    }
     out
+}
+
+/// A message's `AWSTraceHeader`: its `MessageSystemAttributes` one (the only system attribute
+/// a sender sets, a `String`), else the request's `X-Amzn-Trace-Id`.
+fn trace_header(caller: &Caller, entry: &Value) -> Result<Option<String>, SqsError> {
+    let Some(system) = entry
+        .get("MessageSystemAttributes")
+        .filter(|v| !v.is_null())
+    else {
+        return Ok(caller.trace.clone());
+    };
+    let system = system
+        .as_object()
+        .ok_or_else(|| SqsError::invalid("MessageSystemAttributes must be a map"))?;
+    if let Some(name) = system.keys().find(|name| *name != TRACE_ATTRIBUTE) {
+        return Err(SqsError::invalid(format!(
+            "Message system attribute name '{name}' is invalid."
+        )));
+    }
+    let Some(trace) = system.get(TRACE_ATTRIBUTE) else {
+        return Ok(caller.trace.clone());
+    };
+    match (trace["DataType"].as_str(), trace["StringValue"].as_str()) {
+        (Some("String"), Some(value)) if !value.is_empty() && value.chars().all(xml_char) => {
+            Ok(Some(value.to_string()))
+        }
+        _ => Err(SqsError::invalid(format!(
+            "Message system attribute '{TRACE_ATTRIBUTE}' must contain a non-empty value of \
+             type 'String'."
+        ))),
+    }
 }
 
 async fn send_message(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
@@ -537,6 +588,11 @@ fn received(state: &State, delivery: &Delivery, asked: &Asked) -> Value {
         && let Some(group) = &delivery.fairness_key
     {
         system.insert("MessageGroupId".into(), group.clone().into());
+    }
+    if asked.system(TRACE_ATTRIBUTE)
+        && let Some((_, trace)) = delivery.metadata.iter().find(|(k, _)| k == TRACE_KEY)
+    {
+        system.insert(TRACE_ATTRIBUTE.into(), trace.clone().into());
     }
     if !system.is_empty() {
         out["Attributes"] = system.into();

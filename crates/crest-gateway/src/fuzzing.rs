@@ -36,6 +36,7 @@ fn json_value(input: &Value) {
         secret: "secret".into(),
         namespace: "fuzz".into(),
         host: "127.0.0.1:9324".into(),
+        trace: None,
     };
     let name = QueueName::checked("fuzz", "queue").expect("a valid name");
     let queue = QueueAttributes::default();

@@ -283,6 +283,9 @@ pub(crate) struct Caller {
     secret: String,
     namespace: String,
     host: String,
+    /// The request's `X-Amzn-Trace-Id` header: a sent message's `AWSTraceHeader` unless the
+    /// message gives its own.
+    trace: Option<String>,
 }
 
 /// What the handlers share.
@@ -513,11 +516,17 @@ async fn serve(state: &State, request: Request) -> Result<(String, serde_json::V
         .get("host")
         .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
         .unwrap_or_else(|| state.config.listen.to_string());
+    let trace = parts
+        .headers
+        .get("x-amzn-trace-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let caller = Caller {
         key_id,
         secret: key.secret.clone(),
         namespace: key.namespace.clone(),
         host,
+        trace,
     };
     let value = api::dispatch(state, &caller, &action, &input).await?;
     Ok((action, value))

@@ -116,9 +116,13 @@ fn group(params: &[(String, String)], entries: bool) -> Result<Map<String, Value
             {
                 map.insert(name, value.into());
             }
-        } else if head == "MessageAttribute" {
+        } else if let Some(member) = match head {
+            "MessageAttribute" => Some("MessageAttributes"),
+            "MessageSystemAttribute" => Some("MessageSystemAttributes"),
+            _ => None,
+        } {
             if let Some(name) = field("Name")
-                && let Value::Object(map) = slot(&mut out, "MessageAttributes", map)?
+                && let Value::Object(map) = slot(&mut out, member, map)?
             {
                 let mut value = Map::new();
                 for (member, text) in &members {
