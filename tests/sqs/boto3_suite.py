@@ -33,14 +33,14 @@ SECRET = os.environ["AWS_SECRET_ACCESS_KEY"]
 RETRIES = {"max_attempts": 3, "mode": "standard"}
 
 
-def client(key=KEY, secret=SECRET):
+def client(key=KEY, secret=SECRET, region="us-east-1", validate=True):
     return boto3.client(
         "sqs",
         endpoint_url=ENDPOINT,
-        region_name="us-east-1",
+        region_name=region,
         aws_access_key_id=key,
         aws_secret_access_key=secret,
-        config=Config(retries=RETRIES),
+        config=Config(retries=RETRIES, parameter_validation=validate),
     )
 
 
@@ -611,14 +611,7 @@ def errors_read_as_aws_writes_them():
         "A batch entry id can only contain alphanumeric characters, hyphens and underscores. It "
         "can be at most 80 letters long."
     ), error
-    raw = boto3.client(
-        "sqs",
-        endpoint_url=ENDPOINT,
-        region_name="us-east-1",
-        aws_access_key_id=KEY,
-        aws_secret_access_key=SECRET,
-        config=Config(retries=RETRIES, parameter_validation=False),
-    )
+    raw = client(validate=False)
     error = refusal(lambda: raw.send_message(QueueUrl=url))
     assert error["Code"] == "MissingParameter", error
     assert error["QueryErrorCode"] == "MissingRequiredParameterException", error
@@ -658,6 +651,29 @@ def messages_up_to_a_mebibyte_counting_their_attributes():
         assert refusal["Message"] == (
             "Batch requests cannot be longer than 1048576 bytes. You have sent 1048577 bytes."
         ), refusal
+
+
+def each_region_has_its_own_queues():
+    """As on SQS: the same name in two regions is two queues; a client sees its region's."""
+    away = client(region="eu-central-1")
+    here_url = sqs.create_queue(QueueName="boto-regional")["QueueUrl"]
+    away_url = away.create_queue(QueueName="boto-regional")["QueueUrl"]
+    assert here_url != away_url and "eu-central-1" in away_url, (here_url, away_url)
+    assert sqs.get_queue_url(QueueName="boto-regional")["QueueUrl"] == here_url
+    assert away.get_queue_url(QueueName="boto-regional")["QueueUrl"] == away_url
+    here_list = sqs.list_queues(QueueNamePrefix="boto-regional").get("QueueUrls", [])
+    away_list = away.list_queues(QueueNamePrefix="boto-regional").get("QueueUrls", [])
+    assert here_list == [here_url] and away_list == [away_url], (here_list, away_list)
+    away.send_message(QueueUrl="boto-regional", MessageBody="in eu-central-1")
+    empty = sqs.receive_message(QueueUrl=here_url, WaitTimeSeconds=1)
+    assert "Messages" not in empty, empty
+    [m] = receive_all(away_url, 1)
+    assert m["Body"] == "in eu-central-1", m
+    arn = away.get_queue_attributes(QueueUrl=away_url, AttributeNames=["QueueArn"])
+    assert arn["Attributes"]["QueueArn"].startswith("arn:aws:sqs:eu-central-1:"), arn
+    away.delete_message(QueueUrl=away_url, ReceiptHandle=m["ReceiptHandle"])
+    away.delete_queue(QueueUrl=away_url)
+    assert sqs.get_queue_url(QueueName="boto-regional")["QueueUrl"] == here_url
 
 
 def bad_signatures_and_unknown_keys_are_refused():
@@ -886,6 +902,7 @@ CHECKS = [
     a_purge_empties_the_queue_but_leaves_received_messages_to_their_receipts,
     errors_read_as_aws_writes_them,
     messages_up_to_a_mebibyte_counting_their_attributes,
+    each_region_has_its_own_queues,
     bad_signatures_and_unknown_keys_are_refused,
     unsigned_and_malformed_requests_get_typed_errors,
     the_query_protocol_answers_in_xml,

@@ -109,7 +109,7 @@ async fn queue_of(
     caller: &Caller,
     input: &Value,
 ) -> Result<(QueueName, QueueAttributes), SqsError> {
-    let name = QueueName::addressed(text(input, "QueueUrl")?, &caller.namespace)?;
+    let name = caller.addressed(text(input, "QueueUrl")?, &state.config.region)?;
     let clients = state.clients(caller)?;
     let queue = clients.queue(&state.config, &name).await?;
     Ok((name, queue.attributes))

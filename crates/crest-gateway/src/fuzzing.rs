@@ -35,20 +35,22 @@ fn json_value(input: &Value) {
         key_id: "AKIAFUZZ".into(),
         secret: "secret".into(),
         namespace: "fuzz".into(),
+        region: None,
         host: "127.0.0.1:9324".into(),
         trace: None,
     };
     let name = QueueName::checked("fuzz", "queue").expect("a valid name");
     let queue = QueueAttributes::default();
-    let _ = params::text(input, "QueueUrl").map(QueueName::from_url);
+    let _ = params::text(input, "QueueUrl").map(|url| QueueName::from_url(url, "us-east-1"));
     let _ = params::text(input, "QueueName").map(|n| QueueName::checked("fuzz", n));
     let _ = params::names(input, "AttributeNames");
     let _ = params::names(input, "MessageAttributeNames");
     let _ = params::number(input, "WaitTimeSeconds", 0, 20);
     if let Ok(attributes) = params::string_map(input, "Attributes") {
+        let fuzzed = name.clone();
         let mut queue = QueueAttributes::default();
         for (name, value) in attributes {
-            let _ = queue.set("fuzz", &name, &value);
+            let _ = queue.set(&fuzzed, "us-east-1", &name, &value);
         }
     }
     let _ = api::prepare(&caller, &name, &queue, input);

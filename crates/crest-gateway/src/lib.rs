@@ -70,7 +70,8 @@ impl std::fmt::Debug for AccessKey {
 pub struct GatewayConfig {
     /// Where it listens for HTTP.
     pub listen: SocketAddr,
-    /// The region clients sign for (any region is accepted; this one is in queue ARNs).
+    /// The gateway's own region: its queues' URLs and topics carry no region; a request
+    /// signed for another region names that region's queues, each region a space of its own.
     pub region: String,
     /// The producer settings its keys' producers start from (their credential replaced).
     pub producer: ProducerConfig,
@@ -282,10 +283,21 @@ pub(crate) struct Caller {
     /// The key's secret: what the sender of a message it sends is stamped with.
     secret: String,
     namespace: String,
+    /// The region the request was signed for, when not the gateway's own: the queues it
+    /// names by name are that region's.
+    region: Option<String>,
     host: String,
     /// The request's `X-Amzn-Trace-Id` header: a sent message's `AWSTraceHeader` unless the
     /// message gives its own.
     trace: Option<String>,
+}
+
+impl Caller {
+    /// The queue a request's `QueueUrl` names (its URL, or its bare name in the caller's
+    /// namespace and region; `home`: the gateway's region).
+    fn addressed(&self, url: &str, home: &str) -> Result<QueueName, SqsError> {
+        QueueName::addressed(url, &self.namespace, self.region.as_deref(), home)
+    }
 }
 
 /// What the handlers share.
@@ -452,10 +464,18 @@ async fn serve(state: &State, request: Request) -> Result<(String, serde_json::V
             .collect(),
         body: &[],
     };
-    let claimed = sigv4::claimed_key(&signed, now)
+    let claimed = sigv4::claimed(&signed, now)
         .map_err(signature_error)
-        .and_then(|id| Ok((state.keys.get(&id).ok_or_else(SqsError::unknown_key)?, id)));
-    let (key, key_id) = match claimed {
+        .and_then(|claim| {
+            Ok((
+                state
+                    .keys
+                    .get(&claim.key_id)
+                    .ok_or_else(SqsError::unknown_key)?,
+                claim,
+            ))
+        });
+    let (key, claim) = match claimed {
         Ok(claimed) => claimed,
         Err(error) => {
             state.discard(body).await;
@@ -521,10 +541,12 @@ async fn serve(state: &State, request: Request) -> Result<(String, serde_json::V
         .get("x-amzn-trace-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let home = &state.config.region;
     let caller = Caller {
-        key_id,
+        key_id: claim.key_id,
         secret: key.secret.clone(),
         namespace: key.namespace.clone(),
+        region: Some(claim.region).filter(|region| region != home),
         host,
         trace,
     };

@@ -23,7 +23,7 @@ async fn asked_attributes(
     input: &Value,
 ) -> Result<QueueAttributes, SqsError> {
     for (key, value) in string_map(input, "Attributes")? {
-        attributes.set(&name.namespace, &key, &value)?;
+        attributes.set(name, &state.config.region, &key, &value)?;
     }
     if let Some(redrive) = &attributes.redrive {
         if redrive.dead_letter == *name {
@@ -52,7 +52,7 @@ fn addressed(
     caller: &Caller,
     input: &Value,
 ) -> Result<(QueueName, Arc<Clients>), SqsError> {
-    let name = QueueName::addressed(text(input, "QueueUrl")?, &caller.namespace)?;
+    let name = caller.addressed(text(input, "QueueUrl")?, &state.config.region)?;
     Ok((name, state.clients(caller)?))
 }
 
@@ -98,7 +98,8 @@ pub(crate) async fn create_queue(
              length",
         ));
     }
-    let name = QueueName::checked(&caller.namespace, asked)?;
+    let name = QueueName::checked(&caller.namespace, asked)?
+        .in_region(caller.region.as_deref(), &state.config.region);
     let clients = state.clients(caller)?;
     match clients.fetch(&state.config, &name).await? {
         // As SQS: an existing queue is answered when every attribute the request gives has
@@ -144,21 +145,23 @@ pub(crate) async fn get_queue_url(
     input: &Value,
 ) -> Result<Value, SqsError> {
     let name = QueueName::checked(&caller.namespace, text(input, "QueueName")?)
-        .map_err(|_| SqsError::no_queue())?;
+        .map_err(|_| SqsError::no_queue())?
+        .in_region(caller.region.as_deref(), &state.config.region);
     state.clients(caller)?.queue(&state.config, &name).await?;
     Ok(json!({ "QueueUrl": name.url(&caller.host) }))
 }
 
-/// The queues of `namespace` whose names start with `prefix`, by name, as the tree keeps
-/// them.
+/// The queues of `namespace` in `region` (`None`: the gateway's) whose names start with
+/// `prefix`, by name, as the tree keeps them.
 async fn queues_of(
     clients: &Clients,
     namespace: &str,
+    region: Option<&str>,
     prefix: &str,
 ) -> Result<Vec<(QueueName, Queue)>, SqsError> {
     let admin = clients.admin().await?;
     let listed = admin
-        .configs(&QueueName::topic_prefix(namespace, prefix))
+        .configs(&QueueName::topic_prefix(namespace, region, prefix))
         .await
         .map_err(tree_error)?;
     Ok(listed
@@ -167,7 +170,8 @@ async fn queues_of(
         .filter_map(|(topic, config)| {
             let name = QueueName::from_topic(topic)?;
             let queue = Queue::from_config(config)?;
-            (name.namespace == namespace).then_some((name, queue))
+            let ours = name.namespace == namespace && name.region.as_deref() == region;
+            ours.then_some((name, queue))
         })
         .collect())
 }
@@ -182,7 +186,8 @@ pub(crate) async fn list_queues(
         _ => "",
     };
     let clients = state.clients(caller)?;
-    let queues = queues_of(&clients, &caller.namespace, prefix).await?;
+    let region = caller.region.as_deref();
+    let queues = queues_of(&clients, &caller.namespace, region, prefix).await?;
     let (names, next) = page(input, queues.into_iter().map(|(name, _)| name).collect())?;
     Ok(listing("QueueUrls", &names, next, &caller.host))
 }
@@ -320,14 +325,16 @@ async fn sources_of(
     clients: &Clients,
     target: &QueueName,
 ) -> Result<Vec<(QueueName, Queue)>, SqsError> {
-    Ok(queues_of(clients, &target.namespace, "")
-        .await?
-        .into_iter()
-        .filter(|(_, queue)| {
-            let redrive = queue.attributes.redrive.as_ref();
-            redrive.is_some_and(|r| r.dead_letter == *target)
-        })
-        .collect())
+    Ok(
+        queues_of(clients, &target.namespace, target.region.as_deref(), "")
+            .await?
+            .into_iter()
+            .filter(|(_, queue)| {
+                let redrive = queue.attributes.redrive.as_ref();
+                redrive.is_some_and(|r| r.dead_letter == *target)
+            })
+            .collect(),
+    )
 }
 
 /// A page of `names` (in name order): those after `NextToken` (the last name of the page
@@ -381,7 +388,7 @@ pub(crate) async fn dead_letter_sources(
     caller: &Caller,
     input: &Value,
 ) -> Result<Value, SqsError> {
-    let name = QueueName::addressed(text(input, "QueueUrl")?, &caller.namespace)?;
+    let name = caller.addressed(text(input, "QueueUrl")?, &state.config.region)?;
     let clients = state.clients(caller)?;
     clients.queue(&state.config, &name).await?;
     let sources = sources_of(&clients, &name).await?;
@@ -398,7 +405,7 @@ async fn queue_by_arn(
     field: &str,
 ) -> Result<QueueName, SqsError> {
     let arn = text(input, field)?;
-    let name = QueueName::from_arn(arn)
+    let name = QueueName::from_arn(arn, &state.config.region)
         .ok_or_else(|| SqsError::invalid(format!("{field} {arn:?} is not a queue ARN")))?;
     clients.queue(&state.config, &name).await?;
     Ok(name)

@@ -104,10 +104,17 @@ const MODIFIED: &str = "sqs.modified";
 const PURGED: &str = "sqs.purged";
 
 impl QueueAttributes {
-    /// Sets the attribute `name` from its text, checking its range; a queue in `namespace`.
-    pub fn set(&mut self, namespace: &str, name: &str, value: &str) -> Result<(), SqsError> {
+    /// Sets the attribute `name` of `queue` from its text, checking its range (`home`: the
+    /// gateway's region, for ARNs).
+    pub fn set(
+        &mut self,
+        queue: &QueueName,
+        home: &str,
+        name: &str,
+        value: &str,
+    ) -> Result<(), SqsError> {
         if name == "RedrivePolicy" {
-            self.redrive = Redrive::parse(namespace, value)?;
+            self.redrive = Redrive::parse(queue, home, value)?;
             return Ok(());
         }
         let Some((_, field, low, high)) = NUMBERS.iter().find(|(n, ..)| *n == name) else {
@@ -144,8 +151,9 @@ impl QueueAttributes {
 
 impl Redrive {
     /// From `RedrivePolicy`'s JSON (`""`: none): `deadLetterTargetArn` must name a queue of
-    /// `namespace` (crest moves messages within a namespace), `maxReceiveCount` 1–1,000.
-    fn parse(namespace: &str, value: &str) -> Result<Option<Redrive>, SqsError> {
+    /// `queue`'s namespace and region (crest moves messages within a namespace; SQS within a
+    /// region), `maxReceiveCount` 1–1,000.
+    fn parse(queue: &QueueName, home: &str, value: &str) -> Result<Option<Redrive>, SqsError> {
         if value.is_empty() {
             return Ok(None);
         }
@@ -172,13 +180,16 @@ impl Redrive {
             }
         };
         let max_receive_count = parse_within("maxReceiveCount", &count, 1, 1_000)?;
-        let dead_letter = QueueName::from_arn(arn).ok_or_else(|| {
+        let dead_letter = QueueName::from_arn(arn, home).ok_or_else(|| {
             bad("Dead-letter target is not a queue ARN (arn:aws:sqs:REGION:NAMESPACE:NAME).")
         })?;
-        if dead_letter.namespace != namespace {
+        if dead_letter.namespace != queue.namespace {
             return Err(bad(
                 "Dead-letter target owner is not this queue's namespace.",
             ));
+        }
+        if dead_letter.region != queue.region {
+            return Err(bad("Dead-letter target is not in this queue's region."));
         }
         Ok(Some(Redrive {
             dead_letter,
@@ -296,18 +307,31 @@ impl Queue {
     }
 }
 
-/// A queue's place: its namespace and name.
+/// A queue's place: its namespace, name and region.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct QueueName {
     /// The crest namespace.
     pub namespace: String,
     /// The SQS queue name.
     pub name: String,
+    /// Its region when not the gateway's own (`None`): each region's queues are a space of
+    /// their own, as on SQS.
+    pub region: Option<String>,
+}
+
+/// Whether `text` reads as an AWS region (`eu-central-1`): lowercase letters, digits and
+/// hyphens, with a hyphen, at most 32.
+fn is_region(text: &str) -> bool {
+    (1..=32).contains(&text.len())
+        && text.contains('-')
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 impl QueueName {
     /// Checks a queue name as SQS does: 1–80 of `[A-Za-z0-9_-]` (FIFO queues, `.fifo`, are
-    /// not offered).
+    /// not offered); of the gateway's own region.
     pub fn checked(namespace: &str, name: &str) -> Result<QueueName, SqsError> {
         if name.ends_with(".fifo") {
             return Err(SqsError::unsupported("FIFO queues (.fifo)"));
@@ -324,60 +348,97 @@ impl QueueName {
         Ok(QueueName {
             namespace: namespace.to_string(),
             name: name.to_string(),
+            region: None,
         })
     }
 
-    /// From a queue URL (`http://HOST/NS/NAME`; any scheme and host).
-    pub fn from_url(url: &str) -> Result<QueueName, SqsError> {
+    /// The same queue name in `region` (`home`: the gateway's own).
+    pub fn in_region(mut self, region: Option<&str>, home: &str) -> QueueName {
+        self.region = region.filter(|r| *r != home).map(str::to_string);
+        self
+    }
+
+    /// From a queue URL (`http://HOST/NS/NAME`, or `http://HOST/REGION/NS/NAME` for a queue of
+    /// another region than the gateway's, `home`; any scheme and host).
+    pub fn from_url(url: &str, home: &str) -> Result<QueueName, SqsError> {
         let path = url
             .split_once("://")
             .map_or(url, |(_, rest)| rest.split_once('/').map_or("", |(_, p)| p));
-        let mut parts = path.trim_end_matches('/').rsplitn(2, '/');
-        let (Some(name), Some(namespace)) = (parts.next(), parts.next()) else {
+        let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+        let [.., namespace, name] = parts[..] else {
             return Err(SqsError::no_queue());
         };
-        let namespace = namespace.rsplit('/').next().unwrap_or(namespace);
-        QueueName::checked(namespace, name).map_err(|_| SqsError::no_queue())
+        let region = parts
+            .len()
+            .checked_sub(3)
+            .map(|at| parts[at])
+            .filter(|r| is_region(r));
+        let queue = QueueName::checked(namespace, name).map_err(|_| SqsError::no_queue())?;
+        Ok(queue.in_region(region, home))
     }
 
     /// The queue a request's `QueueUrl` names: a URL, or, as SQS also takes, the bare name
-    /// of a queue of the caller's `namespace`.
-    pub fn addressed(url: &str, namespace: &str) -> Result<QueueName, SqsError> {
+    /// of a queue of the caller's `namespace` in its `region`.
+    pub fn addressed(
+        url: &str,
+        namespace: &str,
+        region: Option<&str>,
+        home: &str,
+    ) -> Result<QueueName, SqsError> {
         if url.contains('/') {
-            QueueName::from_url(url)
+            QueueName::from_url(url, home)
         } else {
-            QueueName::checked(namespace, url).map_err(|_| SqsError::no_queue())
+            let queue = QueueName::checked(namespace, url).map_err(|_| SqsError::no_queue())?;
+            Ok(queue.in_region(region, home))
+        }
+    }
+
+    /// The name as its topic holds it: `REGION:NAME` for another region's (`:` is in no
+    /// queue name, so the spaces cannot meet).
+    fn topic_name(&self) -> String {
+        match &self.region {
+            Some(region) => format!("{region}:{}", self.name),
+            None => self.name.clone(),
         }
     }
 
     /// The crest topic.
     pub fn topic(&self) -> String {
         if self.namespace == crest_core::access::DEFAULT_NAMESPACE {
-            self.name.clone()
+            self.topic_name()
         } else {
-            format!("{}/{}", self.namespace, self.name)
+            format!("{}/{}", self.namespace, self.topic_name())
         }
     }
 
     /// Its URL on `host`.
     pub fn url(&self, host: &str) -> String {
-        format!("http://{host}/{}/{}", self.namespace, self.name)
+        match &self.region {
+            Some(region) => format!("http://{host}/{region}/{}/{}", self.namespace, self.name),
+            None => format!("http://{host}/{}/{}", self.namespace, self.name),
+        }
     }
 
-    /// Its ARN: `arn:aws:sqs:REGION:NAMESPACE:NAME` (the namespace in the account's place).
-    pub fn arn(&self, region: &str) -> String {
+    /// Its ARN: `arn:aws:sqs:REGION:NAMESPACE:NAME` (the namespace in the account's place;
+    /// `home` for a queue of the gateway's region).
+    pub fn arn(&self, home: &str) -> String {
+        let region = self.region.as_deref().unwrap_or(home);
         format!("arn:aws:sqs:{region}:{}:{}", self.namespace, self.name)
     }
 
-    /// From an ARN (any region).
-    pub fn from_arn(arn: &str) -> Option<QueueName> {
+    /// From an ARN (`home`: the gateway's region).
+    pub fn from_arn(arn: &str, home: &str) -> Option<QueueName> {
         let rest = arn.strip_prefix("arn:aws:sqs:")?;
         let mut parts = rest.split(':');
-        let (_region, namespace, name) = (parts.next()?, parts.next()?, parts.next()?);
-        if parts.next().is_some() {
+        let (region, namespace, name) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || !is_region(region) {
             return None;
         }
-        QueueName::checked(namespace, name).ok()
+        Some(
+            QueueName::checked(namespace, name)
+                .ok()?
+                .in_region(Some(region), home),
+        )
     }
 
     /// The queue of a crest topic, if its name is one.
@@ -385,13 +446,25 @@ impl QueueName {
         let (namespace, name) = topic
             .split_once('/')
             .unwrap_or((crest_core::access::DEFAULT_NAMESPACE, topic));
-        QueueName::checked(namespace, name).ok()
+        let (region, name) = match name.split_once(':') {
+            Some((region, name)) if is_region(region) => (Some(region.to_string()), name),
+            Some(_) => return None,
+            None => (None, name),
+        };
+        let mut queue = QueueName::checked(namespace, name).ok()?;
+        queue.region = region;
+        Some(queue)
     }
 
-    /// The topic prefix that lists this namespace's queues whose names start with `prefix`.
-    pub fn topic_prefix(namespace: &str, prefix: &str) -> String {
+    /// The topic prefix that lists the queues of `namespace` in `region` (`None`: the
+    /// gateway's) whose names start with `prefix`.
+    pub fn topic_prefix(namespace: &str, region: Option<&str>, prefix: &str) -> String {
+        let prefix = match region {
+            Some(region) => format!("{region}:{prefix}"),
+            None => prefix.to_string(),
+        };
         if namespace == crest_core::access::DEFAULT_NAMESPACE {
-            prefix.to_string()
+            prefix
         } else {
             format!("{namespace}/{prefix}")
         }
@@ -408,83 +481,117 @@ pub(crate) fn seconds_now() -> u64 {
 mod tests {
     use super::*;
 
+    const HOME: &str = "us-east-1";
+
     #[test]
     fn urls_name_the_namespace_and_the_queue() {
-        let q = QueueName::from_url("http://127.0.0.1:9324/orders/eu-jobs").unwrap();
+        let q = QueueName::from_url("http://127.0.0.1:9324/orders/eu-jobs", HOME).unwrap();
         assert_eq!(q.namespace, "orders");
         assert_eq!(q.topic(), "orders/eu-jobs");
         assert_eq!(q.url("h:1"), "http://h:1/orders/eu-jobs");
-        let d = QueueName::from_url("https://sqs.example/default/jobs").unwrap();
+        let d = QueueName::from_url("https://sqs.example/default/jobs", HOME).unwrap();
         assert_eq!(d.topic(), "jobs");
         for bad in ["http://h/", "http://h/jobs", "http://h/ns/a b", "nothing"] {
-            assert_eq!(QueueName::from_url(bad), Err(SqsError::no_queue()), "{bad}");
+            assert_eq!(
+                QueueName::from_url(bad, HOME),
+                Err(SqsError::no_queue()),
+                "{bad}"
+            );
         }
-        let bare = QueueName::addressed("eu-jobs", "orders").unwrap();
+        let bare = QueueName::addressed("eu-jobs", "orders", None, HOME).unwrap();
         assert_eq!(bare.topic(), "orders/eu-jobs");
         assert_eq!(
-            QueueName::addressed("a b", "orders"),
+            QueueName::addressed("a b", "orders", None, HOME),
             Err(SqsError::no_queue())
         );
-        assert_eq!(
-            QueueName::addressed("http://h/default/jobs", "orders")
-                .unwrap()
-                .topic(),
-            "jobs"
-        );
+        let by_url = QueueName::addressed("http://h/default/jobs", "orders", None, HOME);
+        assert_eq!(by_url.unwrap().topic(), "jobs");
         assert!(QueueName::checked("default", "x.fifo").is_err());
         assert!(QueueName::checked("default", &"a".repeat(81)).is_err());
     }
 
     #[test]
+    fn each_region_s_queues_are_a_space_of_their_own() {
+        let home = QueueName::checked("orders", "jobs").unwrap();
+        let away = home.clone().in_region(Some("eu-central-1"), HOME);
+        assert_eq!(home.clone().in_region(Some(HOME), HOME), home);
+        assert_ne!(away, home);
+        assert_eq!(away.topic(), "orders/eu-central-1:jobs");
+        assert_eq!(away.url("h"), "http://h/eu-central-1/orders/jobs");
+        assert_eq!(away.arn(HOME), "arn:aws:sqs:eu-central-1:orders:jobs");
+        assert_eq!(QueueName::from_url(&away.url("h"), HOME), Ok(away.clone()));
+        assert_eq!(QueueName::from_topic(&away.topic()), Some(away.clone()));
+        assert_eq!(
+            QueueName::from_arn(&away.arn(HOME), HOME),
+            Some(away.clone())
+        );
+        assert_eq!(
+            QueueName::from_arn(&home.arn(HOME), HOME),
+            Some(home.clone())
+        );
+        let bare = QueueName::addressed("jobs", "orders", Some("eu-central-1"), HOME);
+        assert_eq!(bare, Ok(away.clone()));
+        // A region's listing prefix finds its queues only; the home listing filters by name.
+        assert_eq!(
+            QueueName::topic_prefix("orders", Some("eu-central-1"), "jo"),
+            "orders/eu-central-1:jo"
+        );
+        assert_eq!(QueueName::from_topic("orders/nope:jobs"), None);
+    }
+
+    #[test]
     fn attributes_are_checked_against_sqs_ranges() {
+        let queue = QueueName::checked("default", "q").unwrap();
         let mut a = QueueAttributes::default();
-        a.set("default", "VisibilityTimeout", "60").unwrap();
+        a.set(&queue, HOME, "VisibilityTimeout", "60").unwrap();
         assert_eq!(a.visibility_timeout, 60);
         assert_eq!(
-            a.set("default", "DelaySeconds", "901").unwrap_err().code,
+            a.set(&queue, HOME, "DelaySeconds", "901").unwrap_err().code,
             "InvalidParameterValue"
         );
         assert_eq!(
-            a.set("default", "Nope", "1").unwrap_err().code,
+            a.set(&queue, HOME, "Nope", "1").unwrap_err().code,
             "InvalidAttributeName"
         );
         assert_eq!(
-            a.set("default", "FifoQueue", "true").unwrap_err().code,
+            a.set(&queue, HOME, "FifoQueue", "true").unwrap_err().code,
             "AWS.SimpleQueueService.UnsupportedOperation"
         );
     }
 
     #[test]
-    fn a_redrive_policy_names_a_queue_of_the_namespace_and_a_receive_count() {
+    fn a_redrive_policy_names_a_queue_of_the_namespace_and_region_and_a_receive_count() {
+        let queue = QueueName::checked("orders", "source").unwrap();
         let mut a = QueueAttributes::default();
         let policy =
-            r#"{"deadLetterTargetArn":"arn:aws:sqs:eu-west-1:orders:dlq","maxReceiveCount":"3"}"#;
-        a.set("orders", "RedrivePolicy", policy).unwrap();
+            r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:orders:dlq","maxReceiveCount":"3"}"#;
+        a.set(&queue, HOME, "RedrivePolicy", policy).unwrap();
         let redrive = a.redrive.clone().unwrap();
         assert_eq!(
             (redrive.dead_letter.topic(), redrive.max_receive_count),
             ("orders/dlq".into(), 3)
         );
-        let listed = a.listed("us-east-1");
+        let listed = a.listed(HOME);
         let (_, json) = listed.iter().find(|(n, _)| *n == "RedrivePolicy").unwrap();
         assert_eq!(
             json,
             r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:orders:dlq","maxReceiveCount":3}"#
         );
         for bad in [
-            r#"{"deadLetterTargetArn":"arn:aws:sqs:r:other:dlq","maxReceiveCount":3}"#,
-            r#"{"deadLetterTargetArn":"arn:aws:sqs:r:orders:dlq","maxReceiveCount":0}"#,
+            r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:other:dlq","maxReceiveCount":3}"#,
+            r#"{"deadLetterTargetArn":"arn:aws:sqs:eu-west-1:orders:dlq","maxReceiveCount":3}"#,
+            r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:orders:dlq","maxReceiveCount":0}"#,
             r#"{"deadLetterTargetArn":"not an arn","maxReceiveCount":3}"#,
             r#"{"maxReceiveCount":3}"#,
             "[1",
         ] {
             assert_eq!(
-                a.set("orders", "RedrivePolicy", bad).unwrap_err().code,
+                a.set(&queue, HOME, "RedrivePolicy", bad).unwrap_err().code,
                 "InvalidParameterValue",
                 "{bad}"
             );
         }
-        a.set("orders", "RedrivePolicy", "").unwrap();
+        a.set(&queue, HOME, "RedrivePolicy", "").unwrap();
         assert_eq!(a.redrive, None);
     }
 

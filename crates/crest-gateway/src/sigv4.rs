@@ -171,7 +171,26 @@ fn parse_presigned(query: &str) -> Option<Result<(Authorization, String), Signat
 /// time within [`SKEW_MAX`] of `now` and its host signed: what can be checked before its
 /// body is read (and is, so a request that cannot verify holds no body).
 pub fn claimed_key(request: &Signed<'_>, now: SystemTime) -> Result<String, SignatureError> {
-    Ok(checked_head(request, now)?.0.key_id)
+    Ok(claimed(request, now)?.key_id)
+}
+
+/// What a request's signature claims, checked as [`claimed_key`] says: the access key and
+/// the region it was signed for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The access key id.
+    pub key_id: String,
+    /// The region of the credential's scope.
+    pub region: String,
+}
+
+/// The access key and region a request claims; see [`claimed_key`].
+pub fn claimed(request: &Signed<'_>, now: SystemTime) -> Result<Claim, SignatureError> {
+    let auth = checked_head(request, now)?.0;
+    Ok(Claim {
+        key_id: auth.key_id,
+        region: auth.region,
+    })
 }
 
 /// The request's parsed `Authorization` and its `X-Amz-Date`, checked as [`claimed_key`]
