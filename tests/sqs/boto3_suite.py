@@ -157,8 +157,21 @@ def queues_are_created_found_listed_and_checked():
     assert attributes["VisibilityTimeout"] == "5", attributes
     assert attributes["ApproximateNumberOfMessages"] == "0", attributes
     sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "0"})
-    code = error_code(lambda: sqs.tag_queue(QueueUrl=url, Tags={"team": "a"}))
-    assert code == "AWS.SimpleQueueService.UnsupportedOperation", code
+    # Tags, kept with the queue in the tree: set, overwritten, case-sensitive, removed (an
+    # absent key ignored); none listed leaves the member out; given at creation too.
+    assert "Tags" not in sqs.list_queue_tags(QueueUrl=url)
+    sqs.tag_queue(QueueUrl=url, Tags={"team": "a", "Team": "b", "empty": ""})
+    sqs.tag_queue(QueueUrl=url, Tags={"team": "A", "cost": "7"})
+    tags = sqs.list_queue_tags(QueueUrl=url)["Tags"]
+    assert tags == {"team": "A", "Team": "b", "empty": "", "cost": "7"}, tags
+    sqs.untag_queue(QueueUrl=url, TagKeys=["Team", "empty", "absent"])
+    assert sqs.list_queue_tags(QueueUrl=url)["Tags"] == {"team": "A", "cost": "7"}
+    tagged = sqs.create_queue(QueueName="boto-tagged", tags={"owner": "ops"})["QueueUrl"]
+    assert sqs.list_queue_tags(QueueUrl=tagged)["Tags"] == {"owner": "ops"}
+    code = error_code(
+        lambda: sqs.tag_queue(QueueUrl=url, Tags={f"k{i}": "v" for i in range(50)})
+    )
+    assert code == "InvalidParameterValue", code
     # A deleted queue is gone with its messages; created again, it starts empty.
     gone = sqs.create_queue(QueueName="boto-gone")["QueueUrl"]
     sqs.send_message(QueueUrl=gone, MessageBody="lost")
@@ -784,6 +797,17 @@ def the_query_protocol_answers_in_xml():
         status, root = call("DeleteMessage", QueueUrl=url,
                             ReceiptHandle=m.find("sqs:ReceiptHandle", ns).text)
         assert status == 200, ET.tostring(root)
+    status, root = call("TagQueue", QueueUrl=url, **{"Tag.1.Key": "k", "Tag.1.Value": "v"})
+    assert status == 200, ET.tostring(root)
+    status, root = call("ListQueueTags", QueueUrl=url)
+    tag = root.find("sqs:ListQueueTagsResult/sqs:Tag", ns)
+    assert (tag.find("sqs:Key", ns).text, tag.find("sqs:Value", ns).text) == ("k", "v"), (
+        ET.tostring(root)
+    )
+    status, root = call("UntagQueue", QueueUrl=url, **{"TagKey.1": "k"})
+    assert status == 200, ET.tostring(root)
+    status, root = call("ListQueueTags", QueueUrl=url)
+    assert root.find("sqs:ListQueueTagsResult/sqs:Tag", ns) is None, ET.tostring(root)
     status, root = call("GetQueueUrl", QueueName="no-such-queue")
     assert status == 400, status
     assert root.find("sqs:Error/sqs:Code", ns).text == "AWS.SimpleQueueService.NonExistentQueue"

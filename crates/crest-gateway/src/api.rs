@@ -96,9 +96,10 @@ pub(crate) async fn dispatch(
         "ChangeMessageVisibility" => settle(state, caller, input, Op::Visibility, false).await,
         "DeleteMessageBatch" => settle(state, caller, input, Op::Delete, true).await,
         "ChangeMessageVisibilityBatch" => settle(state, caller, input, Op::Visibility, true).await,
-        "TagQueue" | "UntagQueue" | "ListQueueTags" | "AddPermission" | "RemovePermission" => {
-            Err(SqsError::unsupported(action))
-        }
+        "TagQueue" => manage::tag_queue(state, caller, input).await,
+        "UntagQueue" => manage::untag_queue(state, caller, input).await,
+        "ListQueueTags" => manage::list_queue_tags(state, caller, input).await,
+        "AddPermission" | "RemovePermission" => Err(SqsError::unsupported(action)),
         _ => Err(SqsError::unknown_action(action)),
     }
 }

@@ -56,6 +56,17 @@ fn addressed(
     Ok((name, state.clients(caller)?))
 }
 
+/// The queue a request's `QueueUrl` names, the caller's clients, and the queue as kept.
+async fn addressed_queue(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<(QueueName, Arc<Clients>, Queue), SqsError> {
+    let (name, clients) = addressed(state, caller, input)?;
+    let queue = clients.queue(&state.config, &name).await?;
+    Ok((name, clients, queue))
+}
+
 /// Keeps `queue` as `name`'s topic configuration in the tree, and in the key's cache.
 async fn keep(
     state: &State,
@@ -114,7 +125,15 @@ pub(crate) async fn create_queue(
         None => {
             let attributes =
                 asked_attributes(state, &clients, &name, QueueAttributes::default(), input).await?;
-            keep(state, &clients, &name, Queue::new(attributes)).await?
+            let mut queue = Queue::new(attributes);
+            // `tags` in the JSON protocol; the query protocol's `Tag.N` come as `Tags`.
+            let field = if input.get("tags").is_some() {
+                "tags"
+            } else {
+                "Tags"
+            };
+            add_tags(&mut queue, asked_tags(input, field)?)?;
+            keep(state, &clients, &name, queue).await?
         }
     }
     Ok(json!({ "QueueUrl": name.url(&caller.host) }))
@@ -219,6 +238,84 @@ pub(crate) async fn delete_queue(
     Ok(json!({}))
 }
 
+/// Most tags of one queue, as SQS allows.
+const TAGS_MAX: usize = 50;
+
+/// Tags a request gives under `field` (`Tags`; `tags` at `CreateQueue`), checked as SQS checks
+/// them: keys 1–128 characters, values at most 256.
+fn asked_tags(input: &Value, field: &str) -> Result<Vec<(String, String)>, SqsError> {
+    let tags = string_map(input, field)?;
+    for (key, value) in &tags {
+        if key.is_empty() || key.chars().count() > 128 || value.chars().count() > 256 {
+            return Err(SqsError::invalid(format!(
+                "Tag {key:?}: a key is 1 to 128 characters, a value at most 256."
+            )));
+        }
+    }
+    Ok(tags)
+}
+
+/// `tags` added to `queue`'s, within [`TAGS_MAX`].
+fn add_tags(queue: &mut Queue, tags: Vec<(String, String)>) -> Result<(), SqsError> {
+    queue.tags.extend(tags);
+    if queue.tags.len() > TAGS_MAX {
+        return Err(SqsError::invalid(format!(
+            "Too many tags added for queue: a queue has at most {TAGS_MAX}."
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) async fn tag_queue(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let tags = asked_tags(input, "Tags")?;
+    change_queue(state, caller, input, |queue| add_tags(queue, tags)).await
+}
+
+pub(crate) async fn untag_queue(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let keys = names(input, "TagKeys")?;
+    change_queue(state, caller, input, |queue| {
+        for key in keys {
+            queue.tags.remove(&key);
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Changes the queue a request's `QueueUrl` names with `change`, and keeps it in the tree.
+async fn change_queue(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+    change: impl FnOnce(&mut Queue) -> Result<(), SqsError>,
+) -> Result<Value, SqsError> {
+    let (name, clients, mut queue) = addressed_queue(state, caller, input).await?;
+    change(&mut queue)?;
+    keep(state, &clients, &name, queue).await?;
+    Ok(json!({}))
+}
+
+pub(crate) async fn list_queue_tags(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let (_, _, queue) = addressed_queue(state, caller, input).await?;
+    // SQS leaves the member out when the queue has none.
+    if queue.tags.is_empty() {
+        return Ok(json!({}));
+    }
+    Ok(json!({ "Tags": queue.tags }))
+}
+
 pub(crate) async fn set_queue_attributes(
     state: &State,
     caller: &Caller,
@@ -240,8 +337,7 @@ pub(crate) async fn get_queue_attributes(
     caller: &Caller,
     input: &Value,
 ) -> Result<Value, SqsError> {
-    let (name, clients) = addressed(state, caller, input)?;
-    let queue = clients.queue(&state.config, &name).await?;
+    let (name, clients, queue) = addressed_queue(state, caller, input).await?;
     let wanted = names(input, "AttributeNames")?;
     let all = wanted.iter().any(|n| n == "All");
     let want = |n: &str| all || wanted.iter().any(|w| w == n);
@@ -302,8 +398,7 @@ pub(crate) async fn purge_queue(
     caller: &Caller,
     input: &Value,
 ) -> Result<Value, SqsError> {
-    let (name, clients) = addressed(state, caller, input)?;
-    let mut queue = clients.queue(&state.config, &name).await?;
+    let (name, clients, mut queue) = addressed_queue(state, caller, input).await?;
     // One purge a minute, as SQS allows: its time is kept with the queue in the tree, so every
     // gateway sees it.
     let now = crate::queues::seconds_now();

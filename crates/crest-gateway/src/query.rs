@@ -45,10 +45,11 @@ pub(crate) fn params(
 }
 
 /// Lists the query protocol flattens as `NAME.N` (a string each), by their JSON name.
-const LISTS: [(&str, &str); 3] = [
+const LISTS: [(&str, &str); 4] = [
     ("AttributeName", "AttributeNames"),
     ("MessageAttributeName", "MessageAttributeNames"),
     ("MessageSystemAttributeName", "MessageSystemAttributeNames"),
+    ("TagKey", "TagKeys"),
 ];
 
 /// The JSON protocol's input for a request's parameters (`Action` and `Version` left out).
@@ -116,6 +117,12 @@ fn group(params: &[(String, String)], entries: bool) -> Result<Map<String, Value
             {
                 map.insert(name, value.into());
             }
+        } else if head == "Tag" {
+            if let (Some(key), Some(value)) = (field("Key"), field("Value"))
+                && let Value::Object(map) = slot(&mut out, "Tags", map)?
+            {
+                map.insert(key, value.into());
+            }
         } else if let Some(member) = match head {
             "MessageAttribute" => Some("MessageAttributes"),
             "MessageSystemAttribute" => Some("MessageSystemAttributes"),
@@ -179,6 +186,14 @@ fn elements(action: &str, name: &str, value: &Value, out: &mut String) {
                 element(out, "Name", key);
                 element(out, "Value", value.as_str().unwrap_or_default());
                 out.push_str("</Attribute>");
+            }
+        }
+        ("Tags", Value::Object(map)) => {
+            for (key, value) in map {
+                out.push_str("<Tag>");
+                element(out, "Key", key);
+                element(out, "Value", value.as_str().unwrap_or_default());
+                out.push_str("</Tag>");
             }
         }
         ("MessageAttributes", Value::Object(map)) => {

@@ -102,6 +102,8 @@ const KEY_PREFIX: &str = "sqs.";
 const CREATED: &str = "sqs.created";
 const MODIFIED: &str = "sqs.modified";
 const PURGED: &str = "sqs.purged";
+/// A tag `KEY` is kept as `sqs.tag.KEY`.
+const TAG_PREFIX: &str = "sqs.tag.";
 
 impl QueueAttributes {
     /// Sets the attribute `name` of `queue` from its text, checking its range (`home`: the
@@ -233,6 +235,8 @@ pub struct Queue {
     pub modified: u64,
     /// When it was last purged (`PurgeQueueInProgress` for 60 s after), if ever.
     pub purged: Option<u64>,
+    /// Its tags (`TagQueue`), kept with it in the tree.
+    pub tags: BTreeMap<String, String>,
     /// Its topic's quotas, set with `crest topic set` (kept as they are when SQS calls
     /// change the queue's attributes).
     pub limits: crest_sdk::Limits,
@@ -247,6 +251,7 @@ impl Queue {
             created: now,
             modified: now,
             purged: None,
+            tags: BTreeMap::new(),
             limits: Default::default(),
         }
     }
@@ -265,6 +270,9 @@ impl Queue {
         attributes.insert(MODIFIED.into(), self.modified.to_string());
         if let Some(purged) = self.purged {
             attributes.insert(PURGED.into(), purged.to_string());
+        }
+        for (key, value) in &self.tags {
+            attributes.insert(format!("{TAG_PREFIX}{key}"), value.clone());
         }
         let redrive = self.attributes.redrive.as_ref();
         TopicConfig {
@@ -302,6 +310,11 @@ impl Queue {
             created,
             modified,
             purged: number(PURGED),
+            tags: config
+                .attributes
+                .iter()
+                .filter_map(|(k, v)| Some((k.strip_prefix(TAG_PREFIX)?.to_string(), v.clone())))
+                .collect(),
             limits: config.limits,
         })
     }
