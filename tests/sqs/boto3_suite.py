@@ -157,6 +157,31 @@ def queues_are_created_found_listed_and_checked():
     assert attributes["VisibilityTimeout"] == "5", attributes
     assert attributes["ApproximateNumberOfMessages"] == "0", attributes
     sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "0"})
+    # A Policy is kept and answered as given (crest's grants decide access), "" removes it.
+    policy = json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": "*", "Action": "sqs:SendMessage",
+                       "Resource": "*", "Sid": "send"}],
+    })
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"Policy": policy})
+    for names in (["All"], ["Policy"]):
+        got = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"]
+        assert json.loads(got["Policy"])["Statement"][0]["Action"] == "sqs:SendMessage", names
+    code = error_code(
+        lambda: sqs.set_queue_attributes(QueueUrl=url, Attributes={"Policy": "{not json"})
+    )
+    assert code == "InvalidParameterValue", code
+    # A queue's attributes, policy and tags together are bounded by the tree's
+    # topic_attributes_bytes_max (16 KiB by default): past it, refused naming the bound.
+    large = json.dumps({"Version": "2012-10-17", "Statement": [], "Id": "x" * 17_000})
+    try:
+        sqs.set_queue_attributes(QueueUrl=url, Attributes={"Policy": large})
+        raise AssertionError("a policy past the tree's bound was kept")
+    except botocore.exceptions.ClientError as error:
+        assert "topic_attributes_bytes_max" in error.response["Error"]["Message"], error.response
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"Policy": ""})
+    got = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert "Policy" not in got, got
     # Tags, kept with the queue in the tree: set, overwritten, case-sensitive, removed (an
     # absent key ignored); none listed leaves the member out; given at creation too.
     assert "Tags" not in sqs.list_queue_tags(QueueUrl=url)

@@ -46,7 +46,13 @@ pub struct QueueAttributes {
     pub maximum_message_size: u32,
     /// `RedrivePolicy`, if set.
     pub redrive: Option<Redrive>,
+    /// `Policy`, an IAM policy document kept and answered as given: crest's grants, not the
+    /// policy, decide what a key may do (docs/sqs.md).
+    pub policy: Option<String>,
 }
+
+/// The longest `Policy` a queue keeps, in bytes (SQS's bound: 20 KiB).
+pub const POLICY_BYTES_MAX: usize = 20_480;
 
 impl Default for QueueAttributes {
     fn default() -> Self {
@@ -57,6 +63,7 @@ impl Default for QueueAttributes {
             receive_wait_seconds: 0,
             maximum_message_size: MESSAGE_BYTES_MAX,
             redrive: None,
+            policy: None,
         }
     }
 }
@@ -102,6 +109,8 @@ const KEY_PREFIX: &str = "sqs.";
 const CREATED: &str = "sqs.created";
 const MODIFIED: &str = "sqs.modified";
 const PURGED: &str = "sqs.purged";
+/// Where a queue's `Policy` is kept (as every attribute, `sqs.` and its SQS name).
+const POLICY_KEY: &str = "sqs.Policy";
 /// A tag `KEY` is kept as `sqs.tag.KEY`.
 const TAG_PREFIX: &str = "sqs.tag.";
 
@@ -119,6 +128,10 @@ impl QueueAttributes {
             self.redrive = Redrive::parse(queue, home, value)?;
             return Ok(());
         }
+        if name == "Policy" {
+            self.policy = policy(value)?;
+            return Ok(());
+        }
         let Some((_, field, low, high)) = NUMBERS.iter().find(|(n, ..)| *n == name) else {
             return Err(match name {
                 "RedriveAllowPolicy"
@@ -128,8 +141,7 @@ impl QueueAttributes {
                 | "KmsDataKeyReusePeriodSeconds"
                 | "SqsManagedSseEnabled"
                 | "DeduplicationScope"
-                | "FifoThroughputLimit"
-                | "Policy" => SqsError::unsupported(&format!("the attribute {name}")),
+                | "FifoThroughputLimit" => SqsError::unsupported(&format!("the attribute {name}")),
                 _ => SqsError::bad_attribute(name),
             });
         };
@@ -146,6 +158,9 @@ impl QueueAttributes {
             .collect();
         if let Some(redrive) = &self.redrive {
             out.push(("RedrivePolicy", redrive.json(region)));
+        }
+        if let Some(policy) = &self.policy {
+            out.push(("Policy", policy.clone()));
         }
         out
     }
@@ -206,6 +221,24 @@ impl Redrive {
             "maxReceiveCount": self.max_receive_count,
         })
         .to_string()
+    }
+}
+
+/// A `Policy` value: `""` for none, else a JSON object of at most [`POLICY_BYTES_MAX`].
+fn policy(value: &str) -> Result<Option<String>, SqsError> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    if value.len() > POLICY_BYTES_MAX {
+        return Err(SqsError::invalid(format!(
+            "Invalid value for the parameter Policy. Reason: longer than {POLICY_BYTES_MAX} bytes."
+        )));
+    }
+    match serde_json::from_str::<serde_json::Value>(value) {
+        Ok(serde_json::Value::Object(_)) => Ok(Some(value.to_string())),
+        _ => Err(SqsError::invalid(
+            "Invalid value for the parameter Policy. Reason: not a JSON policy document.",
+        )),
     }
 }
 
@@ -298,6 +331,7 @@ impl Queue {
                 *field(&mut attributes) = (value as u32).clamp(low, high);
             }
         }
+        attributes.policy = config.attributes.get(POLICY_KEY).cloned();
         let settings = &config.settings;
         if let (Some(topic), Some(count)) = (&settings.dead_letter_topic, settings.max_attempts) {
             attributes.redrive = Some(Redrive {
