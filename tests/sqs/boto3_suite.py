@@ -155,6 +155,13 @@ def queues_are_created_found_listed_and_checked():
     assert code == "InvalidParameterValue", code
     attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     assert attributes["VisibilityTimeout"] == "5", attributes
+    # Encryption at rest answered as it is: crest does not encrypt its logs.
+    assert attributes["SqsManagedSseEnabled"] == "false", attributes
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"SqsManagedSseEnabled": "false"})
+    code = error_code(
+        lambda: sqs.set_queue_attributes(QueueUrl=url, Attributes={"SqsManagedSseEnabled": "true"})
+    )
+    assert code == "InvalidAttributeValue", code
     assert attributes["ApproximateNumberOfMessages"] == "0", attributes
     sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "0"})
     # A Policy is kept and answered as given (crest's grants decide access), "" removes it.

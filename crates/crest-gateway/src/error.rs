@@ -98,6 +98,12 @@ impl SqsError {
         Self::named(StatusCode::BAD_REQUEST, "InvalidAttributeName", m)
     }
 
+    /// A value an attribute cannot take, and why (SQS's `InvalidAttributeValue`).
+    pub fn bad_attribute_value(name: &str, why: &str) -> Self {
+        let m = format!("Invalid value for the parameter {name}. Reason: {why}.");
+        Self::named(StatusCode::BAD_REQUEST, "InvalidAttributeValue", m)
+    }
+
     /// A message body with characters SQS does not allow.
     pub fn bad_contents(message: impl Into<String>) -> Self {
         Self::named(StatusCode::BAD_REQUEST, "InvalidMessageContents", message)

@@ -5,7 +5,7 @@
 
 use crate::error::{SqsError, tree_error};
 use crate::params::{names, number, number_within, string_map, text};
-use crate::queues::{Queue, QueueAttributes, QueueName};
+use crate::queues::{Queue, QueueAttributes, QueueName, SSE_ATTRIBUTE};
 use crate::{Caller, Clients, MoveTask, State};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -355,6 +355,10 @@ pub(crate) async fn get_queue_attributes(
             "LastModifiedTimestamp".into(),
             queue.modified.to_string().into(),
         );
+    }
+    // Said as it is: crest keeps messages unencrypted in the leaves' logs (docs/sqs.md).
+    if want(SSE_ATTRIBUTE) {
+        out.insert(SSE_ATTRIBUTE.into(), "false".into());
     }
     let depths = [
         "ApproximateNumberOfMessages",

@@ -51,6 +51,10 @@ pub struct QueueAttributes {
     pub policy: Option<String>,
 }
 
+/// The attribute that says whether SQS encrypts a queue's messages at rest: always `false`
+/// for crest.
+pub const SSE_ATTRIBUTE: &str = "SqsManagedSseEnabled";
+
 /// The longest `Policy` a queue keeps, in bytes (SQS's bound: 20 KiB).
 pub const POLICY_BYTES_MAX: usize = 20_480;
 
@@ -132,6 +136,17 @@ impl QueueAttributes {
             self.policy = policy(value)?;
             return Ok(());
         }
+        if name == SSE_ATTRIBUTE {
+            // Only the truth is taken: crest does not encrypt messages at rest.
+            return match value {
+                "false" => Ok(()),
+                _ => Err(SqsError::bad_attribute_value(
+                    SSE_ATTRIBUTE,
+                    "crest keeps messages unencrypted in its logs (encrypt the disk instead; \
+                     docs/sqs.md)",
+                )),
+            };
+        }
         let Some((_, field, low, high)) = NUMBERS.iter().find(|(n, ..)| *n == name) else {
             return Err(match name {
                 "RedriveAllowPolicy"
@@ -139,7 +154,6 @@ impl QueueAttributes {
                 | "ContentBasedDeduplication"
                 | "KmsMasterKeyId"
                 | "KmsDataKeyReusePeriodSeconds"
-                | "SqsManagedSseEnabled"
                 | "DeduplicationScope"
                 | "FifoThroughputLimit" => SqsError::unsupported(&format!("the attribute {name}")),
                 _ => SqsError::bad_attribute(name),
@@ -603,6 +617,12 @@ mod tests {
         assert_eq!(
             a.set(&queue, HOME, "FifoQueue", "true").unwrap_err().code,
             "AWS.SimpleQueueService.UnsupportedOperation"
+        );
+        // Encryption at rest: only the truth, `false`, is taken.
+        a.set(&queue, HOME, SSE_ATTRIBUTE, "false").unwrap();
+        assert_eq!(
+            a.set(&queue, HOME, SSE_ATTRIBUTE, "true").unwrap_err().code,
+            "InvalidAttributeValue"
         );
     }
 
