@@ -140,6 +140,11 @@ impl Prometheus {
                 });
             found.ok_or_else(|| std::fs::read_to_string(&log).unwrap_or_default())
         });
+        // Listening is not serving: queries answer 503 until its storage is up, which its
+        // readiness endpoint says.
+        eventually_blocking(Duration::from_secs(30), "Prometheus to be ready", || {
+            get(&addr, "/-/ready", None).0 == 200
+        });
         Prometheus {
             _process: process,
             addr,
