@@ -12,9 +12,9 @@ mod printing;
 
 use cluster::Cluster;
 use crest_testkit::eventually;
-use printing::{spawn_printing, start_local_sqs, wait_for};
+use printing::start_local_sqs;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use crest::core::topology::Topology;
@@ -207,28 +207,7 @@ async fn a_gateway_process_serves_each_key_in_its_namespace_as_its_principal() {
         tree.admin_token
     );
     std::fs::write(&keys, text).unwrap();
-    let gateway = || {
-        let mut command = Command::new(CREST);
-        command
-            .args(["gateway", "--listen", "127.0.0.1:0", "--root"])
-            .arg(&tree.topology.root().address)
-            .arg("--ca")
-            .arg(&ca)
-            .arg("--keys")
-            .arg(&keys);
-        for leaf in tree.topology.leaves() {
-            command.arg("--leaf").arg(&leaf.address);
-        }
-        command.stderr(Stdio::null());
-        let (gateway, lines) = spawn_printing(command);
-        let endpoint = wait_for(&lines, |line| {
-            line.strip_prefix("SQS API: ")?
-                .split_whitespace()
-                .next()
-                .map(str::to_string)
-        });
-        (gateway, endpoint)
-    };
+    let gateway = || printing::start_gateway(CREST, &tree, &ca, &keys);
     let (_first, endpoint) = gateway();
     let (_second, second) = gateway();
     let checks = [

@@ -158,3 +158,33 @@ pub(crate) fn node_table(lines: &mpsc::Receiver<String>) -> Vec<Node> {
     });
     nodes
 }
+
+/// Starts `crest gateway` (`binary`) on an ephemeral port in front of `tree`, trusting `ca`,
+/// with the keys file `keys`; answers the process and the API's endpoint as it printed it.
+pub(crate) fn start_gateway(
+    binary: &str,
+    tree: &crest::node::LocalTree,
+    ca: &std::path::Path,
+    keys: &std::path::Path,
+) -> (Process, String) {
+    let mut command = Command::new(binary);
+    command
+        .args(["gateway", "--listen", "127.0.0.1:0", "--root"])
+        .arg(&tree.topology.root().address)
+        .arg("--ca")
+        .arg(ca)
+        .arg("--keys")
+        .arg(keys);
+    for leaf in tree.topology.leaves() {
+        command.arg("--leaf").arg(&leaf.address);
+    }
+    command.stderr(Stdio::null());
+    let (gateway, lines) = spawn_printing(command);
+    let endpoint = wait_for(&lines, |line| {
+        line.strip_prefix("SQS API: ")?
+            .split_whitespace()
+            .next()
+            .map(str::to_string)
+    });
+    (gateway, endpoint)
+}

@@ -144,6 +144,18 @@ fn message_bytes(entry: &Value) -> usize {
     body + attributes.map(attribute).sum::<usize>()
 }
 
+/// A batch's answer: SQS leaves out a list that is empty.
+fn batch_result(successful: Vec<Value>, failed: Vec<Value>) -> Value {
+    let mut out = Map::new();
+    if !successful.is_empty() {
+        out.insert("Successful".into(), successful.into());
+    }
+    if !failed.is_empty() {
+        out.insert("Failed".into(), failed.into());
+    }
+    out.into()
+}
+
 /// Whether SQS takes `c` in a body or a string attribute: XML's characters.
 fn xml_char(c: char) -> bool {
     matches!(c, '\u{9}' | '\u{A}' | '\u{D}' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}')
@@ -480,7 +492,7 @@ async fn send_message_batch(
             successful.push(out);
         }
     }
-    Ok(json!({ "Successful": successful, "Failed": bad }))
+    Ok(batch_result(successful, bad))
 }
 
 /// Whether `name` is asked for by a receive's `MessageAttributeNames`.
@@ -516,9 +528,14 @@ async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Resul
     let wanted_attributes = names(input, "MessageAttributeNames")?;
     let clients = state.clients(caller)?;
     let consumer = clients.consumer().await?;
+    // A short poll waits a moment for messages still on their way up to the root.
+    let wait = match wait {
+        0 => state.config.short_poll,
+        seconds => Duration::from_secs(seconds),
+    };
     let options = PopOptions {
         max: max as u32,
-        wait: Duration::from_secs(wait),
+        wait,
         // A visibility timeout of 0 leaves the message visible again at once: the shortest
         // lease crest grants.
         visibility: Some(Duration::from_millis((visibility * 1000).max(1))),
@@ -769,7 +786,7 @@ async fn settle(
             }
         }
     }
-    Ok(json!({ "Successful": successful, "Failed": bad }))
+    Ok(batch_result(successful, bad))
 }
 
 #[cfg(test)]

@@ -88,6 +88,8 @@ pub struct GatewayConfig {
     /// How long a queue's attributes read from the tree are used (`gateway_queue_cache_ms`;
     /// this gateway's own changes show at once).
     pub queue_cache: Duration,
+    /// How long a short poll waits for a first message (`gateway_short_poll_ms`).
+    pub short_poll: Duration,
     /// Most queues whose attributes each access key's cache holds (`gateway_queue_cache_max`).
     pub queue_cache_max: usize,
     /// Most message move tasks remembered (`gateway_move_tasks_max`).
@@ -127,6 +129,7 @@ impl GatewayConfig {
             requests_max: 0,
             requests_per_key_max: 0,
             queue_cache: Duration::ZERO,
+            short_poll: Duration::ZERO,
             queue_cache_max: 0,
             move_tasks_max: 0,
             connections_max: 0,
@@ -149,6 +152,7 @@ impl GatewayConfig {
             .gateway_requests_per_key_max
             .min(settings.gateway_requests_max);
         self.queue_cache = Duration::from_millis(settings.gateway_queue_cache_ms);
+        self.short_poll = Duration::from_millis(settings.gateway_short_poll_ms);
         self.queue_cache_max = settings.gateway_queue_cache_max as usize;
         self.move_tasks_max = settings.gateway_move_tasks_max as usize;
         self.connections_max = settings.gateway_connections_max;

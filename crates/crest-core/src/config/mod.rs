@@ -421,6 +421,11 @@ pub struct Settings {
     /// How long an SQS gateway uses a queue's attributes read from the tree before it reads
     /// them again, in milliseconds (another gateway's change shows after at most this long).
     pub gateway_queue_cache_ms: u64,
+    /// How long an SQS receive without a wait (a short poll) may wait for a first message, in
+    /// milliseconds: one sent or made visible again just before is still on its way up the
+    /// tree to the root, where SQS's short poll would find it. It answers as soon as one
+    /// comes; only a queue with nothing ready waits this long (0: answer at once).
+    pub gateway_short_poll_ms: u64,
     /// Most queues whose attributes an SQS gateway caches per access key.
     pub gateway_queue_cache_max: u32,
     /// Most message move tasks an SQS gateway remembers for `ListMessageMoveTasks`.
@@ -594,6 +599,7 @@ impl Default for Settings {
             gateway_requests_max: 1024,
             gateway_requests_per_key_max: 256,
             gateway_queue_cache_ms: 1000,
+            gateway_short_poll_ms: 200,
             gateway_queue_cache_max: 10_000,
             gateway_move_tasks_max: 1000,
             gateway_connections_max: 2048,

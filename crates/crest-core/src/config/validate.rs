@@ -303,6 +303,15 @@ impl Settings {
                 format!("{} exceeds one second", self.replica_log_flush_linger_us),
             );
         }
+        if self.gateway_short_poll_ms > 20_000 {
+            return fail(
+                "gateway_short_poll_ms",
+                format!(
+                    "{} is more than 20000 (20 s, SQS's longest receive wait)",
+                    self.gateway_short_poll_ms
+                ),
+            );
+        }
         if self.offer_linger_us > 1_000_000 {
             return fail(
                 "offer_linger_us",
