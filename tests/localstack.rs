@@ -143,6 +143,8 @@ async fn localstack_s_sqs_tests_pass_but_for_those_docs_sqs_md_lists() {
         .arg("tests/aws/services/sqs")
         .env("CREST_LOCALSTACK_RESULTS", &results)
         .env("TEST_AWS_ENDPOINT_URL", &endpoint)
+        // Where tests that build URLs of their own look for LocalStack.
+        .env("GATEWAY_LISTEN", endpoint.trim_start_matches("http://"))
         .env("TEST_AWS_ACCESS_KEY_ID", "LOCALSTACKKEY")
         .env("TEST_AWS_SECRET_ACCESS_KEY", "localstack-secret")
         .env("TEST_AWS_ACCOUNT_ID", ACCOUNT)

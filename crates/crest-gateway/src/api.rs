@@ -104,6 +104,13 @@ pub(crate) async fn dispatch(
     }
 }
 
+/// Whether the query protocol serves `action` at a queue's URL: SQS refuses `CreateQueue` and
+/// `ListQueues` there (`InvalidAction`) and serves the rest, `GetQueueUrl` included (AWS's
+/// recorded answers in LocalStack's tests).
+pub(crate) fn served_at_a_queue(action: &str) -> bool {
+    !matches!(action, "CreateQueue" | "ListQueues")
+}
+
 /// The queue a request's `QueueUrl` names, as the tree keeps it (cached).
 async fn queue_of(
     state: &State,
@@ -354,9 +361,11 @@ fn token<'a>(entry: &'a Value, name: &str) -> Result<Option<&'a str>, SqsError> 
         Some(id) if (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic()) => {
             Ok(Some(id))
         }
-        _ => Err(SqsError::invalid(format!(
-            "Value for parameter {name} is invalid. Reason: 1 to 128 ASCII letters, digits \
-             and punctuation."
+        // SQS's words, the value first.
+        text => Err(SqsError::invalid(format!(
+            "Value {} for parameter {name} is invalid. Reason: {name} can only include \
+             alphanumeric and punctuation characters. 1 to 128 in length.",
+            text.unwrap_or_default()
         ))),
     }
 }
@@ -423,7 +432,9 @@ async fn send_message(state: &State, caller: &Caller, input: &Value) -> Result<V
 pub(crate) fn entries(input: &Value) -> Result<&Vec<Value>, SqsError> {
     let entries = match input.get("Entries") {
         Some(Value::Array(entries)) => entries,
+        // The query protocol sends an empty list as an empty value.
         None | Some(Value::Null) => return Err(SqsError::empty_batch()),
+        Some(Value::String(text)) if text.is_empty() => return Err(SqsError::empty_batch()),
         Some(_) => return Err(SqsError::invalid("Entries must be a list")),
     };
     if entries.is_empty() {
@@ -497,14 +508,13 @@ async fn send_message_batch(
 
 /// Whether `name` is asked for by a receive's `MessageAttributeNames`.
 fn asked(patterns: &[String], name: &str) -> bool {
+    // As SQS reads them: `All`, `*` and `.*` for every name; `P.*` for the names that start
+    // with `P`.
     patterns.iter().any(|p| {
-        p == "All"
-            || p == ".*"
+        matches!(p.as_str(), "All" | "*" | ".*")
             || p == name
-            || p.strip_suffix(".*").is_some_and(|prefix| {
-                name.strip_prefix(prefix)
-                    .is_some_and(|rest| rest.starts_with('.'))
-            })
+            || p.strip_suffix(".*")
+                .is_some_and(|prefix| name.starts_with(prefix))
     })
 }
 
@@ -731,10 +741,16 @@ async fn settle_receipts(
         .map_err(tree_error)?;
     Ok(results
         .into_iter()
-        .map(|result| match result {
+        .zip(receipts)
+        .map(|(result, receipt)| match result {
             // As SQS: a delete with an old or already used receipt succeeds and does nothing
             // (a message is deleted with its latest receipt only).
             Err(ReceiptError::Stale | ReceiptError::Settled) if delete => Ok(()),
+            // SQS's words for a visibility change of a message that is gone.
+            Err(ReceiptError::Settled) => Err(SqsError::invalid(format!(
+                "Value {receipt} for parameter ReceiptHandle is invalid. Reason: Message does \
+                 not exist or is not available for visibility timeout change."
+            ))),
             other => other.map_err(receipt_error),
         })
         .collect())
@@ -795,12 +811,17 @@ mod tests {
 
     #[test]
     fn attribute_name_patterns_select_as_sqs_does() {
-        let all = vec!["All".to_string()];
-        assert!(asked(&all, "x"));
-        let some = vec!["Priority".to_string(), "trace.*".to_string()];
+        for every in ["All", "*", ".*"] {
+            assert!(asked(&[every.to_string()], "x.y"), "{every}");
+        }
+        // AWS's recorded answer (LocalStack's snapshot): `Hel.*` selects `Hello` and
+        // `Help.Me`, not `General`.
+        let some = vec!["Priority".to_string(), "Hel.*".to_string()];
         assert!(asked(&some, "Priority"));
-        assert!(asked(&some, "trace.id"));
-        assert!(!asked(&some, "tracer"));
+        assert!(asked(&some, "Hello"));
+        assert!(asked(&some, "Help.Me"));
+        assert!(!asked(&some, "General"));
+        assert!(!asked(&some, "He"));
         assert!(!asked(&[], "Priority"));
     }
 

@@ -166,6 +166,12 @@ impl SqsError {
         Self::named(StatusCode::BAD_REQUEST, "InvalidAction", m)
     }
 
+    /// A query-protocol request to a queue's URL that names no action (SQS answers 404).
+    pub fn unknown_operation() -> Self {
+        let m = "The request names no action.";
+        Self::named(StatusCode::NOT_FOUND, "UnknownOperationException", m)
+    }
+
     /// No signature, or not SigV4.
     pub fn unsigned(message: impl Into<String>) -> Self {
         Self::named(StatusCode::FORBIDDEN, "MissingAuthenticationToken", message)

@@ -421,6 +421,11 @@ impl Drop for Gateway {
 async fn handle(Shared(state): Shared<Arc<State>>, request: Request) -> Response {
     // AWS JSON 1.0 names its operation in `X-Amz-Target`; the query protocol in `Action`.
     let json = request.headers().contains_key("x-amz-target");
+    // A query-protocol request may ask for its answer as JSON (SQS negotiates on `Accept`).
+    let accepts_json = request
+        .headers()
+        .get("accept")
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     let result = serve(&state, request).await;
     if json {
         match result {
@@ -437,6 +442,15 @@ async fn handle(Shared(state): Shared<Arc<State>>, request: Request) -> Response
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let id = format!("{id:016x}");
         match result {
+            Ok((action, value)) if accepts_json => {
+                let answer = serde_json::json!({
+                    format!("{action}Response"): {
+                        format!("{action}Result"): value,
+                        "ResponseMetadata": { "RequestId": id },
+                    }
+                });
+                ([("content-type", "application/json")], answer.to_string()).into_response()
+            }
             Ok((action, value)) => query::render(&action, &id, Ok(value)),
             Err(error) => query::render("", &id, Err(error)),
         }
@@ -518,15 +532,23 @@ async fn serve(state: &State, request: Request) -> Result<(String, serde_json::V
             let mut params = query::params(signed.query, body, state.config.query_params_max)?;
             // A presigned request's signature parameters are not the operation's.
             params.retain(|(name, _)| !name.starts_with("X-Amz-"));
+            // The query protocol may address a queue by the request's path, its URL's.
+            let at_queue = parts.uri.path().trim_matches('/').contains('/');
             let action = params
                 .iter()
                 .find(|(name, _)| name == "Action")
                 .map(|(_, value)| value.clone())
-                .filter(|action| !action.is_empty())
-                .ok_or_else(|| SqsError::missing("Action"))?;
+                .filter(|action| !action.is_empty());
+            let action = match action {
+                Some(action) if at_queue && !api::served_at_a_queue(&action) => {
+                    return Err(SqsError::unknown_action(&action));
+                }
+                Some(action) => action,
+                None if at_queue => return Err(SqsError::unknown_operation()),
+                None => return Err(SqsError::missing("Action")),
+            };
             let mut input = query::to_input(&params)?;
-            // The query protocol may address a queue by the request's path, its URL's.
-            if parts.uri.path().trim_matches('/').contains('/') && input.get("QueueUrl").is_none() {
+            if at_queue && input.get("QueueUrl").is_none() {
                 input["QueueUrl"] = parts.uri.path().into();
             }
             (action, input)

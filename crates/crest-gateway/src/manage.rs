@@ -321,6 +321,10 @@ pub(crate) async fn set_queue_attributes(
     caller: &Caller,
     input: &Value,
 ) -> Result<Value, SqsError> {
+    // A queue's kind is given at its creation only: SQS does not know the name here.
+    if input["Attributes"].get("FifoQueue").is_some() {
+        return Err(SqsError::bad_attribute("FifoQueue"));
+    }
     let (name, clients) = addressed(state, caller, input)?;
     let mut queue = clients
         .fetch(&state.config, &name)

@@ -65,7 +65,9 @@ pub(crate) fn string_map(input: &Value, name: &str) -> Result<Vec<(String, Strin
 
 pub(crate) fn names(input: &Value, field: &str) -> Result<Vec<String>, SqsError> {
     match input.get(field) {
+        // The query protocol sends an empty list as an empty value.
         None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(text)) if text.is_empty() => Ok(Vec::new()),
         Some(Value::Array(items)) => items
             .iter()
             .map(|v| {

@@ -246,13 +246,26 @@ pub(crate) fn render(action: &str, request_id: &str, result: Result<Value, SqsEr
             for (key, value) in value.as_object().into_iter().flatten() {
                 elements(action, key, value, &mut result);
             }
+            // An empty result is an empty element, as SQS writes it.
+            let result = if result.is_empty() {
+                format!("<{action}Result/>")
+            } else {
+                format!("<{action}Result>{result}</{action}Result>")
+            };
             let body = format!(
-                "<{action}Response xmlns=\"{XMLNS}\"><{action}Result>{result}</{action}Result>\
-                 {metadata}</{action}Response>"
+                "<{action}Response xmlns=\"{XMLNS}\">{result}{metadata}</{action}Response>"
             );
             xml(StatusCode::OK, body)
         }
-        Err(error) => {
+        // SQS answers a queue's URL asked for no action with this element alone.
+        Err(error) if error.shape == "UnknownOperationException" => {
+            xml(error.status, "<UnknownOperationException/>".to_string())
+        }
+        Err(mut error) => {
+            // The query protocol's words for a queue that does not exist are older.
+            if error.code == "AWS.SimpleQueueService.NonExistentQueue" {
+                error.message = "The specified queue does not exist for this wsdl version.".into();
+            }
             let fault = if error.sender { "Sender" } else { "Receiver" };
             let body = format!(
                 "<ErrorResponse xmlns=\"{XMLNS}\"><Error><Type>{fault}</Type><Code>{}</Code>\
