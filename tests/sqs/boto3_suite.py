@@ -262,9 +262,19 @@ def redrive_sends_a_message_out_of_receives_to_its_dead_letter_queue_and_back():
         QueueUrl=dlq, ReceiptHandle=dead["ReceiptHandle"], VisibilityTimeout=0
     )
     handle = sqs.start_message_move_task(SourceArn=dlq_arn)["TaskHandle"]
-    [task] = sqs.list_message_move_tasks(SourceArn=dlq_arn)["Results"]
-    assert task["TaskHandle"] == handle and task["Status"] == "COMPLETED", task
+    # AWS's form of a handle: base64 of the task id and source ARN as JSON.
+    assert json.loads(base64.b64decode(handle))["sourceArn"] == dlq_arn, handle
+    # The task runs after the answer; listed with its handle while it runs, without once done.
+    deadline = time.monotonic() + 30
+    while True:
+        [task] = sqs.list_message_move_tasks(SourceArn=dlq_arn)["Results"]
+        if task["Status"] != "RUNNING" or time.monotonic() > deadline:
+            break
+        assert task["TaskHandle"] == handle, task
+        time.sleep(0.05)
+    assert task["Status"] == "COMPLETED" and "TaskHandle" not in task, task
     assert task["ApproximateNumberOfMessagesMoved"] == 1, task
+    assert task["ApproximateNumberOfMessagesToMove"] == 1, task
     [back] = receive_all(url, 1, AttributeNames=["ApproximateReceiveCount"])
     assert back["Body"] == "poison" and back["MessageId"] == dead["MessageId"], back
     assert back["Attributes"]["ApproximateReceiveCount"] == "1", back

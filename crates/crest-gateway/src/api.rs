@@ -5,7 +5,7 @@ use crate::digest::{Attribute, AttributeValue, md5_of_attributes, md5_of_body};
 use crate::error::{SqsError, receipt_error, tree_error};
 use crate::params::{names, number, number_within, text};
 use crate::queues::{QueueAttributes, QueueName};
-use crate::{Caller, State, manage};
+use crate::{Caller, State, manage, moves};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use crest_core::id::Receipt;
@@ -86,9 +86,9 @@ pub(crate) async fn dispatch(
         "SetQueueAttributes" => manage::set_queue_attributes(state, caller, input).await,
         "PurgeQueue" => manage::purge_queue(state, caller, input).await,
         "ListDeadLetterSourceQueues" => manage::dead_letter_sources(state, caller, input).await,
-        "StartMessageMoveTask" => manage::start_move_task(state, caller, input).await,
-        "ListMessageMoveTasks" => manage::list_move_tasks(state, caller, input).await,
-        "CancelMessageMoveTask" => manage::cancel_move_task(state, input),
+        "StartMessageMoveTask" => moves::start(state, caller, input).await,
+        "ListMessageMoveTasks" => moves::list(state, caller, input).await,
+        "CancelMessageMoveTask" => moves::cancel(state, caller, input).await,
         "SendMessage" => send_message(state, caller, input).await,
         "SendMessageBatch" => send_message_batch(state, caller, input).await,
         "ReceiveMessage" => receive_message(state, caller, input).await,

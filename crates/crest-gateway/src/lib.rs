@@ -18,6 +18,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod keys;
 mod manage;
+mod moves;
 mod params;
 mod query;
 pub mod queues;
@@ -269,17 +270,6 @@ impl Clients {
     }
 }
 
-/// A message move task (`StartMessageMoveTask`): moves finish before the request is answered,
-/// so each is remembered as completed.
-#[derive(Clone, Debug)]
-pub(crate) struct MoveTask {
-    handle: String,
-    source: QueueName,
-    destination: QueueName,
-    moved: u64,
-    started_ms: u64,
-}
-
 /// Who sent a request: its verified access key, and the host it addressed (queue URLs
 /// name it).
 pub(crate) struct Caller {
@@ -310,7 +300,7 @@ pub(crate) struct State {
     keys: HashMap<String, AccessKey>,
     clients: Mutex<HashMap<String, Arc<Clients>>>,
     /// The latest move tasks, oldest first (`move_tasks_max`).
-    tasks: Mutex<VecDeque<MoveTask>>,
+    tasks: Mutex<VecDeque<moves::MoveTask>>,
     requests: Semaphore,
     /// Requests served now, by access key (`requests_per_key_max`).
     by_key: Mutex<HashMap<String, u32>>,
@@ -321,7 +311,7 @@ pub(crate) struct State {
 }
 
 impl State {
-    fn tasks(&self) -> Result<std::sync::MutexGuard<'_, VecDeque<MoveTask>>, SqsError> {
+    fn tasks(&self) -> Result<std::sync::MutexGuard<'_, VecDeque<moves::MoveTask>>, SqsError> {
         self.tasks
             .lock()
             .map_err(|_| SqsError::unavailable("the move task list is unusable"))

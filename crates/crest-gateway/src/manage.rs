@@ -4,14 +4,13 @@
 //! caller's own permissions: changing a queue needs `admin` in its namespace.
 
 use crate::error::{SqsError, tree_error};
-use crate::params::{names, number, number_within, string_map, text};
+use crate::params::{names, number_within, string_map, text};
 use crate::queues::{Queue, QueueAttributes, QueueName, SSE_ATTRIBUTE};
-use crate::{Caller, Clients, MoveTask, State};
+use crate::{Caller, Clients, State};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The attributes a `CreateQueue` or `SetQueueAttributes` asks for, checked; a redrive
 /// policy's dead-letter queue must exist.
@@ -424,7 +423,7 @@ pub(crate) async fn purge_queue(
 }
 
 /// The queues of the namespace whose redrive policy names `target`.
-async fn sources_of(
+pub(crate) async fn sources_of(
     clients: &Clients,
     target: &QueueName,
 ) -> Result<Vec<(QueueName, Queue)>, SqsError> {
@@ -498,123 +497,4 @@ pub(crate) async fn dead_letter_sources(
     let (names, next) = page(input, sources.into_iter().map(|(name, _)| name).collect())?;
     // This operation's JSON member is `queueUrls`, as AWS's model names it.
     Ok(listing("queueUrls", &names, next, &caller.host))
-}
-
-/// A queue named by an ARN parameter, as the tree keeps it.
-async fn queue_by_arn(
-    state: &State,
-    clients: &Clients,
-    input: &Value,
-    field: &str,
-) -> Result<QueueName, SqsError> {
-    let arn = text(input, field)?;
-    let name = QueueName::from_arn(arn, &state.config.region)
-        .ok_or_else(|| SqsError::invalid(format!("{field} {arn:?} is not a queue ARN")))?;
-    clients.queue(&state.config, &name).await?;
-    Ok(name)
-}
-
-/// Moves a dead-letter queue's messages to `DestinationArn`, or back to its one source
-/// queue; done before the answer (each leaf moves a bounded number per step, the gateway
-/// asks until none are left).
-pub(crate) async fn start_move_task(
-    state: &State,
-    caller: &Caller,
-    input: &Value,
-) -> Result<Value, SqsError> {
-    let clients = state.clients(caller)?;
-    let source = queue_by_arn(state, &clients, input, "SourceArn").await?;
-    let sources = sources_of(&clients, &source).await?;
-    if sources.is_empty() {
-        return Err(SqsError::invalid(
-            "Source queue must be configured as a Dead Letter Queue.",
-        ));
-    }
-    let destination = match input.get("DestinationArn") {
-        None | Some(Value::Null) => match &sources[..] {
-            [(only, _)] => only.clone(),
-            _ => {
-                return Err(SqsError::invalid(
-                    "The dead-letter queue has several source queues: name DestinationArn \
-                     (crest does not record which queue each message came from).",
-                ));
-            }
-        },
-        Some(_) => queue_by_arn(state, &clients, input, "DestinationArn").await?,
-    };
-    if destination.namespace != source.namespace || destination == source {
-        return Err(SqsError::invalid(
-            "DestinationArn must name another queue of the source queue's namespace.",
-        ));
-    }
-    let started_ms = millis_now();
-    let admin = clients.admin().await?;
-    let moved = admin
-        .move_topic(&source.topic(), &destination.topic())
-        .await
-        .map_err(tree_error)?
-        .value;
-    let number = state
-        .request_ids
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let handle = format!("{started_ms:016x}{number:016x}");
-    let mut tasks = state.tasks()?;
-    if tasks.len() >= state.config.move_tasks_max {
-        tasks.pop_front();
-    }
-    tasks.push_back(MoveTask {
-        handle: handle.clone(),
-        source,
-        destination,
-        moved,
-        started_ms,
-    });
-    Ok(json!({ "TaskHandle": handle }))
-}
-
-pub(crate) async fn list_move_tasks(
-    state: &State,
-    caller: &Caller,
-    input: &Value,
-) -> Result<Value, SqsError> {
-    let clients = state.clients(caller)?;
-    let source = queue_by_arn(state, &clients, input, "SourceArn").await?;
-    let max = number(input, "MaxResults", 1, 10)?.max(1) as usize;
-    let region = &state.config.region;
-    let results: Vec<Value> = state
-        .tasks()?
-        .iter()
-        .rev()
-        .filter(|task| task.source == source)
-        .take(max)
-        .map(|task| {
-            json!({
-                "TaskHandle": task.handle,
-                "Status": "COMPLETED",
-                "SourceArn": task.source.arn(region),
-                "DestinationArn": task.destination.arn(region),
-                "ApproximateNumberOfMessagesMoved": task.moved,
-                "ApproximateNumberOfMessagesToMove": task.moved,
-                "StartedTimestamp": task.started_ms,
-            })
-        })
-        .collect();
-    Ok(json!({ "Results": results }))
-}
-
-/// Moves are done before `StartMessageMoveTask` answers: there is never one to cancel.
-pub(crate) fn cancel_move_task(state: &State, input: &Value) -> Result<Value, SqsError> {
-    let handle = text(input, "TaskHandle")?;
-    let known = state.tasks()?.iter().any(|t| t.handle == handle);
-    Err(SqsError::not_found(if known {
-        "The task has completed: crest's moves finish before StartMessageMoveTask answers."
-    } else {
-        "No such task."
-    }))
-}
-
-fn millis_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

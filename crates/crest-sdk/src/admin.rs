@@ -147,6 +147,23 @@ impl Admin {
         self.until_none(op).await
     }
 
+    /// One step of [`Admin::move_topic`]: each leaf moves at most `purge_batch_messages`;
+    /// answers how many moved (0: none was left), so a caller can stop between steps.
+    ///
+    /// # Errors
+    /// [`ClientError`] if the request failed as a whole.
+    pub async fn move_topic_step(
+        &self,
+        topic: &str,
+        to: &str,
+    ) -> Result<AdminAnswer<u64>, ClientError> {
+        let op = AdminOp::MoveTopic {
+            topic: topic.into(),
+            to: to.into(),
+        };
+        self.count(op).await
+    }
+
     /// Sets `topic`'s configuration at every leaf (the root stamps its version); answers how
     /// many leaves keep it. A leaf that cannot be reached gets it when a listing
     /// ([`Admin::configs`]) finds it behind.
