@@ -103,14 +103,14 @@ fn parse_handle(handle: &str) -> Option<(String, String)> {
     ))
 }
 
-/// The queue an ARN field names; SQS's `ResourceNotFoundException` when there is none.
+/// The queue `arn` (given as `field`) names; SQS's `ResourceNotFoundException` when there is
+/// none.
 async fn existing(
     state: &State,
     clients: &Clients,
-    input: &Value,
+    arn: &str,
     field: &str,
 ) -> Result<QueueName, SqsError> {
-    let arn = text(input, field)?;
     let missing = || {
         SqsError::not_found(format!(
             "The resource that you specified for the {field} parameter doesn't exist."
@@ -130,7 +130,7 @@ pub(crate) async fn start(
     input: &Value,
 ) -> Result<Value, SqsError> {
     let clients = state.clients(caller)?;
-    let source = existing(state, &clients, input, "SourceArn").await?;
+    let source = existing(state, &clients, text(input, "SourceArn")?, "SourceArn").await?;
     let sources = crate::manage::sources_of(&clients, &source).await?;
     if sources.is_empty() {
         return Err(SqsError::invalid(
@@ -147,7 +147,10 @@ pub(crate) async fn start(
                 ));
             }
         },
-        Some(_) => existing(state, &clients, input, "DestinationArn").await?,
+        Some(_) => {
+            let arn = text(input, "DestinationArn")?;
+            existing(state, &clients, arn, "DestinationArn").await?
+        }
     };
     if destination.namespace != source.namespace || destination == source {
         return Err(SqsError::invalid(
@@ -202,11 +205,18 @@ pub(crate) async fn start(
             ));
         }
         if tasks.len() >= state.config.move_tasks_max {
-            // The oldest that is not running goes; all running: the oldest.
+            // The oldest that is not running goes; a running one is never forgotten, so the
+            // bound holds the tasks running at once too.
             let at = tasks
                 .iter()
                 .position(|t| t.progress.status() != Status::Running)
-                .unwrap_or(0);
+                .ok_or_else(|| {
+                    SqsError::throttled(format!(
+                        "{} move tasks are running, the most this gateway runs at once \
+                         (gateway_move_tasks_max)",
+                        tasks.len()
+                    ))
+                })?;
             tasks.remove(at);
         }
         tasks.push_back(task);
@@ -304,7 +314,7 @@ async fn at_rate(
 
 pub(crate) async fn list(state: &State, caller: &Caller, input: &Value) -> Result<Value, SqsError> {
     let clients = state.clients(caller)?;
-    let source = existing(state, &clients, input, "SourceArn").await?;
+    let source = existing(state, &clients, text(input, "SourceArn")?, "SourceArn").await?;
     let max = number_within(input, "MaxResults", 1, 1, 10)? as usize;
     let region = &state.config.region;
     let results: Vec<Value> = state
@@ -350,7 +360,7 @@ pub(crate) async fn cancel(
     let (id, arn) = parse_handle(given)
         .ok_or_else(|| SqsError::invalid("Value for parameter TaskHandle is invalid."))?;
     let clients = state.clients(caller)?;
-    let source = existing(state, &clients, &json!({ "SourceArn": arn }), "SourceArn").await?;
+    let source = existing(state, &clients, &arn, "SourceArn").await?;
     let tasks = state.tasks()?;
     let task = tasks
         .iter()

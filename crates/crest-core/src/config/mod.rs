@@ -428,7 +428,9 @@ pub struct Settings {
     pub gateway_short_poll_ms: u64,
     /// Most queues whose attributes an SQS gateway caches per access key.
     pub gateway_queue_cache_max: u32,
-    /// Most message move tasks an SQS gateway remembers for `ListMessageMoveTasks`.
+    /// Most message move tasks an SQS gateway remembers for `ListMessageMoveTasks`, running
+    /// ones included: with this many running, another start is `RequestThrottled`. Shared by
+    /// every key of the gateway (one running task per source queue).
     pub gateway_move_tasks_max: u32,
     /// Most HTTP connections an SQS gateway holds open at once; a connection past it is
     /// answered 503 and closed.
