@@ -66,6 +66,9 @@ async fn fill(producer: &Producer, within: Duration) -> (u64, QuotaExceeded) {
                 Err(format!("{acked} acknowledged"))
             }
             Err(ClientError::QuotaExceeded(quota)) => Ok(quota),
+            // The leaf is still asking the root for allowance (slow under load): not an
+            // answer yet, the batch is tried again.
+            Err(retry @ ClientError::RetryLater { .. }) => Err(format!("{retry}")),
             Err(other) => panic!("unexpected error {other:?}"),
         }
     })
@@ -428,6 +431,9 @@ async fn an_in_flight_quota_refuses_pops_until_consumers_settle() {
                 Err(format!("{} in flight", leased.len()))
             }
             Err(ClientError::QuotaExceeded(quota)) => Ok(quota),
+            // The leaf is still asking the root for allowance (slow under load): not an
+            // answer yet, the batch is tried again.
+            Err(retry @ ClientError::RetryLater { .. }) => Err(format!("{retry}")),
             Err(other) => panic!("unexpected error {other:?}"),
         }
     })

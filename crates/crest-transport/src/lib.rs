@@ -34,9 +34,9 @@ pub enum TransportError {
     #[error("stream: {0}")]
     Stream(String),
     /// The node refused the connection before its handshake: too many handshakes were under
-    /// way there. Retrying later may succeed.
+    /// way there, or it is closing. Retrying later may succeed.
     #[error(
-        "connect to {addr}: the node refused the connection (too many handshakes under way there); retry"
+        "connect to {addr}: the node refused the connection (too many handshakes under way there, or it is closing); retry"
     )]
     Refused {
         /// The address dialled.
