@@ -281,6 +281,10 @@ pub(crate) enum TopicCommand {
         /// (repeatable; keys not named weigh 1).
         #[arg(long = "fairness-weight", value_parser = parse_fairness_weight)]
         fairness_weights: Vec<(String, f64)>,
+        /// Deliver the topic's message groups in order (`true`) or not (`false`): a message's
+        /// group is its fairness key; none of a group is delivered while one of it is leased.
+        #[arg(long)]
+        fifo: Option<bool>,
         /// An attribute kept with the topic, NAME=VALUE (repeatable).
         #[arg(long = "attribute", value_parser = parse_attribute)]
         attributes: Vec<(String, String)>,
@@ -381,6 +385,7 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
             scheduling,
             weights,
             fairness_weights,
+            fifo,
             attributes,
             limits,
         } => {
@@ -410,6 +415,7 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
                             .map(|(key, weight)| (key, (weight * 1000.0).round() as u32))
                             .collect(),
                     }),
+                    fifo,
                 },
                 attributes: attributes.into_iter().collect(),
                 limits: limits.limits(),
@@ -479,6 +485,9 @@ pub(crate) async fn topic(command: TopicCommand) -> Result<()> {
                 for (key, milli) in s.fairness_weights.iter().flat_map(|w| &w.milli) {
                     let weight = f64::from(*milli) / 1000.0;
                     line.push_str(&format!(" fairness_weight={key}={weight}"));
+                }
+                if let Some(fifo) = s.fifo {
+                    line.push_str(&format!(" fifo={fifo}"));
                 }
                 for word in limit_words(&c.limits) {
                     line.push_str(&format!(" {word}"));

@@ -138,6 +138,7 @@ fn messages() -> Vec<(&'static str, Wire)> {
                 }],
                 offer_seq: 4,
                 direct: true,
+                ahead: false,
             }),
         ),
         (

@@ -100,6 +100,9 @@ pub(crate) struct AheadBuffer {
     pub(crate) outstanding: BTreeMap<Key, u64>,
     /// Demand of the topic's pops.
     pub(crate) demand: Demand,
+    /// A leaf refused a grant ahead as the topic delivers its groups in order (a FIFO topic):
+    /// none are made while the buffer lives.
+    pub(crate) in_order: bool,
 }
 
 impl AheadBuffer {

@@ -318,6 +318,13 @@ impl<V: Offerable> Lanes<V> {
             return;
         }
         self.policy = policy;
+        // Held candidates stay held in their new lanes.
+        let held: Vec<Key> = self
+            .live
+            .iter()
+            .chain(self.keyed.values())
+            .flat_map(|lane| lane.set.held_keys().copied())
+            .collect();
         let tiers: Vec<Option<(u32, u32)>> = match &self.policy {
             None => vec![None],
             Some((weights, _)) => weights
@@ -369,6 +376,9 @@ impl<V: Offerable> Lanes<V> {
         for (key, value) in moving {
             self.insert(key, value);
         }
+        for key in held {
+            self.hold(&key);
+        }
         self.drop_idle_retired();
     }
 
@@ -414,6 +424,16 @@ impl<V: Offerable> Lanes<V> {
             return &mut self.keyed.get_mut(&at).expect("found").set;
         }
         &mut self.live[tier].set
+    }
+
+    /// Keeps `key`'s candidate back until [`Lanes::release`] (see [`OfferSet::hold`]).
+    pub(crate) fn hold(&mut self, key: &Key) -> bool {
+        self.holder_mut(key).hold(key)
+    }
+
+    /// Makes held candidate `key` a candidate again (see [`OfferSet::release`]).
+    pub(crate) fn release(&mut self, key: &Key) -> bool {
+        self.holder_mut(key).release(key)
     }
 
     /// The candidate of `key`, to change in place (not its key).

@@ -105,6 +105,9 @@ pub(crate) struct OfferSet<V = Candidate> {
     offered: BTreeMap<Key, V>,
     /// Candidates the parent does not hold (at a leaf, most of its queued messages).
     unoffered: SortedMap<Key, V>,
+    /// Candidates kept back: never offered until released (a FIFO topic's messages whose
+    /// group has one leased), nor counted in the frontier, as they cannot be served now.
+    held: BTreeMap<Key, V>,
     /// Changes not yet sent (sorted when sent).
     pending: HashMap<Key, Pending>,
     /// The frontier last sent on the current session (`None`: nothing sent yet).
@@ -124,6 +127,7 @@ impl<V> Default for OfferSet<V> {
         OfferSet {
             offered: BTreeMap::new(),
             unoffered: SortedMap::default(),
+            held: BTreeMap::new(),
             pending: HashMap::default(),
             sent_frontier: None,
             seq: 0,
@@ -163,24 +167,47 @@ impl<V: Offerable> OfferSet<V> {
 
     /// The candidate of `key`, offered or not.
     pub(crate) fn get(&self, key: &Key) -> Option<&V> {
-        self.offered.get(key).or_else(|| self.unoffered.get(key))
+        self.offered
+            .get(key)
+            .or_else(|| self.unoffered.get(key))
+            .or_else(|| self.held.get(key))
     }
 
     /// The candidate of `key`, offered or not, to change in place (not its key).
     pub(crate) fn get_mut(&mut self, key: &Key) -> Option<&mut V> {
         match self.offered.get_mut(key) {
             Some(value) => Some(value),
-            None => self.unoffered.get_mut(key),
+            None => match self.unoffered.get_mut(key) {
+                Some(value) => Some(value),
+                None => self.held.get_mut(key),
+            },
         }
     }
 
-    /// Every candidate, offered ones first, each part in key order.
+    /// Every candidate, offered ones first, then unoffered and held ones, each part in key
+    /// order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&Key, &V)> {
-        self.offered.iter().chain(self.unoffered.iter())
+        self.offered
+            .iter()
+            .chain(self.unoffered.iter())
+            .chain(self.held.iter())
     }
 
-    /// Up to `max` keys from `from` on, offered or not, in key order.
+    /// Up to `max` keys from `from` on, offered or not (held ones too), in key order.
     pub(crate) fn keys_from(&self, from: &Key, max: usize) -> Vec<Key> {
+        if !self.held.is_empty() {
+            let mut keys: Vec<Key> = self
+                .offered
+                .range(from..)
+                .map(|(k, _)| *k)
+                .take(max)
+                .collect();
+            keys.extend(self.unoffered.range_from(from).map(|(k, _)| *k).take(max));
+            keys.extend(self.held.range(from..).map(|(k, _)| *k).take(max));
+            keys.sort_unstable();
+            keys.truncate(max);
+            return keys;
+        }
         let mut offered = self.offered.range(from..).map(|(k, _)| *k).peekable();
         let mut unoffered = self.unoffered.range_from(from).map(|(k, _)| *k).peekable();
         let mut keys = Vec::new();
@@ -217,7 +244,7 @@ impl<V: Offerable> OfferSet<V> {
             return Some(value);
         }
         self.sent_in.remove(key);
-        None
+        self.held.remove(key)
     }
 
     /// Removes a candidate the parent reserved, having applied our offers up to `applied`
@@ -238,7 +265,47 @@ impl<V: Offerable> OfferSet<V> {
             return Some(value);
         }
         self.sent_in.remove(key);
+        if let Some(value) = self.held.remove(key) {
+            // The parent took it before the retract of its hold reached it: nothing is left
+            // there to retract.
+            if matches!(self.pending.get(key), Some(Pending::Retract)) {
+                self.pending.remove(key);
+            }
+            return Some(value);
+        }
         self.unoffered.remove(key)
+    }
+
+    /// Keeps candidate `key` back (retracted if the parent holds it) until
+    /// [`OfferSet::release`]. Whether it was a candidate not held already.
+    pub(crate) fn hold(&mut self, key: &Key) -> bool {
+        let value = match self.unoffered.remove(key) {
+            Some(value) => value,
+            None => match self.offered.remove(key) {
+                Some(value) => {
+                    self.note(*key, Pending::Retract);
+                    value
+                }
+                None => return false,
+            },
+        };
+        self.held.insert(*key, value);
+        true
+    }
+
+    /// Makes held candidate `key` a candidate again (offered at the next
+    /// [`OfferSet::rebalance`]). Whether it was held.
+    pub(crate) fn release(&mut self, key: &Key) -> bool {
+        let Some(value) = self.held.remove(key) else {
+            return false;
+        };
+        self.unoffered.insert(*key, value);
+        true
+    }
+
+    /// The candidates held back.
+    pub(crate) fn held_keys(&self) -> impl Iterator<Item = &Key> {
+        self.held.keys()
     }
 
     /// Restores the rule of the module doc for `credits` (0 when there is no parent session);
@@ -387,9 +454,9 @@ impl<V: Offerable> OfferSet<V> {
         self.sent_in.clear();
     }
 
-    /// Number of candidates, offered or not.
+    /// Number of candidates, offered or not, held ones included.
     pub(crate) fn len(&self) -> usize {
-        self.offered.len() + self.unoffered.len()
+        self.offered.len() + self.unoffered.len() + self.held.len()
     }
 
     /// Number of candidates the parent holds.

@@ -40,6 +40,8 @@ const ATTRIBUTE_PREFIX: &str = "sqs.a.";
 const SENDER_KEY: &str = "sqs.sender";
 /// Metadata key of a message's `AWSTraceHeader` system attribute.
 const TRACE_KEY: &str = "sqs.trace";
+/// The metadata key of a FIFO message's `MessageDeduplicationId` (given or derived).
+const DEDUP_KEY: &str = "sqs.dedup";
 /// The one system attribute a sender may set.
 const TRACE_ATTRIBUTE: &str = "AWSTraceHeader";
 
@@ -269,7 +271,35 @@ pub(crate) struct Prepared {
     md5_body: String,
     md5_attributes: Option<String>,
     md5_system: Option<String>,
+    /// Sent to a FIFO queue (answered with a `SequenceNumber`).
+    fifo: bool,
 }
+
+/// Checks a batch's entries for a FIFO queue as SQS does before any is sent: every entry
+/// needs its group, and a deduplication id unless the queue derives it from the body.
+fn check_fifo_batch(queue: &QueueAttributes, entries: &[Value]) -> Result<(), SqsError> {
+    let Some(fifo) = &queue.fifo else {
+        return Ok(());
+    };
+    let lacks = |name: &str| {
+        entries
+            .iter()
+            .any(|e| e.get(name).is_none_or(Value::is_null))
+    };
+    if lacks("MessageGroupId") {
+        return Err(SqsError::invalid(
+            "The request must contain the parameter MessageGroupId.",
+        ));
+    }
+    if !fifo.content_based && lacks("MessageDeduplicationId") {
+        return Err(SqsError::invalid(NO_DEDUP_ID));
+    }
+    Ok(())
+}
+
+/// SQS's answer to a FIFO send without a deduplication id to a queue that derives none.
+const NO_DEDUP_ID: &str = "The queue should either have ContentBasedDeduplication enabled or \
+                           MessageDeduplicationId provided explicitly";
 
 pub(crate) fn prepare(
     caller: &Caller,
@@ -300,6 +330,18 @@ pub(crate) fn prepare(
             SENDER_KEY,
             sender_stamp(&caller.key_id, &caller.secret, body),
         );
+    // A FIFO queue's messages wait its own delay only (a message's own would reorder its
+    // group); a message's 0 is the queue's.
+    let delay = match &queue.fifo {
+        Some(_) if entry.get("DelaySeconds").is_some_and(|d| !d.is_null()) && delay > 0 => {
+            return Err(SqsError::invalid(format!(
+                "Value {delay} for parameter DelaySeconds is invalid. Reason: The request \
+                 include parameter that is not valid for this queue type."
+            )));
+        }
+        Some(_) => u64::from(queue.delay_seconds),
+        None => delay,
+    };
     if delay > 0 {
         message = message.deliver_after(Duration::from_secs(delay));
     }
@@ -326,11 +368,38 @@ pub(crate) fn prepare(
         };
         message = message.metadata(format!("{ATTRIBUTE_PREFIX}{attribute_name}"), stored);
     }
-    if let Some(id) = token(entry, "MessageDeduplicationId")? {
-        message = message.dedup_key(id);
-    }
-    if let Some(group) = token(entry, "MessageGroupId")? {
-        message = message.fairness_key(group);
+    let dedup_id = token(entry, "MessageDeduplicationId")?;
+    let group = token(entry, "MessageGroupId")?;
+    match &queue.fifo {
+        None => {
+            if let Some(id) = dedup_id {
+                message = message.dedup_key(id);
+            }
+            if let Some(group) = group {
+                message = message.fairness_key(group);
+            }
+        }
+        Some(fifo) => {
+            let dedup_id = match dedup_id {
+                Some(id) => id.to_string(),
+                None if fifo.content_based => {
+                    let hash = ring::digest::digest(&ring::digest::SHA256, body.as_bytes());
+                    hash.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+                }
+                None if group.is_none() => return Err(SqsError::missing("MessageGroupId")),
+                None => return Err(SqsError::invalid(NO_DEDUP_ID)),
+            };
+            let group = group.ok_or_else(|| SqsError::missing("MessageGroupId"))?;
+            message = message.group(group).metadata(DEDUP_KEY, dedup_id.clone());
+            // The scope of a deduplication id: the queue (the whole queue on one leaf, where
+            // its ids meet) or its group (the groups spread over the leaves; a space is in
+            // neither a group nor an id, so the pairs cannot meet).
+            message = if fifo.dedup_per_group {
+                message.dedup_key(format!("{group} {dedup_id}"))
+            } else {
+                message.route("").dedup_key(dedup_id)
+            };
+        }
     }
     let trace = trace_header(caller, entry)?;
     let md5_system = trace.as_ref().and_then(|trace| {
@@ -348,6 +417,7 @@ pub(crate) fn prepare(
         md5_body: md5_of_body(body),
         md5_attributes: md5_of_attributes(attributes.iter().map(|(n, a)| (n.as_str(), a))),
         md5_system,
+        fifo: queue.fifo.is_some(),
     })
 }
 
@@ -370,11 +440,14 @@ fn token<'a>(entry: &'a Value, name: &str) -> Result<Option<&'a str>, SqsError> 
     }
 }
 
-fn sent(prepared: &Prepared, id: String) -> Value {
+fn sent(prepared: &Prepared, id: crest_sdk::MessageId) -> Value {
     let mut out = json!({
-        "MessageId": id,
+        "MessageId": id.to_uuid(),
         "MD5OfMessageBody": prepared.md5_body,
     });
+    if prepared.fifo {
+        out["SequenceNumber"] = sequence_number(id).into();
+    }
     if let Some(md5) = &prepared.md5_attributes {
         out["MD5OfMessageAttributes"] = md5.clone().into();
     }
@@ -425,7 +498,7 @@ async fn send_message(state: &State, caller: &Caller, input: &Value) -> Result<V
         .await
         .map_err(tree_error)?;
     let id = handle.acked().await.map_err(tree_error)?;
-    Ok(sent(&prepared, id.to_uuid()))
+    Ok(sent(&prepared, id))
 }
 
 /// A batch's entries, checked as SQS checks them (count, ids).
@@ -477,6 +550,7 @@ async fn send_message_batch(
 ) -> Result<Value, SqsError> {
     let (name, queue) = queue_of(state, caller, input).await?;
     let entries = entries(input)?;
+    check_fifo_batch(&queue, entries)?;
     let bytes: usize = entries.iter().map(message_bytes).sum();
     if bytes > BATCH_BYTES_MAX {
         return Err(SqsError::batch_too_long(BATCH_BYTES_MAX, bytes));
@@ -498,7 +572,7 @@ async fn send_message_batch(
         let handle = producer.send_batch(messages).await.map_err(tree_error)?;
         let ids = handle.acked().await.map_err(tree_error)?;
         for ((entry_id, prepared), id) in ok.iter().zip(ids) {
-            let mut out = sent(prepared, id.to_uuid());
+            let mut out = sent(prepared, id);
             out["Id"] = (*entry_id).into();
             successful.push(out);
         }
@@ -551,10 +625,13 @@ async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Resul
         visibility: Some(Duration::from_millis((visibility * 1000).max(1))),
         max_priority: None,
     };
-    let deliveries = consumer
+    let mut deliveries = consumer
         .pop_with(&name.topic(), options)
         .await
         .map_err(tree_error)?;
+    if queue.fifo.is_some() {
+        in_groups(&mut deliveries);
+    }
     let asked_for = Asked {
         system,
         attributes: wanted_attributes,
@@ -568,6 +645,30 @@ async fn receive_message(state: &State, caller: &Caller, input: &Value) -> Resul
         return Ok(json!({}));
     }
     Ok(json!({ "Messages": messages }))
+}
+
+/// Orders a FIFO receive as SQS answers it: each group's messages together, in their order,
+/// the groups in the order their first message came (the tree's order).
+fn in_groups(deliveries: &mut [Delivery]) {
+    let mut first_seen: Vec<&str> = Vec::new();
+    for delivery in deliveries.iter() {
+        let group = delivery.fairness_key.as_deref().unwrap_or_default();
+        if !first_seen.contains(&group) {
+            first_seen.push(group);
+        }
+    }
+    let rank: std::collections::HashMap<String, usize> = first_seen
+        .iter()
+        .enumerate()
+        .map(|(at, group)| (group.to_string(), at))
+        .collect();
+    deliveries.sort_by_key(|d| rank[d.fairness_key.as_deref().unwrap_or_default()]);
+}
+
+/// A FIFO message's `SequenceNumber`: its crest id as a number (ids grow within a leaf, and a
+/// group's messages are one leaf's), 20 digits as SQS writes them.
+fn sequence_number(id: crest_sdk::MessageId) -> String {
+    format!("{:020}", id.0)
 }
 
 /// The attributes a `ReceiveMessage` asked for: system attributes (`AttributeNames` and
@@ -621,6 +722,15 @@ fn received(state: &State, delivery: &Delivery, asked: &Asked) -> Value {
         && let Some((_, trace)) = delivery.metadata.iter().find(|(k, _)| k == TRACE_KEY)
     {
         system.insert(TRACE_ATTRIBUTE.into(), trace.clone().into());
+    }
+    // A FIFO message's: its deduplication id is kept with it.
+    if let Some((_, dedup)) = delivery.metadata.iter().find(|(k, _)| k == DEDUP_KEY) {
+        if asked.system("MessageDeduplicationId") {
+            system.insert("MessageDeduplicationId".into(), dedup.clone().into());
+        }
+        if asked.system("SequenceNumber") {
+            system.insert("SequenceNumber".into(), sequence_number(delivery.id).into());
+        }
     }
     if !system.is_empty() {
         out["Attributes"] = system.into();
@@ -725,12 +835,14 @@ pub(crate) fn receipt(entry: &Value) -> Result<Receipt, SqsError> {
     })
 }
 
-/// Applies `settle` to `receipts` as `caller`'s principal: one result per receipt.
+/// Applies `settle` to `receipts` as `caller`'s principal: one result per receipt (`fifo`: of
+/// a FIFO queue's messages).
 async fn settle_receipts(
     state: &State,
     caller: &Caller,
     settle: Settle,
     receipts: &[Receipt],
+    fifo: bool,
 ) -> Result<Vec<Result<(), SqsError>>, SqsError> {
     let clients = state.clients(caller)?;
     let consumer = clients.consumer().await?;
@@ -743,6 +855,12 @@ async fn settle_receipts(
         .into_iter()
         .zip(receipts)
         .map(|(result, receipt)| match result {
+            // A FIFO queue's receipt expires with its visibility timeout, as on SQS (the
+            // group may be someone else's by now).
+            Err(ReceiptError::Stale) if delete && fifo => Err(SqsError::invalid(format!(
+                "Value {receipt} for parameter ReceiptHandle is invalid. Reason: The receipt \
+                 handle has expired."
+            ))),
             // As SQS: a delete with an old or already used receipt succeeds and does nothing
             // (a message is deleted with its latest receipt only).
             Err(ReceiptError::Stale | ReceiptError::Settled) if delete => Ok(()),
@@ -764,11 +882,12 @@ async fn settle(
     op: Op,
     batch: bool,
 ) -> Result<Value, SqsError> {
-    queue_of(state, caller, input).await?;
+    let (_, queue) = queue_of(state, caller, input).await?;
+    let fifo = queue.fifo.is_some();
     if !batch {
         let receipt = receipt(input)?;
         let settle = settle_op(op, input)?;
-        return match settle_receipts(state, caller, settle, &[receipt])
+        return match settle_receipts(state, caller, settle, &[receipt], fifo)
             .await?
             .pop()
         {
@@ -794,7 +913,7 @@ async fn settle(
     let mut successful = Vec::new();
     for (settle, items) in groups {
         let receipts: Vec<Receipt> = items.iter().map(|(_, r)| *r).collect();
-        let results = settle_receipts(state, caller, settle, &receipts).await?;
+        let results = settle_receipts(state, caller, settle, &receipts, fifo).await?;
         for ((id, _), result) in items.iter().zip(results) {
             match result {
                 Ok(()) => successful.push(json!({ "Id": id })),

@@ -98,6 +98,11 @@ impl SqsError {
         Self::named(StatusCode::BAD_REQUEST, "InvalidAttributeName", m)
     }
 
+    /// An attribute this queue cannot take, in SQS's words (`InvalidAttributeName`).
+    pub fn named_attribute(message: String) -> Self {
+        Self::named(StatusCode::BAD_REQUEST, "InvalidAttributeName", message)
+    }
+
     /// A value an attribute cannot take, and why (SQS's `InvalidAttributeValue`).
     pub fn bad_attribute_value(name: &str, why: &str) -> Self {
         let m = format!("Invalid value for the parameter {name}. Reason: {why}.");

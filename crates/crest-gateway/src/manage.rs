@@ -5,7 +5,7 @@
 
 use crate::error::{SqsError, tree_error};
 use crate::params::{names, number_within, string_map, text};
-use crate::queues::{Queue, QueueAttributes, QueueName, SSE_ATTRIBUTE};
+use crate::queues::{Fifo, Queue, QueueAttributes, QueueName, SSE_ATTRIBUTE};
 use crate::{Caller, Clients, State};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -99,15 +99,26 @@ pub(crate) async fn create_queue(
     input: &Value,
 ) -> Result<Value, SqsError> {
     let asked = text(input, "QueueName")?;
-    // A `.fifo` name is a FIFO queue's: for a standard queue it is an invalid name, as SQS
-    // answers (FIFO queues themselves are not offered yet).
-    let fifo = input["Attributes"]["FifoQueue"].as_str() == Some("true");
+    // A `.fifo` name is a FIFO queue's, and a FIFO queue's name ends so, as SQS answers.
+    let fifo = input["Attributes"]["FifoQueue"]
+        .as_str()
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
     if asked.ends_with(".fifo") && !fifo {
         return Err(SqsError::invalid(
             "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in \
              length",
         ));
     }
+    if fifo && !asked.ends_with(".fifo") {
+        return Err(SqsError::invalid(
+            "The name of a FIFO queue can only include alphanumeric characters, hyphens, or \
+             underscores, must end with .fifo suffix and be 1 to 80 in length.",
+        ));
+    }
+    let base = QueueAttributes {
+        fifo: fifo.then(Fifo::default),
+        ..QueueAttributes::default()
+    };
     let name = QueueName::checked(&caller.namespace, asked)?
         .in_region(caller.region.as_deref(), &state.config.region);
     let clients = state.clients(caller)?;
@@ -122,8 +133,7 @@ pub(crate) async fn create_queue(
             }
         }
         None => {
-            let attributes =
-                asked_attributes(state, &clients, &name, QueueAttributes::default(), input).await?;
+            let attributes = asked_attributes(state, &clients, &name, base, input).await?;
             let mut queue = Queue::new(attributes);
             // `tags` in the JSON protocol; the query protocol's `Tag.N` come as `Tags`.
             let field = if input.get("tags").is_some() {
@@ -320,10 +330,6 @@ pub(crate) async fn set_queue_attributes(
     caller: &Caller,
     input: &Value,
 ) -> Result<Value, SqsError> {
-    // A queue's kind is given at its creation only: SQS does not know the name here.
-    if input["Attributes"].get("FifoQueue").is_some() {
-        return Err(SqsError::bad_attribute("FifoQueue"));
-    }
     let (name, clients) = addressed(state, caller, input)?;
     let mut queue = clients
         .fetch(&state.config, &name)

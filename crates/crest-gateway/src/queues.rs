@@ -49,6 +49,45 @@ pub struct QueueAttributes {
     /// `Policy`, an IAM policy document kept and answered as given: crest's grants, not the
     /// policy, decide what a key may do (docs/sqs.md).
     pub policy: Option<String>,
+    /// FIFO settings (`FifoQueue`, given at creation only), if a FIFO queue.
+    pub fifo: Option<Fifo>,
+}
+
+/// A FIFO queue's settings (docs/sqs.md, "FIFO queues").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fifo {
+    /// `ContentBasedDeduplication`: a message without a `MessageDeduplicationId` is
+    /// deduplicated by its body's SHA-256.
+    pub content_based: bool,
+    /// `DeduplicationScope` `messageGroup` (else `queue`): a deduplication id is one group's,
+    /// and the groups spread over the leaves (else the whole queue is one leaf's).
+    pub dedup_per_group: bool,
+    /// `FifoThroughputLimit` `perMessageGroupId` (else `perQueue`): kept and answered; what
+    /// spreads a queue over leaves is `DeduplicationScope`.
+    pub throughput_per_group: bool,
+}
+
+/// How long a FIFO queue remembers a deduplication id: SQS's five minutes.
+pub const FIFO_DEDUP_WINDOW_MS: u64 = 300_000;
+
+/// A two-valued attribute: whether `value` is the second of `values`.
+fn either(name: &str, value: &str, values: [&str; 2]) -> Result<bool, SqsError> {
+    match values.iter().position(|v| *v == value) {
+        Some(at) => Ok(at == 1),
+        None => Err(SqsError::bad_attribute_value(
+            name,
+            &format!("not {} or {}", values[0], values[1]),
+        )),
+    }
+}
+
+/// A boolean attribute's text as SQS takes it (`true`/`false`, any case).
+fn boolean(name: &str, value: &str) -> Result<bool, SqsError> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(SqsError::bad_attribute_value(name, "not true or false")),
+    }
 }
 
 /// The attribute that says whether SQS encrypts a queue's messages at rest: always `false`
@@ -68,6 +107,7 @@ impl Default for QueueAttributes {
             maximum_message_size: MESSAGE_BYTES_MAX,
             redrive: None,
             policy: None,
+            fifo: None,
         }
     }
 }
@@ -136,6 +176,35 @@ impl QueueAttributes {
             self.policy = policy(value)?;
             return Ok(());
         }
+        match (name, &mut self.fifo) {
+            ("FifoQueue", Some(_)) => {
+                return match boolean(name, value)? {
+                    true => Ok(()),
+                    false => Err(SqsError::bad_attribute_value(
+                        name,
+                        "Modifying queue type is not supported",
+                    )),
+                };
+            }
+            ("ContentBasedDeduplication", Some(fifo)) => {
+                fifo.content_based = boolean(name, value)?;
+                return Ok(());
+            }
+            ("DeduplicationScope", Some(fifo)) => {
+                fifo.dedup_per_group = either(name, value, ["queue", "messageGroup"])?;
+                return Ok(());
+            }
+            ("FifoThroughputLimit", Some(fifo)) => {
+                fifo.throughput_per_group = either(name, value, ["perQueue", "perMessageGroupId"])?;
+                return Ok(());
+            }
+            ("DeduplicationScope" | "FifoThroughputLimit", None) => {
+                return Err(SqsError::named_attribute(format!(
+                    "You can specify the {name} only when FifoQueue is set to true."
+                )));
+            }
+            _ => {}
+        }
         if name == SSE_ATTRIBUTE {
             // Only the truth is taken: crest does not encrypt messages at rest.
             return match value {
@@ -149,13 +218,9 @@ impl QueueAttributes {
         }
         let Some((_, field, low, high)) = NUMBERS.iter().find(|(n, ..)| *n == name) else {
             return Err(match name {
-                "RedriveAllowPolicy"
-                | "FifoQueue"
-                | "ContentBasedDeduplication"
-                | "KmsMasterKeyId"
-                | "KmsDataKeyReusePeriodSeconds"
-                | "DeduplicationScope"
-                | "FifoThroughputLimit" => SqsError::unsupported(&format!("the attribute {name}")),
+                "RedriveAllowPolicy" | "KmsMasterKeyId" | "KmsDataKeyReusePeriodSeconds" => {
+                    SqsError::unsupported(&format!("the attribute {name}"))
+                }
                 _ => SqsError::bad_attribute(name),
             });
         };
@@ -175,6 +240,22 @@ impl QueueAttributes {
         }
         if let Some(policy) = &self.policy {
             out.push(("Policy", policy.clone()));
+        }
+        if let Some(fifo) = &self.fifo {
+            out.push(("FifoQueue", "true".into()));
+            out.push(("ContentBasedDeduplication", fifo.content_based.to_string()));
+            let scope = if fifo.dedup_per_group {
+                "messageGroup"
+            } else {
+                "queue"
+            };
+            out.push(("DeduplicationScope", scope.into()));
+            let limit = if fifo.throughput_per_group {
+                "perMessageGroupId"
+            } else {
+                "perQueue"
+            };
+            out.push(("FifoThroughputLimit", limit.into()));
         }
         out
     }
@@ -322,10 +403,13 @@ impl Queue {
             attributes.insert(format!("{TAG_PREFIX}{key}"), value.clone());
         }
         let redrive = self.attributes.redrive.as_ref();
+        let fifo = self.attributes.fifo.is_some();
         TopicConfig {
             settings: TopicSettings {
                 max_attempts: redrive.map(|r| r.max_receive_count),
                 dead_letter_topic: redrive.map(|r| r.dead_letter.topic()),
+                fifo: fifo.then_some(true),
+                dedup_window_ms: fifo.then_some(FIFO_DEDUP_WINDOW_MS),
                 ..TopicSettings::default()
             },
             attributes,
@@ -346,6 +430,16 @@ impl Queue {
             }
         }
         attributes.policy = config.attributes.get(POLICY_KEY).cloned();
+        if config.settings.is_fifo() {
+            let attribute = |name: &str| config.attributes.get(&format!("{KEY_PREFIX}{name}"));
+            attributes.fifo = Some(Fifo {
+                content_based: attribute("ContentBasedDeduplication").is_some_and(|v| v == "true"),
+                dedup_per_group: attribute("DeduplicationScope")
+                    .is_some_and(|v| v == "messageGroup"),
+                throughput_per_group: attribute("FifoThroughputLimit")
+                    .is_some_and(|v| v == "perMessageGroupId"),
+            });
+        }
         let settings = &config.settings;
         if let (Some(topic), Some(count)) = (&settings.dead_letter_topic, settings.max_attempts) {
             attributes.redrive = Some(Redrive {
@@ -391,13 +485,11 @@ fn is_region(text: &str) -> bool {
 }
 
 impl QueueName {
-    /// Checks a queue name as SQS does: 1–80 of `[A-Za-z0-9_-]` (FIFO queues, `.fifo`, are
-    /// not offered); of the gateway's own region.
+    /// Checks a queue name as SQS does: 1–80 of `[A-Za-z0-9_-]`, a FIFO queue's ending in
+    /// `.fifo`; of the gateway's own region.
     pub fn checked(namespace: &str, name: &str) -> Result<QueueName, SqsError> {
-        if name.ends_with(".fifo") {
-            return Err(SqsError::unsupported("FIFO queues (.fifo)"));
-        }
-        if !is_name(name) {
+        let base = name.strip_suffix(".fifo").unwrap_or(name);
+        if !is_name(base) || name.len() > NAME_BYTES_MAX {
             return Err(SqsError::invalid(format!(
                 "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in \
                  length: {name:?}."
@@ -567,7 +659,13 @@ mod tests {
         );
         let by_url = QueueName::addressed("http://h/default/jobs", "orders", None, HOME);
         assert_eq!(by_url.unwrap().topic(), "jobs");
-        assert!(QueueName::checked("default", "x.fifo").is_err());
+        assert_eq!(
+            QueueName::checked("default", "x.fifo").unwrap().topic(),
+            "x.fifo"
+        );
+        assert!(QueueName::checked("default", ".fifo").is_err());
+        assert!(QueueName::checked("default", "x.fifo.fifo").is_err());
+        assert!(QueueName::checked("default", &format!("{}.fifo", "a".repeat(76))).is_err());
         assert!(QueueName::checked("default", &"a".repeat(81)).is_err());
     }
 
@@ -614,10 +712,45 @@ mod tests {
             a.set(&queue, HOME, "Nope", "1").unwrap_err().code,
             "InvalidAttributeName"
         );
+        // FIFO attributes are a FIFO queue's only, and its kind does not change.
         assert_eq!(
             a.set(&queue, HOME, "FifoQueue", "true").unwrap_err().code,
-            "AWS.SimpleQueueService.UnsupportedOperation"
+            "InvalidAttributeName"
         );
+        assert_eq!(
+            a.set(&queue, HOME, "DeduplicationScope", "queue")
+                .unwrap_err()
+                .code,
+            "InvalidAttributeName"
+        );
+        let mut fifo = QueueAttributes {
+            fifo: Some(Fifo::default()),
+            ..QueueAttributes::default()
+        };
+        fifo.set(&queue, HOME, "FifoQueue", "True").unwrap();
+        fifo.set(&queue, HOME, "ContentBasedDeduplication", "true")
+            .unwrap();
+        fifo.set(&queue, HOME, "DeduplicationScope", "messageGroup")
+            .unwrap();
+        assert_eq!(
+            fifo.fifo,
+            Some(Fifo {
+                content_based: true,
+                dedup_per_group: true,
+                throughput_per_group: false,
+            })
+        );
+        assert_eq!(
+            fifo.set(&queue, HOME, "FifoQueue", "false")
+                .unwrap_err()
+                .code,
+            "InvalidAttributeValue"
+        );
+        // Kept with the topic: a FIFO topic, SQS's five-minute deduplication, read back whole.
+        let kept = Queue::new(fifo.clone()).to_config();
+        assert!(kept.settings.is_fifo());
+        assert_eq!(kept.settings.dedup_window_ms, Some(FIFO_DEDUP_WINDOW_MS));
+        assert_eq!(Queue::from_config(&kept).unwrap().attributes, fifo);
         // Encryption at rest: only the truth, `false`, is taken.
         a.set(&queue, HOME, SSE_ATTRIBUTE, "false").unwrap();
         assert_eq!(

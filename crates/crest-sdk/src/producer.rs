@@ -36,90 +36,20 @@ use crate::link::Link;
 use crate::{ClientError, ClientTls};
 use bytes::Bytes;
 use crest_core::id::MessageId;
-use crest_core::time::Time;
 use crest_core::topology::Topology;
 use crest_core::wire::{ErrorCode, PeerKind, Push, PushMessage, Wire};
 use std::ops::Range;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
+mod message;
 mod routing;
 
+pub use message::Message;
+
 use routing::{Health, Leaves, spread, spread_among, wait_for_lane};
-
-/// A message to push.
-#[derive(Clone, Debug)]
-pub struct Message {
-    message: PushMessage,
-}
-
-impl Message {
-    /// A message of `topic` with the default priority ([`crest_core::tier::NORMAL`]).
-    pub fn new(topic: impl Into<String>, payload: impl Into<Bytes>) -> Message {
-        Message {
-            message: PushMessage {
-                topic: topic.into(),
-                priority: crest_core::tier::NORMAL,
-                payload: payload.into(),
-                ..PushMessage::default()
-            },
-        }
-    }
-
-    /// Sets the priority (lower is more urgent).
-    pub fn priority(mut self, priority: u32) -> Message {
-        self.message.priority = priority;
-        self
-    }
-
-    /// Adds a metadata entry.
-    pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Message {
-        self.message.metadata.push((key.into(), value.into()));
-        self
-    }
-
-    /// Not delivered before `delay` after its leaf accepts it.
-    pub fn deliver_after(mut self, delay: Duration) -> Message {
-        self.message.delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-        self
-    }
-
-    /// Not delivered before `at` (by the leaf's clock).
-    pub fn deliver_at(mut self, at: SystemTime) -> Message {
-        let micros = at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        self.message.deliver_at = Some(Time(micros));
-        self
-    }
-
-    /// Dropped if not consumed within `ttl` after it is ready (`Duration::ZERO`: never, even
-    /// if the topic has a default time to live).
-    pub fn ttl(mut self, ttl: Duration) -> Message {
-        self.message.ttl_ms = Some(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
-        self
-    }
-
-    /// A second push of this topic with the same key within the topic's dedup window is
-    /// acknowledged with the first message's id and not enqueued again. The producer sends
-    /// every message with a key to the leaf the key hashes to, so this holds across producers
-    /// that list the same leaves.
-    pub fn dedup_key(mut self, key: impl Into<String>) -> Message {
-        self.message.dedup_key = Some(key.into());
-        self
-    }
-
-    /// The message's fairness key (a tenant, a customer; SQS's message group): within its
-    /// tier of a `weighted` topic, pops rotate among the keys with ready messages (by the
-    /// topic's `fairness_weights`, equal by default), so one key's backlog cannot starve
-    /// another's. Kept and delivered with the message; a `strict` topic does not use it.
-    pub fn fairness_key(mut self, key: impl Into<String>) -> Message {
-        self.message.fairness_key = Some(key.into());
-        self
-    }
-}
 
 /// How a producer connects and batches.
 #[derive(Clone, Debug)]
@@ -231,9 +161,13 @@ enum Job {
     },
 }
 
-/// Since when a batch has been waiting for a leaf that takes it (`leaf_wait_max`); `None`
-/// until no leaf took it once.
-type Waiting = Option<tokio::time::Instant>;
+/// Since when a batch has been waiting for a leaf that takes it (`leaf_wait_max`; `None`
+/// until no leaf took it once), and whether it belongs to its leaf (routed by a key).
+#[derive(Clone, Copy, Debug, Default)]
+struct Waiting {
+    since: Option<tokio::time::Instant>,
+    pinned: bool,
+}
 
 impl Job {
     fn len(&self) -> usize {
@@ -448,18 +382,23 @@ impl Producer {
     /// [`ClientError::InvalidArgument`] for a payload over the leaves' limit;
     /// [`ClientError::Closed`] if the producer is shutting down.
     pub async fn send(&self, message: Message) -> Result<PushHandle, ClientError> {
-        let message = message.message;
-        self.check_payload(&message)?;
-        let lane = match &message.dedup_key {
-            Some(key) => self
-                .leaves
-                .dedup_lane(&self.lanes, &self.next_lane, &message.topic, key),
+        self.check_payload(&message.message)?;
+        let lane = match message.routed_by() {
+            Some(key) => {
+                self.leaves
+                    .dedup_lane(&self.lanes, &self.next_lane, &message.message.topic, key)
+            }
             None => spread(&self.lanes, &self.next_lane, None).unwrap_or(0),
         };
+        let pinned = message.routed_by().is_some();
+        let message = message.message;
         let (reply, rx) = oneshot::channel();
         self.lanes[lane]
             .queue(1, |permit| Job::One {
-                since: None,
+                since: Waiting {
+                    since: None,
+                    pinned,
+                },
                 message,
                 reply,
                 _queued: permit,
@@ -482,35 +421,42 @@ impl Producer {
         &self,
         messages: impl IntoIterator<Item = Message>,
     ) -> Result<BatchHandle, ClientError> {
-        let messages: Vec<PushMessage> = messages.into_iter().map(|m| m.message).collect();
+        let messages: Vec<Message> = messages.into_iter().collect();
         for message in &messages {
-            self.check_payload(message)?;
+            self.check_payload(&message.message)?;
         }
         let len = messages.len();
         let mut parts = Vec::new();
-        if messages.iter().all(|m| m.dedup_key.is_none()) {
-            let mut messages = messages.into_iter().peekable();
+        if messages.iter().all(|m| m.routed_by().is_none()) {
+            let mut messages = messages.into_iter().map(|m| m.message).peekable();
             let mut start = 0;
             while messages.peek().is_some() {
                 let part = self.take_part(&mut messages);
                 let range = start..start + part.len();
                 start = range.end;
                 let lane = spread(&self.lanes, &self.next_lane, None).unwrap_or(0);
-                parts.push((Positions::Range(range), self.queue_part(lane, part).await?));
+                let part = self.queue_part(lane, part, false).await?;
+                parts.push((Positions::Range(range), part));
             }
         } else {
             // Messages are grouped by lane (order kept within each), then cut into parts.
             let mut by_lane: Vec<Vec<(usize, PushMessage)>> = vec![Vec::new(); self.lanes.len()];
             let spread = spread(&self.lanes, &self.next_lane, None).unwrap_or(0);
+            let mut pinned = vec![false; self.lanes.len()];
             for (position, message) in messages.into_iter().enumerate() {
-                let lane = match &message.dedup_key {
-                    Some(key) => {
-                        self.leaves
-                            .dedup_lane(&self.lanes, &self.next_lane, &message.topic, key)
-                    }
+                let lane = match message.routed_by() {
+                    Some(key) => pinned_lane(
+                        &mut pinned,
+                        self.leaves.dedup_lane(
+                            &self.lanes,
+                            &self.next_lane,
+                            &message.message.topic,
+                            key,
+                        ),
+                    ),
                     None => spread,
                 };
-                by_lane[lane].push((position, message));
+                by_lane[lane].push((position, message.message));
             }
             for (lane, messages) in by_lane.into_iter().enumerate() {
                 let (positions, messages): (Vec<usize>, Vec<PushMessage>) =
@@ -520,7 +466,8 @@ impl Producer {
                 while messages.peek().is_some() {
                     let part = self.take_part(&mut messages);
                     let list = positions.by_ref().take(part.len()).collect();
-                    parts.push((Positions::List(list), self.queue_part(lane, part).await?));
+                    let part = self.queue_part(lane, part, pinned[lane]).await?;
+                    parts.push((Positions::List(list), part));
                 }
             }
         }
@@ -552,13 +499,17 @@ impl Producer {
         &self,
         lane: usize,
         messages: Vec<PushMessage>,
+        pinned: bool,
     ) -> Result<PartAck, ClientError> {
         let (reply, rx) = oneshot::channel();
         let bytes = messages.iter().map(|m| m.payload.len()).sum();
         let count = messages.len();
         self.lanes[lane]
             .queue(count, |permit| Job::Many {
-                since: None,
+                since: Waiting {
+                    since: None,
+                    pinned,
+                },
                 messages,
                 bytes,
                 reply,
@@ -686,6 +637,12 @@ impl LaneTask {
     }
 }
 
+/// Marks `lane` as taking messages routed by a key (their part belongs to its leaf).
+fn pinned_lane(pinned: &mut [bool], lane: usize) -> usize {
+    pinned[lane] = true;
+    lane
+}
+
 /// Hands the messages of a batch that could not be sent to lanes whose leaf answers, part by
 /// part as they were queued. A part no other lane takes now waits for any lane whose leaf is
 /// no longer avoided (this one's included), up to `leaf_wait_max` since it first found none;
@@ -701,17 +658,16 @@ async fn reroute(lane: &LaneTask, messages: Vec<PushMessage>, answers: Vec<Answe
     let mut messages = messages.into_iter();
     let mut stuck = Vec::new();
     for answer in answers {
-        let (count, since) = match &answer {
-            Answer::One(_, since) => (1, *since),
-            Answer::Many(_, count, since) => (*count, *since),
+        let (count, waiting) = match &answer {
+            Answer::One(_, waiting) => (1, *waiting),
+            Answer::Many(_, count, waiting) => (*count, *waiting),
         };
+        let Waiting { since, pinned } = waiting;
         let part: Vec<PushMessage> = messages.by_ref().take(count).collect();
         // A part with a dedup key belongs to its leaf: it may move only to another of the
         // leaf's replicas.
-        let among = part
-            .iter()
-            .any(|m| m.dedup_key.is_some())
-            .then_some(replicas.as_slice());
+        let among =
+            (pinned || part.iter().any(|m| m.dedup_key.is_some())).then_some(replicas.as_slice());
         let waited_enough = since.is_some_and(|since| since.elapsed() >= config.leaf_wait_max);
         if waited_enough {
             stuck.push(answer);
@@ -740,7 +696,7 @@ async fn reroute(lane: &LaneTask, messages: Vec<PushMessage>, answers: Vec<Answe
                     .queue(1, |permit| Job::One {
                         message,
                         reply,
-                        since,
+                        since: Waiting { since, pinned },
                         _queued: permit,
                     })
                     .await
@@ -752,7 +708,7 @@ async fn reroute(lane: &LaneTask, messages: Vec<PushMessage>, answers: Vec<Answe
                         messages: part,
                         bytes,
                         reply,
-                        since,
+                        since: Waiting { since, pinned },
                         _queued: permit,
                     })
                     .await

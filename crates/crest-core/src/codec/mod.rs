@@ -297,7 +297,7 @@ fn encode_offer(offer: &Offer, out: &mut Vec<u8>) {
 
 fn encode_reserve(reserve: &Reserve, out: &mut Vec<u8>) {
     enum_variant(out, RESERVE_VARIANT);
-    array(out, 6);
+    array(out, 7);
     uint(out, reserve.leaf.0.into());
     str_(out, &reserve.topic);
     uint(out, reserve.lease_ms);
@@ -309,6 +309,7 @@ fn encode_reserve(reserve: &Reserve, out: &mut Vec<u8>) {
     }
     uint(out, reserve.offer_seq);
     bool_(out, reserve.direct);
+    bool_(out, reserve.ahead);
 }
 
 fn receipts(out: &mut Vec<u8>, receipts: &[Receipt]) {
@@ -362,6 +363,7 @@ fn denied_name(denied: ReserveDenied) -> &'static str {
         ReserveDenied::Leased => "Leased",
         ReserveDenied::Gone => "Gone",
         ReserveDenied::Unavailable => "Unavailable",
+        ReserveDenied::InOrder => "InOrder",
     }
 }
 
@@ -689,6 +691,7 @@ impl Reader<'_> {
                     "Leased" => ReserveDenied::Leased,
                     "Gone" => ReserveDenied::Gone,
                     "Unavailable" => ReserveDenied::Unavailable,
+                    "InOrder" => ReserveDenied::InOrder,
                     _ => return None,
                 }),
                 _ => return None,
@@ -763,7 +766,7 @@ impl Reader<'_> {
     }
 
     fn reserve(&mut self) -> Option<Reserve> {
-        self.fields(6)?;
+        self.fields(7)?;
         let leaf = self.leaf()?;
         let topic = self.str()?.to_owned();
         let lease_ms = self.uint()?;
@@ -782,6 +785,7 @@ impl Reader<'_> {
             items,
             offer_seq: self.uint()?,
             direct: self.bool()?,
+            ahead: self.bool()?,
         })
     }
 

@@ -167,6 +167,7 @@ fn outcome() -> impl Strategy<Value = ReserveOutcome> {
         Just(ReserveDenied::Leased),
         Just(ReserveDenied::Gone),
         Just(ReserveDenied::Unavailable),
+        Just(ReserveDenied::InOrder),
     ];
     (
         number(),
@@ -244,8 +245,9 @@ fn pop_path() -> impl Strategy<Value = Wire> {
         prop::collection::vec(item, 0..6),
         number(),
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(leaf, topic, lease_ms, items, offer_seq, direct)| {
+        .prop_map(|(leaf, topic, lease_ms, items, offer_seq, direct, ahead)| {
             Wire::Reserve(Reserve {
                 leaf: LeafId(leaf),
                 topic,
@@ -253,6 +255,7 @@ fn pop_path() -> impl Strategy<Value = Wire> {
                 items,
                 offer_seq,
                 direct,
+                ahead,
             })
         });
     let receipts = || prop::collection::vec(receipt(), 0..6);

@@ -215,6 +215,12 @@ pub struct TopicSettings {
     /// The weights of fairness keys within their tier of a `weighted` topic (default: every
     /// key weighs 1; see [`KeyWeights`]).
     pub fairness_weights: Option<KeyWeights>,
+    /// Delivers the topic's message groups in order (default `false`): a message's group is
+    /// its fairness key (messages without one form one group), a group's messages go in key
+    /// order, and none of a group is delivered while one of it is leased, except several in
+    /// one reserve (one pop). A group's messages must reach one leaf: the SDK's
+    /// `Message::group` routes them so.
+    pub fifo: Option<bool>,
 }
 
 impl TopicSettings {
@@ -237,7 +243,13 @@ impl TopicSettings {
                 .fairness_weights
                 .clone()
                 .or_else(|| base.fairness_weights.clone()),
+            fifo: self.fifo.or(base.fifo),
         }
+    }
+
+    /// Whether the topic delivers its message groups in order.
+    pub fn is_fifo(&self) -> bool {
+        self.fifo == Some(true)
     }
 
     /// The tiers pops share the topic by, for a `weighted` topic (`None`: strict).

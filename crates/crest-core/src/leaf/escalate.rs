@@ -30,6 +30,7 @@ impl Leaf {
         let s = &self.config.settings;
         let mut aging = BTreeMap::new();
         let mut weighted = std::collections::HashMap::new();
+        let mut fifo = HashSet::new();
         let names = s.topics.keys().chain(self.configs.keys());
         for name in names {
             let runtime = self.runtime(name);
@@ -39,6 +40,9 @@ impl Leaf {
                 (Some(one), None) | (None, Some(one)) => one.clone(),
                 (None, None) => continue,
             };
+            if merged.is_fifo() {
+                fifo.insert(name.clone());
+            }
             if let Some(weights) = merged.weighted() {
                 let keys = merged.fairness_weights.iter().flat_map(|w| &w.milli);
                 let keys = keys.map(|(key, milli)| (Arc::from(key.as_str()), *milli));
@@ -57,6 +61,18 @@ impl Leaf {
             }
         }
         self.weighted = weighted;
+        for (name, topic) in &mut self.topics {
+            let leased = self
+                .leases
+                .by_id
+                .values()
+                .filter(|leased| leased.topic == *name)
+                .map(|leased| leased.key);
+            if topic.set_fifo(fifo.contains(&**name), leased) {
+                self.dirty.insert(name.clone());
+            }
+        }
+        self.fifo = fifo;
         if let Some(now) = now {
             self.schedule_aging(now);
         }

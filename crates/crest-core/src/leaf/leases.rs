@@ -24,12 +24,28 @@ impl Leaf {
             .topics
             .get_key_value(crate::lanes::topic_of(&reserve.topic))
             .map(|(topic, _)| topic.clone());
+        // The FIFO groups this reserve leased in (`leaf/fifo.rs`).
+        let mut granted: HashMap<Arc<str>, usize> = HashMap::new();
         for item in reserve.items {
             let id = item.key.id;
             let available = topic
                 .as_ref()
                 .is_some_and(|t| self.topics[t].offers.get(&item.key).is_some());
+            let refusal = topic
+                .as_ref()
+                .filter(|_| available)
+                .and_then(|t| self.topics[t].fifo_refusal(&item.key, &granted, reserve.ahead));
             let result = match topic.clone() {
+                Some(topic) if available && refusal.is_some() => {
+                    // Offered again: the parent took it from its window.
+                    let leaf_topic = self.topics.get_mut(&topic).expect("present");
+                    let slot = leaf_topic
+                        .unavailable(&item.key, Some(reserve.offer_seq))
+                        .expect("present");
+                    leaf_topic.make_available(item.key, slot);
+                    self.dirty.insert(topic);
+                    Err(refusal.expect("checked"))
+                }
                 Some(topic) if available => {
                     if self.expires_at(id) <= now {
                         let leaf_topic = self.topics.get_mut(&topic).expect("present");
@@ -37,6 +53,9 @@ impl Leaf {
                         self.expire(&topic, id, &slot, &mut records);
                         Err(ReserveDenied::Gone)
                     } else {
+                        if let Some(group) = self.topics[&topic].fifo_group(id) {
+                            *granted.entry(group).or_default() += 1;
+                        }
                         Ok(self.lease(now, topic, item.key, reserve.lease_ms, reserve.offer_seq))
                     }
                 }
@@ -113,6 +132,7 @@ impl Leaf {
             .unavailable(&key, Some(offer_seq))
             .expect("checked");
         leaf_topic.leased += 1;
+        leaf_topic.fifo_leased(key);
         let enqueued_at = leaf_topic.enqueued_at(key.id);
         let fairness_key = leaf_topic.offers.key_of(key.id).map(|key| key.to_string());
         slot.attempt += 1;
@@ -162,6 +182,7 @@ impl Leaf {
             return;
         };
         leaf_topic.leased += 1;
+        leaf_topic.fifo_leased(key);
         self.dirty.insert(topic.clone());
         self.leases.by_deadline.insert((deadline, key.id));
         self.hold(topic, key, slot, token, deadline);
@@ -396,6 +417,9 @@ impl Leaf {
         }
         let topic = self.topics.get_mut(&leased.topic).expect("topic exists");
         topic.leased -= 1;
+        if topic.fifo_unleased(&leased.key) {
+            self.dirty.insert(leased.topic.clone());
+        }
         leased
     }
 

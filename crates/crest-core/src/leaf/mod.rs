@@ -49,6 +49,7 @@ mod admin;
 mod bodies;
 mod checkpoint;
 mod escalate;
+mod fifo;
 mod leases;
 mod machine;
 mod push;
@@ -70,7 +71,7 @@ use crate::upstream::Upstream;
 use crate::wire::{AckReply, Confirmed, DeadLetter, PushMessage, ReserveOutcome, Role, Wire};
 use rand_chacha::ChaCha12Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -274,6 +275,8 @@ struct LeafTopic {
     dead_at: IdMap<Time>,
     /// Acceptance times of the live messages that are not dead (see [`Age`]).
     ages: BTreeMap<MessageId, Age>,
+    /// A FIFO topic's groups (`None`: not FIFO; `leaf/fifo.rs`).
+    groups: Option<fifo::Groups>,
 }
 
 impl LeafTopic {
@@ -316,6 +319,7 @@ impl LeafTopic {
     fn make_available(&mut self, key: Key, slot: Slot) {
         self.offers.insert(key, slot);
         *self.ready.entry(key.priority()).or_default() += 1;
+        self.fifo_available(key);
     }
 
     /// Takes an available message out (`take`: the parent reserved it, with `applied`).
@@ -324,6 +328,7 @@ impl LeafTopic {
             Some(applied) => self.offers.take(key, applied),
             None => self.offers.remove(key),
         }?;
+        self.fifo_unavailable(key);
         if let Some(count) = self.ready.get_mut(&key.priority()) {
             *count -= 1;
             if *count == 0 {
@@ -506,6 +511,8 @@ pub struct Leaf {
     /// The tiers of each `weighted` topic, and the weights of its fairness keys
     /// (`crate::lanes`).
     weighted: HashMap<String, (crate::config::Weights, crate::lanes::KeyWeights)>,
+    /// The FIFO topics (`leaf/fifo.rs`).
+    fifo: HashSet<String>,
 }
 
 /// Live leases (`leaf/leases.rs`).
@@ -695,6 +702,7 @@ impl Leaf {
             aging: BTreeMap::new(),
             aging_due: None,
             weighted: HashMap::new(),
+            fifo: HashSet::new(),
             upstream,
             clients,
             live: LiveIds::default(),
@@ -808,6 +816,7 @@ impl Leaf {
                 self.weighted.get(name).cloned(),
                 self.config.settings.fairness_keys_max,
             ),
+            groups: self.fifo.contains(name).then(fifo::Groups::default),
             ..LeafTopic::default()
         };
         self.topics.insert(topic.clone(), leaf_topic);

@@ -28,6 +28,9 @@ impl Root {
         ) else {
             return;
         };
+        if buffer.in_order {
+            return;
+        }
         buffer.demand.roll(now);
         let target = buffer
             .demand
@@ -67,6 +70,7 @@ impl Root {
             groups,
             Some(window),
             &self.direct,
+            true,
         ));
     }
 

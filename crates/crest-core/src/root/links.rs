@@ -45,19 +45,23 @@ impl Root {
             return;
         };
         let numbers = sorted_where(&self.reservations, |r| r.conn == lost);
-        let mut groups: BTreeMap<(Topic, u64), Vec<ReserveItem>> = BTreeMap::new();
+        let mut groups: BTreeMap<(Topic, u64, bool), Vec<ReserveItem>> = BTreeMap::new();
         for reservation in numbers {
             let r = self.reservations.get_mut(&reservation).expect("listed");
             r.conn = child;
             groups
-                .entry((r.topic.clone(), r.lease_ms))
+                .entry((
+                    r.topic.clone(),
+                    r.lease_ms,
+                    matches!(r.purpose, ReservedFor::Ahead),
+                ))
                 .or_default()
                 .push(ReserveItem {
                     reservation,
                     key: r.key,
                 });
         }
-        for ((topic, lease_ms), items) in groups {
+        for ((topic, lease_ms, ahead), items) in groups {
             self.counters.reserves += 1;
             let msg = Wire::Reserve(Reserve {
                 leaf,
@@ -66,6 +70,7 @@ impl Root {
                 items,
                 offer_seq: 0,
                 direct: false,
+                ahead,
             });
             self.send(child, msg);
         }

@@ -167,6 +167,7 @@ fn reserves(
     groups: BTreeMap<(ConnId, LeafId), Vec<ReserveItem>>,
     window: Option<&Window>,
     direct: &DirectLinks,
+    ahead: bool,
 ) -> impl Iterator<Item = Transmit> {
     groups.into_iter().flat_map(move |((child, leaf), items)| {
         let reserve = |items, offer_seq, direct| {
@@ -177,6 +178,7 @@ fn reserves(
                 items,
                 offer_seq,
                 direct,
+                ahead,
             })
         };
         let applied = window.map_or(0, |window| window.applied(child));

@@ -270,8 +270,14 @@ impl Root {
             let (lane, _) = &lanes[at];
             let window = self.children.windows.get(lane);
             self.counters.reserves += groups.len() as u64;
-            self.outbox
-                .extend(reserves(lane, lease_ms, groups, window, &self.direct));
+            self.outbox.extend(reserves(
+                lane,
+                lease_ms,
+                groups,
+                window,
+                &self.direct,
+                false,
+            ));
         }
     }
 
@@ -443,6 +449,9 @@ impl Root {
                     let buffer = self.ahead.buffers.entry(topic.clone()).or_default();
                     buffer.outstanding.remove(&outcome.key);
                     self.ahead.bytes -= u64::from(reservation.size);
+                    if outcome.result == Err(crate::wire::ReserveDenied::InOrder) {
+                        buffer.in_order = true;
+                    }
                     if let Ok(delivery) = outcome.result {
                         self.ahead.bytes += delivery.payload.len() as u64;
                         let hold = Duration::from_millis(self.settings.reserve_ahead_hold_ms);

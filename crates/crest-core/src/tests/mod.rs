@@ -79,6 +79,7 @@ mod bodies;
 mod configs;
 mod delivery;
 mod escalation;
+mod fifo;
 mod flow;
 mod grants;
 mod hostile;

@@ -33,7 +33,7 @@ mod admin;
 pub use admin::*;
 
 /// Version of this protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 19;
+pub const PROTOCOL_VERSION: u16 = 20;
 /// First byte written on a control stream.
 pub const STREAM_CONTROL: u8 = 0xC0;
 /// First byte written on a data stream.
@@ -303,6 +303,10 @@ pub struct Reserve {
     /// (setting `direct_pop_path`), so the aggregator takes the items from its window and
     /// refills its parent, but does not forward it.
     pub direct: bool,
+    /// Made ahead of pops (the root's reserve-ahead buffer): its grants may go to several
+    /// pops, so a FIFO topic's leaf refuses it ([`ReserveDenied::InOrder`]).
+    #[serde(default)]
+    pub ahead: bool,
 }
 
 /// Why a leaf refused to lease a message.
@@ -314,6 +318,10 @@ pub enum ReserveDenied {
     Gone,
     /// The leaf could not be reached.
     Unavailable,
+    /// The message is not its FIFO group's next one for this reserve (an earlier one of the
+    /// group is leased or not reserved with it), or the reserve was made ahead of pops; it is
+    /// offered again.
+    InOrder,
 }
 
 /// One delivered message, with everything the consumer needs.
