@@ -17,10 +17,13 @@ const WAIT: Duration = Duration::from_secs(10);
 
 const TOPIC: &str = "orders.fifo";
 
-async fn start_tree(data_root: &Path) -> LocalTree {
+/// A tree of four leaves; `settings`, TOML appended to the topology (topic settings).
+async fn start_tree(data_root: &Path, settings: &str) -> LocalTree {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/topology/local.toml"))
         .unwrap();
-    let topology = Topology::parse(&text).unwrap().with_ephemeral_ports();
+    let topology = Topology::parse(&format!("{text}\n{settings}"))
+        .unwrap()
+        .with_ephemeral_ports();
     let tree = LocalTree::start_with(&topology, Some(data_root))
         .await
         .unwrap();
@@ -69,7 +72,7 @@ async fn pop(consumer: &Consumer, max: u32, wait: Duration) -> Vec<Delivery> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn groups_are_delivered_in_order_one_run_at_a_time_across_four_leaves() {
     let data = tempfile::tempdir().unwrap();
-    let tree = start_tree(data.path()).await;
+    let tree = start_tree(data.path(), "").await;
     make_fifo(&tree).await;
     let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls(&tree)))
         .await
@@ -142,8 +145,9 @@ async fn groups_are_delivered_in_order_one_run_at_a_time_across_four_leaves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaf_restarted_under_a_lease_still_holds_its_group_back() {
     let data = tempfile::tempdir().unwrap();
-    let mut tree = start_tree(data.path()).await;
-    make_fifo(&tree).await;
+    // FIFO by the topology this time: the leaf knows it before it replays its log.
+    let settings = format!("[settings.topics.\"{TOPIC}\"]\nfifo = true\n");
+    let mut tree = start_tree(data.path(), &settings).await;
     let producer = Producer::connect(ProducerConfig::from_topology(&tree.topology, tls(&tree)))
         .await
         .unwrap();

@@ -186,6 +186,9 @@ impl Leaf {
             }
             let keys_max = leaf.config.settings.fairness_keys_max;
             topic.offers = Lanes::from_sorted(available, gather.keys, keys_max);
+            // A FIFO topic's groups were made empty with the topic: they are rebuilt from the
+            // recovered messages and leases once the topic settings are refreshed.
+            topic.groups = None;
             let mut ages = gather.ages;
             ages.sort_unstable_by_key(|(id, _)| *id);
             for (id, at) in ages {
