@@ -101,7 +101,8 @@ pub(crate) async fn dispatch(
         "TagQueue" => manage::tag_queue(state, caller, input).await,
         "UntagQueue" => manage::untag_queue(state, caller, input).await,
         "ListQueueTags" => manage::list_queue_tags(state, caller, input).await,
-        "AddPermission" | "RemovePermission" => Err(SqsError::unsupported(action)),
+        "AddPermission" => manage::add_permission(state, caller, input).await,
+        "RemovePermission" => manage::remove_permission(state, caller, input).await,
         _ => Err(SqsError::unknown_action(action)),
     }
 }

@@ -20,6 +20,7 @@ pub mod keys;
 mod manage;
 mod moves;
 mod params;
+mod permissions;
 mod query;
 pub mod queues;
 pub mod sigv4;

@@ -5,6 +5,7 @@
 
 use crate::error::{SqsError, tree_error};
 use crate::params::{names, number_within, string_map, text};
+use crate::permissions;
 use crate::queues::{Fifo, Queue, QueueAttributes, QueueName, SSE_ATTRIBUTE};
 use crate::{Caller, Clients, State};
 use base64::Engine;
@@ -299,6 +300,39 @@ pub(crate) async fn untag_queue(
     .await
 }
 
+pub(crate) async fn add_permission(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let arn = caller
+        .addressed(text(input, "QueueUrl")?, &state.config.region)?
+        .arn(&state.config.region);
+    let label = text(input, "Label")?.to_string();
+    let accounts = names(input, "AWSAccountIds")?;
+    let actions = names(input, "Actions")?;
+    change_queue(state, caller, input, |queue| {
+        let policy = queue.attributes.policy.as_deref();
+        queue.attributes.policy = permissions::add(policy, &arn, &label, accounts, actions)?;
+        Ok(())
+    })
+    .await
+}
+
+pub(crate) async fn remove_permission(
+    state: &State,
+    caller: &Caller,
+    input: &Value,
+) -> Result<Value, SqsError> {
+    let label = text(input, "Label")?.to_string();
+    change_queue(state, caller, input, |queue| {
+        let policy = queue.attributes.policy.as_deref();
+        queue.attributes.policy = permissions::remove(policy, &label)?;
+        Ok(())
+    })
+    .await
+}
+
 /// Changes the queue a request's `QueueUrl` names with `change`, and keeps it in the tree.
 async fn change_queue(
     state: &State,
@@ -397,6 +431,11 @@ pub(crate) async fn get_queue_attributes(
     }
     if want("QueueArn") {
         out.insert("QueueArn".into(), name.arn(&state.config.region).into());
+    }
+    // SQS leaves the member out when no attribute asked for is there (a queue without a
+    // `Policy` asked for it alone).
+    if out.is_empty() {
+        return Ok(json!({}));
     }
     Ok(json!({ "Attributes": out }))
 }

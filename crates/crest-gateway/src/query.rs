@@ -45,11 +45,13 @@ pub(crate) fn params(
 }
 
 /// Lists the query protocol flattens as `NAME.N` (a string each), by their JSON name.
-const LISTS: [(&str, &str); 4] = [
+const LISTS: [(&str, &str); 6] = [
     ("AttributeName", "AttributeNames"),
     ("MessageAttributeName", "MessageAttributeNames"),
     ("MessageSystemAttributeName", "MessageSystemAttributeNames"),
     ("TagKey", "TagKeys"),
+    ("AWSAccountId", "AWSAccountIds"),
+    ("ActionName", "Actions"),
 ];
 
 /// The JSON protocol's input for a request's parameters (`Action` and `Version` left out).
